@@ -1,0 +1,1 @@
+"""Profiles shipped with the package: ``--simulate NAME`` loads ``NAME.yaml`` from here."""

@@ -1,0 +1,82 @@
+"""Build the backends a pass runs: real hardware under a host root, or a simulated profile.
+
+A simulated profile is turned into a sysfs tree in a temporary directory plus a pynvml-compatible
+object, so exactly the same backend code runs in both cases; only where the bytes come from
+differs. The context manager removes the temporary tree.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from agent.devices import amd, detection, nvidia, nvml, pci
+from agent.devices.hostfs import HostFS
+from agent.devices.manufacturers import MANUFACTURERS, WITH_BACKEND
+from agent.devices.simulation import fakenvml, profiles, sysfs
+from agent.settings import DetectSettings
+
+log = logging.getLogger(__name__)
+
+
+@contextmanager
+def open_backends(settings: DetectSettings) -> Iterator[list[detection.Backend]]:
+    """Yield the backends for ``settings.manufacturers`` that this build has.
+
+    :raises ProfileError: when ``settings.simulate`` names a bad profile.
+    """
+    if settings.simulate is None:
+        host = HostFS(Path(settings.host_root))
+        yield _backends(settings, host, nvml.Nvml(), simulated=False)
+        return
+    profile = profiles.load(settings.simulate)
+    with tempfile.TemporaryDirectory(prefix="gpustack-sim-") as directory:
+        host = sysfs.materialize(profile, Path(directory))
+        log.warning(
+            "simulating accelerators from profile %r (%s): nothing below is real hardware",
+            settings.simulate,
+            profile.description,
+        )
+        library = fakenvml.SimulatedNvml(profile.nvidia)
+        yield _backends(settings, host, nvml.Nvml(library), simulated=True)
+
+
+def _backends(
+    settings: DetectSettings, host: HostFS, nvml_adapter: nvml.Nvml, *, simulated: bool
+) -> list[detection.Backend]:
+    backends: list[detection.Backend] = []
+    for key in settings.manufacturers:
+        if key == "nvidia":
+            backends.append(
+                nvidia.NvidiaBackend(
+                    host=host, nvml=nvml_adapter, pci_check=settings.pci_check, simulated=simulated
+                )
+            )
+        elif key == "amd":
+            backends.append(
+                amd.AmdBackend(host=host, pci_check=settings.pci_check, simulated=simulated)
+            )
+        else:
+            _note_missing_backend(settings, host, key)
+    return backends
+
+
+def _note_missing_backend(settings: DetectSettings, host: HostFS, key: str) -> None:
+    """Say on stderr when a manufacturer we cannot detect may be present, instead of hiding it."""
+    supported = ", ".join(WITH_BACKEND)
+    if settings.explicit_manufacturers:
+        log.warning("detection of %s is not available in this build (only %s)", key, supported)
+        return
+    found = pci.scan(host, MANUFACTURERS[key].pci_vendor)
+    if found:
+        log.warning(
+            "%d %s accelerator(s) on PCI (%s) but this build cannot detect %s (only %s)",
+            len(found),
+            key,
+            ", ".join(f.bdf for f in found),
+            key,
+            supported,
+        )

@@ -1,0 +1,176 @@
+"""The wire shapes of a node's accelerators: the ``Devices`` spec and the monitor sample.
+
+This is the one place these shapes are defined. ``dm detect`` prints ``spec.groups`` built from
+these Structs, the device agent publishes them on the bus, and the control plane writes them into
+the ``Devices`` CRD, so a ``kubectl get devices NODE -o yaml`` and a ``dm detect`` can be diffed.
+
+Invariants:
+
+- camelCase on the wire (``rename="camel"``), Python names in snake_case;
+- a field the hardware did not report is ``None`` and omitted, never a made-up ``0``;
+- groups are ordered by manufacturer then by their first accelerator's index, accelerators by
+  index (:func:`canonical_groups`), so equal hardware always encodes to equal bytes.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+import msgspec
+
+__all__ = [
+    "Accelerator",
+    "AcceleratorSample",
+    "AcceleratorStatus",
+    "DeviceGroup",
+    "LogicalSliced",
+    "MonitorSample",
+    "PhysicalSliced",
+    "SliceProfile",
+    "Topology",
+    "canonical_groups",
+    "group_id",
+]
+
+
+class _Wire(msgspec.Struct, frozen=True, kw_only=True, rename="camel", omit_defaults=True):
+    """Base of every wire shape: immutable, keyword-only, camelCase, absent fields omitted."""
+
+
+class LogicalSliced(_Wire, kw_only=True):
+    """Software slicing a card offers: up to ``count`` tenants sharing its cores and memory."""
+
+    cores_percentage_overcommit: bool
+    count: int
+
+
+class SliceProfile(_Wire, kw_only=True):
+    """One hardware partition profile (an NVIDIA MIG GPU-instance profile such as ``1g.18gb``)."""
+
+    name: str
+    memory_mib: int
+    compute_slices: int
+    memory_slices: int
+    count: int
+    """How many instances of this profile fit on an empty card."""
+
+
+class PhysicalSliced(_Wire, kw_only=True):
+    """Hardware partitioning a card is configured for (MIG mode on)."""
+
+    profiles: tuple[SliceProfile, ...] = ()
+    count: int = 0
+    """The largest ``count`` of any profile: sizes the partitioned token pool."""
+
+
+class AcceleratorStatus(_Wire, kw_only=True):
+    unhealthy: bool
+    logical_sliced: LogicalSliced | None = None
+    physical_sliced: PhysicalSliced | None = None
+
+
+class Topology(_Wire, kw_only=True):
+    """Where a card sits: PCI address and path, and the NUMA node and CPUs next to it."""
+
+    pci_bus_id: str | None = None
+    """Lowercase ``dddd:bb:dd.f``."""
+    pci_root_id: str | None = None
+    """The outermost PCI bridge above the card (not the root complex)."""
+    pci_switches: tuple[str, ...] | None = None
+    """Bridges between the card and the root, innermost first."""
+    numa_affinity: str | None = None
+    """A node list such as ``0`` or ``0-1``."""
+    cpu_affinity: str | None = None
+    """A CPU list such as ``0-13,28-41``."""
+
+
+class Accelerator(_Wire, kw_only=True):
+    id: str
+    """The vendor's unique id (``GPU-…``); never a PCI address."""
+    index: int
+    """Logical index from 0, in detection order within the manufacturer."""
+    physical_indexes: tuple[int, ...] | None = None
+    """Device-node numbers: NVIDIA ``[minor of /dev/nvidiaN]``; AMD ``[cardN, renderD minor]``."""
+    topology: Topology | None = None
+    status: AcceleratorStatus
+
+
+class DeviceGroup(_Wire, kw_only=True):
+    """Accelerators of one product on one node: one entry of ``Devices.spec.groups``."""
+
+    id: str
+    manufacturer: str
+    name: str
+    memory: int | None = None
+    """MiB per accelerator."""
+    cores: int | None = None
+    """Streaming multiprocessors (NVIDIA) or compute units (AMD) per accelerator."""
+    driver_version: str | None = None
+    runtime_version: str | None = None
+    """``major.minor`` of the CUDA the driver supports, or of the installed ROCm."""
+    compute_capability: str | None = None
+    family: str | None = None
+    simulated: bool = False
+    """True only for accelerators simulated from a profile; omitted for real hardware."""
+    accelerators: tuple[Accelerator, ...] = ()
+
+
+class AcceleratorSample(_Wire, kw_only=True):
+    """One accelerator's utilization at a moment. Percentages are integers 0-100."""
+
+    id: str
+    memory: int | None = None
+    """MiB total."""
+    memory_usage: int | None = None
+    """MiB used."""
+    memory_utilization: int | None = None
+    cores_utilization: int | None = None
+    temperature: int | None = None
+    """Degrees Celsius."""
+    power_usage: int | None = None
+    """Watts drawn."""
+    unhealthy: bool
+
+
+class MonitorSample(_Wire, kw_only=True):
+    """What ``dm monitor`` prints per manufacturer and what the agent publishes every period."""
+
+    manufacturer: str
+    timestamp: str
+    """RFC 3339 with nanoseconds and the local UTC offset."""
+    simulated: bool = False
+    accelerators: tuple[AcceleratorSample, ...] = ()
+
+
+_NOT_SLUG = re.compile(r"[^a-z0-9]+")
+
+
+def group_id(manufacturer: str, name: str) -> str:
+    """Return the group id for a product name: lowercased, dash-separated.
+
+    ``NVIDIA H200`` → ``nvidia-h200``. AMD's marketing names start with the company
+    (``AMD Radeon RX 7800 XT``); the id drops it (``radeon-rx-7800-xt``), as the reference does.
+    """
+    slug = _NOT_SLUG.sub("-", name.lower()).strip("-")
+    if manufacturer == "amd" and slug.startswith("amd-"):
+        slug = slug[len("amd-") :]
+    return slug or manufacturer
+
+
+def canonical_groups(groups: Iterable[DeviceGroup]) -> list[DeviceGroup]:
+    """Order groups by manufacturer then first accelerator, and accelerators by index."""
+    ordered = [
+        msgspec.structs.replace(g, accelerators=tuple(sorted(g.accelerators, key=_by_index)))
+        for g in groups
+    ]
+    return sorted(ordered, key=_group_key)
+
+
+def _by_index(accelerator: Accelerator) -> int:
+    return accelerator.index
+
+
+def _group_key(group: DeviceGroup) -> tuple[str, int, str]:
+    first = group.accelerators[0].index if group.accelerators else -1
+    return (group.manufacturer, first, group.id)

@@ -1,0 +1,35 @@
+"""Render wire shapes as the documents people pipe: YAML (the default) or JSON.
+
+Both come from ``msgspec.to_builtins``, so the key order, camelCase names and omitted fields are
+exactly the wire's. YAML indents sequences under their key (as kubectl prints) and quotes strings
+that a YAML 1.1 reader would otherwise turn into numbers (``"7.2"``, ``"0000:04:00.0"``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+import yaml
+
+Format = Literal["yaml", "json"]
+
+
+class _IndentedDumper(yaml.SafeDumper):
+    """Indents block sequences inside mappings, as kubectl and the seed document do."""
+
+    def increase_indent(self, flow: bool = False, indentless: bool = False) -> None:
+        super().increase_indent(flow, False)
+
+
+def render(document: Any, fmt: Format) -> str:
+    """Return ``document`` (Structs, lists of Structs, builtins) as text ending in a newline."""
+    builtins = msgspec.to_builtins(document)
+    if fmt == "json":
+        return msgspec.json.format(msgspec.json.encode(builtins), indent=2).decode() + "\n"
+    if builtins == []:
+        return "[]\n"
+    text: str = yaml.dump(
+        builtins, Dumper=_IndentedDumper, sort_keys=False, allow_unicode=True, width=1000
+    )
+    return text

@@ -1,0 +1,179 @@
+"""Go-style flags: what the reference binary accepts, parsed without importing any command.
+
+The binary is used by people who know kubectl and klog, so flags behave as Go's do: ``-flag`` and
+``--flag`` are the same, ``--flag=value`` and ``--flag value`` both work, a boolean flag alone means
+true and takes a value only after ``=`` (``--no-shared=false``), durations read ``15s``/``5m``/``1h``.
+
+Every flag can also come from the environment as ``GPUSTACK_<FLAG>`` (upper case, dashes to
+underscores); the command line wins. :func:`parse` returns where each value came from, so
+``--print-cmdline`` can show the effective command line.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+Kind = Literal["bool", "str", "int", "float", "duration", "list"]
+
+_DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
+_UNIT_SECONDS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+_TRUE = {"1", "t", "true", "y", "yes", "on"}
+_FALSE = {"0", "f", "false", "n", "no", "off"}
+
+
+class FlagError(ValueError):
+    """The command line or environment holds a flag that is unknown or has a bad value."""
+
+
+@dataclass(frozen=True)
+class Flag:
+    name: str
+    default: str
+    help: str
+    kind: Kind = "str"
+    short: str | None = None
+    choices: tuple[str, ...] = ()
+
+    @property
+    def env(self) -> str:
+        return "GPUSTACK_" + self.name.upper().replace("-", "_")
+
+
+@dataclass
+class Parsed:
+    """Parsed values by flag name (typed), positionals, and the flags set explicitly."""
+
+    values: dict[str, object] = field(default_factory=dict)
+    positionals: list[str] = field(default_factory=list)
+    explicit: dict[str, str] = field(default_factory=dict)
+    """Flag name → raw text, for flags given on the command line or in the environment."""
+    from_env: set[str] = field(default_factory=set)
+    help: bool = False
+
+
+def parse_duration(text: str) -> float:
+    """Parse a Go duration (``1m30s``, ``15s``, ``500ms``) into seconds; a bare number is seconds."""
+    text = text.strip()
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    pos, total = 0, 0.0
+    for match in _DURATION.finditer(text):
+        if match.start() != pos:
+            break
+        total += float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+        pos = match.end()
+    if pos != len(text) or not text:
+        raise FlagError(f"invalid duration {text!r} (use e.g. 15s, 5m, 1h30m)")
+    return total
+
+
+def parse_bool(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in _TRUE:
+        return True
+    if lowered in _FALSE:
+        return False
+    raise FlagError(f"invalid boolean {text!r} (use true or false)")
+
+
+def convert(flag: Flag, text: str) -> object:
+    """Convert one raw value to the flag's type. :raises FlagError: naming the flag."""
+    try:
+        if flag.choices and text not in flag.choices:
+            raise FlagError(f"must be one of {', '.join(flag.choices)}")
+        if flag.kind == "bool":
+            return parse_bool(text)
+        if flag.kind == "int":
+            return int(text)
+        if flag.kind == "float":
+            return float(text)
+        if flag.kind == "duration":
+            return parse_duration(text)
+        if flag.kind == "list":
+            return tuple(part.strip() for part in text.split(",") if part.strip())
+        return text
+    except (ValueError, FlagError) as e:
+        raise FlagError(f"invalid value {text!r} for --{flag.name}: {e}") from e
+
+
+def parse(
+    argv: Sequence[str], flags: Sequence[Flag], env: Mapping[str, str] | None = None
+) -> Parsed:
+    """Parse ``argv`` against ``flags``, then fill unset flags from ``env``, then defaults."""
+    by_name = {f.name: f for f in flags}
+    by_name.update({f.short: f for f in flags if f.short})
+    parsed = Parsed()
+    raw: dict[str, str] = {}
+    args = list(argv)
+    while args:
+        arg = args.pop(0)
+        if arg == "--":
+            parsed.positionals.extend(args)
+            break
+        if arg in ("-h", "--help", "-help"):
+            parsed.help = True
+            continue
+        if not arg.startswith("-") or arg == "-":
+            parsed.positionals.append(arg)
+            continue
+        name, eq, value = arg.lstrip("-").partition("=")
+        flag = by_name.get(name)
+        if flag is None:
+            raise FlagError(f"unknown flag: {arg.split('=', 1)[0]}")
+        if not eq:
+            if flag.kind == "bool":
+                value = "true"
+            elif args:
+                value = args.pop(0)
+            else:
+                raise FlagError(f"flag needs an argument: {arg}")
+        raw[flag.name] = value
+    _fill(parsed, flags, raw, os.environ if env is None else env)
+    return parsed
+
+
+def _fill(parsed: Parsed, flags: Sequence[Flag], raw: dict[str, str], env: Mapping[str, str]) -> None:
+    for flag in flags:
+        text = raw.get(flag.name)
+        if text is None and flag.env in env:
+            text = env[flag.env]
+            parsed.from_env.add(flag.name)
+        if text is not None:
+            parsed.explicit[flag.name] = text
+        parsed.values[flag.name.replace("-", "_")] = convert(
+            flag, flag.default if text is None else text
+        )
+
+
+def effective_cmdline(command: Sequence[str], parsed: Parsed) -> str:
+    """The command line that reproduces this run without the environment's help."""
+    parts = ["gpustack-operator", *command]
+    for name in sorted(parsed.explicit):
+        if name == "print-cmdline":
+            continue
+        parts.append(f"--{name}={parsed.explicit[name]}")
+    parts.extend(parsed.positionals)
+    return " ".join(_quote(p) for p in parts)
+
+
+def _quote(text: str) -> str:
+    if text and re.fullmatch(r"[\w@%+=:,./-]+", text):
+        return text
+    return "'" + text.replace("'", "'\"'\"'") + "'"
+
+
+def render_help(usage: str, summary: str, flags: Sequence[Flag]) -> str:
+    """Help text: one line per flag with its default and environment variable."""
+    lines = [summary, "", f"Usage:\n  {usage}", "", "Flags:"]
+    for flag in flags:
+        long = f"-{flag.name}" if len(flag.name) == 1 else f"--{flag.name}"
+        names = f"-{flag.short}, {long}" if flag.short else f"    {long}"
+        default = f" (default {flag.default!r})" if flag.default not in ("", "false") else ""
+        lines.append(f"  {names:<36} {flag.help}{default} [${flag.env}]")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,140 @@
+"""klog-shaped logging on standard error, configured once from the global flags.
+
+Line shape: ``Lmmdd hh:mm:ss.uuuuuu THREADID file.py:LINE] message`` as klog writes it, so the
+logs of this binary read like every other node component's. Verbosity follows klog: ``-v=0``
+shows INFO and above, ``-v=1`` adds level 15, ``-v=2`` DEBUG, ``-v=3`` the per-decision lines
+logged at :data:`V3`. ``--vmodule`` raises verbosity for matching source files.
+
+Invariant: logs never go to standard output, which carries only the command's document.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import getpass
+import logging
+import os
+import socket
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from dataclasses import dataclass
+
+V3 = 5
+"""Level of the per-decision lines shown from ``-v=3``."""
+
+_LEVEL_OF_V = {0: logging.INFO, 1: 15, 2: logging.DEBUG, 3: V3}
+_LETTER = {logging.CRITICAL: "F", logging.ERROR: "E", logging.WARNING: "W"}
+
+
+@dataclass(frozen=True)
+class LogSettings:
+    verbosity: int = 0
+    vmodule: tuple[tuple[str, int], ...] = ()
+    to_stderr: bool = True
+    add_dir_header: bool = False
+    skip_headers: bool = False
+    backtrace_at: tuple[str, int] | None = None
+
+
+def level_for(verbosity: int) -> int:
+    return _LEVEL_OF_V[min(max(verbosity, 0), 3)]
+
+
+def parse_vmodule(text: str) -> tuple[tuple[str, int], ...]:
+    """Parse ``pattern=N,pattern=N``. :raises ValueError: on a malformed entry."""
+    entries = []
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        pattern, sep, level = item.partition("=")
+        if not sep or not pattern or not level.strip().isdigit():
+            raise ValueError(f"invalid --vmodule entry {item!r} (want pattern=N)")
+        entries.append((pattern.removesuffix(".py"), int(level)))
+    return tuple(entries)
+
+
+def parse_backtrace_at(text: str) -> tuple[str, int] | None:
+    """Parse ``file.py:N``. :raises ValueError: on a malformed value."""
+    if not text:
+        return None
+    name, sep, line = text.rpartition(":")
+    if not sep or not name or not line.isdigit():
+        raise ValueError(f"invalid --log_backtrace_at {text!r} (want file.py:N)")
+    return name, int(line)
+
+
+class _VerbosityFilter(logging.Filter):
+    """Admits a record when its level reaches the threshold of its source file."""
+
+    def __init__(self, settings: LogSettings) -> None:
+        super().__init__()
+        self._default = level_for(settings.verbosity)
+        self._modules = [(p, level_for(n)) for p, n in settings.vmodule]
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        threshold = self._default
+        stem = os.path.splitext(record.filename)[0]
+        for pattern, level in self._modules:
+            if fnmatch.fnmatchcase(stem, pattern):
+                threshold = level
+                break
+        return record.levelno >= threshold
+
+
+class KlogFormatter(logging.Formatter):
+    def __init__(self, settings: LogSettings) -> None:
+        super().__init__()
+        self._settings = settings
+
+    def format(self, record: logging.LogRecord) -> str:
+        message = record.getMessage()
+        if record.exc_info:
+            message += "\n" + self.formatException(record.exc_info)
+        at = self._settings.backtrace_at
+        if at and record.filename == at[0] and record.lineno == at[1]:
+            message += "\n" + _caller_stack()
+        if self._settings.skip_headers:
+            return message
+        letter = _LETTER.get(record.levelno, "I")
+        if record.levelno >= logging.CRITICAL:
+            letter = "F"
+        stamp = time.strftime("%m%d %H:%M:%S", time.localtime(record.created))
+        micros = int(record.msecs * 1000)
+        where = record.pathname if self._settings.add_dir_header else record.filename
+        return f"{letter}{stamp}.{micros:06d} {threading.get_native_id():7d} {where}:{record.lineno}] {message}"
+
+
+def configure(settings: LogSettings) -> None:
+    """Install the one handler of the process (idempotent: replaces an earlier one)."""
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        root.removeHandler(handler)
+    handler: logging.Handler
+    if settings.to_stderr:
+        handler = logging.StreamHandler(sys.stderr)
+    else:
+        handler = logging.FileHandler(log_file_path(), encoding="utf-8")
+    handler.addFilter(_VerbosityFilter(settings))
+    handler.setFormatter(KlogFormatter(settings))
+    root.addHandler(handler)
+    lowest = min([level_for(settings.verbosity), *(level_for(n) for _, n in settings.vmodule)])
+    root.setLevel(lowest)
+
+
+def log_file_path() -> str:
+    """klog's file name: ``<program>.<host>.<user>.log.<date>-<time>.<pid>`` in the temp dir."""
+    user = getpass.getuser() if hasattr(os, "getuid") else "user"
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    name = f"gpustack-operator.{socket.gethostname()}.{user}.log.{stamp}.{os.getpid()}"
+    return os.path.join(tempfile.gettempdir(), name)
+
+
+def _caller_stack() -> str:
+    """The current stack without the logging machinery's own frames."""
+    frames = traceback.extract_stack()
+    kept = [f for f in frames if not f.filename.startswith((_LOGGING_DIR, __file__))]
+    return "".join(traceback.format_list(kept))
+
+
+_LOGGING_DIR = os.path.dirname(logging.__file__)

@@ -1,0 +1,133 @@
+"""The ``gpustack-operator`` entry point: find the command, parse its flags, hand off.
+
+Only the chosen command's module is imported (by its ``module:function`` target), after the
+flags are parsed and logging is configured, so ``dm detect`` starts in a few tens of
+milliseconds and never loads kubernetes_asyncio, nats, grpclib or prometheus_client.
+
+Exit codes: 0 success, 1 the command failed, 2 the command line was wrong, 3 the command is
+not implemented yet.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from collections.abc import Callable, Sequence
+from typing import cast
+
+from gpustack_operator import __version__, logs
+from gpustack_operator.commands import ALIASES, COMMANDS, GLOBAL_FLAGS, Command
+from gpustack_operator.flags import FlagError, Parsed, effective_cmdline, parse, render_help
+
+EXIT_USAGE = 2
+EXIT_PENDING = 3
+
+Target = Callable[[dict[str, object], list[str]], int]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    try:
+        command, rest = find_command(args)
+    except LookupError as e:
+        if _wants_version(args):
+            print(f"gpustack-operator {__version__}")
+            return 0
+        print(f"gpustack-operator: {e}\n\n{overview()}", file=sys.stderr, end="")
+        return EXIT_USAGE
+    flags = (*command.flags, *GLOBAL_FLAGS)
+    try:
+        parsed = parse(rest, flags, os.environ)
+    except FlagError as e:
+        print(f"gpustack-operator {' '.join(command.path)}: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    if parsed.help:
+        usage = f"gpustack-operator {' '.join(command.path)} [flags]{command.usage}"
+        print(render_help(usage, command.summary, flags), end="")
+        return 0
+    if parsed.values["version"]:
+        print(f"gpustack-operator {__version__}")
+        return 0
+    return run(command, parsed)
+
+
+def run(command: Command, parsed: Parsed) -> int:
+    name = " ".join(command.path)
+    try:
+        logs.configure(log_settings(parsed.values))
+    except ValueError as e:
+        print(f"gpustack-operator {name}: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    if parsed.values["print_cmdline"]:
+        print(effective_cmdline(command.path, parsed), file=sys.stderr)
+    if command.target is None:
+        print(f"gpustack-operator {name}: not implemented yet ({command.pending})", file=sys.stderr)
+        return EXIT_PENDING
+    module_name, _, function = command.target.partition(":")
+    target = cast(Target, getattr(importlib.import_module(module_name), function))
+    try:
+        return target(parsed.values, parsed.positionals)
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        # The reader of stdout went away (``| head``); that is not our failure.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+
+
+def find_command(args: list[str]) -> tuple[Command, list[str]]:
+    """Return the command named by the leading words of ``args`` and the remaining arguments.
+
+    Flags may come before the command words (``-v=2 dm detect``); aliases are expanded.
+    :raises LookupError: naming what was not understood.
+    """
+    words = [i for i, a in enumerate(args) if not a.startswith("-")]
+    if not words:
+        raise LookupError("no command given")
+    first = words[0]
+    head = ALIASES.get(args[first], args[first])
+    candidates = [c for c in COMMANDS if c.path[0] == head]
+    if not candidates:
+        raise LookupError(f"unknown command {args[first]!r}")
+    if len(candidates) == 1 and len(candidates[0].path) == 1:
+        return candidates[0], args[:first] + args[first + 1 :]
+    second = next((i for i in words if i > first), None)
+    for command in candidates:
+        if second is not None and command.path[1] == args[second]:
+            return command, args[:first] + args[first + 1 : second] + args[second + 1 :]
+    subs = ", ".join(c.path[1] for c in candidates)
+    raise LookupError(f"{head} needs one of: {subs}")
+
+
+def overview() -> str:
+    lines = ["Usage: gpustack-operator COMMAND [flags]", "", "Commands:"]
+    reverse = {v: k for k, v in ALIASES.items()}
+    for command in COMMANDS:
+        alias = reverse.get(command.path[0])
+        shown = " ".join(command.path)
+        if alias:
+            shown += f" ({' '.join((alias, *command.path[1:]))})"
+        lines.append(f"  {shown:<36} {command.summary}")
+    lines.append("\nRun 'gpustack-operator COMMAND --help' for a command's flags.")
+    return "\n".join(lines) + "\n"
+
+
+def log_settings(values: dict[str, object]) -> logs.LogSettings:
+    """:raises ValueError: for malformed ``--vmodule`` or ``--log_backtrace_at``."""
+    return logs.LogSettings(
+        verbosity=cast(int, values["v"]),
+        vmodule=logs.parse_vmodule(cast(str, values["vmodule"])),
+        to_stderr=cast(bool, values["logtostderr"]),
+        add_dir_header=cast(bool, values["add_dir_header"]),
+        skip_headers=cast(bool, values["skip_headers"]),
+        backtrace_at=logs.parse_backtrace_at(cast(str, values["log_backtrace_at"])),
+    )
+
+
+def _wants_version(args: list[str]) -> bool:
+    return any(a.lstrip("-") in ("version", "version=true") for a in args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

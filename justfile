@@ -1,0 +1,26 @@
+# Recipes run with the interpreter that runs `just` unless PYTHON says otherwise.
+python := env_var_or_default("PYTHON", "python3")
+
+# Install the package and its development tools.
+install:
+    {{python}} -m pip install -e '.[dev]'
+
+# Lint, format check, strict types, import layers.
+check:
+    {{python}} -m ruff check .
+    {{python}} -m ruff format --check .
+    {{python}} -m mypy
+    lint-imports
+
+# Format the code.
+fmt:
+    {{python}} -m ruff format .
+    {{python}} -m ruff check --fix .
+
+# The test suite (the README's test command runs this).
+test *args:
+    {{python}} -m pytest {{args}}
+
+# Benchmarks; figures go to docs/benchmarks.md.
+bench:
+    {{python}} bench/bench_detect.py
