@@ -38,14 +38,14 @@ class _Wire(msgspec.Struct, frozen=True, kw_only=True, rename="camel", omit_defa
     """Base of every wire shape: immutable, keyword-only, camelCase, absent fields omitted."""
 
 
-class LogicalSliced(_Wire, kw_only=True):
+class LogicalSliced(_Wire, frozen=True, kw_only=True):
     """Software slicing a card offers: up to ``count`` tenants sharing its cores and memory."""
 
     cores_percentage_overcommit: bool
     count: int
 
 
-class SliceProfile(_Wire, kw_only=True):
+class SliceProfile(_Wire, frozen=True, kw_only=True):
     """One hardware partition profile (an NVIDIA MIG GPU-instance profile such as ``1g.18gb``)."""
 
     name: str
@@ -56,7 +56,7 @@ class SliceProfile(_Wire, kw_only=True):
     """How many instances of this profile fit on an empty card."""
 
 
-class PhysicalSliced(_Wire, kw_only=True):
+class PhysicalSliced(_Wire, frozen=True, kw_only=True):
     """Hardware partitioning a card is configured for (MIG mode on)."""
 
     profiles: tuple[SliceProfile, ...] = ()
@@ -64,13 +64,13 @@ class PhysicalSliced(_Wire, kw_only=True):
     """The largest ``count`` of any profile: sizes the partitioned token pool."""
 
 
-class AcceleratorStatus(_Wire, kw_only=True):
+class AcceleratorStatus(_Wire, frozen=True, kw_only=True):
     unhealthy: bool
     logical_sliced: LogicalSliced | None = None
     physical_sliced: PhysicalSliced | None = None
 
 
-class Topology(_Wire, kw_only=True):
+class Topology(_Wire, frozen=True, kw_only=True):
     """Where a card sits: PCI address and path, and the NUMA node and CPUs next to it."""
 
     pci_bus_id: str | None = None
@@ -78,14 +78,14 @@ class Topology(_Wire, kw_only=True):
     pci_root_id: str | None = None
     """The outermost PCI bridge above the card (not the root complex)."""
     pci_switches: tuple[str, ...] | None = None
-    """Bridges between the card and the root, innermost first."""
+    """The bridge path above the card, innermost first (the outermost is ``pci_root_id``)."""
     numa_affinity: str | None = None
     """A node list such as ``0`` or ``0-1``."""
     cpu_affinity: str | None = None
     """A CPU list such as ``0-13,28-41``."""
 
 
-class Accelerator(_Wire, kw_only=True):
+class Accelerator(_Wire, frozen=True, kw_only=True):
     id: str
     """The vendor's unique id (``GPU-…``); never a PCI address."""
     index: int
@@ -96,7 +96,7 @@ class Accelerator(_Wire, kw_only=True):
     status: AcceleratorStatus
 
 
-class DeviceGroup(_Wire, kw_only=True):
+class DeviceGroup(_Wire, frozen=True, kw_only=True):
     """Accelerators of one product on one node: one entry of ``Devices.spec.groups``."""
 
     id: str
@@ -116,7 +116,7 @@ class DeviceGroup(_Wire, kw_only=True):
     accelerators: tuple[Accelerator, ...] = ()
 
 
-class AcceleratorSample(_Wire, kw_only=True):
+class AcceleratorSample(_Wire, frozen=True, kw_only=True):
     """One accelerator's utilization at a moment. Percentages are integers 0-100."""
 
     id: str
@@ -133,7 +133,7 @@ class AcceleratorSample(_Wire, kw_only=True):
     unhealthy: bool
 
 
-class MonitorSample(_Wire, kw_only=True):
+class MonitorSample(_Wire, frozen=True, kw_only=True):
     """What ``dm monitor`` prints per manufacturer and what the agent publishes every period."""
 
     manufacturer: str

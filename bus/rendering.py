@@ -1,6 +1,6 @@
 """Render wire shapes as the documents people pipe: YAML (the default) or JSON.
 
-Both come from ``msgspec.to_builtins``, so the key order, camelCase names and omitted fields are
+Both come from the JSON encoding, so the key order, camelCase names and omitted fields are
 exactly the wire's. YAML indents sequences under their key (as kubectl prints) and quotes strings
 that a YAML 1.1 reader would otherwise turn into numbers (``"7.2"``, ``"0000:04:00.0"``).
 """
@@ -24,9 +24,11 @@ class _IndentedDumper(yaml.SafeDumper):
 
 def render(document: Any, fmt: Format) -> str:
     """Return ``document`` (Structs, lists of Structs, builtins) as text ending in a newline."""
-    builtins = msgspec.to_builtins(document)
+    encoded = msgspec.json.encode(document)
     if fmt == "json":
-        return msgspec.json.format(msgspec.json.encode(builtins), indent=2).decode() + "\n"
+        return msgspec.json.format(encoded, indent=2).decode() + "\n"
+    # Through JSON so sequences are lists and the keys are exactly the wire's.
+    builtins = msgspec.json.decode(encoded)
     if builtins == []:
         return "[]\n"
     text: str = yaml.dump(

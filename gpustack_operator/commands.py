@@ -25,17 +25,28 @@ class Command:
 
 
 GLOBAL_FLAGS = (
-    Flag("v", "0", "log verbosity; -v=2 is the DaemonSet's level, -v=3 adds per-decision lines",
-         kind="int"),
+    Flag(
+        "v",
+        "0",
+        "log verbosity; -v=2 is the DaemonSet's level, -v=3 adds per-decision lines",
+        kind="int",
+    ),
     Flag("vmodule", "", "per-file verbosity, pattern=N comma separated (e.g. nvidia*=3)"),
     Flag("logtostderr", "true", "log to standard error rather than files", kind="bool"),
-    Flag("add_dir_header", "false", "prefix the log header's file name with its directory",
-         kind="bool"),
+    Flag(
+        "add_dir_header",
+        "false",
+        "prefix the log header's file name with its directory",
+        kind="bool",
+    ),
     Flag("skip_headers", "false", "omit the header prefix of log lines", kind="bool"),
     Flag("log_backtrace_at", "", "when logging hits file:N, also print a stack trace"),
-    Flag("print-cmdline", "false",
-         "print the effective command line, including what was read from the environment",
-         kind="bool"),
+    Flag(
+        "print-cmdline",
+        "false",
+        "print the effective command line, including what was read from the environment",
+        kind="bool",
+    ),
     Flag("version", "false", "print the binary's version and exit", kind="bool"),
 )
 
@@ -49,15 +60,20 @@ _SERVING = (
     Flag("gopool-worker-factor", "100", "worker pool size per CPU core", kind="int"),
 )
 
-_MANUFACTURER = Flag("manufacturer", "", "which manufacturers to detect, comma separated; all if empty")
+_MANUFACTURER = Flag(
+    "manufacturer", "", "which manufacturers to detect, comma separated; all if empty"
+)
 _NO_PCI_CHECK = Flag("no-pci-check", "false", "skip the PCI check", kind="bool")
 _NO_FAST_FAILED = Flag(
-    "no-fast-failed", "false",
+    "no-fast-failed",
+    "false",
     "publish a first pass that found nothing rather than detecting again "
-    "(only when --manufacturer names exactly one)", kind="bool",
+    "(only when --manufacturer names exactly one)",
+    kind="bool",
 )
 _SIMULATE = Flag(
-    "simulate", "",
+    "simulate",
+    "",
     "simulate accelerators from a profile (a packaged name such as nvidia-h200x8, or a YAML file)",
 )
 _OUTPUT = Flag("output", "yaml", "output format", short="o", choices=("yaml", "json"))
@@ -67,30 +83,52 @@ _WORKER = (
     Flag("disable-applications", "", "applications to skip installing, or * for all", kind="list"),
     Flag("secure-port", "31443", "the HTTPS port", kind="int"),
     Flag("disable-auths", "false", "skip authentication and authorization", kind="bool"),
-    Flag("kube-leader-election", "true", "leader election, for multi-instance deployments",
-         kind="bool"),
+    Flag(
+        "kube-leader-election",
+        "true",
+        "leader election, for multi-instance deployments",
+        kind="bool",
+    ),
     Flag("kube-leader-election-id", "worker.gpustack.ai", "the election's unique ID"),
     Flag("kube-leader-lease", "15s", "how long leadership is held", kind="duration"),
     Flag("kube-leader-renew-timeout", "10s", "how long renewing may take", kind="duration"),
     Flag("audit-log-path", "", "request audit log path"),
     Flag("audit-policy-file", "", "request audit policy file"),
     Flag("audit-webhook-config-file", "", "request audit webhook configuration"),
-    Flag("cors-allowed-origins", "", "allowed cross-domain origins (anchored regular expressions)",
-         kind="list"),
-    Flag("model-manager-service-account", "gpustack-operator-model-manager",
-         "the ServiceAccount the model-manager plugin runs as"),
+    Flag(
+        "cors-allowed-origins",
+        "",
+        "allowed cross-domain origins (anchored regular expressions)",
+        kind="list",
+    ),
+    Flag(
+        "model-manager-service-account",
+        "gpustack-operator-model-manager",
+        "the ServiceAccount the model-manager plugin runs as",
+    ),
     *_SERVING,
 )
 
 _WORKER_GATEWAY = (
-    Flag("bind-unix-path", "/var/lib/gpustack/gpustack-operator-worker-gateway.sock",
-         "the socket to serve on; when set, --bind-address and --secure-port are ignored"),
-    Flag("worker-conn-mode", "gpustack-api", "how the worker is reached",
-         choices=("gpustack-api", "loopback")),
+    Flag(
+        "bind-unix-path",
+        "/var/lib/gpustack/gpustack-operator-worker-gateway.sock",
+        "the socket to serve on; when set, --bind-address and --secure-port are ignored",
+    ),
+    Flag(
+        "worker-conn-mode",
+        "gpustack-api",
+        "how the worker is reached",
+        choices=("gpustack-api", "loopback"),
+    ),
     Flag("worker-conn-gpustack-api-port", "30080", "the GPUStack server's port", kind="int"),
     Flag("worker-conn-gpustack-api-scheme", "", "http or https; derived from the port if empty"),
-    Flag("worker-readiness-check-timeout", "30s", "one readiness check of a worker's API services",
-         kind="duration"),
+    Flag(
+        "worker-readiness-check-timeout",
+        "30s",
+        "one readiness check of a worker's API services",
+        kind="duration",
+    ),
     Flag("secure-port", "0", "the HTTPS port, when not on a socket", kind="int"),
     *_SERVING,
 )
@@ -103,8 +141,11 @@ _DM_SERVE = (
     _NO_PCI_CHECK,
     _NO_FAST_FAILED,
     Flag("monitor-period", "15s", "how often utilization is sampled", kind="duration"),
-    Flag("kube-socket", "/var/lib/kubelet/device-plugins/kubelet.sock",
-         "the kubelet socket to register on"),
+    Flag(
+        "kube-socket",
+        "/var/lib/kubelet/device-plugins/kubelet.sock",
+        "the kubelet socket to register on",
+    ),
     Flag("secure-port", "32443", "the HTTPS port", kind="int"),
     _SIMULATE,
     *_SERVING,
@@ -114,7 +155,11 @@ _MODEL_MANAGER = (
     Flag("node-name", "", "the node it runs on, also its NodeModelStore's name"),
     Flag("kubelet-dir", "/var/lib/kubelet", "kubelet's root directory"),
     Flag("cache-root", "/var/lib/gpustack/models", "the node's cache directory"),
-    Flag("csi-socket", "", "the CSI socket (default <kubelet-dir>/plugins/model.csi.gpustack.ai/csi.sock)"),
+    Flag(
+        "csi-socket",
+        "",
+        "the CSI socket (default <kubelet-dir>/plugins/model.csi.gpustack.ai/csi.sock)",
+    ),
     Flag("secure-port", "32444", "the HTTPS port: metrics, readiness and liveness", kind="int"),
     *_SERVING,
 )
@@ -126,30 +171,59 @@ _PREFLIGHT = (
     Flag("dry-run", "false", "print the container steps instead of taking them", kind="bool"),
     Flag("probe-image", "", "the image the probe containers run (derived per family)"),
     Flag("host-root", "/host", "where the host's root filesystem is mounted"),
-    Flag("runtime", "", "the host runtime to drive, overriding what was resolved",
-         choices=("", "docker", "nerdctl", "ctr")),
+    Flag(
+        "runtime",
+        "",
+        "the host runtime to drive, overriding what was resolved",
+        choices=("", "docker", "nerdctl", "ctr"),
+    ),
     _NO_PCI_CHECK,
     _OUTPUT,
 )
 
 COMMANDS = (
-    Command(("worker",), "The control plane: reconciles node events into CRDs.", _WORKER,
-            pending="issue #5"),
-    Command(("worker-gateway",), "Aggregates resources from upstream clusters for worker.",
-            _WORKER_GATEWAY, pending="a later issue"),
-    Command(("device-manager", "serve"), "The per-node device agent (kubelet device plugin).",
-            _DM_SERVE, pending="issue #4"),
-    Command(("model-manager",), "The per-node model cache (CSI node plugin).", _MODEL_MANAGER,
-            pending="issue #6"),
-    Command(("device-manager", "detect"),
-            "Run one detect pass and print the Devices spec.groups (a pure read).", _ONE_SHOT,
-            target="agent.oneshots:detect_command"),
-    Command(("device-manager", "monitor"),
-            "Take one utilization sample per manufacturer and print it (a pure read).", _ONE_SHOT,
-            target="agent.oneshots:monitor_command"),
-    Command(("device-manager", "preflight"),
-            "Prove that the allocation modes work on this node (acts on the node).", _PREFLIGHT,
-            pending="issue #8"),
+    Command(
+        ("worker",),
+        "The control plane: reconciles node events into CRDs.",
+        _WORKER,
+        pending="issue #5",
+    ),
+    Command(
+        ("worker-gateway",),
+        "Aggregates resources from upstream clusters for worker.",
+        _WORKER_GATEWAY,
+        pending="a later issue",
+    ),
+    Command(
+        ("device-manager", "serve"),
+        "The per-node device agent (kubelet device plugin).",
+        _DM_SERVE,
+        pending="issue #4",
+    ),
+    Command(
+        ("model-manager",),
+        "The per-node model cache (CSI node plugin).",
+        _MODEL_MANAGER,
+        pending="issue #6",
+    ),
+    Command(
+        ("device-manager", "detect"),
+        "Run one detect pass and print the Devices spec.groups (a pure read).",
+        _ONE_SHOT,
+        target="agent.oneshots:detect_command",
+    ),
+    Command(
+        ("device-manager", "monitor"),
+        "Take one utilization sample per manufacturer and print it (a pure read).",
+        _ONE_SHOT,
+        target="agent.oneshots:monitor_command",
+    ),
+    Command(
+        ("device-manager", "preflight"),
+        "Prove that the allocation modes work on this node (acts on the node).",
+        _PREFLIGHT,
+        pending="issue #8",
+    ),
 )
 
 ALIASES = {"w": "worker", "wg": "worker-gateway", "dm": "device-manager", "mm": "model-manager"}

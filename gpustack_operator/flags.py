@@ -138,7 +138,9 @@ def parse(
     return parsed
 
 
-def _fill(parsed: Parsed, flags: Sequence[Flag], raw: dict[str, str], env: Mapping[str, str]) -> None:
+def _fill(
+    parsed: Parsed, flags: Sequence[Flag], raw: dict[str, str], env: Mapping[str, str]
+) -> None:
     for flag in flags:
         text = raw.get(flag.name)
         if text is None and flag.env in env:

@@ -25,6 +25,9 @@ from dataclasses import dataclass
 V3 = 5
 """Level of the per-decision lines shown from ``-v=3``."""
 
+_installed: list[logging.Handler] = []
+"""Handlers :func:`configure` installed, so a reconfiguration closes only its own."""
+
 _LEVEL_OF_V = {0: logging.INFO, 1: 15, 2: logging.DEBUG, 3: V3}
 _LETTER = {logging.CRITICAL: "F", logging.ERROR: "E", logging.WARNING: "W"}
 
@@ -100,7 +103,7 @@ class KlogFormatter(logging.Formatter):
         if record.levelno >= logging.CRITICAL:
             letter = "F"
         stamp = time.strftime("%m%d %H:%M:%S", time.localtime(record.created))
-        micros = int(record.msecs * 1000)
+        micros = int(record.created % 1 * 1_000_000)
         where = record.pathname if self._settings.add_dir_header else record.filename
         return f"{letter}{stamp}.{micros:06d} {threading.get_native_id():7d} {where}:{record.lineno}] {message}"
 
@@ -108,13 +111,17 @@ class KlogFormatter(logging.Formatter):
 def configure(settings: LogSettings) -> None:
     """Install the one handler of the process (idempotent: replaces an earlier one)."""
     root = logging.getLogger()
-    for handler in list(root.handlers):
-        root.removeHandler(handler)
+    for old in list(root.handlers):
+        root.removeHandler(old)
+        if old in _installed:
+            _installed.remove(old)
+            old.close()
     handler: logging.Handler
     if settings.to_stderr:
         handler = logging.StreamHandler(sys.stderr)
     else:
         handler = logging.FileHandler(log_file_path(), encoding="utf-8")
+    _installed.append(handler)
     handler.addFilter(_VerbosityFilter(settings))
     handler.setFormatter(KlogFormatter(settings))
     root.addHandler(handler)

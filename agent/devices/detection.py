@@ -89,9 +89,9 @@ def _detect_once(backends: Sequence[Backend]) -> PassResult[devices.DeviceGroup]
     return result
 
 
-def sample(backends: Sequence[Backend], *, now: datetime | None = None) -> PassResult[
-    devices.MonitorSample
-]:
+def sample(
+    backends: Sequence[Backend], *, now: datetime | None = None
+) -> PassResult[devices.MonitorSample]:
     """Take one utilization sample per manufacturer that has accelerators here."""
     timestamp = rfc3339_nano(now)
     result: PassResult[devices.MonitorSample] = PassResult()

@@ -69,8 +69,11 @@ class HostFS:
         path = self.path(host_path)
         try:
             target = os.readlink(path)
-        except (FileNotFoundError, OSError):
+        except OSError:
             return None
         if os.path.isabs(target):
             return os.path.normpath(target)
-        return os.path.normpath(os.path.join(os.path.dirname(host_path), target))
+        # Resolve from the link's real directory: the path may itself pass through links.
+        root = os.path.realpath(self.root)
+        real = os.path.normpath(os.path.join(os.path.realpath(path.parent), target))
+        return "/" + os.path.relpath(real, root)

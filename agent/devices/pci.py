@@ -53,9 +53,9 @@ def normalize_bdf(bus_id: str) -> str:
     NVML's ``busId`` has an 8-digit domain (``00000000:18:00.0``); sysfs has 4 digits.
     """
     text = bus_id.strip().lower()
-    domain, sep, rest = text.partition(":")
-    if not sep:
-        return text
+    if text.count(":") == 1:
+        return f"0000:{text}"
+    domain, _, rest = text.partition(":")
     if len(domain) > 4 and set(domain[:-4]) <= {"0"}:
         domain = domain[-4:]
     return f"{domain.zfill(4)}:{rest}"
@@ -127,9 +127,9 @@ def bits_to_numbers(words: Iterable[int], word_bits: int = 64) -> list[int]:
 
     NVML reports CPU and memory affinity this way (``c_ulong`` arrays).
     """
-    numbers = []
-    for position, word in enumerate(words):
-        for bit in range(word_bits):
-            if word >> bit & 1:
-                numbers.append(position * word_bits + bit)
-    return numbers
+    return [
+        position * word_bits + bit
+        for position, word in enumerate(words)
+        for bit in range(word_bits)
+        if word >> bit & 1
+    ]

@@ -19,11 +19,13 @@ import msgspec.yaml
 from agent.errors import ProfileError
 
 
-class _Profile(msgspec.Struct, frozen=True, kw_only=True, rename="camel", forbid_unknown_fields=True):
+class _Profile(
+    msgspec.Struct, frozen=True, kw_only=True, rename="camel", forbid_unknown_fields=True
+):
     pass
 
 
-class MigProfile(_Profile, kw_only=True):
+class MigProfile(_Profile, frozen=True, kw_only=True):
     """One MIG GPU-instance profile as NVML describes it (``nvmlDeviceGetGpuInstanceProfileInfo``)."""
 
     id: int
@@ -42,7 +44,7 @@ class MigProfile(_Profile, kw_only=True):
     """Legal start slices on an empty card; empty means the profile has no legal placement."""
 
 
-class NvidiaCard(_Profile, kw_only=True):
+class NvidiaCard(_Profile, frozen=True, kw_only=True):
     uuid: str
     name: str
     bus_id: str
@@ -71,7 +73,7 @@ class NvidiaCard(_Profile, kw_only=True):
     """XID events this card reports, in order (consumed by the device agent's health loop)."""
 
 
-class NvidiaHost(_Profile, kw_only=True):
+class NvidiaHost(_Profile, frozen=True, kw_only=True):
     driver_version: str
     cuda_driver_version: int
     """As NVML reports it: ``12080`` is CUDA 12.8."""
@@ -80,7 +82,7 @@ class NvidiaHost(_Profile, kw_only=True):
     cards: tuple[NvidiaCard, ...] = ()
 
 
-class AmdCard(_Profile, kw_only=True):
+class AmdCard(_Profile, frozen=True, kw_only=True):
     unique_id: str | None
     """16 hex digits from the amdgpu ``unique_id`` attribute; the id becomes ``GPU-<unique_id>``."""
     name: str
@@ -108,7 +110,7 @@ class AmdCard(_Profile, kw_only=True):
     """KFD encoding: ``110001`` is gfx1101."""
 
 
-class AmdHost(_Profile, kw_only=True):
+class AmdHost(_Profile, frozen=True, kw_only=True):
     module_version: str | None = None
     """``/sys/module/amdgpu/version``; absent for the in-tree driver."""
     rocm_version: str | None = None
@@ -116,7 +118,7 @@ class AmdHost(_Profile, kw_only=True):
     cards: tuple[AmdCard, ...] = ()
 
 
-class Profile(_Profile, kw_only=True):
+class Profile(_Profile, frozen=True, kw_only=True):
     description: str
     kernel_release: str = "6.8.0-simulated"
     nvidia: NvidiaHost | None = None

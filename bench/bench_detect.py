@@ -1,0 +1,76 @@
+"""Cold start of ``dm detect``: wall time and peak RSS of a fresh process, against baselines.
+
+Each case runs in a new interpreter ``RUNS`` times; wall time is from spawn to exit, peak RSS is
+the child's own ``ru_maxrss`` from ``os.wait4`` (so runs do not mask each other). Reported: the
+median and the worst run. Targets (issue #2): ``dm detect`` on a simulated 8-GPU profile
+<= 150 ms and <= 40 MB on the development machine.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+
+RUNS = int(os.environ.get("BENCH_RUNS", "15"))
+CLI = shutil.which("gpustack-operator") or "gpustack-operator"
+
+CASES = {
+    "python -c pass": [sys.executable, "-c", "pass"],
+    "import service stacks": [
+        sys.executable,
+        "-c",
+        "import kubernetes_asyncio.client, nats, grpclib.server, prometheus_client, aiohttp",
+    ],
+    "dm detect --simulate nvidia-h200x8": [CLI, "dm", "detect", "--simulate", "nvidia-h200x8"],
+    "dm detect -o json --simulate nvidia-h200x8": [
+        CLI,
+        "dm",
+        "detect",
+        "-o",
+        "json",
+        "--simulate",
+        "nvidia-h200x8",
+    ],
+    "dm monitor --simulate amd-rx7800xt-x2": [
+        CLI,
+        "dm",
+        "monitor",
+        "--simulate",
+        "amd-rx7800xt-x2",
+    ],
+    "dm detect (no accelerators, real host)": [CLI, "dm", "detect", "--no-fast-failed"],
+}
+
+
+def run_once(argv: list[str]) -> tuple[float, float]:
+    """Return (wall seconds, peak RSS MiB) of one fresh process."""
+    start = time.perf_counter()
+    process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    _, status, usage = os.wait4(process.pid, 0)
+    wall = time.perf_counter() - start
+    process.returncode = os.waitstatus_to_exitcode(status)
+    if process.returncode not in (0,):
+        raise SystemExit(f"{argv} exited {process.returncode}")
+    return wall, usage.ru_maxrss / 1024
+
+
+def main() -> None:
+    print(f"{RUNS} runs each, {os.cpu_count()} CPUs, Python {sys.version.split()[0]}")
+    print(f"{'case':<44} {'wall median':>12} {'wall max':>10} {'RSS median':>11} {'RSS max':>9}")
+    for name, argv in CASES.items():
+        run_once(argv)  # warm the page cache
+        results = [run_once(argv) for _ in range(RUNS)]
+        walls = [w * 1000 for w, _ in results]
+        rss = [r for _, r in results]
+        print(
+            f"{name:<44} {statistics.median(walls):>9.1f} ms {max(walls):>7.1f} ms "
+            f"{statistics.median(rss):>8.1f} MB {max(rss):>6.1f} MB"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,190 @@
+"""The installed console script, run as a user runs it: documents on stdout, logs on stderr."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from agent.devices.simulation import profiles, sysfs
+
+CLI = shutil.which("gpustack-operator", path=os.path.dirname(sys.executable)) or "gpustack-operator"
+HEAVY = ("kubernetes_asyncio", "nats", "grpclib", "aiohttp", "prometheus_client")
+
+
+def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("GPUSTACK_")}
+    full_env.update(env or {})
+    return subprocess.run(
+        [CLI, *args], capture_output=True, text=True, env=full_env, timeout=60, check=False
+    )
+
+
+def test_detect_simulated_h200_prints_one_group_of_eight_as_yaml() -> None:
+    result = run("dm", "detect", "--simulate", "nvidia-h200x8")
+    assert result.returncode == 0, result.stderr
+    groups = yaml.safe_load(result.stdout)
+    assert [g["id"] for g in groups] == ["nvidia-h200"]
+    group = groups[0]
+    assert group["simulated"] is True
+    assert (group["cores"], group["runtimeVersion"], group["computeCapability"]) == (
+        132,
+        "12.8",
+        "9.0",
+    )
+    assert [a["index"] for a in group["accelerators"]] == list(range(8))
+    assert all(a["id"].startswith("GPU-") for a in group["accelerators"])
+    assert "simulating accelerators" in result.stderr
+
+
+def test_detect_json_is_exactly_one_json_document() -> None:
+    result = run("device-manager", "detect", "-o", "json", "--simulate", "nvidia-h200x8")
+    assert result.returncode == 0, result.stderr
+    document = json.loads(result.stdout)  # raises on any stray byte
+    assert len(document[0]["accelerators"]) == 8
+
+
+def test_monitor_simulated_amd_matches_the_seed_sample() -> None:
+    result = run("dm", "monitor", "-o=json", "--simulate=amd-rx7800xt-x2")
+    assert result.returncode == 0, result.stderr
+    (sample,) = json.loads(result.stdout)
+    assert sample["manufacturer"] == "amd"
+    first = sample["accelerators"][0]
+    assert first == {
+        "id": "GPU-5c88007d760374f3",
+        "memory": 16368,
+        "memoryUsage": 174,
+        "memoryUtilization": 1,
+        "coresUtilization": 0,
+        "temperature": 44,
+        "powerUsage": 8,
+        "unhealthy": False,
+    }
+    assert "T" in sample["timestamp"] and "." in sample["timestamp"]
+
+
+def test_captured_amd_tree_is_read_as_real_hardware(tmp_path: Path) -> None:
+    """GPUSTACK_HOST_ROOT points the real AMD path at a captured tree: no simulation mark."""
+    sysfs.materialize(profiles.load("amd-rx7800xt-x2"), tmp_path)
+    result = run("dm", "detect", env={"GPUSTACK_HOST_ROOT": str(tmp_path)})
+    assert result.returncode == 0, result.stderr
+    (group,) = yaml.safe_load(result.stdout)
+    assert "simulated" not in group
+    assert group["id"] == "radeon-rx-7800-xt" and len(group["accelerators"]) == 2
+
+
+def test_nvidia_cards_on_pci_without_a_driver_is_a_real_error(tmp_path: Path) -> None:
+    """The real pynvml finds no libnvidia-ml here: with cards on PCI that must fail loudly."""
+    sysfs.materialize(profiles.load("nvidia-h200x8"), tmp_path)
+    result = run("dm", "detect", "-o", "json", env={"GPUSTACK_HOST_ROOT": str(tmp_path)})
+    assert result.returncode == 1
+    assert json.loads(result.stdout) == []
+    errors = [line for line in result.stderr.splitlines() if line.startswith("E")]
+    assert len(errors) == 1 and "nvidia" in errors[0] and "NVML" in errors[0]
+
+
+def test_a_node_without_accelerators_prints_an_empty_list(tmp_path: Path) -> None:
+    result = run("dm", "detect", env={"GPUSTACK_HOST_ROOT": str(tmp_path)})
+    assert (result.returncode, result.stdout) == (0, "[]\n")
+
+
+def test_fast_failed_detects_again_for_one_named_manufacturer(tmp_path: Path) -> None:
+    env = {"GPUSTACK_HOST_ROOT": str(tmp_path)}
+    held = run("dm", "detect", "--manufacturer=amd", env=env)
+    assert held.returncode == 0 and held.stderr.count("detecting again") == 2
+    fast = run("dm", "detect", "--manufacturer=amd", "--no-fast-failed", env=env)
+    assert fast.returncode == 0 and "detecting again" not in fast.stderr
+
+
+def test_manufacturer_filter(tmp_path: Path) -> None:
+    result = run(
+        "dm", "detect", "--manufacturer=amd", "--simulate", "nvidia-h200x8", "--no-fast-failed"
+    )
+    assert (result.returncode, result.stdout) == (0, "[]\n")
+
+
+def test_unknown_manufacturer_is_a_usage_error() -> None:
+    result = run("dm", "detect", "--manufacturer=intel")
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert "unknown manufacturer 'intel'" in result.stderr
+
+
+def test_manufacturer_without_backend_says_so(tmp_path: Path) -> None:
+    result = run(
+        "dm",
+        "detect",
+        "--manufacturer=ascend",
+        "--no-fast-failed",
+        env={"GPUSTACK_HOST_ROOT": str(tmp_path)},
+    )
+    assert result.returncode == 0 and result.stdout == "[]\n"
+    assert "detection of ascend is not available" in result.stderr
+
+
+def test_bad_profile_is_a_usage_error(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("description: x\nnvidia:\n  driverVersion: 1\n  cudaDriverVersion: 12080\n")
+    result = run("dm", "detect", "--simulate", str(bad))
+    assert result.returncode == 2 and result.stdout == ""
+    assert "driverVersion" in result.stderr
+    missing = run("dm", "detect", "--simulate", "no-such-profile")
+    assert missing.returncode == 2 and "no profile 'no-such-profile'" in missing.stderr
+
+
+@pytest.mark.parametrize(
+    "command",
+    [["worker"], ["w"], ["wg"], ["dm", "serve"], ["mm"], ["dm", "preflight"]],
+)
+def test_services_not_built_yet_say_so(command: list[str]) -> None:
+    result = run(*command)
+    assert result.returncode == 3
+    assert "not implemented yet" in result.stderr and result.stdout == ""
+
+
+def test_flags_from_the_environment_and_print_cmdline(tmp_path: Path) -> None:
+    env = {
+        "GPUSTACK_HOST_ROOT": str(tmp_path),
+        "GPUSTACK_OUTPUT": "json",
+        "GPUSTACK_NO_FAST_FAILED": "true",
+    }
+    result = run("dm", "detect", "--print-cmdline", "--manufacturer=nvidia", env=env)
+    assert result.returncode == 0 and json.loads(result.stdout) == []
+    assert (
+        "gpustack-operator device-manager detect --manufacturer=nvidia "
+        "--no-fast-failed=true --output=json"
+    ) in result.stderr
+
+
+def test_version_and_help() -> None:
+    assert run("--version").stdout.startswith("gpustack-operator ")
+    help_text = run("dm", "serve", "--help").stdout
+    assert "--monitor-period" in help_text and "(default '15s')" in help_text
+    assert "--kube-socket" in help_text and "GPUSTACK_KUBE_SOCKET" in help_text
+
+
+def test_bad_flag_is_a_usage_error() -> None:
+    result = run("dm", "detect", "--frobnicate")
+    assert result.returncode == 2 and "unknown flag: --frobnicate" in result.stderr
+
+
+def test_detect_imports_none_of_the_service_stacks() -> None:
+    code = (
+        "import sys\n"
+        "from gpustack_operator.main import main\n"
+        "rc = main(['dm', 'detect', '--simulate', 'nvidia-h200x8', '-o', 'json'])\n"
+        f"loaded = [m for m in {HEAVY!r} if m in sys.modules]\n"
+        "print('LOADED', loaded, file=sys.stderr)\n"
+        "sys.exit(rc)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    assert "LOADED []" in result.stderr

@@ -1,0 +1,130 @@
+"""Go-style flag parsing: forms, booleans, durations, environment fallback, errors."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpustack_operator.flags import (
+    Flag,
+    FlagError,
+    effective_cmdline,
+    parse,
+    parse_duration,
+    render_help,
+)
+
+FLAGS = (
+    Flag("manufacturer", "", "which"),
+    Flag("no-shared", "false", "no shared", kind="bool"),
+    Flag("monitor-period", "15s", "period", kind="duration"),
+    Flag("v", "0", "verbosity", kind="int"),
+    Flag("output", "yaml", "format", short="o", choices=("yaml", "json")),
+    Flag("disable-applications", "", "apps", kind="list"),
+)
+
+
+def test_defaults_are_typed() -> None:
+    parsed = parse([], FLAGS, env={})
+    assert parsed.values == {
+        "manufacturer": "",
+        "no_shared": False,
+        "monitor_period": 15.0,
+        "v": 0,
+        "output": "yaml",
+        "disable_applications": (),
+    }
+    assert parsed.explicit == {}
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--manufacturer=amd"],
+        ["--manufacturer", "amd"],
+        ["-manufacturer=amd"],
+        ["-manufacturer", "amd"],
+    ],
+)
+def test_single_and_double_dash_with_and_without_equals(argv: list[str]) -> None:
+    assert parse(argv, FLAGS, env={}).values["manufacturer"] == "amd"
+
+
+def test_bool_alone_is_true_and_takes_a_value_only_after_equals() -> None:
+    parsed = parse(["--no-shared", "positional"], FLAGS, env={})
+    assert parsed.values["no_shared"] is True
+    assert parsed.positionals == ["positional"]
+    assert parse(["--no-shared=false"], FLAGS, env={}).values["no_shared"] is False
+
+
+def test_klog_verbosity_forms() -> None:
+    assert parse(["-v=3"], FLAGS, env={}).values["v"] == 3
+    assert parse(["-v", "2"], FLAGS, env={}).values["v"] == 2
+    assert parse(["--v=1"], FLAGS, env={}).values["v"] == 1
+
+
+def test_short_option() -> None:
+    assert parse(["-o", "json"], FLAGS, env={}).values["output"] == "json"
+    assert parse(["-o=json"], FLAGS, env={}).values["output"] == "json"
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("15s", 15.0), ("5m", 300.0), ("1h30m", 5400.0), ("500ms", 0.5), ("2", 2.0), ("1.5s", 1.5)],
+)
+def test_durations(text: str, seconds: float) -> None:
+    assert parse_duration(text) == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize("text", ["", "15x", "s", "1h garbage", "-"])
+def test_bad_durations_name_the_flag(text: str) -> None:
+    with pytest.raises(FlagError, match="--monitor-period"):
+        parse([f"--monitor-period={text}"], FLAGS, env={})
+
+
+def test_environment_fills_unset_flags_and_the_command_line_wins() -> None:
+    env = {"GPUSTACK_MANUFACTURER": "nvidia", "GPUSTACK_NO_SHARED": "true", "GPUSTACK_V": "2"}
+    parsed = parse(["--v=4"], FLAGS, env=env)
+    assert parsed.values["manufacturer"] == "nvidia"
+    assert parsed.values["no_shared"] is True
+    assert parsed.values["v"] == 4
+    assert parsed.from_env == {"manufacturer", "no-shared"}
+
+
+def test_bad_environment_value_is_an_error_naming_the_flag() -> None:
+    with pytest.raises(FlagError, match="--no-shared"):
+        parse([], FLAGS, env={"GPUSTACK_NO_SHARED": "maybe"})
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--nope"], "unknown flag: --nope"),
+        (["--manufacturer"], "flag needs an argument"),
+        (["-o", "xml"], "must be one of yaml, json"),
+        (["--v=two"], "invalid value 'two' for --v"),
+    ],
+)
+def test_errors(argv: list[str], message: str) -> None:
+    with pytest.raises(FlagError, match=message):
+        parse(argv, FLAGS, env={})
+
+
+def test_list_flag_splits_on_commas() -> None:
+    parsed = parse(["--disable-applications=kueue, model-manager,"], FLAGS, env={})
+    assert parsed.values["disable_applications"] == ("kueue", "model-manager")
+
+
+def test_effective_cmdline_includes_environment_values() -> None:
+    parsed = parse(["-o", "json"], FLAGS, env={"GPUSTACK_MANUFACTURER": "amd nvidia"})
+    line = effective_cmdline(("device-manager", "detect"), parsed)
+    assert (
+        line == "gpustack-operator device-manager detect '--manufacturer=amd nvidia' --output=json"
+    )
+
+
+def test_help_lists_defaults_and_environment_names() -> None:
+    text = render_help("usage", "summary", FLAGS)
+    assert "--monitor-period" in text and "(default '15s')" in text
+    assert "$GPUSTACK_MONITOR_PERIOD" in text
+    assert "-o, --output" in text
+    assert "    -v " in text

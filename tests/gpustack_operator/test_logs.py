@@ -1,0 +1,103 @@
+"""klog-shaped logging: header shape, verbosity, vmodule, backtraces, stderr only."""
+
+from __future__ import annotations
+
+import logging
+import re
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gpustack_operator import logs
+
+
+@pytest.fixture(autouse=True)
+def _restore_root_logger() -> Iterator[None]:
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    for handler in root.handlers:
+        if handler not in handlers:
+            handler.close()
+    root.handlers[:] = handlers
+    root.setLevel(level)
+
+
+def test_header_shape_and_stderr_only(capsys: pytest.CaptureFixture[str]) -> None:
+    logs.configure(logs.LogSettings())
+    logging.getLogger("x").warning("card %d lost", 3)
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert re.fullmatch(r"W\d{4} \d\d:\d\d:\d\d\.\d{6} +\d+ test_logs\.py:\d+\] card 3 lost\n", err)
+
+
+def test_skip_headers(capsys: pytest.CaptureFixture[str]) -> None:
+    logs.configure(logs.LogSettings(skip_headers=True))
+    logging.getLogger("x").info("plain")
+    assert capsys.readouterr().err == "plain\n"
+
+
+def test_add_dir_header_shows_the_path(capsys: pytest.CaptureFixture[str]) -> None:
+    logs.configure(logs.LogSettings(add_dir_header=True))
+    logging.getLogger("x").info("where")
+    assert "/tests/gpustack_operator/test_logs.py:" in capsys.readouterr().err
+
+
+def test_verbosity_levels(capsys: pytest.CaptureFixture[str]) -> None:
+    logs.configure(logs.LogSettings(verbosity=0))
+    log = logging.getLogger("x")
+    log.debug("hidden at v0")
+    log.info("shown at v0")
+    logs.configure(logs.LogSettings(verbosity=2))
+    log.debug("shown at v2")
+    log.log(logs.V3, "hidden at v2")
+    logs.configure(logs.LogSettings(verbosity=3))
+    log.log(logs.V3, "shown at v3")
+    err = capsys.readouterr().err
+    assert "hidden" not in err
+    assert err.count("shown") == 3
+
+
+def test_vmodule_raises_one_file(capsys: pytest.CaptureFixture[str]) -> None:
+    logs.configure(logs.LogSettings(vmodule=logs.parse_vmodule("test_l*=3")))
+    logging.getLogger("x").log(logs.V3, "decision")
+    assert "decision" in capsys.readouterr().err
+    logs.configure(logs.LogSettings(vmodule=logs.parse_vmodule("other=3")))
+    logging.getLogger("x").log(logs.V3, "decision")
+    assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("text", ["x", "a=", "=1", "a=b"])
+def test_bad_vmodule(text: str) -> None:
+    with pytest.raises(ValueError, match="--vmodule"):
+        logs.parse_vmodule(text)
+
+
+def test_backtrace_at(capsys: pytest.CaptureFixture[str]) -> None:
+    def here() -> int:
+        logging.getLogger("x").info("marked")
+        return here.__code__.co_firstlineno + 1
+
+    line = here.__code__.co_firstlineno + 1
+    logs.configure(logs.LogSettings(backtrace_at=logs.parse_backtrace_at(f"test_logs.py:{line}")))
+    here()
+    err = capsys.readouterr().err
+    assert "marked" in err
+    assert "in test_backtrace_at" in err
+    assert "logging/__init__.py" not in err
+
+
+def test_log_to_file_when_not_to_stderr(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    logs.configure(logs.LogSettings(to_stderr=False))
+    logging.getLogger("x").info("to a file")
+    for handler in logging.getLogger().handlers:
+        handler.flush()
+    assert capsys.readouterr().err == ""
+    path = logs.log_file_path()
+    assert path.startswith(str(tmp_path))
+    assert any("to a file" in p.read_text() for p in tmp_path.iterdir())
