@@ -181,6 +181,35 @@ _PREFLIGHT = (
     _OUTPUT,
 )
 
+NATS_FLAGS = (
+    Flag(
+        "nats-url",
+        "",
+        "NATS server URL(s), comma separated (default $NATS_URL, else nats://127.0.0.1:4222)",
+    ),
+    Flag("nats-user", "", "NATS user name"),
+    Flag("nats-password", "", "NATS password"),
+    Flag("nats-token", "", "NATS authentication token"),
+    Flag("nats-nkey-seed", "", "file holding an NKey seed"),
+    Flag("nats-creds", "", "NATS credentials file (JWT and NKey seed)"),
+    Flag("nats-tls-ca", "", "CA bundle that verifies the NATS servers"),
+    Flag("nats-tls-cert", "", "client certificate for NATS TLS"),
+    Flag("nats-tls-key", "", "client key for NATS TLS"),
+)
+
+_BUS_WATCH = (
+    Flag("node", "", "only this node"),
+    Flag("subject", "", "only this subject filter, e.g. gpustack.v1.node.*.health"),
+    Flag(
+        "output",
+        "json",
+        "output format: one JSON document per line, or YAML documents",
+        short="o",
+        choices=("json", "yaml"),
+    ),
+    *NATS_FLAGS,
+)
+
 COMMANDS = (
     Command(
         ("worker",),
@@ -223,6 +252,18 @@ COMMANDS = (
         "Prove that the allocation modes work on this node (acts on the node).",
         _PREFLIGHT,
         pending="issue #8",
+    ),
+    Command(
+        ("bus", "watch"),
+        "Print the retained state of every matching node, then live bus events.",
+        _BUS_WATCH,
+        target="bus.cli:watch_command",
+    ),
+    Command(
+        ("bus", "schema"),
+        "Print the JSON Schema of every bus event.",
+        (),
+        target="bus.cli:schema_command",
     ),
 )
 

@@ -108,7 +108,7 @@ def overview() -> str:
         shown = " ".join(command.path)
         if alias:
             shown += f" ({' '.join((alias, *command.path[1:]))})"
-        lines.append(f"  {shown:<36} {command.summary}")
+        lines.append(f"  {shown:<40} {command.summary}")
     lines.append("\nRun 'gpustack-operator COMMAND --help' for a command's flags.")
     return "\n".join(lines) + "\n"
 

@@ -1,0 +1,339 @@
+"""The NVML adapter: the one module that talks to ``pynvml``.
+
+Every NVML call the agent makes goes through :class:`Nvml`, which returns plain Python values and
+maps NVML's return codes to our own errors, named for what the caller should do:
+
+- :class:`NvmlUnsupported`: the card or driver does not offer this value (``NOT_SUPPORTED``,
+  ``NO_PERMISSION``, ``FUNCTION_NOT_FOUND``, or a symbol the binding lacks). Drop the field.
+- :class:`NvmlGpuLost`: the card fell off the bus. Stop asking it anything; report it unhealthy.
+- :class:`NvmlUnavailable`: no NVML here at all (library absent, driver not loaded).
+- :class:`NvmlCallFailed`: anything else, with the call and the code name.
+
+The library is the real ``pynvml`` module (imported on first construction, so importing this
+module costs nothing) or a pynvml-compatible simulator. Only ``library.NVMLError`` and its int
+``.value`` are relied on, which both share.
+
+Init is never cached: each pass opens its own :meth:`Nvml.session`, so a driver that loads after
+the agent starts is found on the next pass. nvidia-ml-py reference-counts init, so every
+successful init is paired with a shutdown.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from agent.devices import pci
+from agent.errors import AgentError
+
+log = logging.getLogger(__name__)
+
+Handle = Any
+"""An opaque NVML device handle (a ctypes pointer for the real library)."""
+
+# NVML return codes (nvml.h); the simulator uses the same numbers.
+UNINITIALIZED = 1
+INVALID_ARGUMENT = 2
+NOT_SUPPORTED = 3
+NO_PERMISSION = 4
+NOT_FOUND = 6
+DRIVER_NOT_LOADED = 9
+LIBRARY_NOT_FOUND = 12
+FUNCTION_NOT_FOUND = 13
+GPU_IS_LOST = 15
+UNKNOWN = 999
+
+CODE_NAMES: dict[int, str] = {
+    UNINITIALIZED: "UNINITIALIZED",
+    INVALID_ARGUMENT: "INVALID_ARGUMENT",
+    NOT_SUPPORTED: "NOT_SUPPORTED",
+    NO_PERMISSION: "NO_PERMISSION",
+    5: "ALREADY_INITIALIZED",
+    NOT_FOUND: "NOT_FOUND",
+    7: "INSUFFICIENT_SIZE",
+    8: "INSUFFICIENT_POWER",
+    DRIVER_NOT_LOADED: "DRIVER_NOT_LOADED",
+    10: "TIMEOUT",
+    11: "IRQ_ISSUE",
+    LIBRARY_NOT_FOUND: "LIBRARY_NOT_FOUND",
+    FUNCTION_NOT_FOUND: "FUNCTION_NOT_FOUND",
+    14: "CORRUPTED_INFOROM",
+    GPU_IS_LOST: "GPU_IS_LOST",
+    16: "RESET_REQUIRED",
+    17: "OPERATING_SYSTEM",
+    18: "LIB_RM_VERSION_MISMATCH",
+    19: "IN_USE",
+    20: "MEMORY",
+    21: "NO_DATA",
+    UNKNOWN: "UNKNOWN",
+}
+
+_UNSUPPORTED_CODES = frozenset({NOT_SUPPORTED, NO_PERMISSION, FUNCTION_NOT_FOUND})
+_UNAVAILABLE_CODES = frozenset({LIBRARY_NOT_FOUND, DRIVER_NOT_LOADED})
+_PROFILE_ABSENT_CODES = frozenset({NOT_SUPPORTED, INVALID_ARGUMENT, NOT_FOUND})
+"""What a GI-profile scan gets for a profile index this card does not have: skip it, silently."""
+
+CPU_SET_WORDS = 64
+"""64-bit words asked for in CPU affinity masks: room for 4096 CPUs."""
+NODE_SET_WORDS = 4
+"""64-bit words asked for in NUMA-node affinity masks: room for 256 nodes."""
+
+
+class NvmlError(AgentError):
+    """An NVML call failed; ``call`` names it, ``code`` is NVML's return code."""
+
+    def __init__(self, call: str, code: int, detail: str) -> None:
+        self.call = call
+        self.code = code
+        self.code_name = CODE_NAMES.get(code, f"ERROR_{code}")
+        self.detail = detail
+        super().__init__(f"{call}: {detail} ({self.code_name})")
+
+
+class NvmlUnsupported(NvmlError):
+    """This value is not available from this card or driver; only its field is lost."""
+
+
+class NvmlGpuLost(NvmlError):
+    """The card no longer answers (fell off the bus); it must not be asked again this pass."""
+
+
+class NvmlUnavailable(NvmlError):
+    """NVML cannot be used at all here: the library is absent or the driver is not loaded."""
+
+
+class NvmlCallFailed(NvmlError):
+    """Any other NVML failure."""
+
+
+def map_error(call: str, code: int, detail: str) -> NvmlError:
+    """Choose the error type for an NVML return code (pure, so tests can pin the table)."""
+    if code in _UNSUPPORTED_CODES:
+        return NvmlUnsupported(call, code, detail)
+    if code == GPU_IS_LOST:
+        return NvmlGpuLost(call, code, detail)
+    if code in _UNAVAILABLE_CODES:
+        return NvmlUnavailable(call, code, detail)
+    return NvmlCallFailed(call, code, detail)
+
+
+@dataclass(frozen=True)
+class GpuInstanceProfile:
+    """One MIG GPU-instance profile of a card, as NVML reports it on an empty card."""
+
+    index: int
+    """The NVML profile index scanned (``NVML_GPU_INSTANCE_PROFILE_1_SLICE`` = 0, ...)."""
+    name: str
+    """Without NVML's ``MIG`` prefix: ``1g.10gb``, ``1g.10gb+me``."""
+    memory_mib: int
+    slice_count: int
+    instance_count: int
+    multiprocessor_count: int
+    placements: tuple[tuple[int, int], ...]
+    """Legal ``(start, size)`` placements in memory slices; empty when there are none."""
+
+
+def _text(value: object) -> str:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="replace").rstrip("\x00").strip()
+    return str(value).strip()
+
+
+class Nvml:
+    """NVML calls returning plain values; every failure is one of the :class:`NvmlError` types.
+
+    ``errors_by_call`` counts the errors raised per NVML function name, for the agent's metrics.
+    """
+
+    def __init__(self, library: Any = None) -> None:
+        if library is None:
+            import pynvml
+
+            library = pynvml
+        self.library: Any = library
+        self.errors_by_call: Counter[str] = Counter()
+
+    # -- plumbing -----------------------------------------------------------------------------
+
+    def _call(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        """Call ``library.<name>`` and map its failure; an absent symbol is "unsupported"."""
+        fn: Callable[..., Any] | None = getattr(self.library, name, None)
+        if fn is None:
+            self.errors_by_call[name] += 1
+            raise NvmlUnsupported(name, FUNCTION_NOT_FOUND, "not found in the NVML binding")
+        try:
+            return fn(*args, **kwargs)
+        except self.library.NVMLError as e:
+            self.errors_by_call[name] += 1
+            raise map_error(name, int(e.value), str(e)) from e
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    def init(self) -> None:
+        self._call("nvmlInit")
+
+    def shutdown(self) -> None:
+        self._call("nvmlShutdown")
+
+    @contextmanager
+    def session(self) -> Iterator[Nvml]:
+        """Init NVML for one pass and always shut it down, even when the pass raised.
+
+        A failed init raises before anything is yielded and leaves nothing to shut down. A failed
+        shutdown is logged, not raised, so it cannot hide the pass's own outcome.
+        """
+        self.init()
+        try:
+            yield self
+        finally:
+            try:
+                self.shutdown()
+            except NvmlError as e:
+                log.warning("NVML shutdown failed: %s", e)
+
+    # -- system -------------------------------------------------------------------------------
+
+    def driver_version(self) -> str:
+        return _text(self._call("nvmlSystemGetDriverVersion"))
+
+    def cuda_driver_version(self) -> int:
+        """``major*1000 + minor*10``: ``12080`` is CUDA 12.8."""
+        return int(self._call("nvmlSystemGetCudaDriverVersion"))
+
+    def device_count(self) -> int:
+        return int(self._call("nvmlDeviceGetCount"))
+
+    def handle(self, index: int) -> Handle:
+        return self._call("nvmlDeviceGetHandleByIndex", index)
+
+    # -- identity -----------------------------------------------------------------------------
+
+    def uuid(self, h: Handle) -> str:
+        return _text(self._call("nvmlDeviceGetUUID", h))
+
+    def name(self, h: Handle) -> str:
+        return _text(self._call("nvmlDeviceGetName", h))
+
+    def minor_number(self, h: Handle) -> int:
+        return int(self._call("nvmlDeviceGetMinorNumber", h))
+
+    def pci_bus_id(self, h: Handle) -> str:
+        """The card's PCI address as lowercase ``dddd:bb:dd.f`` (``busIdLegacy`` preferred)."""
+        info = self._call("nvmlDeviceGetPciInfo", h)
+        raw = _text(getattr(info, "busIdLegacy", b"")) or _text(info.busId)
+        return pci.normalize_bdf(raw)
+
+    # -- capability ---------------------------------------------------------------------------
+
+    def memory(self, h: Handle) -> tuple[int, int]:
+        """``(total, used)`` bytes; v2 first, whose ``used`` excludes driver-reserved memory.
+
+        Falls back to v1 only when v2 is unsupported (old drivers lack the ``_v2`` symbol); a lost
+        card or another failure of v2 is raised as is.
+        """
+        try:
+            info = self._call("nvmlDeviceGetMemoryInfo", h, version=self.library.nvmlMemory_v2)
+        except NvmlUnsupported:
+            info = self._call("nvmlDeviceGetMemoryInfo", h)
+        return int(info.total), int(info.used)
+
+    def num_cores(self, h: Handle) -> int:
+        """CUDA cores (not SMs)."""
+        return int(self._call("nvmlDeviceGetNumGpuCores", h))
+
+    def compute_capability(self, h: Handle) -> tuple[int, int]:
+        major, minor = self._call("nvmlDeviceGetCudaComputeCapability", h)
+        return int(major), int(minor)
+
+    def architecture(self, h: Handle) -> int:
+        """NVML's ``nvmlDeviceArchitecture_t`` (9 = Hopper)."""
+        return int(self._call("nvmlDeviceGetArchitecture", h))
+
+    def mig_mode(self, h: Handle) -> bool:
+        """The *current* MIG mode (a pending change takes effect only after a reset)."""
+        current, _pending = self._call("nvmlDeviceGetMigMode", h)
+        return bool(current)
+
+    def gpu_instance_profiles(self, h: Handle) -> tuple[GpuInstanceProfile, ...]:
+        """Scan every GI profile index; indexes this card lacks are skipped.
+
+        Raises :class:`NvmlUnsupported` when the v2 profile call itself is unavailable (no name
+        without it), and :class:`NvmlGpuLost` / :class:`NvmlCallFailed` as usual.
+        """
+        profiles = []
+        for index in range(int(self.library.NVML_GPU_INSTANCE_PROFILE_COUNT)):
+            info = self._profile_info(h, index)
+            if info is None:
+                continue
+            name = _text(info.name).removeprefix("MIG ").strip()
+            profiles.append(
+                GpuInstanceProfile(
+                    index=index,
+                    name=name,
+                    memory_mib=int(info.memorySizeMB),
+                    slice_count=int(info.sliceCount),
+                    instance_count=int(info.instanceCount),
+                    multiprocessor_count=int(info.multiprocessorCount),
+                    placements=self.placements(h, int(info.id)),
+                )
+            )
+        return tuple(profiles)
+
+    def _profile_info(self, h: Handle, index: int) -> Any:
+        name = "nvmlDeviceGetGpuInstanceProfileInfo"
+        fn: Callable[..., Any] | None = getattr(self.library, name, None)
+        if fn is None:
+            raise NvmlUnsupported(name, FUNCTION_NOT_FOUND, "not found in the NVML binding")
+        try:
+            return fn(h, index)
+        except self.library.NVMLError as e:
+            code = int(e.value)
+            if code in _PROFILE_ABSENT_CODES:
+                return None
+            self.errors_by_call[name] += 1
+            raise map_error(name, code, str(e)) from e
+
+    def placements(self, h: Handle, profile_id: int) -> tuple[tuple[int, int], ...]:
+        """Legal ``(start, size)`` placements of a GI profile on an empty card.
+
+        The binding takes a ctypes array and a count pointer (the ``_v2`` C call): one call with
+        no array gets the count, a second fills the array.
+        """
+        count = ctypes.c_uint(0)
+        name = "nvmlDeviceGetGpuInstancePossiblePlacements"
+        self._call(name, h, profile_id, None, ctypes.pointer(count))
+        if count.value == 0:
+            return ()
+        array = (self.library.c_nvmlGpuInstancePlacement_t * count.value)()
+        self._call(name, h, profile_id, array, ctypes.pointer(count))
+        return tuple((int(p.start), int(p.size)) for p in array[: count.value])
+
+    # -- locality -----------------------------------------------------------------------------
+
+    def cpu_affinity(self, h: Handle) -> list[int]:
+        words = self._call("nvmlDeviceGetCpuAffinity", h, CPU_SET_WORDS)
+        return pci.bits_to_numbers(int(w) for w in words)
+
+    def memory_affinity(self, h: Handle) -> list[int]:
+        scope = self.library.NVML_AFFINITY_SCOPE_NODE
+        words = self._call("nvmlDeviceGetMemoryAffinity", h, NODE_SET_WORDS, scope)
+        return pci.bits_to_numbers(int(w) for w in words)
+
+    # -- usage --------------------------------------------------------------------------------
+
+    def utilization(self, h: Handle) -> int:
+        """Percent of time a kernel ran over the last sample period."""
+        return int(self._call("nvmlDeviceGetUtilizationRates", h).gpu)
+
+    def temperature(self, h: Handle) -> int:
+        """GPU core temperature, °C."""
+        return int(self._call("nvmlDeviceGetTemperature", h, self.library.NVML_TEMPERATURE_GPU))
+
+    def power_usage(self, h: Handle) -> int:
+        """Power drawn, mW."""
+        return int(self._call("nvmlDeviceGetPowerUsage", h))

@@ -1,0 +1,344 @@
+"""A pynvml-compatible NVML built from a profile, so the NVIDIA backend runs without a GPU.
+
+:class:`SimulatedNvml` offers the subset of nvidia-ml-py that :mod:`agent.devices.nvml` uses, with
+the same function names, signatures, constants, error codes and result shapes, so the adapter
+cannot tell it from the real module. It deliberately reproduces the behaviours detection must cope
+with:
+
+- calls before ``nvmlInit`` raise ``UNINITIALIZED``; init and shutdown are reference counted;
+- ``init_error`` makes ``nvmlInit`` fail; no NVIDIA host at all is ``LIBRARY_NOT_FOUND``;
+- a card's ``faults`` (NVML function name → error name) make that call fail for that card, and
+  ``nvmlDeviceGetMemoryInfo_v2`` names the v2 form alone;
+- once a card answers ``GPU_IS_LOST`` it answers nothing else, as a card off the bus does;
+- utilization is ``NOT_SUPPORTED`` on a MIG-enabled card, as on real hardware.
+
+Every call is logged as ``(function, card index or None)`` in :attr:`SimulatedNvml.calls`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Iterable
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any
+
+from agent.devices.simulation.profiles import MigProfile, NvidiaCard, NvidiaHost
+from agent.errors import ProfileError
+
+ERROR_CODES: dict[str, int] = {
+    "UNINITIALIZED": 1,
+    "INVALID_ARGUMENT": 2,
+    "NOT_SUPPORTED": 3,
+    "NO_PERMISSION": 4,
+    "NOT_FOUND": 6,
+    "DRIVER_NOT_LOADED": 9,
+    "TIMEOUT": 10,
+    "LIBRARY_NOT_FOUND": 12,
+    "FUNCTION_NOT_FOUND": 13,
+    "CORRUPTED_INFOROM": 14,
+    "GPU_IS_LOST": 15,
+    "RESET_REQUIRED": 16,
+    "UNKNOWN": 999,
+}
+
+_MESSAGES = {
+    1: "Uninitialized",
+    2: "Invalid Argument",
+    3: "Not Supported",
+    4: "Insufficient Permissions",
+    6: "Not Found",
+    9: "Driver Not Loaded",
+    10: "Timeout",
+    12: "NVML Shared Library Not Found",
+    13: "Function Not Found",
+    14: "Corrupted infoROM",
+    15: "GPU is lost",
+    16: "GPU requires restart",
+    999: "Unknown Error",
+}
+
+UNINITIALIZED = 1
+NOT_SUPPORTED = 3
+GPU_IS_LOST = 15
+
+
+class NVMLError(Exception):
+    """Shaped like pynvml's: an int ``.value`` and NVML's message as ``str()``."""
+
+    def __init__(self, value: int) -> None:
+        super().__init__(value)
+        self.value = value
+
+    def __str__(self) -> str:
+        return _MESSAGES.get(self.value, f"NVML Error with code {self.value}")
+
+
+class c_nvmlGpuInstancePlacement_t(ctypes.Structure):
+    _fields_ = [("start", ctypes.c_uint), ("size", ctypes.c_uint)]
+
+
+@dataclass(frozen=True)
+class SimulatedHandle:
+    index: int
+
+
+def _cpu_set(text: str | None) -> set[int]:
+    numbers: set[int] = set()
+    for part in (text or "").split(","):
+        if not part.strip():
+            continue
+        low, _, high = part.partition("-")
+        numbers.update(range(int(low), int(high or low) + 1))
+    return numbers
+
+
+def _words(numbers: Iterable[int], count: int) -> list[int]:
+    words = [0] * count
+    for n in numbers:
+        if n < count * 64:
+            words[n // 64] |= 1 << (n % 64)
+    return words
+
+
+class SimulatedNvml:
+    """The pynvml module, simulated from a profile's ``nvidia`` section (None: no driver)."""
+
+    NVMLError = NVMLError
+    c_nvmlGpuInstancePlacement_t = c_nvmlGpuInstancePlacement_t
+    nvmlMemory_v2 = 0x02000028
+    NVML_TEMPERATURE_GPU = 0
+    NVML_AFFINITY_SCOPE_NODE = 0
+    NVML_GPU_INSTANCE_PROFILE_COUNT = 0x12
+    NVML_DEVICE_MIG_DISABLE = 0
+    NVML_DEVICE_MIG_ENABLE = 1
+
+    def __init__(self, host: NvidiaHost | None, *, system_faults: dict[str, str] | None = None):
+        self.host = host
+        self.cards: tuple[NvidiaCard, ...] = host.cards if host else ()
+        self.system_faults = dict(system_faults or {})
+        self.calls: list[tuple[str, int | None]] = []
+        self.refcount = 0
+        self.lost: set[int] = set()
+        self._xids: dict[int, list[int]] = {i: list(c.xids) for i, c in enumerate(self.cards)}
+        for where, faults in [("system", self.system_faults)] + [
+            (f"card {i}", c.faults) for i, c in enumerate(self.cards)
+        ]:
+            unknown = sorted(set(faults.values()) - set(ERROR_CODES))
+            if unknown:
+                raise ProfileError(f"nvidia {where}: unknown NVML error names {unknown}")
+        if host and host.init_error and host.init_error not in ERROR_CODES:
+            raise ProfileError(f"nvidia initError: unknown NVML error name {host.init_error!r}")
+
+    # -- health-loop hooks --------------------------------------------------------------------
+
+    def inject_xid(self, index: int, xid: int) -> None:
+        self._xids.setdefault(index, []).append(xid)
+
+    def pending_xids(self, index: int) -> list[int]:
+        """XIDs not yet consumed for card ``index``; reading them consumes them."""
+        pending = self._xids.get(index, [])
+        self._xids[index] = []
+        return pending
+
+    # -- plumbing -----------------------------------------------------------------------------
+
+    def _system(self, fn: str) -> None:
+        self.calls.append((fn, None))
+        if self.refcount == 0:
+            raise NVMLError(UNINITIALIZED)
+        if fn in self.system_faults:
+            raise NVMLError(ERROR_CODES[self.system_faults[fn]])
+
+    def _card(self, fn: str, handle: SimulatedHandle | int, *aliases: str) -> NvidiaCard:
+        """Log the call, then fail it the way the card's state and faults say."""
+        index = handle if isinstance(handle, int) else handle.index
+        self.calls.append((fn, index))
+        if self.refcount == 0:
+            raise NVMLError(UNINITIALIZED)
+        if not 0 <= index < len(self.cards):
+            raise NVMLError(ERROR_CODES["INVALID_ARGUMENT"])
+        if index in self.lost:
+            raise NVMLError(GPU_IS_LOST)
+        card = self.cards[index]
+        for name in (fn, *aliases):
+            fault = card.faults.get(name)
+            if fault is not None:
+                if fault == "GPU_IS_LOST":
+                    self.lost.add(index)
+                raise NVMLError(ERROR_CODES[fault])
+        return card
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    def nvmlInit(self) -> None:
+        self.calls.append(("nvmlInit", None))
+        if self.host is None:
+            raise NVMLError(ERROR_CODES["LIBRARY_NOT_FOUND"])
+        if self.host.init_error:
+            raise NVMLError(ERROR_CODES[self.host.init_error])
+        self.refcount += 1
+
+    def nvmlShutdown(self) -> None:
+        self._system("nvmlShutdown")
+        self.refcount -= 1
+
+    # -- system -------------------------------------------------------------------------------
+
+    def nvmlSystemGetDriverVersion(self) -> str:
+        self._system("nvmlSystemGetDriverVersion")
+        assert self.host is not None
+        return self.host.driver_version
+
+    def nvmlSystemGetCudaDriverVersion(self) -> int:
+        self._system("nvmlSystemGetCudaDriverVersion")
+        assert self.host is not None
+        return self.host.cuda_driver_version
+
+    def nvmlDeviceGetCount(self) -> int:
+        self._system("nvmlDeviceGetCount")
+        return len(self.cards)
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> SimulatedHandle:
+        self._card("nvmlDeviceGetHandleByIndex", index)
+        return SimulatedHandle(index)
+
+    # -- identity -----------------------------------------------------------------------------
+
+    def nvmlDeviceGetUUID(self, handle: SimulatedHandle) -> str:
+        return self._card("nvmlDeviceGetUUID", handle).uuid
+
+    def nvmlDeviceGetName(self, handle: SimulatedHandle) -> str:
+        return self._card("nvmlDeviceGetName", handle).name
+
+    def nvmlDeviceGetMinorNumber(self, handle: SimulatedHandle) -> int:
+        card = self._card("nvmlDeviceGetMinorNumber", handle)
+        if card.minor is None:
+            raise NVMLError(NOT_SUPPORTED)
+        return card.minor
+
+    def nvmlDeviceGetPciInfo(self, handle: SimulatedHandle) -> SimpleNamespace:
+        card = self._card("nvmlDeviceGetPciInfo", handle)
+        domain, _, rest = card.bus_id.partition(":")
+        return SimpleNamespace(
+            busIdLegacy=card.bus_id.upper().encode(),
+            busId=f"{int(domain, 16):08X}:{rest.upper()}".encode(),
+            pciDeviceId=(card.device_id << 16) | 0x10DE,
+        )
+
+    # -- capability ---------------------------------------------------------------------------
+
+    def nvmlDeviceGetMemoryInfo(
+        self, handle: SimulatedHandle, version: int | None = None
+    ) -> SimpleNamespace:
+        aliases = ("nvmlDeviceGetMemoryInfo_v2",) if version else ()
+        card = self._card("nvmlDeviceGetMemoryInfo", handle, *aliases)
+        total = card.memory_total_mib << 20
+        reserved = card.memory_reserved_mib << 20
+        used = card.memory_used_mib << 20
+        if not version:  # v1: "used" includes what the driver reserved
+            return SimpleNamespace(total=total, used=used + reserved, free=total - used - reserved)
+        return SimpleNamespace(
+            version=version, total=total, reserved=reserved, used=used,
+            free=total - reserved - used,
+        )  # fmt: skip
+
+    def nvmlDeviceGetNumGpuCores(self, device: SimulatedHandle) -> int:
+        card = self._card("nvmlDeviceGetNumGpuCores", device)
+        if card.cuda_cores is None:
+            raise NVMLError(NOT_SUPPORTED)
+        return card.cuda_cores
+
+    def nvmlDeviceGetCudaComputeCapability(self, handle: SimulatedHandle) -> tuple[int, int]:
+        return self._card("nvmlDeviceGetCudaComputeCapability", handle).compute_capability
+
+    def nvmlDeviceGetArchitecture(self, device: SimulatedHandle) -> int:
+        card = self._card("nvmlDeviceGetArchitecture", device)
+        if card.architecture is None:
+            raise NVMLError(NOT_SUPPORTED)
+        return card.architecture
+
+    def nvmlDeviceGetMigMode(self, device: SimulatedHandle) -> list[int]:
+        card = self._card("nvmlDeviceGetMigMode", device)
+        if not card.mig_profiles and not card.mig_mode:
+            raise NVMLError(NOT_SUPPORTED)  # not a MIG-capable part
+        mode = int(card.mig_mode)
+        return [mode, mode]
+
+    def nvmlDeviceGetGpuInstanceProfileInfo(
+        self, device: SimulatedHandle, profile: int, version: int = 2
+    ) -> SimpleNamespace:
+        card = self._card("nvmlDeviceGetGpuInstanceProfileInfo", device)
+        found = self._mig_profile(card, profile)
+        return SimpleNamespace(
+            id=found.id,
+            sliceCount=found.slice_count,
+            instanceCount=found.instance_count,
+            multiprocessorCount=found.multiprocessor_count,
+            memorySizeMB=found.memory_mib,
+            name=f"MIG {found.name}".encode(),
+        )
+
+    def nvmlDeviceGetGpuInstancePossiblePlacements(
+        self,
+        device: SimulatedHandle,
+        profileId: int,
+        placementsRef: Any,
+        countRef: Any,
+    ) -> int:
+        card = self._card("nvmlDeviceGetGpuInstancePossiblePlacements", device)
+        found = self._mig_profile(card, profileId)
+        if placementsRef is None:
+            countRef.contents.value = len(found.placement_starts)
+            return 0
+        if countRef.contents.value < len(found.placement_starts):
+            raise NVMLError(7)  # INSUFFICIENT_SIZE
+        for i, start in enumerate(found.placement_starts):
+            placementsRef[i].start = start
+            placementsRef[i].size = found.placement_size
+        countRef.contents.value = len(found.placement_starts)
+        return 0
+
+    @staticmethod
+    def _mig_profile(card: NvidiaCard, profile: int) -> MigProfile:
+        # Real NVML answers NOT_SUPPORTED with MIG off or for a profile the part lacks.
+        for candidate in card.mig_profiles if card.mig_mode else ():
+            if candidate.id == profile:
+                return candidate
+        raise NVMLError(NOT_SUPPORTED)
+
+    # -- locality -----------------------------------------------------------------------------
+
+    def nvmlDeviceGetCpuAffinity(self, handle: SimulatedHandle, cpuSetSize: int) -> list[int]:
+        card = self._card("nvmlDeviceGetCpuAffinity", handle)
+        return _words(_cpu_set(card.cpu_list), cpuSetSize)
+
+    def nvmlDeviceGetMemoryAffinity(
+        self,
+        handle: SimulatedHandle,
+        nodeSetSize: int,
+        scope: int,
+    ) -> list[int]:
+        card = self._card("nvmlDeviceGetMemoryAffinity", handle)
+        nodes = () if card.numa_node is None else (card.numa_node,)
+        return _words(nodes, nodeSetSize)
+
+    # -- usage --------------------------------------------------------------------------------
+
+    def nvmlDeviceGetUtilizationRates(self, handle: SimulatedHandle) -> SimpleNamespace:
+        card = self._card("nvmlDeviceGetUtilizationRates", handle)
+        if card.utilization_percent is None or card.mig_mode:
+            raise NVMLError(NOT_SUPPORTED)
+        return SimpleNamespace(gpu=card.utilization_percent, memory=0)
+
+    def nvmlDeviceGetTemperature(self, handle: SimulatedHandle, sensor: int) -> int:
+        card = self._card("nvmlDeviceGetTemperature", handle)
+        if card.temperature_c is None or sensor != self.NVML_TEMPERATURE_GPU:
+            raise NVMLError(NOT_SUPPORTED)
+        return card.temperature_c
+
+    def nvmlDeviceGetPowerUsage(self, handle: SimulatedHandle) -> int:
+        card = self._card("nvmlDeviceGetPowerUsage", handle)
+        if card.power_mw is None:
+            raise NVMLError(NOT_SUPPORTED)
+        return card.power_mw

@@ -1,0 +1,175 @@
+"""Bus benchmarks: decoding subscriber vs bare nats-py, and publishing for 1,000 nodes.
+
+Run: ``.venv/bin/python bench/bench_bus.py [--messages N]``. Starts its own nats-server.
+
+1. Subscriber throughput: a separate publisher process sends N sample events (8 accelerators
+   each, ~1.3 KB) as fast as it can; we time one subscriber from first to last message,
+   once with the bare nats-py callback (counting only) and once through
+   ``bus.subscribing`` (subject parse + strict decode + validation). Best of 3 runs each.
+2. Publishing: one ``Publisher`` sends a sample for each of 1,000 simulated nodes per round,
+   and the full devices spec of 1,000 nodes (JetStream-acknowledged state events).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import anyio
+import nats
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bus import codec, connection, embedded, events, publishing, subjects, subscribing
+from bus.devices import AcceleratorSample, MonitorSample
+from bus.metrics import BusMetrics
+from bus.settings import BusSettings
+from bus.testing import example_events
+
+
+def sample_event(node: str) -> events.SamplesEvent:
+    accels = tuple(
+        AcceleratorSample(
+            id=f"GPU-{i:08x}-aaaa-bbbb-cccc-dddddddddddd",
+            memory=143771,
+            memory_usage=1000 * i,
+            memory_utilization=i,
+            cores_utilization=50 + i,
+            temperature=40 + i,
+            power_usage=300 + i,
+            unhealthy=False,
+        )
+        for i in range(8)
+    )
+    sample = MonitorSample(
+        manufacturer="nvidia", timestamp="2026-01-01T00:00:00.000000000+00:00", accelerators=accels
+    )
+    return events.SamplesEvent(node=node, period_s=15.0, samples=(sample,))
+
+
+async def publisher_process(url: str, count: int) -> None:
+    """Child process: publish ``count`` sample events on 100 node subjects, then flush."""
+    nc = await nats.connect(url)
+    payloads = [
+        (
+            subjects.subject(f"node-{i}.local", "samples"),
+            codec.encode(sample_event(f"node-{i}.local")),
+        )
+        for i in range(100)
+    ]
+    for i in range(count):
+        subj, data = payloads[i % 100]
+        await nc.publish(subj, data)
+        if i % 2000 == 0:
+            await nc.flush()
+    await nc.flush()
+    await nc.close()
+
+
+def start_publisher(url: str, count: int) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, __file__, "--publisher", url, "--messages", str(count)]
+    )
+
+
+async def bare_run(url: str, count: int) -> float:
+    nc = await nats.connect(url)
+    done = asyncio.Event()
+    state = {"n": 0, "t0": 0.0, "t1": 0.0}
+
+    async def cb(msg: nats.aio.msg.Msg) -> None:
+        if state["n"] == 0:
+            state["t0"] = time.perf_counter()
+        state["n"] += 1
+        if state["n"] == count:
+            state["t1"] = time.perf_counter()
+            done.set()
+
+    await nc.subscribe(subjects.filter_for(kind="samples"), cb=cb, pending_msgs_limit=count)
+    await nc.flush()
+    proc = start_publisher(url, count)
+    await done.wait()
+    await nc.close()
+    await anyio.to_thread.run_sync(proc.wait)
+    return count / (state["t1"] - state["t0"])
+
+
+async def bus_run(settings: BusSettings, count: int) -> float:
+    metrics = BusMetrics()
+    async with (
+        connection.connect(settings) as conn,
+        subscribing.subscribe(
+            conn, settings=settings, metrics=metrics, kind="samples", buffer=count
+        ) as sub,
+    ):
+        await conn.flush()
+        proc = start_publisher(settings.url, count)
+        n = 0
+        t0 = 0.0
+        async for _ in sub:
+            if n == 0:
+                t0 = time.perf_counter()
+            n += 1
+            if n == count:
+                break
+        t1 = time.perf_counter()
+    await anyio.to_thread.run_sync(proc.wait)
+    assert metrics.total_dropped() == 0, "bench messages were dropped"
+    return count / (t1 - t0)
+
+
+async def publish_nodes(settings: BusSettings, nodes: int, rounds: int) -> tuple[float, float]:
+    metrics = BusMetrics()
+    names = [f"sim-{i:04d}.cluster.local" for i in range(nodes)]
+    samples = [sample_event(n) for n in names]
+    async with (
+        connection.connect(settings) as conn,
+        publishing.publisher(conn, settings=settings, metrics=metrics) as pub,
+    ):
+        t0 = time.perf_counter()
+        for _ in range(rounds):
+            for ev in samples:
+                pub.publish(ev)
+            await pub.wait_sent()
+        await conn.flush()
+        samples_rate = nodes * rounds / (time.perf_counter() - t0)
+        devices = [example_events(n)[0] for n in names]
+        t0 = time.perf_counter()
+        for ev in devices:
+            pub.publish(ev)
+        await pub.wait_sent()
+        state_rate = nodes / (time.perf_counter() - t0)
+    return samples_rate, state_rate
+
+
+async def main(count: int) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        async with embedded.embedded_server(Path(tmp) / "nats") as server:
+            settings = BusSettings(url=server.url)
+            size = len(codec.encode(sample_event("node-0.local")))
+            print(f"nats-server {server.url}; {count} messages of {size} bytes per run")
+            bare = max([await bare_run(server.url, count) for _ in range(3)])
+            ours = max([await bus_run(settings, count) for _ in range(3)])
+            print(f"bare nats-py subscriber     : {bare:10,.0f} msg/s")
+            print(
+                f"bus.subscribing (decoded)   : {ours:10,.0f} events/s  ({ours / bare:.2f} of bare)"
+            )
+            samples_rate, state_rate = await publish_nodes(settings, 1000, 20)
+            print(f"publish samples, 1000 nodes : {samples_rate:10,.0f} events/s")
+            print(f"publish devices (acked)     : {state_rate:10,.0f} events/s")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--messages", type=int, default=100_000)
+    parser.add_argument("--publisher", metavar="URL")
+    args = parser.parse_args()
+    if args.publisher:
+        anyio.run(publisher_process, args.publisher, args.messages)
+    else:
+        anyio.run(main, args.messages)

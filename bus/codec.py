@@ -1,0 +1,136 @@
+"""Bytes <-> events: the module-level encoder, the strict decoder and the drop log.
+
+Decoding is strict about what matters and lenient about what does not:
+
+- refused and counted: oversized payloads, invalid JSON or shapes, a ``v`` other than
+  :data:`bus.events.VERSION`, a ``kind`` that differs from the subject's, a ``node`` that differs
+  from the subject's (a node may only speak for itself);
+- accepted: unknown fields, so a newer publisher adding optional fields does not break older
+  subscribers.
+
+The happy path is one ``msgspec`` decode; the envelope is only decoded again to label a failure.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any, Final
+
+import msgspec
+
+from bus import events
+from bus.errors import DecodeFailed
+from bus.metrics import BusMetrics
+from bus.subjects import Kind
+
+__all__ = ["DropLog", "decode", "encode", "json_schema"]
+
+log = logging.getLogger(__name__)
+
+
+class _Envelope(msgspec.Struct):
+    """Just enough of any message to tell "newer version" from "garbage"."""
+
+    v: int | None = None
+
+
+_ENCODER: Final = msgspec.json.Encoder()
+_DECODER: Final = msgspec.json.Decoder(events.Event)
+_ENVELOPE: Final = msgspec.json.Decoder(_Envelope)
+
+
+def encode(event: events.Event) -> bytes:
+    """The JSON wire form of ``event``."""
+    return _ENCODER.encode(event)
+
+
+def decode(data: bytes, *, kind: Kind, node: str, max_bytes: int) -> events.Event:
+    """Decode a payload received on the subject of ``node`` and ``kind``.
+
+    :raises DecodeFailed: with ``reason`` one of ``oversized``, ``malformed``, ``version``,
+        ``kind``, ``node``.
+    """
+    if len(data) > max_bytes:
+        raise DecodeFailed("oversized", f"{len(data)} > {max_bytes} bytes")
+    try:
+        event = _DECODER.decode(data)
+    except msgspec.DecodeError as e:
+        raise DecodeFailed(_failure_reason(data), str(e)) from e
+    if event.v != events.VERSION:
+        raise DecodeFailed("version", f"v={event.v}")
+    if events.kind_of(event) != kind:
+        raise DecodeFailed("kind", f"{events.kind_of(event)} on a {kind} subject")
+    if event.node != node:
+        raise DecodeFailed("node", f"{event.node!r} on the subject of {node!r}")
+    return event
+
+
+def _failure_reason(data: bytes) -> str:
+    # A v2 publisher may change shapes; label that "version", not "malformed", so the metric says
+    # "upgrade the subscriber" instead of "someone sends garbage".
+    try:
+        v = _ENVELOPE.decode(data).v
+    except msgspec.DecodeError:
+        return "malformed"
+    return "version" if v is not None and v != events.VERSION else "malformed"
+
+
+def json_schema() -> dict[str, Any]:
+    """The JSON Schema (2020-12) of :data:`bus.events.Event`, for ``gpustack-operator bus schema``."""
+    (schema,), components = msgspec.json.schema_components(
+        (events.Event,), ref_template="#/$defs/{name}"
+    )
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "title": "gpustack-operator bus event, v1",
+        **schema,
+        "$defs": components,
+    }
+
+
+class DropLog:
+    """Counts refused messages and logs them at most once per ``interval_s`` per sender.
+
+    A misbehaving sender can publish thousands of bad messages a second; the counter sees every
+    one, the log sees one line a minute. The per-sender memory is bounded by ``max_senders``.
+    """
+
+    def __init__(
+        self,
+        metrics: BusMetrics,
+        *,
+        interval_s: float = 60.0,
+        max_senders: int = 4096,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._metrics = metrics
+        self._interval_s = interval_s
+        self._max_senders = max_senders
+        self._clock = clock
+        self._last_logged: dict[str, float] = {}
+
+    def record(self, *, kind: str, reason: str, sender: str, detail: str = "") -> bool:
+        """Count one refused message; return whether it was logged."""
+        self._metrics.dropped.labels(kind=kind, reason=reason).inc()
+        t = self._clock()
+        last = self._last_logged.get(sender)
+        if last is not None and t - last < self._interval_s:
+            return False
+        if last is None and len(self._last_logged) >= self._max_senders:
+            self._prune(t)
+        self._last_logged[sender] = t
+        log.warning(
+            "dropped a %s message from %s: %s %s (logged once a minute per sender)",
+            kind,
+            sender,
+            reason,
+            detail[:200],
+        )
+        return True
+
+    def _prune(self, t: float) -> None:
+        self._last_logged = {s: v for s, v in self._last_logged.items() if t - v < self._interval_s}
+        if len(self._last_logged) >= self._max_senders:
+            self._last_logged.clear()

@@ -1,0 +1,284 @@
+"""The NATS transport: the only module that imports ``nats``.
+
+:func:`connect` is an async context manager around one client connection. It retries the first
+connection with capped exponential backoff and lets the client reconnect forever afterwards, so a
+node agent started before the bus simply waits. Leaving the context drains the connection within
+``settings.drain_timeout_s`` (shielded from cancellation), then closes it.
+
+Every ``nats`` exception is mapped to a :mod:`bus.errors` type here, chained with ``from e``.
+Callers see bytes and subjects only; events are the codec's business.
+"""
+
+from __future__ import annotations
+
+import logging
+import ssl
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from typing import Any, Final
+
+import anyio
+import nats
+import nats.errors
+import nats.js.errors
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.js import api
+
+from bus.errors import BusError, NotConnected, PublishFailed, StateUnavailable
+from bus.settings import BusSettings
+
+__all__ = ["Connection", "RawMessage", "connect"]
+
+log = logging.getLogger(__name__)
+
+RawMessage = tuple[str, bytes]
+"""A received message before decoding: ``(subject, payload)``."""
+
+_MAX_CONNECT_BACKOFF_S: Final = 30.0
+_NOT_CONNECTED: Final = (
+    nats.errors.ConnectionClosedError,
+    nats.errors.ConnectionReconnectingError,
+    nats.errors.ConnectionDrainingError,
+    nats.errors.StaleConnectionError,
+    nats.errors.OutboundBufferLimitError,
+    nats.errors.NoServersError,
+)
+
+
+@contextmanager
+def _mapped(failure: type[BusError], what: str) -> Iterator[None]:
+    """Translate ``nats`` errors raised inside the block into bus errors."""
+    try:
+        yield
+    except _NOT_CONNECTED as e:
+        raise NotConnected(f"{what}: not connected") from e
+    except (nats.errors.Error, OSError) as e:
+        raise failure(f"{what}: {type(e).__name__}: {e}") from e
+
+
+class Connection:
+    """A connected NATS client with core and JetStream operations, in bus terms."""
+
+    def __init__(self, nc: Client, settings: BusSettings) -> None:
+        self._nc = nc
+        self._js = nc.jetstream(timeout=settings.request_timeout_s)
+        self._settings = settings
+
+    @property
+    def is_connected(self) -> bool:
+        """True while a server connection is up (False while reconnecting or closed)."""
+        return bool(self._nc.is_connected)
+
+    @property
+    def connected_url(self) -> str | None:
+        """The URL of the server currently connected to, if any."""
+        url = self._nc.connected_url
+        return None if url is None else url.geturl()
+
+    async def publish(self, subject: str, payload: bytes) -> None:
+        """Fire-and-forget publish (at most once).
+
+        :raises NotConnected: while reconnecting or after close.
+        :raises PublishFailed: for any other client-side refusal (e.g. payload too large).
+        """
+        if not self._nc.is_connected:
+            raise NotConnected("publish: not connected")
+        with _mapped(PublishFailed, f"publish {subject}"):
+            await self._nc.publish(subject, payload)
+
+    async def publish_acked(self, subject: str, payload: bytes) -> None:
+        """Publish and wait for the stream's acknowledgement (stored, or raise).
+
+        :raises NotConnected: while reconnecting or after close.
+        :raises PublishFailed: no ack within ``request_timeout_s``, or no stream takes the subject.
+        """
+        if not self._nc.is_connected:
+            raise NotConnected("publish: not connected")
+        with _mapped(PublishFailed, f"publish {subject}"):
+            await self._js.publish(subject, payload, timeout=self._settings.request_timeout_s)
+
+    async def flush(self) -> None:
+        """Wait until the server has seen everything published so far.
+
+        :raises NotConnected: while reconnecting or after close.
+        :raises PublishFailed: when the server does not answer within ``request_timeout_s``.
+        """
+        with _mapped(PublishFailed, "flush"):
+            await self._nc.flush(timeout=max(1, round(self._settings.request_timeout_s)))
+
+    @asynccontextmanager
+    async def subscribe(
+        self, subject: str, on_message: Callable[[str, bytes], None]
+    ) -> AsyncIterator[None]:
+        """Call ``on_message(subject, payload)`` for every message on ``subject`` while inside.
+
+        ``on_message`` runs on the client's reader path: it must not block and must not raise.
+        """
+
+        async def callback(msg: Msg) -> None:
+            on_message(msg.subject, msg.data)
+
+        with _mapped(BusError, f"subscribe {subject}"):
+            sub = await self._nc.subscribe(subject, cb=callback)
+        try:
+            yield
+        finally:
+            with anyio.CancelScope(shield=True):
+                if not self._nc.is_closed:
+                    await _quietly(sub.unsubscribe())
+
+    async def ensure_stream(
+        self,
+        name: str,
+        subjects: list[str],
+        *,
+        max_msgs_per_subject: int,
+        max_age_s: float | None,
+        replicas: int,
+    ) -> None:
+        """Create the stream, or bring an existing one to this configuration (idempotent).
+
+        :raises StateUnavailable: JetStream is disabled, or the request failed or timed out.
+        """
+        config = api.StreamConfig(
+            name=name,
+            subjects=subjects,
+            storage=api.StorageType.FILE,
+            max_msgs_per_subject=max_msgs_per_subject,
+            max_age=max_age_s,
+            num_replicas=replicas,
+            allow_direct=True,
+            deny_delete=True,
+        )
+        with _mapped(StateUnavailable, f"stream {name}"):
+            try:
+                await self._js.add_stream(config)
+            except nats.js.errors.BadRequestError:
+                # Exists with another configuration (e.g. a changed max age): update it in place.
+                await self._js.update_stream(config)
+
+    async def last_per_subject(self, stream: str, filter_subject: str) -> list[RawMessage]:
+        """The last retained message of every subject of ``stream`` matching ``filter_subject``.
+
+        :raises StateUnavailable: the stream does not exist or does not answer.
+        """
+        config = api.ConsumerConfig(
+            deliver_policy=api.DeliverPolicy.LAST_PER_SUBJECT,
+            ack_policy=api.AckPolicy.NONE,
+            inactive_threshold=30.0,
+            mem_storage=True,
+        )
+        with _mapped(StateUnavailable, f"read {stream}"):
+            psub = await self._js.pull_subscribe(filter_subject, stream=stream, config=config)
+            try:
+                return await self._drain_pull(psub)
+            finally:
+                with anyio.CancelScope(shield=True):
+                    await _quietly(psub.unsubscribe())
+
+    async def _drain_pull(self, psub: Any) -> list[RawMessage]:
+        info = await psub.consumer_info()
+        remaining = int(info.num_pending)
+        out: list[RawMessage] = []
+        while remaining > 0:
+            msgs = await psub.fetch(
+                batch=min(remaining, 256), timeout=self._settings.request_timeout_s
+            )
+            out.extend((m.subject, m.data) for m in msgs)
+            remaining = int(msgs[-1].metadata.num_pending) if msgs else remaining
+        return out
+
+
+async def _quietly(aw: Awaitable[object]) -> None:
+    try:
+        await aw
+    except (nats.errors.Error, OSError) as e:
+        log.debug("ignored during cleanup: %r", e)
+
+
+def _tls_context(settings: BusSettings) -> ssl.SSLContext | None:
+    if not (settings.tls_ca_file or settings.tls_cert_file):
+        return None
+    ctx = ssl.create_default_context(cafile=settings.tls_ca_file)
+    if settings.tls_cert_file:
+        ctx.load_cert_chain(settings.tls_cert_file, settings.tls_key_file)
+    return ctx
+
+
+def _options(settings: BusSettings, name: str | None) -> dict[str, Any]:
+    async def on_error(e: Exception) -> None:
+        log.warning("bus connection error: %r", e)
+
+    async def on_disconnected() -> None:
+        log.info("bus disconnected")
+
+    async def on_reconnected() -> None:
+        log.info("bus reconnected")
+
+    options: dict[str, Any] = {
+        "servers": settings.servers,
+        "name": name,
+        "connect_timeout": settings.connect_timeout_s,
+        "reconnect_time_wait": settings.reconnect_wait_s,
+        # One try per server for the first connection (our loop in _open backs off between
+        # rounds); raised to "forever" once connected, see _open.
+        "max_reconnect_attempts": 1,
+        "allow_reconnect": True,
+        "drain_timeout": settings.drain_timeout_s,
+        "error_cb": on_error,
+        "disconnected_cb": on_disconnected,
+        "reconnected_cb": on_reconnected,
+        "tls": _tls_context(settings),
+    }
+    optional = {
+        "user": settings.user,
+        "password": settings.password,
+        "token": settings.token,
+        "nkeys_seed": settings.nkey_seed_file,
+        "user_credentials": settings.creds_file,
+    }
+    options.update({k: v for k, v in optional.items() if v is not None})
+    return options
+
+
+async def _open(settings: BusSettings, name: str | None, retry: bool) -> Client:
+    attempt = 0
+    while True:
+        nc = Client()
+        try:
+            await nc.connect(**_options(settings, name))
+        except (nats.errors.Error, OSError, TimeoutError) as e:
+            if not retry:
+                raise NotConnected(f"cannot connect to {settings.url}: {e!r}") from e
+            delay = min(settings.reconnect_wait_s * 2**attempt, _MAX_CONNECT_BACKOFF_S)
+            log.warning("cannot connect to %s (%r); retrying in %.1fs", settings.url, e, delay)
+            attempt += 1
+            await anyio.sleep(delay)
+        else:
+            # nats-py has no separate setting for the first connection, and with -1 it would
+            # spin inside connect() forever: switch to "reconnect forever" only now.
+            nc.options["max_reconnect_attempts"] = -1
+            return nc
+
+
+@asynccontextmanager
+async def connect(
+    settings: BusSettings, *, name: str | None = None, retry: bool = True
+) -> AsyncIterator[Connection]:
+    """Connect to the bus; drain and close on exit.
+
+    :param name: the client name shown by the server's monitoring (e.g. ``agent/<node>``).
+    :param retry: retry the first connection forever (agents) or fail at once (CLI tools).
+    :raises NotConnected: only when ``retry`` is false and no server answered.
+    """
+    nc = await _open(settings, name, retry)
+    try:
+        yield Connection(nc, settings)
+    finally:
+        with anyio.move_on_after(settings.drain_timeout_s, shield=True):
+            if nc.is_connected:
+                await _quietly(nc.drain())
+        with anyio.CancelScope(shield=True):
+            if not nc.is_closed:
+                await _quietly(nc.close())

@@ -1,0 +1,69 @@
+"""The bus layer's own errors: callers never see a ``nats`` exception.
+
+Every error raised by ``bus`` derives from :class:`BusError`. Third-party errors are mapped in
+exactly one place (``bus.connection``) and chained with ``from e`` so the cause stays in the
+traceback. The classes are named for what the caller should do about them.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BusError",
+    "DecodeFailed",
+    "InvalidNodeName",
+    "InvalidSubject",
+    "NotConnected",
+    "PublishFailed",
+    "ServerFailed",
+    "StateUnavailable",
+]
+
+
+class BusError(Exception):
+    """Base of every error the bus raises."""
+
+
+class NotConnected(BusError):
+    """Raised when an operation needs a live server connection and there is none right now.
+
+    Temporary: the connection reconnects on its own; retry later (the publisher's outbox does).
+    """
+
+
+class PublishFailed(BusError):
+    """Raised when the server did not accept or acknowledge a message in time.
+
+    Temporary for acknowledgement timeouts and missing streams during failover; the publisher
+    keeps the event and retries.
+    """
+
+
+class StateUnavailable(BusError):
+    """Raised when the retained-state streams cannot be created or read (JetStream off or down)."""
+
+
+class DecodeFailed(BusError):
+    """Raised by the codec for a payload it refuses; ``reason`` is the metric label.
+
+    Subscribers catch it, count it and drop the message: it never ends a subscription.
+    """
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+        self.detail = detail
+
+
+class InvalidNodeName(BusError, ValueError):
+    """Raised for a node name that cannot be put into a subject token (empty, ``*``, ``>``, spaces).
+
+    Permanent: the caller passed a name that would break routing.
+    """
+
+
+class InvalidSubject(BusError, ValueError):
+    """Raised when a subject is not of the form ``gpustack.v1.node.<node>.<kind>``."""
+
+
+class ServerFailed(BusError):
+    """Raised when an embedded ``nats-server`` does not start or does not become ready."""

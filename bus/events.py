@@ -1,0 +1,157 @@
+"""The event contract: one tagged union of frozen msgspec Structs, JSON on the wire.
+
+Every event carries ``kind`` (the union tag, equal to the subject's last token), ``v`` (the
+schema version, 1 here), ``node`` (the Kubernetes node name, unescaped) and ``ts`` (when it was
+produced, RFC 3339 UTC). Device shapes are reused from :mod:`bus.devices`, never redefined.
+
+Compatibility rules, also in ``docs/bus.md``:
+
+- adding an optional field is compatible: decoders ignore fields they do not know;
+- removing or retyping a field, or changing a meaning, bumps ``v`` and the ``v1`` subject token;
+- a decoder drops (and counts) events whose ``v`` it does not speak.
+
+State events (everything except ``samples``) are coalesced per :func:`state_key` while the
+publisher is disconnected, so a key must name "the thing whose latest state this is".
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Final, Literal
+
+import msgspec
+
+from bus.devices import DeviceGroup, MonitorSample
+from bus.subjects import Kind
+
+__all__ = [
+    "VERSION",
+    "AgentEvent",
+    "AllocationEvent",
+    "DevicesEvent",
+    "Event",
+    "HealthEvent",
+    "ModelState",
+    "ModelsEvent",
+    "SamplesEvent",
+    "kind_of",
+    "now",
+    "state_key",
+]
+
+VERSION: Final = 1
+
+
+def now() -> datetime:
+    """The current time, timezone-aware UTC, as every event timestamp is."""
+    return datetime.now(UTC)
+
+
+class _Event(
+    msgspec.Struct, frozen=True, kw_only=True, rename="camel", tag_field="kind", omit_defaults=False
+):
+    """Fields every event carries. ``v`` is always encoded so a decoder can refuse versions."""
+
+    v: int = VERSION
+    """Schema version. Decoders drop events whose ``v`` is not the one they speak."""
+    node: str
+    """The Kubernetes node name, as in ``metadata.name`` (not escaped)."""
+    ts: datetime = msgspec.field(default_factory=now)
+    """When the event was produced on the node (RFC 3339, UTC)."""
+
+
+class DevicesEvent(_Event, tag="devices", frozen=True, kw_only=True):
+    """The full ``Devices`` spec of a node: sent on every change and re-sent periodically."""
+
+    groups: tuple[DeviceGroup, ...] = ()
+
+
+class SamplesEvent(_Event, tag="samples", frozen=True, kw_only=True):
+    """One monitor sample per manufacturer, sent every period."""
+
+    period_s: float
+    """The sampling period; a dashboard may treat a node silent for 3 periods as stale."""
+    samples: tuple[MonitorSample, ...] = ()
+
+
+class HealthEvent(_Event, tag="health", frozen=True, kw_only=True):
+    """A health transition of one accelerator (never a repeat of the current state)."""
+
+    accelerator_id: str
+    healthy: bool
+    reason: str
+    """Short machine-readable cause, e.g. ``XID``, ``ECC``, ``LOST``, ``RECOVERED``."""
+    xid: int | None = None
+    """The NVIDIA XID code when ``reason`` is ``XID``."""
+    message: str | None = None
+
+
+class AllocationEvent(_Event, tag="allocations", frozen=True, kw_only=True):
+    """A change of the device plugin's ledger: devices given to, or taken back from, a container."""
+
+    allocation_id: str
+    """Stable id of the allocation (pod UID and container name); the coalescing key."""
+    action: Literal["allocated", "released"]
+    resource: str
+    """The extended resource, e.g. ``nvidia.com/gpu``."""
+    device_ids: tuple[str, ...] = ()
+    pod_namespace: str | None = None
+    pod_name: str | None = None
+    container: str | None = None
+
+
+class ModelState(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    """One model in a node's cache and how far its download got."""
+
+    model: str
+    """The model reference, e.g. ``hf://Qwen/Qwen3-8B@main``."""
+    state: Literal["pending", "downloading", "ready", "failed", "evicting"]
+    bytes_done: int | None = None
+    bytes_total: int | None = None
+    message: str | None = None
+
+
+class ModelsEvent(_Event, tag="models", frozen=True, kw_only=True):
+    """The whole model cache of a node, so the last message alone is the node's cache state."""
+
+    models: tuple[ModelState, ...] = ()
+
+
+class AgentEvent(_Event, tag="agent", frozen=True, kw_only=True):
+    """An agent's liveness record, sent at start and every ``heartbeat_s``."""
+
+    version: str
+    capabilities: tuple[str, ...] = ()
+    started_at: datetime
+    heartbeat_s: float
+    """A dashboard may treat an agent silent for 3 heartbeats as gone."""
+
+
+Event = DevicesEvent | SamplesEvent | HealthEvent | AllocationEvent | ModelsEvent | AgentEvent
+"""Every event on the bus. Decode with one decoder for this union (see :mod:`bus.codec`)."""
+
+_KIND: Final[dict[type[_Event], Kind]] = {
+    DevicesEvent: "devices",
+    SamplesEvent: "samples",
+    HealthEvent: "health",
+    AllocationEvent: "allocations",
+    ModelsEvent: "models",
+    AgentEvent: "agent",
+}
+
+
+def kind_of(event: Event) -> Kind:
+    """The event's kind: its union tag and the last token of its subject."""
+    return _KIND[type(event)]
+
+
+def state_key(event: Event) -> str:
+    """What the event is the latest state of, within its node and kind.
+
+    Empty for events that describe the whole node (devices, models, agent, samples).
+    """
+    if isinstance(event, HealthEvent):
+        return event.accelerator_id
+    if isinstance(event, AllocationEvent):
+        return event.allocation_id
+    return ""

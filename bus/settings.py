@@ -1,0 +1,65 @@
+"""How to reach the bus: one frozen settings Struct, built at the edge and passed explicitly.
+
+Only the CLI reads the environment; this module never touches ``os.environ``. Durations are
+seconds (``_s``) and sizes bytes, so the units are in the names.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+__all__ = ["BusSettings"]
+
+
+class BusSettings(msgspec.Struct, frozen=True, kw_only=True):
+    """Connection, outbox and retention settings shared by agents, control plane and ``watch``."""
+
+    url: str = "nats://127.0.0.1:4222"
+    """One server URL or a comma-separated list; the client picks another one on failure."""
+    user: str | None = None
+    password: str | None = None
+    token: str | None = None
+    nkey_seed_file: str | None = None
+    """Path of an NKey seed (``SU…``); needs the ``nkeys`` package at run time."""
+    creds_file: str | None = None
+    """Path of a JWT ``.creds`` file (operator mode)."""
+    tls_ca_file: str | None = None
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
+    connect_timeout_s: float = 5.0
+    """Per-attempt TCP/TLS/handshake timeout."""
+    reconnect_wait_s: float = 2.0
+    """Pause between reconnect attempts to the same server; reconnects never give up."""
+    drain_timeout_s: float = 5.0
+    """Bound on flushing the outbox and draining subscriptions at shutdown."""
+    request_timeout_s: float = 2.0
+    """Bound on one JetStream acknowledgement or API request."""
+    outbox_size: int = 1024
+    """Samples kept while disconnected; the oldest are dropped (and counted) beyond it."""
+    max_payload_bytes: int = 1024 * 1024
+    """Messages larger than this are refused by the decoder (and counted)."""
+    samples_max_age_s: float = 150.0
+    """How long the last sample of a node is retained: 10 periods of 15 s."""
+    history_max_age_s: float = 7 * 24 * 3600.0
+    """How long health and allocation history is retained."""
+    history_per_node: int = 256
+    """Health and allocation events retained per node and kind."""
+    state_replicas: int = 1
+    """JetStream replicas of the retained-state streams (3 on a three-server cluster)."""
+
+    @property
+    def servers(self) -> list[str]:
+        """The server URLs, in the order given."""
+        return [u.strip() for u in self.url.split(",") if u.strip()]
+
+    @classmethod
+    def for_tests(cls, url: str, **overrides: object) -> BusSettings:
+        """Short timeouts and waits, so failures in tests show up in well under a second."""
+        base = cls(
+            url=url,
+            connect_timeout_s=1.0,
+            reconnect_wait_s=0.1,
+            drain_timeout_s=2.0,
+            request_timeout_s=1.0,
+        )
+        return msgspec.structs.replace(base, **overrides)

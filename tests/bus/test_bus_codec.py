@@ -1,0 +1,104 @@
+"""Codec: every event round-trips; refusals are labelled, counted and rate-limited in the log."""
+
+from __future__ import annotations
+
+import logging
+
+import msgspec
+import pytest
+
+from bus import codec, events, testing
+from bus.codec import DropLog
+from bus.errors import DecodeFailed
+from bus.metrics import BusMetrics
+
+NODE = "ip-10-0-0-1.ec2.internal"
+MAX = 1 << 20
+
+
+def _decode(data: bytes, kind: str = "health", node: str = NODE) -> events.Event:
+    return codec.decode(data, kind=kind, node=node, max_bytes=MAX)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("event", testing.example_events(NODE), ids=events.kind_of)
+def test_every_event_round_trips(event: events.Event) -> None:
+    data = codec.encode(event)
+    wire = msgspec.json.decode(data)
+    assert wire["kind"] == events.kind_of(event)
+    assert wire["v"] == 1
+    assert wire["node"] == NODE
+    assert wire["ts"] == "2026-01-01T00:00:00Z"
+    assert _decode(data, events.kind_of(event)) == event
+
+
+def _health_wire(**changes: object) -> dict[str, object]:
+    wire = msgspec.json.decode(codec.encode(testing.example_events(NODE)[2]))
+    assert isinstance(wire, dict)
+    wire.update(changes)
+    return wire
+
+
+def test_unknown_fields_are_ignored() -> None:
+    data = msgspec.json.encode(_health_wire(futureField={"x": 1}, another=[1, 2]))
+    assert _decode(data) == testing.example_events(NODE)[2]
+
+
+@pytest.mark.parametrize(
+    ("data", "reason"),
+    [
+        (b"\xff\x00garbage", "malformed"),
+        (b"{}", "malformed"),
+        (b"[1,2]", "malformed"),
+        (msgspec.json.encode(_health_wire(healthy="yes")), "malformed"),
+        (msgspec.json.encode(_health_wire(kind="gossip")), "malformed"),
+        (msgspec.json.encode(_health_wire(v=2)), "version"),
+        (msgspec.json.encode(_health_wire(v=2, kind="brand-new", healthy=None)), "version"),
+        (msgspec.json.encode(_health_wire(kind="agent", version="1")), "malformed"),
+        (msgspec.json.encode(_health_wire(node="someone-else")), "node"),
+        (b" " * (MAX + 1), "oversized"),
+    ],
+)
+def test_refusals_are_labelled(data: bytes, reason: str) -> None:
+    with pytest.raises(DecodeFailed) as info:
+        _decode(data)
+    assert info.value.reason == reason
+
+
+def test_kind_must_match_subject() -> None:
+    with pytest.raises(DecodeFailed) as info:
+        _decode(codec.encode(testing.example_events(NODE)[0]), "health")
+    assert info.value.reason == "kind"
+
+
+def test_json_schema_covers_the_union() -> None:
+    schema = codec.json_schema()
+    mapping = schema["discriminator"]["mapping"]
+    assert set(mapping) == {"devices", "samples", "health", "allocations", "models", "agent"}
+    assert "DeviceGroup" in schema["$defs"]
+    assert "MonitorSample" in schema["$defs"]
+    msgspec.json.encode(schema)  # serialisable as is
+
+
+def test_drop_log_counts_every_drop_but_logs_once_a_minute_per_sender(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    now = [0.0]
+    metrics = BusMetrics()
+    drops = DropLog(metrics, clock=lambda: now[0])
+    with caplog.at_level(logging.WARNING, logger="bus.codec"):
+        logged = [drops.record(kind="health", reason="malformed", sender="a") for _ in range(50)]
+        logged.append(drops.record(kind="health", reason="malformed", sender="b"))
+        now[0] = 61.0
+        logged.append(drops.record(kind="health", reason="version", sender="a"))
+    assert logged.count(True) == 3
+    assert len(caplog.records) == 3
+    assert metrics.dropped_count("health", "malformed") == 51
+    assert metrics.dropped_count("health", "version") == 1
+    assert metrics.total_dropped() == 52
+
+
+def test_drop_log_memory_is_bounded() -> None:
+    drops = DropLog(BusMetrics(), max_senders=10, clock=lambda: 0.0)
+    for i in range(1000):
+        drops.record(kind="samples", reason="malformed", sender=f"s{i}")
+    assert len(drops._last_logged) <= 10
