@@ -24,3 +24,4 @@ test *args:
 # Benchmarks; figures go to docs/benchmarks.md.
 bench:
     {{python}} bench/bench_detect.py
+    {{python}} bench/bench_bus.py

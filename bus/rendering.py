@@ -10,16 +10,8 @@ from __future__ import annotations
 from typing import Any, Literal
 
 import msgspec
-import yaml
 
 Format = Literal["yaml", "json"]
-
-
-class _IndentedDumper(yaml.SafeDumper):
-    """Indents block sequences inside mappings, as kubectl and the seed document do."""
-
-    def increase_indent(self, flow: bool = False, indentless: bool = False) -> None:
-        super().increase_indent(flow, False)
 
 
 def render(document: Any, fmt: Format) -> str:
@@ -31,7 +23,15 @@ def render(document: Any, fmt: Format) -> str:
     builtins = msgspec.json.decode(encoded)
     if builtins == []:
         return "[]\n"
+    import yaml  # JSON output never pays for the YAML import
+
+    class IndentedDumper(yaml.SafeDumper):
+        """Indents block sequences inside mappings, as kubectl and the seed document do."""
+
+        def increase_indent(self, flow: bool = False, indentless: bool = False) -> None:
+            super().increase_indent(flow, False)
+
     text: str = yaml.dump(
-        builtins, Dumper=_IndentedDumper, sort_keys=False, allow_unicode=True, width=1000
+        builtins, Dumper=IndentedDumper, sort_keys=False, allow_unicode=True, width=1000
     )
     return text

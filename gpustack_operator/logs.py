@@ -11,15 +11,11 @@ Invariant: logs never go to standard output, which carries only the command's do
 from __future__ import annotations
 
 import fnmatch
-import getpass
 import logging
 import os
-import socket
 import sys
-import tempfile
 import threading
 import time
-import traceback
 from dataclasses import dataclass
 
 V3 = 5
@@ -131,6 +127,10 @@ def configure(settings: LogSettings) -> None:
 
 def log_file_path() -> str:
     """klog's file name: ``<program>.<host>.<user>.log.<date>-<time>.<pid>`` in the temp dir."""
+    import getpass  # only file logging needs these; keep start-up lean
+    import socket
+    import tempfile
+
     user = getpass.getuser() if hasattr(os, "getuid") else "user"
     stamp = time.strftime("%Y%m%d-%H%M%S")
     name = f"gpustack-operator.{socket.gethostname()}.{user}.log.{stamp}.{os.getpid()}"
@@ -139,6 +139,8 @@ def log_file_path() -> str:
 
 def _caller_stack() -> str:
     """The current stack without the logging machinery's own frames."""
+    import traceback  # rare path
+
     frames = traceback.extract_stack()
     kept = [f for f in frames if not f.filename.startswith((_LOGGING_DIR, __file__))]
     return "".join(traceback.format_list(kept))

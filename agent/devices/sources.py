@@ -8,6 +8,7 @@ differs. The context manager removes the temporary tree.
 from __future__ import annotations
 
 import logging
+import os
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -16,7 +17,6 @@ from pathlib import Path
 from agent.devices import amd, detection, nvidia, nvml, pci
 from agent.devices.hostfs import HostFS
 from agent.devices.manufacturers import MANUFACTURERS, WITH_BACKEND
-from agent.devices.simulation import fakenvml, profiles, sysfs
 from agent.settings import DetectSettings
 
 log = logging.getLogger(__name__)
@@ -32,8 +32,11 @@ def open_backends(settings: DetectSettings) -> Iterator[list[detection.Backend]]
         host = HostFS(Path(settings.host_root))
         yield _backends(settings, host, nvml.Nvml(), simulated=False)
         return
+    # Simulation is imported only when asked for: real runs never load it.
+    from agent.devices.simulation import fakenvml, profiles, sysfs
+
     profile = profiles.load(settings.simulate)
-    with tempfile.TemporaryDirectory(prefix="gpustack-sim-") as directory:
+    with tempfile.TemporaryDirectory(prefix="gpustack-sim-", dir=_scratch_dir()) as directory:
         host = sysfs.materialize(profile, Path(directory))
         log.warning(
             "simulating accelerators from profile %r (%s): nothing below is real hardware",
@@ -42,6 +45,16 @@ def open_backends(settings: DetectSettings) -> Iterator[list[detection.Backend]]
         )
         library = fakenvml.SimulatedNvml(profile.nvidia)
         yield _backends(settings, host, nvml.Nvml(library), simulated=True)
+
+
+def _scratch_dir() -> str | None:
+    """Where to lay out a simulated tree: memory-backed ``/dev/shm`` when writable.
+
+    A tree is a few hundred small files; on a disk-backed ``/tmp`` creating them costs more
+    than the whole detection pass (see docs/benchmarks.md).
+    """
+    shm = "/dev/shm"
+    return shm if os.path.isdir(shm) and os.access(shm, os.W_OK | os.X_OK) else None
 
 
 def _backends(
