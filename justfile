@@ -10,7 +10,13 @@ check:
     {{python}} -m ruff check .
     {{python}} -m ruff format --check .
     {{python}} -m mypy
+    {{python}} -m mypy scripts/proto.py
     lint-imports
+    {{python}} scripts/proto.py --check
+
+# Regenerate the committed protocol stubs under proto/ from proto/src/.
+proto:
+    {{python}} scripts/proto.py
 
 # Format the code.
 fmt:
