@@ -1,0 +1,198 @@
+"""The HTTPS endpoint every service exposes: ``/metrics``, ``/readyz``, ``/livez`` and extras.
+
+One implementation for ``dm serve``, ``model-manager`` and ``worker`` so probes and scrapes
+behave the same everywhere. TLS is always on: the certificate is ``tls.crt``/``tls.key`` from
+``--cert-dir`` when given, else a self-signed one made at start-up (in memory, written to a
+private temporary file only because :mod:`ssl` loads keys from files).
+
+Invariants: the server is an async context manager that is listening when ``__aenter__``
+returns (``port`` is the bound port, also for port 0) and is closed, connections included,
+within ``shutdown_timeout_s`` of leaving the block, even when cancelled.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import ipaddress
+import os
+import socket
+import ssl
+import tempfile
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import anyio
+import msgspec
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from bus.errors import BusError
+
+
+class ServingFailed(BusError):
+    """The HTTPS endpoint could not start (port taken, unreadable certificate)."""
+
+
+class HttpsSettings(msgspec.Struct, frozen=True, kw_only=True):
+    bind_address: str = "0.0.0.0"
+    port: int = 0
+    """0 picks a free port (tests); services pass ``--secure-port``."""
+    cert_dir: str | None = None
+    """Directory holding ``tls.crt`` and ``tls.key``; None means self-signed."""
+    shutdown_timeout_s: float = 5.0
+
+
+@dataclass(frozen=True)
+class Response:
+    status: int = 200
+    body: bytes = b""
+    content_type: str = "text/plain; charset=utf-8"
+
+
+Route = Callable[[], Awaitable[Response]]
+
+
+@dataclass
+class Server:
+    """What a running endpoint tells its owner."""
+
+    host: str
+    port: int
+    certificate_pem: bytes = field(repr=False, default=b"")
+
+    @property
+    def url(self) -> str:
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
+        if ":" in host:
+            host = f"[{host}]"
+        return f"https://{host}:{self.port}"
+
+
+@asynccontextmanager
+async def https_server(
+    settings: HttpsSettings,
+    *,
+    registry: CollectorRegistry,
+    ready: Callable[[], bool],
+    live: Callable[[], bool] = lambda: True,
+    routes: Mapping[str, Route] | None = None,
+) -> AsyncIterator[Server]:
+    """Serve the endpoint until the block exits. :raises ServingFailed: when it cannot start."""
+    context, pem = _tls_context(settings.cert_dir)
+    app = web.Application()
+    app.router.add_get("/metrics", _metrics_handler(registry))
+    app.router.add_get("/readyz", _probe_handler(ready))
+    app.router.add_get("/livez", _probe_handler(live))
+    for path, route in (routes or {}).items():
+        app.router.add_get(path, _route_handler(route))
+    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, settings.bind_address, settings.port, ssl_context=context)
+        await site.start()
+    except OSError as e:
+        with anyio.CancelScope(shield=True):
+            await runner.cleanup()
+        raise ServingFailed(
+            f"cannot serve HTTPS on {settings.bind_address}:{settings.port}: {e.strerror or e}"
+        ) from e
+    try:
+        yield Server(host=settings.bind_address, port=_bound_port(site), certificate_pem=pem)
+    finally:
+        with anyio.move_on_after(settings.shutdown_timeout_s, shield=True):
+            await runner.cleanup()
+
+
+def _bound_port(site: web.TCPSite) -> int:
+    server = site._server  # aiohttp keeps the asyncio server here; no public accessor
+    sockets: list[socket.socket] = list(getattr(server, "sockets", ()) or ())
+    return int(sockets[0].getsockname()[1]) if sockets else 0
+
+
+def _metrics_handler(
+    registry: CollectorRegistry,
+) -> Callable[[web.Request], Awaitable[web.Response]]:
+    async def handle(_: web.Request) -> web.Response:
+        body = generate_latest(registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    return handle
+
+
+def _probe_handler(check: Callable[[], bool]) -> Callable[[web.Request], Awaitable[web.Response]]:
+    async def handle(_: web.Request) -> web.Response:
+        ok = check()
+        return web.Response(status=200 if ok else 503, text="ok\n" if ok else "not ready\n")
+
+    return handle
+
+
+def _route_handler(route: Route) -> Callable[[web.Request], Awaitable[web.Response]]:
+    async def handle(_: web.Request) -> web.Response:
+        response = await route()
+        return web.Response(
+            status=response.status,
+            body=response.body,
+            headers={"Content-Type": response.content_type},
+        )
+
+    return handle
+
+
+def _tls_context(cert_dir: str | None) -> tuple[ssl.SSLContext, bytes]:
+    """Load ``tls.crt``/``tls.key`` from ``cert_dir``, or make a self-signed pair."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    if cert_dir:
+        cert, key = Path(cert_dir, "tls.crt"), Path(cert_dir, "tls.key")
+        try:
+            context.load_cert_chain(cert, key)
+            return context, cert.read_bytes()
+        except (OSError, ssl.SSLError) as e:
+            raise ServingFailed(f"cannot load {cert} and {key}: {e}") from e
+    cert_pem, key_pem = self_signed_certificate(socket.gethostname())
+    with tempfile.TemporaryDirectory(prefix="gpustack-tls-") as directory:
+        cert, key = Path(directory, "tls.crt"), Path(directory, "tls.key")
+        cert.write_bytes(cert_pem)
+        key.touch(mode=0o600)
+        key.write_bytes(key_pem)
+        context.load_cert_chain(cert, key)
+    return context, cert_pem
+
+
+def self_signed_certificate(hostname: str) -> tuple[bytes, bytes]:
+    """Return (certificate PEM, key PEM) valid a year for ``hostname``, localhost and loopback."""
+    from cryptography import x509  # imported here: only services without --cert-dir need it
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, hostname[:64] or "localhost")])
+    now = dt.datetime.now(dt.UTC)
+    alt_names: list[x509.GeneralName] = [
+        x509.DNSName(hostname or "localhost"),
+        x509.DNSName("localhost"),
+        x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
+        x509.IPAddress(ipaddress.ip_address("::1")),
+    ]
+    certificate = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(int.from_bytes(os.urandom(16), "big") >> 1)
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + dt.timedelta(days=365))
+        .add_extension(x509.SubjectAlternativeName(alt_names), critical=False)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    key_pem = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+    return certificate.public_bytes(serialization.Encoding.PEM), key_pem

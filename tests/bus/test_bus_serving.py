@@ -1,0 +1,84 @@
+"""The shared HTTPS endpoint: TLS (self-signed or given), metrics, probes, extra routes."""
+
+from __future__ import annotations
+
+import socket
+import ssl
+from pathlib import Path
+
+import aiohttp
+import pytest
+from prometheus_client import CollectorRegistry, Counter
+from prometheus_client.parser import text_string_to_metric_families
+
+from bus import serving
+
+pytestmark = pytest.mark.anyio
+
+
+def _client_context(pem: bytes) -> ssl.SSLContext:
+    context = ssl.create_default_context(cadata=pem.decode())
+    return context
+
+
+async def _get(server: serving.Server, path: str) -> tuple[int, str, str]:
+    context = _client_context(server.certificate_pem)
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(f"https://localhost:{server.port}{path}", ssl=context) as response,
+    ):
+        return response.status, response.headers["Content-Type"], await response.text()
+
+
+async def test_metrics_probes_and_routes_over_verified_tls() -> None:
+    registry = CollectorRegistry()
+    Counter("gpustack_test_events", "events", registry=registry).inc(3)
+    state = {"ready": False}
+
+    async def snapshot() -> serving.Response:
+        return serving.Response(body=b'{"a": 1}', content_type="application/json")
+
+    settings = serving.HttpsSettings(bind_address="127.0.0.1", port=0)
+    async with serving.https_server(
+        settings, registry=registry, ready=lambda: state["ready"], routes={"/snap": snapshot}
+    ) as server:
+        assert server.port > 0
+        status, _, text = await _get(server, "/metrics")
+        families = {f.name: f for f in text_string_to_metric_families(text)}
+        assert status == 200
+        assert families["gpustack_test_events"].samples[0].value == 3.0
+        assert (await _get(server, "/readyz"))[0] == 503
+        state["ready"] = True
+        assert (await _get(server, "/readyz"))[0] == 200
+        assert (await _get(server, "/livez"))[0] == 200
+        assert await _get(server, "/snap") == (200, "application/json", '{"a": 1}')
+        assert (await _get(server, "/nope"))[0] == 404
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", server.port), timeout=1).close()
+
+
+async def test_certificate_from_cert_dir(tmp_path: Path) -> None:
+    cert, key = serving.self_signed_certificate("node-7")
+    (tmp_path / "tls.crt").write_bytes(cert)
+    (tmp_path / "tls.key").write_bytes(key)
+    settings = serving.HttpsSettings(bind_address="127.0.0.1", cert_dir=str(tmp_path))
+    async with serving.https_server(
+        settings, registry=CollectorRegistry(), ready=lambda: True
+    ) as s:
+        assert s.certificate_pem == cert
+        assert (await _get(s, "/livez"))[0] == 200
+
+
+async def test_unusable_certificate_or_port_is_a_clear_error(tmp_path: Path) -> None:
+    bad = serving.HttpsSettings(bind_address="127.0.0.1", cert_dir=str(tmp_path))
+    with pytest.raises(serving.ServingFailed, match="tls.crt"):
+        async with serving.https_server(bad, registry=CollectorRegistry(), ready=lambda: True):
+            pass
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        busy = serving.HttpsSettings(bind_address="127.0.0.1", port=port)
+        with pytest.raises(serving.ServingFailed, match=f"127.0.0.1:{port}"):
+            async with serving.https_server(busy, registry=CollectorRegistry(), ready=lambda: True):
+                pass
