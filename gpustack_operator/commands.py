@@ -78,6 +78,22 @@ _SIMULATE = Flag(
 )
 _OUTPUT = Flag("output", "yaml", "output format", short="o", choices=("yaml", "json"))
 
+NATS_FLAGS = (
+    Flag(
+        "nats-url",
+        "",
+        "NATS server URL(s), comma separated (default $NATS_URL, else nats://127.0.0.1:4222)",
+    ),
+    Flag("nats-user", "", "NATS user name"),
+    Flag("nats-password", "", "NATS password"),
+    Flag("nats-token", "", "NATS authentication token"),
+    Flag("nats-nkey-seed", "", "file holding an NKey seed"),
+    Flag("nats-creds", "", "NATS credentials file (JWT and NKey seed)"),
+    Flag("nats-tls-ca", "", "CA bundle that verifies the NATS servers"),
+    Flag("nats-tls-cert", "", "client certificate for NATS TLS"),
+    Flag("nats-tls-key", "", "client key for NATS TLS"),
+)
+
 _WORKER = (
     _MANUFACTURER,
     Flag("disable-applications", "", "applications to skip installing, or * for all", kind="list"),
@@ -107,6 +123,7 @@ _WORKER = (
         "the ServiceAccount the model-manager plugin runs as",
     ),
     *_SERVING,
+    *NATS_FLAGS,
 )
 
 _WORKER_GATEWAY = (
@@ -147,8 +164,12 @@ _DM_SERVE = (
         "the kubelet socket to register on",
     ),
     Flag("secure-port", "32443", "the HTTPS port", kind="int"),
+    Flag(
+        "node-name", "", "the node it runs on (default $KUBERNETES_NODE_NAME, else the host name)"
+    ),
     _SIMULATE,
     *_SERVING,
+    *NATS_FLAGS,
 )
 
 _MODEL_MANAGER = (
@@ -162,6 +183,7 @@ _MODEL_MANAGER = (
     ),
     Flag("secure-port", "32444", "the HTTPS port: metrics, readiness and liveness", kind="int"),
     *_SERVING,
+    *NATS_FLAGS,
 )
 
 _ONE_SHOT = (_MANUFACTURER, _NO_PCI_CHECK, _NO_FAST_FAILED, _OUTPUT, _SIMULATE)
@@ -179,22 +201,6 @@ _PREFLIGHT = (
     ),
     _NO_PCI_CHECK,
     _OUTPUT,
-)
-
-NATS_FLAGS = (
-    Flag(
-        "nats-url",
-        "",
-        "NATS server URL(s), comma separated (default $NATS_URL, else nats://127.0.0.1:4222)",
-    ),
-    Flag("nats-user", "", "NATS user name"),
-    Flag("nats-password", "", "NATS password"),
-    Flag("nats-token", "", "NATS authentication token"),
-    Flag("nats-nkey-seed", "", "file holding an NKey seed"),
-    Flag("nats-creds", "", "NATS credentials file (JWT and NKey seed)"),
-    Flag("nats-tls-ca", "", "CA bundle that verifies the NATS servers"),
-    Flag("nats-tls-cert", "", "client certificate for NATS TLS"),
-    Flag("nats-tls-key", "", "client key for NATS TLS"),
 )
 
 _BUS_WATCH = (

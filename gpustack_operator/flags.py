@@ -133,6 +133,8 @@ def parse(
                 value = args.pop(0)
             else:
                 raise FlagError(f"flag needs an argument: {arg}")
+        if flag.kind == "list" and flag.name in raw:
+            value = f"{raw[flag.name]},{value}"  # a repeated list flag accumulates
         raw[flag.name] = value
     _fill(parsed, flags, raw, os.environ if env is None else env)
     return parsed

@@ -90,12 +90,13 @@ def find_command(args: list[str]) -> tuple[Command, list[str]]:
     candidates = [c for c in COMMANDS if c.path[0] == head]
     if not candidates:
         raise LookupError(f"unknown command {args[first]!r}")
-    if len(candidates) == 1 and len(candidates[0].path) == 1:
-        return candidates[0], args[:first] + args[first + 1 :]
     second = next((i for i in words if i > first), None)
     for command in candidates:
-        if second is not None and command.path[1] == args[second]:
+        if len(command.path) == 2 and second is not None and command.path[1] == args[second]:
             return command, args[:first] + args[first + 1 : second] + args[second + 1 :]
+    for command in candidates:
+        if len(command.path) == 1:  # ``model-manager`` itself, beside ``model-manager manifest``
+            return command, args[:first] + args[first + 1 :]
     subs = ", ".join(c.path[1] for c in candidates)
     raise LookupError(f"{head} needs one of: {subs}")
 

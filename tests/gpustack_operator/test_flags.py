@@ -128,3 +128,8 @@ def test_help_lists_defaults_and_environment_names() -> None:
     assert "$GPUSTACK_MONITOR_PERIOD" in text
     assert "-o, --output" in text
     assert "    -v " in text
+
+
+def test_repeated_list_flag_accumulates() -> None:
+    parsed = parse(["--disable-applications", "kueue", "--disable-applications=a,b"], FLAGS, env={})
+    assert parsed.values["disable_applications"] == ("kueue", "a", "b")
