@@ -30,6 +30,7 @@ __all__ = [
     "SliceProfile",
     "Topology",
     "canonical_groups",
+    "disambiguated_ids",
     "group_id",
 ]
 
@@ -156,6 +157,23 @@ def group_id(manufacturer: str, name: str) -> str:
     if manufacturer == "amd" and slug.startswith("amd-"):
         slug = slug[len("amd-") :]
     return slug or manufacturer
+
+
+def disambiguated_ids(keys: Iterable[tuple[str, int | None]]) -> dict[tuple[str, int | None], str]:
+    """Map each (base group id, memory MiB) to its final id.
+
+    A base id shared by products of different memory sizes (a 64 GB and a 128 GB variant) gets a
+    ``-<GiB>g`` suffix, GiB rounded half up, so each id names one memory size; an id that is
+    already unique, or whose memory is unknown, stays as it is.
+    """
+    unique = list(dict.fromkeys(keys))
+    bases = [base for base, _ in unique]
+    return {
+        (base, memory): f"{base}-{(memory + 512) // 1024}g"
+        if bases.count(base) > 1 and memory is not None
+        else base
+        for base, memory in unique
+    }
 
 
 def canonical_groups(groups: Iterable[DeviceGroup]) -> list[DeviceGroup]:

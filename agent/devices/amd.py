@@ -340,8 +340,7 @@ def _group(
 ) -> list[devices.DeviceGroup]:
     """Merge cards of one product and memory size into one group.
 
-    Two products sharing a group id with different memory (a 64 GB and a 128 GB variant) get
-    ``-<GiB>g`` suffixes so each id names one memory size (the NVIDIA backend's rule).
+    Ids shared by different memory sizes are suffixed by :func:`bus.devices.disambiguated_ids`.
     """
     groups: dict[tuple[str, int | None], devices.DeviceGroup] = {}
     members: dict[tuple[str, int | None], list[devices.Accelerator]] = {}
@@ -349,11 +348,9 @@ def _group(
         key = (group.id, group.memory)
         groups.setdefault(key, group)
         members.setdefault(key, []).append(accelerator)
-    ids = [gid for gid, _ in groups]
+    final_ids = devices.disambiguated_ids(groups)
     result = []
     for key, group in groups.items():
-        gid, memory = key
-        if ids.count(gid) > 1 and memory is not None:
-            gid = f"{gid}-{round(memory / 1024)}g"
+        gid = final_ids[key]
         result.append(msgspec.structs.replace(group, id=gid, accelerators=tuple(members[key])))
     return result

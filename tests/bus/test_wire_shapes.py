@@ -125,3 +125,13 @@ def test_wire_decoding_is_strict_about_types() -> None:
     broken = raw.replace(b'"memory":16368', b'"memory":"lots"')
     with pytest.raises(msgspec.ValidationError, match="memory"):
         msgspec.json.decode(broken, type=devices.DeviceGroup)
+
+
+def test_disambiguated_ids_suffix_only_shared_bases() -> None:
+    keys = [("mi300x", 196592), ("mi300x", 262128), ("h200", 143771), ("mi300x", None)]
+    assert devices.disambiguated_ids(keys) == {
+        ("mi300x", 196592): "mi300x-192g",
+        ("mi300x", 262128): "mi300x-256g",
+        ("h200", 143771): "h200",
+        ("mi300x", None): "mi300x",
+    }

@@ -8,7 +8,7 @@ import msgspec
 import pytest
 from nvidia_helpers import rig
 
-from agent.devices import nvidia
+from agent.devices import nvidia_facts
 from agent.devices.nvml import GpuInstanceProfile
 from agent.errors import DetectionError
 from bus import devices
@@ -23,29 +23,29 @@ from bus import devices
      ((12, 0), 128), ((2, 1), None)],
 )  # fmt: skip
 def test_cores_per_sm(capability: tuple[int, int], per_sm: int | None) -> None:
-    assert nvidia.cores_per_sm(capability) == per_sm
+    assert nvidia_facts.cores_per_sm(capability) == per_sm
 
 
 def test_streaming_multiprocessors() -> None:
-    assert nvidia.streaming_multiprocessors(16896, (9, 0)) == 132  # H100/H200
-    assert nvidia.streaming_multiprocessors(6912, (8, 0)) == 108  # A100
-    assert nvidia.streaming_multiprocessors(16384, (8, 9)) == 128  # RTX 4090
-    assert nvidia.streaming_multiprocessors(100, (9, 0)) is None  # not a whole number of SMs
-    assert nvidia.streaming_multiprocessors(None, (9, 0)) is None
-    assert nvidia.streaming_multiprocessors(16896, None) is None
+    assert nvidia_facts.streaming_multiprocessors(16896, (9, 0)) == 132  # H100/H200
+    assert nvidia_facts.streaming_multiprocessors(6912, (8, 0)) == 108  # A100
+    assert nvidia_facts.streaming_multiprocessors(16384, (8, 9)) == 128  # RTX 4090
+    assert nvidia_facts.streaming_multiprocessors(100, (9, 0)) is None  # not a whole number of SMs
+    assert nvidia_facts.streaming_multiprocessors(None, (9, 0)) is None
+    assert nvidia_facts.streaming_multiprocessors(16896, None) is None
 
 
 @pytest.mark.parametrize(("value", "text"), [(12080, "12.8"), (13000, "13.0"), (11040, "11.4"),
                                              (12020, "12.2")])  # fmt: skip
 def test_runtime_version(value: int, text: str) -> None:
-    assert nvidia.runtime_version(value) == text
+    assert nvidia_facts.runtime_version(value) == text
 
 
 @pytest.mark.parametrize(("arch", "family"), [(2, "Kepler"), (3, "Maxwell"), (4, "Pascal"),
     (5, "Volta"), (6, "Turing"), (7, "Ampere"), (8, "Ada Lovelace"), (9, "Hopper"),
     (10, "Blackwell"), (0xFFFFFFFF, None), (None, None)])  # fmt: skip
 def test_family_from_architecture(arch: int | None, family: str | None) -> None:
-    assert nvidia.family_from_architecture(arch) == family
+    assert nvidia_facts.family_from_architecture(arch) == family
 
 
 @pytest.mark.parametrize(("cc", "family"), [((7, 0), "Volta"), ((7, 2), "Volta"),
@@ -53,7 +53,7 @@ def test_family_from_architecture(arch: int | None, family: str | None) -> None:
     ((8, 9), "Ada Lovelace"), ((9, 0), "Hopper"), ((10, 0), "Blackwell"), ((12, 0), "Blackwell"),
     ((1, 0), None), (None, None)])  # fmt: skip
 def test_family_from_capability(cc: tuple[int, int] | None, family: str | None) -> None:
-    assert nvidia.family_from_capability(cc) == family
+    assert nvidia_facts.family_from_capability(cc) == family
 
 
 def _profile(name: str, placements: tuple[tuple[int, int], ...]) -> GpuInstanceProfile:
@@ -61,7 +61,7 @@ def _profile(name: str, placements: tuple[tuple[int, int], ...]) -> GpuInstanceP
 
 
 def test_slice_profiles_drop_unnamable_and_unplaceable_profiles() -> None:
-    kept = nvidia.slice_profiles(
+    kept = nvidia_facts.slice_profiles(
         (
             _profile("1g.18gb", ((0, 1), (1, 1))),
             _profile("1g.18gb+me", ((0, 1),)),
@@ -77,7 +77,7 @@ def test_slice_profiles_drop_unnamable_and_unplaceable_profiles() -> None:
 
 
 def test_pct_rounds_half_up() -> None:
-    assert (nvidia.pct(1, 200), nvidia.pct(1, 201), nvidia.pct(0, 5), nvidia.pct(5, 0)) == (
+    assert (nvidia_facts.pct(1, 200), nvidia_facts.pct(1, 201), nvidia_facts.pct(0, 5), nvidia_facts.pct(5, 0)) == (
         1, 0, 0, None,
     )  # fmt: skip
 
@@ -435,8 +435,8 @@ def test_a_lost_card_known_from_an_earlier_pass_stays_reported(
 # -- grouping -----------------------------------------------------------------------------------
 
 
-def _card(index: int, name: str | None, memory_mib: int | None) -> nvidia.CardFacts:
-    return nvidia.CardFacts(
+def _card(index: int, name: str | None, memory_mib: int | None) -> nvidia_facts.CardFacts:
+    return nvidia_facts.CardFacts(
         index=index,
         uuid=f"GPU-{index}",
         name=name,
@@ -447,7 +447,7 @@ def _card(index: int, name: str | None, memory_mib: int | None) -> nvidia.CardFa
 
 
 def test_same_product_with_different_memory_gets_memory_suffixed_ids() -> None:
-    groups = nvidia.build_groups(
+    groups = nvidia_facts.build_groups(
         [_card(0, "NVIDIA A100-SXM4-40GB", 40960), _card(1, "NVIDIA A100-SXM4-40GB", 81920),
          _card(2, "NVIDIA A100-SXM4-40GB", None), _card(3, "NVIDIA A10", 23028)],
         driver_version=None, cuda_driver_version=None, simulated=False,
@@ -462,7 +462,7 @@ def test_same_product_with_different_memory_gets_memory_suffixed_ids() -> None:
 
 
 def test_a_card_with_unknown_memory_joins_its_only_product_group() -> None:
-    groups = nvidia.build_groups(
+    groups = nvidia_facts.build_groups(
         [_card(0, "NVIDIA A100-SXM4-40GB", 40960), _card(1, "NVIDIA A100-SXM4-40GB", None),
          _card(2, None, 40960)],
         driver_version="570.1", cuda_driver_version=12080, simulated=True,
