@@ -25,7 +25,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js import api
 
-from bus.errors import BusError, NotConnected, PublishFailed, StateUnavailable
+from bus.errors import BusError, KeyConflict, NotConnected, PublishFailed, StateUnavailable
 from bus.settings import BusSettings
 
 __all__ = ["Connection", "RawMessage", "connect"]
@@ -64,6 +64,7 @@ class Connection:
         self._nc = nc
         self._js = nc.jetstream(timeout=settings.request_timeout_s)
         self._settings = settings
+        self._kv: dict[str, Any] = {}
 
     @property
     def is_connected(self) -> bool:
@@ -177,6 +178,70 @@ class Connection:
                 with anyio.CancelScope(shield=True):
                     await _quietly(psub.unsubscribe())
 
+    # --- JetStream key-value buckets (see bus.kv for the typed API and key layout) -------------
+
+    async def kv_ensure(self, bucket: str, *, history: int = 1, replicas: int = 1) -> None:
+        """Create the key-value bucket, or bind to it when it exists (idempotent).
+
+        :raises StateUnavailable: JetStream is disabled, or the request failed.
+        """
+        with _mapped(StateUnavailable, f"bucket {bucket}"):
+            try:
+                kv = await self._js.key_value(bucket)
+            except nats.js.errors.BucketNotFoundError:
+                kv = await self._js.create_key_value(
+                    bucket=bucket, history=history, replicas=replicas
+                )
+            self._kv[bucket] = kv
+
+    async def kv_get(self, bucket: str, key: str) -> tuple[bytes, int] | None:
+        """``(value, revision)`` of ``key``, or None when absent or deleted."""
+        kv = self._bucket(bucket)
+        with _mapped(StateUnavailable, f"get {bucket}/{key}"):
+            try:
+                entry = await kv.get(key)
+            except nats.js.errors.KeyNotFoundError:
+                return None
+        return (entry.value or b""), int(entry.revision or 0)
+
+    async def kv_put(self, bucket: str, key: str, value: bytes, *, last: int | None = None) -> int:
+        """Write ``key``; ``last`` = None: unconditionally, 0: only if absent, n: only if at n.
+
+        :raises KeyConflict: the condition failed.
+        :raises StateUnavailable: the server did not answer.
+        """
+        kv = self._bucket(bucket)
+        with _mapped(StateUnavailable, f"put {bucket}/{key}"):
+            try:
+                if last is None:
+                    return int(await kv.put(key, value))
+                if last == 0:
+                    return int(await kv.create(key, value))
+                return int(await kv.update(key, value, last=last))
+            except (nats.js.errors.KeyWrongLastSequenceError, nats.js.errors.KeyDeletedError) as e:
+                raise KeyConflict(f"{bucket}/{key}: {e}") from e
+
+    async def kv_delete(self, bucket: str, key: str) -> None:
+        """Delete ``key`` (a tombstone; a later get returns None)."""
+        kv = self._bucket(bucket)
+        with _mapped(StateUnavailable, f"delete {bucket}/{key}"):
+            await kv.delete(key)
+
+    async def kv_keys(self, bucket: str, prefix: str = ">") -> list[str]:
+        """Live keys matching the filter (``a.b.>`` style); empty when none."""
+        kv = self._bucket(bucket)
+        with _mapped(StateUnavailable, f"keys {bucket}"):
+            try:
+                return list(await kv.keys(filters=[prefix]))
+            except nats.js.errors.NoKeysError:
+                return []
+
+    def _bucket(self, bucket: str) -> Any:
+        try:
+            return self._kv[bucket]
+        except KeyError:
+            raise StateUnavailable(f"bucket {bucket} not opened (call kv_ensure)") from None
+
     async def _drain_pull(self, psub: Any) -> list[RawMessage]:
         info = await psub.consumer_info()
         remaining = int(info.num_pending)
@@ -206,8 +271,12 @@ def _tls_context(settings: BusSettings) -> ssl.SSLContext | None:
     return ctx
 
 
-def _options(settings: BusSettings, name: str | None) -> dict[str, Any]:
+def _options(
+    settings: BusSettings, name: str | None, errors: list[Exception] | None = None
+) -> dict[str, Any]:
     async def on_error(e: Exception) -> None:
+        if errors is not None:
+            errors.append(e)
         log.warning("bus connection error: %r", e)
 
     async def on_disconnected() -> None:
@@ -246,11 +315,18 @@ async def _open(settings: BusSettings, name: str | None, retry: bool) -> Client:
     attempt = 0
     while True:
         nc = Client()
+        # nats-py can wait forever on a failed TLS handshake: bound each round ourselves.
+        bound = settings.connect_timeout_s * (2 * len(settings.servers) + 1)
+        seen: list[Exception] = []
         try:
-            await nc.connect(**_options(settings, name))
+            with anyio.fail_after(bound):
+                await nc.connect(**_options(settings, name, seen))
         except (nats.errors.Error, OSError, TimeoutError) as e:
+            with anyio.CancelScope(shield=True):
+                await _quietly(nc.close())
             if not retry:
-                raise NotConnected(f"cannot connect to {settings.url}: {e!r}") from e
+                cause = seen[-1] if seen else e  # the client's own error says more than a timeout
+                raise NotConnected(f"cannot connect to {settings.url}: {cause!r}") from e
             delay = min(settings.reconnect_wait_s * 2**attempt, _MAX_CONNECT_BACKOFF_S)
             log.warning("cannot connect to %s (%r); retrying in %.1fs", settings.url, e, delay)
             attempt += 1

@@ -86,13 +86,17 @@ class ServerProcess:
         cluster: tuple[str, int, Sequence[int]] | None = None,
         websocket_port: int | None = None,
         binary: str | None = None,
+        extra_config: str = "",
     ) -> None:
-        """:param cluster: ``(cluster name, own route port, every member's route port)``."""
+        """:param cluster: ``(cluster name, own route port, every member's route port)``.
+        :param extra_config: configuration appended verbatim (authorization, TLS blocks).
+        """
         self.store_dir = store_dir
         self.port = port
         self.name = name
         self.websocket_port = websocket_port
         self._cluster = cluster
+        self._extra_config = extra_config
         self._binary = binary or find_binary()
         self._proc: subprocess.Popen[bytes] | None = None
         self.monitor_port = 0
@@ -124,6 +128,8 @@ class ServerProcess:
             lines.append(
                 f"websocket {{ listen: 127.0.0.1:{self.websocket_port or -1}, no_tls: true }}"
             )
+        if self._extra_config:
+            lines.append(self._extra_config)
         return "\n".join(lines) + "\n"
 
     async def start(self, *, wait_healthy: bool = True, timeout_s: float = 15.0) -> None:
@@ -232,12 +238,19 @@ async def embedded_server(
     port: int = 0,
     websocket_port: int | None = None,
     binary: str | None = None,
+    extra_config: str = "",
 ) -> AsyncIterator[ServerProcess]:
     """Run one JetStream-enabled server; ``port=0`` picks a free one (see ``.port``/``.url``).
 
     :raises ServerFailed: when it does not start.
     """
-    server = ServerProcess(Path(store_dir), port=port, websocket_port=websocket_port, binary=binary)
+    server = ServerProcess(
+        Path(store_dir),
+        port=port,
+        websocket_port=websocket_port,
+        binary=binary,
+        extra_config=extra_config,
+    )
     await server.start()
     try:
         yield server

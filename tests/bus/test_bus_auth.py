@@ -1,0 +1,51 @@
+"""Authentication real clusters use: user/password, token, TLS with a private CA."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bus import connection, embedded, errors, serving, testing
+from bus.settings import BusSettings
+
+pytestmark = pytest.mark.anyio
+
+
+async def _round_trip(settings: BusSettings) -> None:
+    async with connection.connect(settings, retry=False) as conn:
+        await conn.flush()
+
+
+async def test_user_and_password(tmp_path: Path) -> None:
+    config = 'authorization { user: "agent", password: "s3cret" }'
+    async with embedded.embedded_server(tmp_path / "n", extra_config=config) as server:
+        good = testing.settings_for(server, user="agent", password="s3cret")
+        await _round_trip(good)
+        bad = testing.settings_for(server, user="agent", password="wrong")
+        with pytest.raises(errors.NotConnected):
+            await _round_trip(bad)
+
+
+async def test_token(tmp_path: Path) -> None:
+    config = 'authorization { token: "t0ken" }'
+    async with embedded.embedded_server(tmp_path / "n", extra_config=config) as server:
+        await _round_trip(testing.settings_for(server, token="t0ken"))
+        with pytest.raises(errors.NotConnected):
+            await _round_trip(testing.settings_for(server))
+
+
+async def test_tls_with_a_private_ca(tmp_path: Path) -> None:
+    cert, key = serving.self_signed_certificate("localhost")
+    (tmp_path / "server.crt").write_bytes(cert)
+    (tmp_path / "server.key").write_bytes(key)
+    config = (
+        f'tls {{ cert_file: "{tmp_path / "server.crt"}", key_file: "{tmp_path / "server.key"}" }}'
+    )
+    async with embedded.embedded_server(tmp_path / "n", extra_config=config) as server:
+        url = f"tls://localhost:{server.port}"
+        trusted = BusSettings.for_tests(url, tls_ca_file=str(tmp_path / "server.crt"))
+        await _round_trip(trusted)
+        # A client that does not trust the CA must not connect.
+        with pytest.raises(errors.NotConnected, match="CERTIFICATE_VERIFY_FAILED"):
+            await _round_trip(BusSettings.for_tests(url, tls_ca_file=None))
