@@ -12,6 +12,7 @@ __all__ = [
     "DecodeFailed",
     "InvalidNodeName",
     "InvalidSubject",
+    "KeyConflict",
     "NotConnected",
     "PublishFailed",
     "ServerFailed",
@@ -67,3 +68,10 @@ class InvalidSubject(BusError, ValueError):
 
 class ServerFailed(BusError):
     """Raised when an embedded ``nats-server`` does not start or does not become ready."""
+
+
+class KeyConflict(BusError):
+    """Raised when a conditional key-value write finds another revision (or an existing key).
+
+    Temporary: re-read the key and decide again.
+    """
