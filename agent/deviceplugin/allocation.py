@@ -1,0 +1,201 @@
+"""Allocate and GetPreferredAllocation decisions: pure functions of tokens, cards and the ledger.
+
+Allocate (:func:`decide`) validates every device id before anything is charged, so a refused
+request leaves the ledger as it was. GetPreferredAllocation (:func:`prefer`) is advisory: it
+keeps a request on one NUMA node where it can, never offers a card held in another mode, and for
+sliced and partitioned requests packs onto the most-occupied card that still fits, so whole cards
+stay free for exclusive work.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from agent.deviceplugin import errors
+from agent.deviceplugin.ledger import Holding, Ledger, allocation_id
+from agent.deviceplugin.resources import Card, Mode, Token, is_well_formed, units_per_token
+
+
+@dataclass(frozen=True)
+class View:
+    """One server's tokens and the node's cards, as the decisions see them."""
+
+    mode: Mode
+    resource: str
+    tokens: Mapping[str, Token]
+    cards: Mapping[str, Card]
+
+
+@dataclass(frozen=True)
+class Grant:
+    """What one container receives: per card (ascending index) the token indexes it got."""
+
+    mode: Mode
+    cards: tuple[tuple[Card, tuple[int, ...]], ...]
+    holding: Holding | None
+    """None for visibility, which charges nothing."""
+    stale: tuple[str, ...] = ()
+    """Allocation ids this grant proves gone (they held one of its device ids)."""
+
+
+def card_name(card: Card) -> str:
+    return f"{card.id} ({card.group} #{card.index})"
+
+
+def decide(view: View, device_ids: Sequence[str], ledger: Ledger, *, now: float) -> Grant:
+    """Check a container's device ids and say what it gets; the caller charges the holding.
+
+    :raises errors.BadRequest: an id is malformed, repeated or not one of this server's tokens.
+    :raises errors.Conflict: a card is held in another mode, unhealthy, or named twice (shared).
+    :raises errors.Exhausted: a card lacks the free units.
+    """
+    per_card = _tokens_per_card(view, device_ids)
+    cards = sorted((view.cards[c] for c in per_card), key=lambda c: (c.index, c.id))
+    grants = tuple((c, tuple(sorted(per_card[c.id]))) for c in cards)
+    for card in cards:
+        if card.unhealthy:
+            raise errors.Conflict(f"card {card_name(card)} is unhealthy")
+        if view.mode == "shared" and len(per_card[card.id]) > 1:
+            raise errors.Conflict(f"card {card_name(card)} named twice in one shared request")
+    if view.mode == "visibility":
+        return Grant(mode=view.mode, cards=grants, holding=None)
+    existing = ledger.holder(view.resource, device_ids)
+    if existing is not None:  # kubelet retrying the same container: same answer, no new charge
+        return Grant(mode=view.mode, cards=grants, holding=existing)
+    charges = {c.id: len(per_card[c.id]) * units_per_token(c, view.mode) for c in cards}
+    stale = tuple(h.allocation_id for h in ledger.stale(view.resource, device_ids))
+    ledger.check(view.mode, charges, {c.id: card_name(c) for c in cards}, ignoring=stale)
+    holding = Holding(
+        allocation_id=allocation_id(view.resource, device_ids),
+        resource=view.resource,
+        mode=view.mode,
+        device_ids=tuple(sorted(device_ids)),
+        charges=tuple(charges.items()),
+        since=now,
+    )
+    return Grant(mode=view.mode, cards=grants, holding=holding, stale=stale)
+
+
+def _tokens_per_card(view: View, device_ids: Sequence[str]) -> dict[str, list[int]]:
+    if not device_ids:
+        raise errors.BadRequest(f"no device ids in a request for {view.resource}")
+    per_card: dict[str, list[int]] = {}
+    for device in device_ids:
+        if not is_well_formed(device):
+            raise errors.BadRequest(f"malformed device id {device!r}")
+        token = view.tokens.get(device)
+        if token is None or token.card not in view.cards:
+            raise errors.BadRequest(f"unknown device id {device!r} for {view.resource}")
+        if token.index in per_card.get(token.card, []):
+            raise errors.BadRequest(f"device id {device!r} named twice")
+        per_card.setdefault(token.card, []).append(token.index)
+    return per_card
+
+
+def resolve(
+    views: Mapping[str, View], resource: str, device_ids: Sequence[str]
+) -> tuple[Mode, tuple[tuple[str, int], ...]] | None:
+    """(mode, charges) of a past allocation, or None if it names no token we serve now."""
+    view = views.get(resource)
+    if view is None or view.mode == "visibility":
+        return None
+    counts: dict[str, int] = {}
+    for device in device_ids:
+        token = view.tokens.get(device)
+        if token is None or token.card not in view.cards:
+            return None
+        counts[token.card] = counts.get(token.card, 0) + 1
+    charges = tuple((c, n * units_per_token(view.cards[c], view.mode)) for c, n in counts.items())
+    return view.mode, charges
+
+
+# ------------------------------------------------------------------ GetPreferredAllocation
+
+
+def prefer(
+    view: View,
+    ledger: Ledger,
+    *,
+    available: Sequence[str],
+    must_include: Sequence[str],
+    size: int,
+) -> list[str]:
+    """The device ids to suggest for one container; empty means "no preference".
+
+    Must-include ids come first. Cards held in another mode or unhealthy are never suggested.
+    """
+    if view.mode == "visibility" or size <= 0:
+        return []
+    chosen = [d for d in must_include if d in view.tokens]
+    need = size - len(chosen)
+    if need <= 0:
+        return chosen[:size]
+    usable = [
+        view.tokens[d]
+        for d in available
+        if d in view.tokens and d not in chosen and _usable(view, ledger, view.tokens[d].card)
+    ]
+    anchor = {n for d in chosen for n in view.tokens[d].numa_nodes}
+    if view.mode in ("exclusive", "shared"):
+        taken = {view.tokens[d].card for d in chosen} if view.mode == "shared" else set()
+        picked = _spread(view, usable, need, anchor, taken)
+    else:
+        home = [view.tokens[d].card for d in chosen]
+        picked = _pack(view, ledger, usable, need, home)
+    return chosen + [t.id for t in picked]
+
+
+def _usable(view: View, ledger: Ledger, card_id: str) -> bool:
+    card = view.cards.get(card_id)
+    held = ledger.mode_of(card_id)
+    return card is not None and not card.unhealthy and held in (None, view.mode)
+
+
+def _numa_key(token: Token) -> int:
+    return token.numa_nodes[0] if token.numa_nodes else -1
+
+
+def _spread(
+    view: View, usable: Iterable[Token], need: int, anchor: set[int], taken: set[str]
+) -> list[Token]:
+    """One token per card, all on one NUMA node when one has room (the tightest that fits)."""
+    first: dict[str, Token] = {}
+    for token in sorted(usable, key=lambda t: (view.cards[t.card].index, t.index)):
+        if token.card not in taken:
+            first.setdefault(token.card, token)
+    by_node: dict[int, list[Token]] = {}
+    for token in first.values():
+        by_node.setdefault(_numa_key(token), []).append(token)
+    fitting = [n for n, ts in by_node.items() if len(ts) >= need]
+    if fitting:
+        best = min(fitting, key=lambda n: (n not in anchor, len(by_node[n]), n))
+        return by_node[best][:need]
+    order = sorted(by_node, key=lambda n: (n not in anchor, -len(by_node[n]), n))
+    return [t for n in order for t in by_node[n]][:need]
+
+
+def _pack(
+    view: View, ledger: Ledger, usable: Iterable[Token], need: int, home: Sequence[str]
+) -> list[Token]:
+    """Fill the most-occupied card that still fits; spill over cards on the same NUMA node."""
+    per_card: dict[str, list[Token]] = {}
+    for token in sorted(usable, key=lambda t: t.index):
+        per_card.setdefault(token.card, []).append(token)
+
+    def fits(card_id: str) -> bool:
+        card = view.cards[card_id]
+        return ledger.remaining(card_id) >= need * units_per_token(card, view.mode)
+
+    def occupancy(card_id: str) -> tuple[bool, int, int]:
+        return (card_id not in home, -ledger.used(card_id), view.cards[card_id].index)
+
+    whole = [c for c in per_card if len(per_card[c]) >= need and fits(c)]
+    if whole:
+        return per_card[min(whole, key=occupancy)][:need]
+    order = sorted(per_card, key=occupancy)
+    if not order:
+        return []
+    numa = _numa_key(per_card[order[0]][0])
+    order.sort(key=lambda c: (_numa_key(per_card[c][0]) != numa, *occupancy(c)))
+    return [t for c in order for t in per_card[c]][:need]

@@ -1,0 +1,133 @@
+"""The node's device-plugin state: cards, servers' token lists, the ledger, and the servicers.
+
+Synchronous and owned by the event loop thread: every method runs to completion without an
+``await``, so two Allocate calls on different servers can never interleave halfway (this is the
+node-wide mutex of other plugins, for free). Every ledger change is published, then the token
+lists are recomputed, because holding a card in one mode makes its tokens of the other modes
+Unhealthy.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+
+from agent.deviceplugin import allocation, ledger, resources, responders
+from agent.deviceplugin.server import Key, ResourceServicer
+from agent.deviceplugin.settings import DevicePluginSettings
+from bus import devices, events
+from proto.deviceplugin import v1beta1 as dp
+
+log = logging.getLogger(__name__)
+
+
+class Node:
+    def __init__(
+        self,
+        settings: DevicePluginSettings,
+        *,
+        publish: Callable[[events.Event], None],
+        initial_allocations: Sequence[events.AllocationEvent] = (),
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._settings = settings
+        self._publish = publish
+        self._clock = clock
+        self._retained: Sequence[events.AllocationEvent] | None = tuple(initial_allocations)
+        self._cards: dict[str, resources.Card] = {}
+        self._views: dict[str, allocation.View] = {}
+        self._planned_for: tuple[dict[str, resources.Card], dict[str, resources.Mode]] | None = None
+        self.ledger = ledger.Ledger()
+        self.servicers: dict[Key, ResourceServicer] = {}
+        self.on_allocate: Callable[[], None] = _nothing
+        """Called after every Allocate that went through (the pod-resources task listens)."""
+        self.updated = False
+        """False until the first :meth:`update`: nothing is served before detection has run."""
+
+    def update(self, groups: Sequence[devices.DeviceGroup]) -> None:
+        """Adopt a detection pass: cards, health, servers. Held cards never lose their tokens."""
+        fresh = resources.cards_of(groups)
+        self._cards = resources.keep_held(fresh, self._cards, self.ledger.held_modes())
+        self.updated = True
+        self._refresh()
+        if self._retained is not None:  # the first pass is when retained ids can be resolved
+            retained, self._retained = self._retained, None
+            self._apply(self.ledger.restore(retained, self._resolve, now=self._clock()))
+
+    def _refresh(self) -> None:
+        held = self.ledger.held_modes()
+        if (self._cards, held) == self._planned_for:
+            return  # same cards, same modes: every token list would come out the same
+        self._planned_for = (dict(self._cards), held)
+        specs = resources.plan_servers(
+            self._cards,
+            held_modes=held,
+            no_shared=self._settings.no_shared,
+            no_sliced=self._settings.no_sliced,
+            no_partitioned=self._settings.no_partitioned,
+        )
+        self._views = {
+            s.resource: allocation.View(
+                mode=s.mode,
+                resource=s.resource,
+                tokens={t.id: t for t in s.tokens},
+                cards=self._cards,
+            )
+            for s in specs.values()
+        }
+        for key in [k for k in self.servicers if k not in specs]:
+            del self.servicers[key]
+        for key, spec in specs.items():
+            servicer = self.servicers.get(key)
+            if servicer is None:
+                self.servicers[key] = ResourceServicer(spec, self)
+            elif servicer.offer(spec):
+                log.info("%s: %d devices re-announced", spec.resource, len(spec.tokens))
+
+    def _resolve(
+        self, resource: str, device_ids: Sequence[str]
+    ) -> tuple[resources.Mode, tuple[tuple[str, int], ...]] | None:
+        return allocation.resolve(self._views, resource, device_ids)
+
+    def _apply(self, changes: Sequence[ledger.Change]) -> None:
+        for change in changes:
+            self._publish(change.event(self._settings.node_name))
+        if changes:
+            self._refresh()
+
+    def _view(self, key: Key) -> allocation.View:
+        return self._views[resources.resource_name(*key)]
+
+    def allocate(self, key: Key, device_ids: Sequence[str]) -> dp.ContainerAllocateResponse:
+        """Decide, build the injection, then charge: a refused request changes nothing."""
+        grant = allocation.decide(self._view(key), device_ids, self.ledger, now=self._clock())
+        response = responders.respond(grant, host_lib_dir=self._settings.host_lib_dir)
+        if (
+            grant.holding is not None
+            and self.ledger.holder(grant.holding.resource, grant.holding.device_ids) is None
+        ):
+            self._apply(self.ledger.charge(grant.holding))
+        self.on_allocate()
+        return response
+
+    def prefer(
+        self, key: Key, available: Sequence[str], must_include: Sequence[str], size: int
+    ) -> list[str]:
+        return allocation.prefer(
+            self._view(key),
+            self.ledger,
+            available=available,
+            must_include=must_include,
+            size=size,
+        )
+
+    def reconcile(self, live: Sequence[ledger.LiveContainer]) -> None:
+        """Agree with kubelet's pod-resources list (names, missed and finished allocations)."""
+        ours = [c for c in live if c.resource in self._views]
+        grace = self._settings.release_grace_s
+        self._apply(self.ledger.reconcile(ours, self._resolve, now=self._clock(), grace_s=grace))
+
+
+def _nothing() -> None:
+    pass

@@ -1,0 +1,46 @@
+"""Client of kubelet's pod-resources API: which container holds which device ids.
+
+Allocate carries no pod identity, so this is how holdings get their pod and container names, and
+how finished containers are noticed (kubelet never tells a device plugin a container ended).
+"""
+
+from __future__ import annotations
+
+from grpclib.client import Channel
+from grpclib.exceptions import GRPCError, StreamTerminatedError
+
+from agent.deviceplugin import errors
+from agent.deviceplugin.ledger import LiveContainer
+from proto.podresources import v1 as podresources
+
+
+class PodResourcesUnavailable(errors.DevicePluginError):
+    """kubelet's pod-resources socket did not answer; the ledger is left as it is."""
+
+
+async def list_live(path: str, *, timeout_s: float) -> list[LiveContainer]:
+    """Every (container, resource) with device ids, as kubelet reports them now.
+
+    :raises PodResourcesUnavailable: the socket is missing or the call failed.
+    """
+    channel = Channel(path=path)
+    try:
+        stub = podresources.PodResourcesListerStub(channel)
+        reply = await stub.list(podresources.ListPodResourcesRequest(), timeout=timeout_s)
+    except (GRPCError, StreamTerminatedError, OSError, TimeoutError) as e:
+        raise PodResourcesUnavailable(f"pod-resources at {path}: {e}") from e
+    finally:
+        channel.close()
+    return [
+        LiveContainer(
+            namespace=pod.namespace,
+            pod=pod.name,
+            container=container.name,
+            resource=devices.resource_name,
+            device_ids=tuple(devices.device_ids),
+        )
+        for pod in reply.pod_resources
+        for container in pod.containers
+        for devices in container.devices
+        if devices.device_ids
+    ]

@@ -1,0 +1,108 @@
+"""The device plugins of one node as one async context manager: :func:`device_plugins`.
+
+Nothing is bound or registered until the first :meth:`Plugins.update` (a detection pass), so
+kubelet never sees a server with an empty list that a moment later fills. Leaving the context
+cancels the registration task, whose shielded, time-bounded cleanup closes every server and
+removes every socket file, whatever it was doing (binding, registering, waiting).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+
+import anyio
+
+from agent.deviceplugin import podresources
+from agent.deviceplugin.ledger import Ledger
+from agent.deviceplugin.node import Node
+from agent.deviceplugin.registration import Registrar
+from agent.deviceplugin.server import Key, ResourceServicer
+from agent.deviceplugin.settings import DevicePluginSettings
+from bus import devices, events
+
+log = logging.getLogger(__name__)
+
+POD_RESOURCES_DELAY_S = 0.5
+"""After an Allocate, how long to give kubelet to record the container before asking it."""
+
+
+class Plugins:
+    """The handle :func:`device_plugins` yields. Use it from the event loop thread only."""
+
+    def __init__(self, node: Node, registrar: Registrar) -> None:
+        self._node = node
+        self._registrar = registrar
+        self.allocated = anyio.Event()
+        """Set (and replaced) after every Allocate, so pod-resources is asked soon after."""
+
+    def update(self, groups: Sequence[devices.DeviceGroup]) -> None:
+        """Adopt a detection pass or health transition; never blocks.
+
+        Servers appear and disappear per (manufacturer, mode) as ``groups`` require; a server's
+        ListAndWatch streams get the full list again only when its tokens or health changed.
+        """
+        self._node.update(groups)
+        self._registrar.wake()
+
+    def ledger(self) -> Ledger:
+        """A snapshot of the ledger that later changes do not affect."""
+        return self._node.ledger.copy()
+
+    @property
+    def registrations(self) -> int:
+        """Successful Register calls so far (every server, every kubelet generation)."""
+        return self._registrar.registrations
+
+    def servicers(self) -> dict[Key, ResourceServicer]:
+        return dict(self._node.servicers)
+
+    def note_allocated(self) -> None:
+        self.allocated.set()
+        self.allocated = anyio.Event()
+
+
+@asynccontextmanager
+async def device_plugins(
+    settings: DevicePluginSettings,
+    *,
+    publish: Callable[[events.Event], None],
+    initial_allocations: Sequence[events.AllocationEvent] = (),
+) -> AsyncIterator[Plugins]:
+    """Serve and register the node's device plugins while the context is open.
+
+    ``publish`` gets an :class:`events.AllocationEvent` for every ledger change; it must not
+    block (the bus publisher's outbox). ``initial_allocations`` are the retained ``allocated``
+    events of this node, re-charged on the first update.
+    """
+    node = Node(settings, publish=publish, initial_allocations=initial_allocations)
+    registrar = Registrar(settings, lambda: node.servicers, ready=lambda: node.updated)
+    plugins = Plugins(node, registrar)
+    node.on_allocate = plugins.note_allocated
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(registrar.run, name="deviceplugin-registration")
+        if settings.pod_resources_socket is not None:
+            tg.start_soon(_resync, settings, node, plugins, name="deviceplugin-podresources")
+        try:
+            yield plugins
+        finally:
+            tg.cancel_scope.cancel()
+
+
+async def _resync(settings: DevicePluginSettings, node: Node, plugins: Plugins) -> None:
+    """Ask kubelet who holds what: shortly after each Allocate and every period."""
+    path = settings.pod_resources_socket
+    assert path is not None
+    while True:
+        with anyio.move_on_after(settings.pod_resources_period_s):
+            await plugins.allocated.wait()
+            await anyio.sleep(POD_RESOURCES_DELAY_S)
+        if not node.updated:
+            continue
+        try:
+            live = await podresources.list_live(path, timeout_s=settings.register_timeout_s)
+        except podresources.PodResourcesUnavailable as e:
+            log.debug("%s", e)
+            continue
+        node.reconcile(live)

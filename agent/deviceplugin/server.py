@@ -1,0 +1,195 @@
+"""One kubelet device-plugin server: the grpclib servicer of a resource and its unix socket.
+
+The servicer outlives its socket: when kubelet restarts and deletes the socket, :mod:`registration`
+binds a new one around the same servicer, so the advertised list and its change signal carry over.
+Decisions are delegated to an :class:`Allocator` (the node state in :mod:`node`); this module only
+translates between gRPC and those calls, and maps our errors to ``GRPCError`` in exactly one
+place, :func:`_grpc_errors`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import stat
+from collections.abc import AsyncIterator, Iterator, Sequence
+from typing import Any, Protocol
+
+import anyio
+import anyio.lowlevel
+from grpclib.const import Status
+from grpclib.exceptions import GRPCError
+from grpclib.protocol import H2Protocol
+from grpclib.server import Server
+
+from agent.deviceplugin import errors
+from agent.deviceplugin.resources import HEALTHY, UNHEALTHY, Mode, ServerSpec, Token
+from proto.deviceplugin import v1beta1 as dp
+
+log = logging.getLogger(__name__)
+
+Key = tuple[str, Mode]
+
+
+class Allocator(Protocol):
+    """The decisions a servicer asks for; raise :class:`errors.DevicePluginError` to refuse."""
+
+    def allocate(self, key: Key, device_ids: Sequence[str]) -> dp.ContainerAllocateResponse: ...
+
+    def prefer(
+        self, key: Key, available: Sequence[str], must_include: Sequence[str], size: int
+    ) -> list[str]: ...
+
+
+_STATUS: dict[type[errors.DevicePluginError], Status] = {
+    errors.BadRequest: Status.INVALID_ARGUMENT,
+    errors.Conflict: Status.FAILED_PRECONDITION,
+    errors.CannotInject: Status.FAILED_PRECONDITION,
+    errors.Exhausted: Status.RESOURCE_EXHAUSTED,
+}
+
+
+@contextlib.contextmanager
+def _grpc_errors(resource: str) -> Iterator[None]:
+    """The one place our errors become gRPC statuses; anything else is INTERNAL."""
+    try:
+        yield
+    except errors.DevicePluginError as e:
+        status = _STATUS.get(type(e), Status.INTERNAL)
+        log.warning("%s: refused: %s", resource, e)
+        raise GRPCError(status, str(e)) from e
+
+
+def listing(spec: ServerSpec) -> dp.ListAndWatchResponse:
+    """The full device list kubelet gets on every change."""
+    return dp.ListAndWatchResponse(devices=[_device(t) for t in spec.tokens])
+
+
+def _device(token: Token) -> dp.Device:
+    device = dp.Device(id=token.id, health=HEALTHY if token.healthy else UNHEALTHY)
+    if token.numa_nodes:
+        device.topology = dp.TopologyInfo(nodes=[dp.NumaNode(id=n) for n in token.numa_nodes])
+    return device
+
+
+class ResourceServicer(dp.DevicePluginBase):
+    """Serves one (manufacturer, mode). Touched from the event loop thread only."""
+
+    def __init__(self, spec: ServerSpec, allocator: Allocator) -> None:
+        self.spec = spec
+        self._allocator = allocator
+        self._changed = anyio.Event()
+        self.updates_sent = 0
+
+    def offer(self, spec: ServerSpec) -> bool:
+        """Adopt ``spec``; wake ListAndWatch streams only when tokens or health changed."""
+        if spec.tokens == self.spec.tokens:
+            return False
+        self.spec = spec
+        self._changed.set()
+        self._changed = anyio.Event()
+        return True
+
+    async def get_device_plugin_options(self, empty: dp.Empty) -> dp.DevicePluginOptions:
+        return dp.DevicePluginOptions(get_preferred_allocation_available=True)
+
+    async def list_and_watch(self, empty: dp.Empty) -> AsyncIterator[dp.ListAndWatchResponse]:
+        while True:
+            changed = self._changed  # grab before sending: a change during the send is not lost
+            yield listing(self.spec)
+            self.updates_sent += 1
+            await changed.wait()
+
+    async def get_preferred_allocation(
+        self, request: dp.PreferredAllocationRequest
+    ) -> dp.PreferredAllocationResponse:
+        with _grpc_errors(self.spec.resource):
+            chosen = [
+                self._allocator.prefer(
+                    self.spec.key,
+                    c.available_device_i_ds,
+                    c.must_include_device_i_ds,
+                    c.allocation_size,
+                )
+                for c in request.container_requests
+            ]
+        return dp.PreferredAllocationResponse(
+            container_responses=[dp.ContainerPreferredAllocationResponse(ids) for ids in chosen]
+        )
+
+    async def allocate(self, request: dp.AllocateRequest) -> dp.AllocateResponse:
+        with _grpc_errors(self.spec.resource):
+            responses = [
+                self._allocator.allocate(self.spec.key, c.devices_ids)
+                for c in request.container_requests
+            ]
+        return dp.AllocateResponse(container_responses=responses)
+
+    async def pre_start_container(
+        self, request: dp.PreStartContainerRequest
+    ) -> dp.PreStartContainerResponse:
+        return dp.PreStartContainerResponse()
+
+
+class _Server(Server):
+    """grpclib's server, remembering accepted connections so stopping can close them.
+
+    ``Server.close()`` cancels handlers but leaves accepted connections for the peer to drop; a
+    connection left open past the event loop is an unclosed transport.
+    """
+
+    def __init__(self, handlers: Sequence[Any]) -> None:
+        super().__init__(list(handlers))
+        self.protocols: list[H2Protocol] = []
+        self.started = False
+
+    def _protocol_factory(self) -> H2Protocol:
+        protocol = super()._protocol_factory()
+        self.protocols.append(protocol)
+        return protocol
+
+
+class SocketServer:
+    """A servicer bound to a unix socket path; :meth:`stop` leaves no socket file behind."""
+
+    def __init__(self, servicer: ResourceServicer, path: str) -> None:
+        self.servicer = servicer
+        self.path = path
+        self.identity: tuple[int, int] | None = None
+        self._server = _Server([servicer])
+
+    async def start(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)  # a leftover of a crashed run would refuse the bind
+        await self._server.start(path=self.path)
+        self._server.started = True
+        self.identity = socket_identity(self.path)
+
+    def intact(self) -> bool:
+        """Whether our socket file is still the one we bound (kubelet deletes it on restart)."""
+        return self.identity is not None and socket_identity(self.path) == self.identity
+
+    async def stop(self) -> None:
+        """Close the server and its connections, then remove the socket if it is still ours."""
+        try:
+            if self._server.started:
+                self._server.close()
+                await self._server.wait_closed()
+            for protocol in self._server.protocols:
+                if protocol.connection is not None:
+                    protocol.connection.close()
+            await anyio.lowlevel.checkpoint()  # transports release sockets on the next turn
+        finally:
+            if self.identity is None or socket_identity(self.path) == self.identity:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(self.path)
+
+
+def socket_identity(path: str) -> tuple[int, int] | None:
+    """(inode, change time) of a socket file, or None when there is no socket at ``path``."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_ino, st.st_ctime_ns) if stat.S_ISSOCK(st.st_mode) else None

@@ -1,0 +1,51 @@
+"""Settings of the device-plugin servers: built once at the command edge, then passed down."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, replace
+from typing import Any
+
+
+@dataclass(frozen=True)
+class DevicePluginSettings:
+    kube_socket: str
+    """Path of ``kubelet.sock``; our sockets live in its directory as ``<mfr>.<mode>.sock``."""
+    node_name: str
+    """The Kubernetes node name, stamped on every published allocation event."""
+    no_shared: bool = False
+    no_sliced: bool = False
+    no_partitioned: bool = False
+    host_lib_dir: str = "/var/lib/gpustack/operator/lib"
+    """Host directory holding the preload libraries sliced containers get mounted."""
+    pod_resources_socket: str | None = "/var/lib/kubelet/pod-resources/kubelet.sock"
+    """kubelet's pod-resources socket; None skips asking kubelet who holds what."""
+    register_retry_s: float = 1.0
+    """Seconds between Register attempts while kubelet is absent or refuses, and between the
+    level checks (our sockets present, kubelet.sock unchanged) that back up inotify."""
+    shutdown_timeout_s: float = 5.0
+    """Seconds cleanup (closing servers, removing sockets) may take when cancelled."""
+    pod_resources_period_s: float = 30.0
+    """Seconds between pod-resources resyncs (one also follows every Allocate)."""
+    release_grace_s: float = 60.0
+    """An allocation younger than this is never released for being absent from pod-resources:
+    kubelet records a container's devices only after Allocate returns."""
+    register_timeout_s: float = 5.0
+    """Deadline of one Register call."""
+
+    @property
+    def socket_dir(self) -> str:
+        return os.path.dirname(self.kube_socket) or "."
+
+    @classmethod
+    def for_tests(cls, directory: str, **kw: Any) -> DevicePluginSettings:
+        """Settings for a fake kubelet in ``directory``: short retries, no pod-resources."""
+        base = cls(
+            kube_socket=os.path.join(directory, "kubelet.sock"),
+            node_name="test-node",
+            pod_resources_socket=None,
+            register_retry_s=0.1,
+            shutdown_timeout_s=2.0,
+            register_timeout_s=2.0,
+        )
+        return replace(base, **kw)

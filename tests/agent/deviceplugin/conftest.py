@@ -1,0 +1,39 @@
+"""Fixtures of the device-plugin tests; the harness itself is in ``deviceplugin_harness``."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from deviceplugin_harness import FakeKubelet, simulated
+
+from bus import devices
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture(scope="session")
+def h200() -> list[devices.DeviceGroup]:
+    return simulated("nvidia", "nvidia-h200x8")
+
+
+@pytest.fixture(scope="session")
+def rx7800() -> list[devices.DeviceGroup]:
+    return simulated("amd", "amd-rx7800xt-x2")
+
+
+@pytest.fixture(scope="session")
+def h100_mig() -> list[devices.DeviceGroup]:
+    return simulated("nvidia", "nvidia-h100x8-mig")
+
+
+@pytest.fixture
+def kubelet(tmp_path: Path) -> Iterator[FakeKubelet]:
+    fake = FakeKubelet(tmp_path / "kubelet.sock")
+    fake.serve()
+    yield fake
+    fake.stop()

@@ -1,0 +1,366 @@
+"""The device plugins against a fake kubelet served by grpcio, over real unix sockets."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import anyio
+import anyio.to_thread
+import grpc
+import msgspec
+import pytest
+from deviceplugin_harness import FakeKubelet, Watch, unary
+
+from agent.deviceplugin.running import Plugins, device_plugins
+from agent.deviceplugin.settings import DevicePluginSettings
+from bus import devices, events
+from bus.testing import eventually
+from proto.deviceplugin import v1beta1 as dp
+from proto.podresources import v1 as podresources
+
+pytestmark = pytest.mark.anyio
+
+NVIDIA = [
+    "nvidia.com/gpu",
+    "nvidia.com/gpu.shared",
+    "nvidia.com/gpu.sliced",
+    "nvidia.com/gpu.partitioned",
+    "device.gpustack.ai/nvidia.visibility",
+]
+AMD = [
+    "amd.com/gpu",
+    "amd.com/gpu.shared",
+    "amd.com/gpu.sliced",
+    "device.gpustack.ai/amd.visibility",
+]
+
+
+@asynccontextmanager
+async def _plugins(
+    tmp_path: Path, groups: Sequence[devices.DeviceGroup], **kw: object
+) -> AsyncIterator[tuple[Plugins, list[events.Event]]]:
+    published: list[events.Event] = []
+    settings = DevicePluginSettings.for_tests(str(tmp_path), **kw)
+    async with device_plugins(settings, publish=published.append) as plugins:
+        plugins.update(groups)
+        yield plugins, published
+
+
+async def _registered(kubelet: FakeKubelet, names: list[str], times: int = 1) -> None:
+    async def check() -> bool:
+        got = kubelet.registered()
+        return all(got.count(n) >= times for n in names)
+
+    await eventually(check)
+
+
+def _restart(kubelet: FakeKubelet, directory: Path) -> None:
+    """What a kubelet restart looks like: it goes, every socket is deleted, it comes back."""
+    kubelet.stop()
+    for socket in directory.glob("*.sock"):
+        socket.unlink()
+    kubelet.serve()
+
+
+def _sockets(tmp_path: Path) -> list[str]:
+    return sorted(p.name for p in tmp_path.glob("*.sock") if p.name != "kubelet.sock")
+
+
+async def _allocate(path: Path, ids: list[str]) -> dp.AllocateResponse:
+    request = dp.AllocateRequest(container_requests=[dp.ContainerAllocateRequest(devices_ids=ids)])
+    return await anyio.to_thread.run_sync(
+        unary, path, "/v1beta1.DevicePlugin/Allocate", request, dp.AllocateResponse.FromString
+    )
+
+
+def _with_health(
+    groups: Sequence[devices.DeviceGroup], index: int, unhealthy: bool
+) -> list[devices.DeviceGroup]:
+    group = groups[0]
+    accs = list(group.accelerators)
+    acc = accs[index]
+    accs[index] = msgspec.structs.replace(
+        acc, status=msgspec.structs.replace(acc.status, unhealthy=unhealthy)
+    )
+    return [msgspec.structs.replace(group, accelerators=tuple(accs)), *groups[1:]]
+
+
+async def test_every_server_registers_with_its_socket_and_options(
+    tmp_path: Path,
+    kubelet: FakeKubelet,
+    h200: list[devices.DeviceGroup],
+    rx7800: list[devices.DeviceGroup],
+) -> None:
+    async with _plugins(tmp_path, h200 + rx7800) as (plugins, _):
+        await _registered(kubelet, NVIDIA + AMD)
+        options = await anyio.to_thread.run_sync(
+            unary,
+            tmp_path / "amd.sliced.sock",
+            "/v1beta1.DevicePlugin/GetDevicePluginOptions",
+            dp.Empty(),
+            dp.DevicePluginOptions.FromString,
+        )
+        assert plugins.registrations == 9
+
+    requests = {r.resource_name: r for r in kubelet.requests}
+    assert sorted(requests) == sorted(NVIDIA + AMD)
+    assert requests["nvidia.com/gpu.sliced"].endpoint == "nvidia.sliced.sock"
+    assert requests["device.gpustack.ai/amd.visibility"].endpoint == "amd.visibility.sock"
+    assert all(r.version == "v1beta1" for r in requests.values())
+    assert all(r.options.get_preferred_allocation_available for r in requests.values())
+    assert options.get_preferred_allocation_available
+    assert _sockets(tmp_path) == []
+
+
+async def test_a_kubelet_restart_recreates_and_reregisters_every_server(
+    tmp_path: Path,
+    kubelet: FakeKubelet,
+    h200: list[devices.DeviceGroup],
+    rx7800: list[devices.DeviceGroup],
+) -> None:
+    async with _plugins(tmp_path, h200 + rx7800) as (plugins, _):
+        await _registered(kubelet, NVIDIA + AMD)
+        _restart(kubelet, tmp_path)
+
+        await _registered(kubelet, NVIDIA + AMD, times=2)
+        assert len(_sockets(tmp_path)) == 9
+        # the new sockets serve: kubelet can watch them again
+        watch = Watch(tmp_path / "amd.exclusive.sock")
+        await eventually(lambda: _async(bool(watch.updates)))
+        watch.close()
+        assert plugins.registrations == 18
+
+
+async def _async(value: bool) -> bool:
+    return value
+
+
+async def test_list_and_watch_follows_health_and_recovery(
+    tmp_path: Path, kubelet: FakeKubelet, h200: list[devices.DeviceGroup]
+) -> None:
+    async with _plugins(tmp_path, h200) as (plugins, _):
+        await _registered(kubelet, NVIDIA)
+        watch = Watch(tmp_path / "nvidia.exclusive.sock")
+        try:
+            await eventually(lambda: _async(len(watch.updates) == 1))
+            plugins.update(h200)  # nothing changed: no update is sent
+            plugins.update(_with_health(h200, 3, unhealthy=True))
+            await eventually(lambda: _async(len(watch.updates) == 2))
+            plugins.update(_with_health(h200, 3, unhealthy=False))
+            await eventually(lambda: _async(len(watch.updates) == 3))
+        finally:
+            watch.close()
+
+    card = h200[0].accelerators[3].id
+    token = f"nvidia-h200:{card}:0000"
+    assert [h[token] for h in watch.health()] == ["Healthy", "Unhealthy", "Healthy"]
+    assert [len(h) for h in watch.health()] == [8, 8, 8]
+    first = watch.updates[0].devices
+    assert [d.topology.nodes[0].id for d in first] == [0, 0, 0, 0, 1, 1, 1, 1]
+
+
+async def test_allocate_injects_per_vendor_and_publishes(
+    tmp_path: Path,
+    kubelet: FakeKubelet,
+    h200: list[devices.DeviceGroup],
+    rx7800: list[devices.DeviceGroup],
+) -> None:
+    uuid = h200[0].accelerators[0].id
+    amd = rx7800[0].accelerators[1]
+    async with _plugins(tmp_path, h200 + rx7800) as (plugins, published):
+        await _registered(kubelet, NVIDIA + AMD)
+        nvidia = await _allocate(tmp_path / "nvidia.exclusive.sock", [f"nvidia-h200:{uuid}:0000"])
+        sliced = await _allocate(
+            tmp_path / "nvidia.sliced.sock",
+            [f"nvidia-h200:{h200[0].accelerators[1].id}:{i:04d}" for i in range(64)],
+        )
+        rocm = await _allocate(
+            tmp_path / "amd.exclusive.sock", [f"radeon-rx-7800-xt:{amd.id}:0000"]
+        )
+        ledger = plugins.ledger()
+
+    assert nvidia.container_responses[0].envs == {"NVIDIA_VISIBLE_DEVICES": uuid}
+    assert sliced.container_responses[0].envs["CUDA_DEVICE_SM_LIMIT"] == "50"
+    assert len(sliced.container_responses[0].mounts) == 3
+    assert rocm.container_responses[0].envs["ROCR_VISIBLE_DEVICES"] == amd.id
+    assert [d.host_path for d in rocm.container_responses[0].devices] == [
+        "/dev/kfd",
+        f"/dev/dri/card{amd.physical_indexes[0]}",
+        f"/dev/dri/renderD{amd.physical_indexes[1]}",
+    ]
+    assert [
+        (e.action, e.resource, e.node) for e in published if isinstance(e, events.AllocationEvent)
+    ] == [
+        ("allocated", "nvidia.com/gpu", "test-node"),
+        ("allocated", "nvidia.com/gpu.sliced", "test-node"),
+        ("allocated", "amd.com/gpu", "test-node"),
+    ]
+    assert ledger.used(h200[0].accelerators[1].id) == 800_000
+
+
+async def test_errors_reach_kubelet_as_grpc_statuses(
+    tmp_path: Path, kubelet: FakeKubelet, h200: list[devices.DeviceGroup]
+) -> None:
+    uuid = h200[0].accelerators[0].id
+    async with _plugins(tmp_path, h200) as (_, published):
+        await _registered(kubelet, NVIDIA)
+        await _allocate(tmp_path / "nvidia.shared.sock", [f"nvidia-h200:{uuid}:0004"])
+        with pytest.raises(grpc.RpcError) as malformed:
+            await _allocate(tmp_path / "nvidia.exclusive.sock", ["not an id"])
+        with pytest.raises(grpc.RpcError) as unknown:
+            await _allocate(tmp_path / "nvidia.exclusive.sock", ["nvidia-h200:GPU-none:0000"])
+        with pytest.raises(grpc.RpcError) as cross:
+            await _allocate(tmp_path / "nvidia.exclusive.sock", [f"nvidia-h200:{uuid}:0000"])
+
+    assert malformed.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert unknown.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert cross.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert cross.value.details() == (
+        f"card {uuid} (nvidia-h200 #0) is held in shared mode, cannot allocate it in exclusive mode"
+    )
+    assert len(published) == 1  # refusals change nothing
+
+
+async def test_preferred_allocation_over_the_socket(
+    tmp_path: Path, kubelet: FakeKubelet, h200: list[devices.DeviceGroup]
+) -> None:
+    accs = h200[0].accelerators
+    available = [f"nvidia-h200:{a.id}:0000" for a in accs[2:]]
+    request = dp.PreferredAllocationRequest(
+        container_requests=[
+            dp.ContainerPreferredAllocationRequest(
+                available_device_i_ds=available, allocation_size=3
+            )
+        ]
+    )
+    async with _plugins(tmp_path, h200) as _:
+        await _registered(kubelet, NVIDIA)
+        reply = await anyio.to_thread.run_sync(
+            unary,
+            tmp_path / "nvidia.exclusive.sock",
+            "/v1beta1.DevicePlugin/GetPreferredAllocation",
+            request,
+            dp.PreferredAllocationResponse.FromString,
+        )
+
+    assert reply.container_responses[0].device_i_ds == available[2:5]  # cards 4-6, NUMA node 1
+
+
+async def test_no_switches_remove_servers_at_runtime(
+    tmp_path: Path, kubelet: FakeKubelet, h200: list[devices.DeviceGroup]
+) -> None:
+    async with _plugins(tmp_path, h200, no_shared=True, no_sliced=True, no_partitioned=True):
+        await _registered(kubelet, ["nvidia.com/gpu", "device.gpustack.ai/nvidia.visibility"])
+        assert _sockets(tmp_path) == ["nvidia.exclusive.sock", "nvidia.visibility.sock"]
+
+    assert sorted(kubelet.registered()) == [
+        "device.gpustack.ai/nvidia.visibility",
+        "nvidia.com/gpu",
+    ]
+
+
+async def test_a_vanished_manufacturer_loses_its_servers(
+    tmp_path: Path,
+    kubelet: FakeKubelet,
+    h200: list[devices.DeviceGroup],
+    rx7800: list[devices.DeviceGroup],
+) -> None:
+    async with _plugins(tmp_path, h200 + rx7800) as (plugins, _):
+        await _registered(kubelet, NVIDIA + AMD)
+        plugins.update(h200)
+        await eventually(lambda: _async(not any(s.startswith("amd.") for s in _sockets(tmp_path))))
+        assert len(_sockets(tmp_path)) == 5
+
+
+async def test_registration_retries_until_kubelet_appears(
+    tmp_path: Path, h200: list[devices.DeviceGroup]
+) -> None:
+    kubelet = FakeKubelet(tmp_path / "kubelet.sock")
+    async with _plugins(tmp_path, h200):
+        await eventually(lambda: _async(len(_sockets(tmp_path)) == 5))
+        kubelet.serve()
+        try:
+            await _registered(kubelet, NVIDIA)
+        finally:
+            kubelet.stop()
+
+
+async def test_stopping_mid_registration_leaves_no_socket_and_no_task(
+    tmp_path: Path, h200: list[devices.DeviceGroup]
+) -> None:
+    kubelet = FakeKubelet(tmp_path / "kubelet.sock", block_register=True)
+    kubelet.serve()
+    before = asyncio.all_tasks()
+    try:
+        async with _plugins(tmp_path, h200):
+            await eventually(lambda: _async(kubelet.register_seen.is_set()))
+            assert _sockets(tmp_path) != []
+        assert _sockets(tmp_path) == []
+        assert asyncio.all_tasks() == before
+        assert kubelet.requests == []
+    finally:
+        kubelet.stop()
+
+
+async def test_pod_resources_names_the_holder(
+    tmp_path: Path, kubelet: FakeKubelet, h200: list[devices.DeviceGroup]
+) -> None:
+    token = f"nvidia-h200:{h200[0].accelerators[0].id}:0000"
+    kubelet.serve_pod_resources(tmp_path / "pod-resources.sock")
+    kubelet.live = [
+        podresources.PodResources(
+            name="llm",
+            namespace="ai",
+            containers=[
+                podresources.ContainerResources(
+                    name="main",
+                    devices=[
+                        podresources.ContainerDevices(
+                            resource_name="nvidia.com/gpu", device_ids=[token]
+                        )
+                    ],
+                )
+            ],
+        )
+    ]
+    socket = str(tmp_path / "pod-resources.sock")
+    async with _plugins(tmp_path, h200, pod_resources_socket=socket) as (plugins, published):
+        await _registered(kubelet, NVIDIA)
+        await _allocate(tmp_path / "nvidia.exclusive.sock", [token])
+        await eventually(lambda: _async(len(published) == 2))
+        holding = plugins.ledger().holdings()[0]
+
+    assert (holding.pod_namespace, holding.pod_name, holding.container) == ("ai", "llm", "main")
+    named = published[1]
+    assert isinstance(named, events.AllocationEvent)
+    assert named.allocation_id == f"nvidia.com/gpu/{token}"
+
+
+async def test_retained_allocations_are_recharged_on_the_first_update(
+    tmp_path: Path, kubelet: FakeKubelet, h200: list[devices.DeviceGroup]
+) -> None:
+    uuid = h200[0].accelerators[0].id
+    retained = [
+        events.AllocationEvent(
+            node="test-node",
+            allocation_id="x",
+            action="allocated",
+            resource="nvidia.com/gpu",
+            device_ids=(f"nvidia-h200:{uuid}:0000",),
+        )
+    ]
+    settings = DevicePluginSettings.for_tests(str(tmp_path))
+    async with device_plugins(
+        settings, publish=lambda e: None, initial_allocations=retained
+    ) as plugins:
+        assert plugins.ledger().holdings() == ()
+        plugins.update(h200)
+        assert plugins.ledger().mode_of(uuid) == "exclusive"
+        await _registered(kubelet, NVIDIA)
+        with pytest.raises(grpc.RpcError) as cross:
+            await _allocate(tmp_path / "nvidia.shared.sock", [f"nvidia-h200:{uuid}:0000"])
+
+    assert cross.value.code() == grpc.StatusCode.FAILED_PRECONDITION
