@@ -96,6 +96,12 @@ NATS_FLAGS = (
 
 _WORKER = (
     _MANUFACTURER,
+    Flag(
+        "kubeconfig",
+        "",
+        "kubeconfig path (default: in-cluster, else $KUBECONFIG); 'none' keeps the ledger "
+        "in the bus instead of a cluster",
+    ),
     Flag("disable-applications", "", "applications to skip installing, or * for all", kind="list"),
     Flag("secure-port", "31443", "the HTTPS port", kind="int"),
     Flag("disable-auths", "false", "skip authentication and authorization", kind="bool"),
@@ -167,6 +173,24 @@ _DM_SERVE = (
     Flag(
         "node-name", "", "the node it runs on (default $KUBERNETES_NODE_NAME, else the host name)"
     ),
+    Flag(
+        "health-quarantine",
+        "5m",
+        "how long a card unhealthy for a transient reason stays down before it is re-checked",
+        kind="duration",
+    ),
+    Flag(
+        "resync-period",
+        "5m",
+        "how often an unchanged Devices spec is published again",
+        kind="duration",
+    ),
+    Flag(
+        "heartbeat-period",
+        "30s",
+        "how often the agent announces itself on the bus",
+        kind="duration",
+    ),
     _SIMULATE,
     *_SERVING,
     *NATS_FLAGS,
@@ -201,6 +225,11 @@ _PREFLIGHT = (
     ),
     _NO_PCI_CHECK,
     _OUTPUT,
+    Flag(
+        "simulate",
+        "",
+        "run the real checks against a simulated accelerator profile (name or YAML path)",
+    ),
 )
 
 _BUS_WATCH = (
@@ -221,7 +250,7 @@ COMMANDS = (
         ("worker",),
         "The control plane: reconciles node events into CRDs.",
         _WORKER,
-        pending="issue #5",
+        target="controlplane.running:worker_command",
     ),
     Command(
         ("worker-gateway",),
@@ -233,7 +262,7 @@ COMMANDS = (
         ("device-manager", "serve"),
         "The per-node device agent (kubelet device plugin).",
         _DM_SERVE,
-        pending="issue #4",
+        target="agent.running:serve_command",
     ),
     Command(
         ("model-manager",),
@@ -257,7 +286,7 @@ COMMANDS = (
         ("device-manager", "preflight"),
         "Prove that the allocation modes work on this node (acts on the node).",
         _PREFLIGHT,
-        pending="issue #8",
+        target="agent.preflight.running:preflight_command",
     ),
     Command(
         ("bus", "watch"),

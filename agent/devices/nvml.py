@@ -43,6 +43,7 @@ NOT_SUPPORTED = 3
 NO_PERMISSION = 4
 NOT_FOUND = 6
 DRIVER_NOT_LOADED = 9
+TIMEOUT = 10
 LIBRARY_NOT_FOUND = 12
 FUNCTION_NOT_FOUND = 13
 GPU_IS_LOST = 15
@@ -58,7 +59,7 @@ CODE_NAMES: dict[int, str] = {
     7: "INSUFFICIENT_SIZE",
     8: "INSUFFICIENT_POWER",
     DRIVER_NOT_LOADED: "DRIVER_NOT_LOADED",
-    10: "TIMEOUT",
+    TIMEOUT: "TIMEOUT",
     11: "IRQ_ISSUE",
     LIBRARY_NOT_FOUND: "LIBRARY_NOT_FOUND",
     FUNCTION_NOT_FOUND: "FUNCTION_NOT_FOUND",
@@ -77,6 +78,9 @@ _UNSUPPORTED_CODES = frozenset({NOT_SUPPORTED, NO_PERMISSION, FUNCTION_NOT_FOUND
 _UNAVAILABLE_CODES = frozenset({LIBRARY_NOT_FOUND, DRIVER_NOT_LOADED})
 _PROFILE_ABSENT_CODES = frozenset({NOT_SUPPORTED, INVALID_ARGUMENT, NOT_FOUND})
 """What a GI-profile scan gets for a profile index this card does not have: skip it, silently."""
+
+EVENT_TYPE_XID_CRITICAL_ERROR = 0x0000000000000008
+"""``nvmlEventTypeXidCriticalError``: the only event type the health watcher registers."""
 
 CPU_SET_WORDS = 64
 """64-bit words asked for in CPU affinity masks: room for 4096 CPUs."""
@@ -136,6 +140,16 @@ class GpuInstanceProfile:
     multiprocessor_count: int
     placements: tuple[tuple[int, int], ...]
     """Legal ``(start, size)`` placements in memory slices; empty when there are none."""
+
+
+@dataclass(frozen=True)
+class XidEvent:
+    """One XID critical-error event as ``nvmlEventSetWait`` delivered it."""
+
+    handle: Handle
+    """The card the event is about (ask :meth:`Nvml.uuid` which one)."""
+    xid: int
+    """The XID code (the event's ``eventData``)."""
 
 
 def _text(value: object) -> str:
@@ -337,3 +351,41 @@ class Nvml:
     def power_usage(self, h: Handle) -> int:
         """Power drawn, mW."""
         return int(self._call("nvmlDeviceGetPowerUsage", h))
+
+    # -- events -------------------------------------------------------------------------------
+
+    def event_set_create(self) -> Any:
+        """A new, empty NVML event set; free it with :meth:`event_set_free`."""
+        return self._call("nvmlEventSetCreate")
+
+    def register_xid_events(self, h: Handle, event_set: Any) -> None:
+        """Deliver ``h``'s XID critical errors to ``event_set``.
+
+        :raises NvmlUnsupported: the card has no event support (old GPUs); it gets no XID watch.
+        """
+        self._call("nvmlDeviceRegisterEvents", h, EVENT_TYPE_XID_CRITICAL_ERROR, event_set)
+
+    def wait_xid(self, event_set: Any, timeout_ms: int) -> XidEvent | None:
+        """The next XID event, or None when none arrived within ``timeout_ms``.
+
+        A timeout is the normal outcome of a quiet card, so it is not counted as an error.
+        :raises NvmlGpuLost, NvmlCallFailed: the wait itself failed.
+        """
+        name = "nvmlEventSetWait"
+        fn: Callable[..., Any] | None = getattr(self.library, name, None)
+        if fn is None:
+            self.errors_by_call[name] += 1
+            raise NvmlUnsupported(name, FUNCTION_NOT_FOUND, "not found in the NVML binding")
+        try:
+            data = fn(event_set, timeout_ms)
+        except self.library.NVMLError as e:
+            if int(e.value) == TIMEOUT:
+                return None
+            self.errors_by_call[name] += 1
+            raise map_error(name, int(e.value), str(e)) from e
+        if not int(data.eventType) & EVENT_TYPE_XID_CRITICAL_ERROR:
+            return None
+        return XidEvent(handle=data.device, xid=int(data.eventData))
+
+    def event_set_free(self, event_set: Any) -> None:
+        self._call("nvmlEventSetFree", event_set)

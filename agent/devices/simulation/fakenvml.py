@@ -10,7 +10,12 @@ with:
 - a card's ``faults`` (NVML function name → error name) make that call fail for that card, and
   ``nvmlDeviceGetMemoryInfo_v2`` names the v2 form alone;
 - once a card answers ``GPU_IS_LOST`` it answers nothing else, as a card off the bus does;
-- utilization is ``NOT_SUPPORTED`` on a MIG-enabled card, as on real hardware.
+- utilization is ``NOT_SUPPORTED`` on a MIG-enabled card, as on real hardware;
+- XID events: a card's profile ``xids`` and :meth:`SimulatedNvml.inject_xid` feed the event-set
+  calls (``nvmlEventSetCreate``, ``nvmlDeviceRegisterEvents``, ``nvmlEventSetWait``,
+  ``nvmlEventSetFree``); :meth:`SimulatedNvml.lose` makes a card fall off the bus, which a
+  waiting event set reports once as ``GPU_IS_LOST``. The wait blocks the calling thread (as the
+  real one does) and wakes as soon as an XID is injected from another thread.
 
 Every call is logged as ``(function, card index or None)`` in :attr:`SimulatedNvml.calls`.
 """
@@ -18,6 +23,8 @@ Every call is logged as ``(function, card index or None)`` in :attr:`SimulatedNv
 from __future__ import annotations
 
 import ctypes
+import threading
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -60,6 +67,7 @@ _MESSAGES = {
 
 UNINITIALIZED = 1
 NOT_SUPPORTED = 3
+TIMEOUT = 10
 GPU_IS_LOST = 15
 
 
@@ -81,6 +89,15 @@ class c_nvmlGpuInstancePlacement_t(ctypes.Structure):
 @dataclass(frozen=True)
 class SimulatedHandle:
     index: int
+
+
+@dataclass
+class SimulatedEventSet:
+    """An event set: the cards registered on it, and the lost cards it already reported."""
+
+    indexes: set[int]
+    reported_lost: set[int]
+    freed: bool = False
 
 
 def _cpu_set(text: str | None) -> set[int]:
@@ -112,6 +129,7 @@ class SimulatedNvml:
     NVML_GPU_INSTANCE_PROFILE_COUNT = 0x12
     NVML_DEVICE_MIG_DISABLE = 0
     NVML_DEVICE_MIG_ENABLE = 1
+    nvmlEventTypeXidCriticalError = 0x0000000000000008
 
     def __init__(self, host: NvidiaHost | None, *, system_faults: dict[str, str] | None = None):
         self.host = host
@@ -121,6 +139,8 @@ class SimulatedNvml:
         self.refcount = 0
         self.lost: set[int] = set()
         self._xids: dict[int, list[int]] = {i: list(c.xids) for i, c in enumerate(self.cards)}
+        self._events = threading.Condition()
+        """Guards ``_xids`` and ``lost`` for waits in worker threads; notified on every change."""
         for where, faults in [("system", self.system_faults)] + [
             (f"card {i}", c.faults) for i, c in enumerate(self.cards)
         ]:
@@ -133,13 +153,23 @@ class SimulatedNvml:
     # -- health-loop hooks --------------------------------------------------------------------
 
     def inject_xid(self, index: int, xid: int) -> None:
-        self._xids.setdefault(index, []).append(xid)
+        """Queue an XID for card ``index``; a thread waiting on an event set wakes at once."""
+        with self._events:
+            self._xids.setdefault(index, []).append(xid)
+            self._events.notify_all()
 
     def pending_xids(self, index: int) -> list[int]:
         """XIDs not yet consumed for card ``index``; reading them consumes them."""
-        pending = self._xids.get(index, [])
-        self._xids[index] = []
-        return pending
+        with self._events:
+            pending = self._xids.get(index, [])
+            self._xids[index] = []
+            return pending
+
+    def lose(self, index: int) -> None:
+        """Make card ``index`` fall off the bus: every later call on it answers GPU_IS_LOST."""
+        with self._events:
+            self.lost.add(index)
+            self._events.notify_all()
 
     # -- plumbing -----------------------------------------------------------------------------
 
@@ -342,3 +372,57 @@ class SimulatedNvml:
         if card.power_mw is None:
             raise NVMLError(NOT_SUPPORTED)
         return card.power_mw
+
+    # -- events -------------------------------------------------------------------------------
+
+    def nvmlEventSetCreate(self) -> SimulatedEventSet:
+        self._system("nvmlEventSetCreate")
+        return SimulatedEventSet(indexes=set(), reported_lost=set())
+
+    def nvmlDeviceRegisterEvents(
+        self, handle: SimulatedHandle, eventTypes: int, eventSet: SimulatedEventSet
+    ) -> None:
+        self._card("nvmlDeviceRegisterEvents", handle)
+        if eventTypes & ~self.nvmlEventTypeXidCriticalError:
+            raise NVMLError(NOT_SUPPORTED)  # only XID events are simulated
+        with self._events:
+            eventSet.indexes.add(handle.index)
+
+    def nvmlEventSetWait(self, eventSet: SimulatedEventSet, timeoutms: int) -> SimpleNamespace:
+        """The next XID of a registered card, oldest first; TIMEOUT when none came in time."""
+        self._system("nvmlEventSetWait")
+        deadline = time.monotonic() + timeoutms / 1000
+        with self._events:
+            while True:
+                if eventSet.freed:
+                    raise NVMLError(ERROR_CODES["INVALID_ARGUMENT"])
+                event = self._next_event(eventSet)
+                if event is not None:
+                    return event
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise NVMLError(TIMEOUT)
+                self._events.wait(remaining)
+
+    def _next_event(self, eventSet: SimulatedEventSet) -> SimpleNamespace | None:
+        """Called with ``_events`` held: a newly lost card raises, else the next XID or None."""
+        for index in sorted(eventSet.indexes):
+            if index in self.lost and index not in eventSet.reported_lost:
+                eventSet.reported_lost.add(index)
+                raise NVMLError(GPU_IS_LOST)
+            pending = self._xids.get(index)
+            if pending and index not in self.lost:
+                return SimpleNamespace(
+                    device=SimulatedHandle(index),
+                    eventType=self.nvmlEventTypeXidCriticalError,
+                    eventData=pending.pop(0),
+                    gpuInstanceId=0xFFFFFFFF,
+                    computeInstanceId=0xFFFFFFFF,
+                )
+        return None
+
+    def nvmlEventSetFree(self, eventSet: SimulatedEventSet) -> None:
+        self._system("nvmlEventSetFree")
+        with self._events:
+            eventSet.freed = True
+            self._events.notify_all()

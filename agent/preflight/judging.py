@@ -1,0 +1,213 @@
+"""Verdicts: a probe (its injection, and what its containers printed, if they ran) into rows. Pure.
+
+Three situations per probe: it ran (``results``), it was only emitted (``why`` says why: a dry
+run, a runtime that cannot be driven, staging that failed: ``ok`` at depth ``simulated``, because
+the allocator's intent is proven and nothing contradicts it), or it was blocked by a failure of
+this pass (the lock, the sweep: ``unavailable``). Whatever the injection itself lacks (no preload
+library, no cap) is ``unavailable`` in all three.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+import msgspec
+
+from agent.preflight.checking import Probe, Result, Vendor
+from agent.preflight.invocations import (
+    MAPS_BEGIN,
+    MAPS_END,
+    READER_BEGIN,
+    READER_END,
+    block,
+    render,
+)
+from agent.preflight.model import Row
+
+_INTEGER = re.compile(r"\b(\d+)\b")
+_MAPS_LINE = re.compile(r"^[0-9a-f]+-[0-9a-f]+ \S{4} [0-9a-f]+ \S+ \d+\s+(\S.*)$")
+"""``/proc/<pid>/maps``: address range, perms, offset, device, inode, then the path."""
+_TAIL_LINES = 20
+
+
+def judge(
+    vendor: Vendor,
+    probe: Probe,
+    results: Sequence[Result] | None,
+    *,
+    why: str = "",
+    blocked: str = "",
+) -> list[Row]:
+    """Rows for ``probe``: ran (``results``), emitted (``why``) or blocked (reason ``blocked``)."""
+    command = render(probe.argv)
+    base = {"accelerator": probe.accelerator, "command": command}
+    if probe.kind == "visibility":
+        envs = ", ".join(f"{k}={v}" for k, v in sorted(probe.injection.envs.items()))
+        return [
+            Row(
+                **base,
+                capability="sidecar-visibility",
+                mode="visibility",
+                state="ok",
+                depth="simulated",
+                detail=f"a sidecar is injected {envs}; never run",
+            )
+        ]
+    if probe.kind == "pair":
+        row = Row(**base, capability="co-tenancy", mode="sliced", state="ok", depth="simulated")
+        return [_not_run(row, why, blocked) if results is None else _pair(row, probe, results)]
+    loaded = Row(
+        **base, capability="sliced-runtime-loaded", mode="sliced", state="ok", depth="simulated"
+    )
+    quota = Row(
+        **base, capability="sliced-quota-in-force", mode="sliced", state="ok", depth="simulated"
+    )
+    libraries = probe.injection.library_mounts()
+    cap = _cap_mib(probe, vendor)
+    out: list[Row] = []
+    if not libraries:
+        out.append(
+            _set(
+                loaded,
+                state="unavailable",
+                reason="no-preload-library",
+                detail="the sliced injection mounts no preload library",
+            )
+        )
+    elif results is None:
+        out.append(_not_run(loaded, why, blocked))
+    else:
+        out.append(_loaded(loaded, libraries[0][0], results[0]))
+    if cap is None:
+        out.append(
+            _set(
+                quota,
+                state="unavailable",
+                reason="no-cap",
+                detail=f"the sliced injection sets no {vendor.cap_env}",
+            )
+        )
+    elif results is None:
+        out.append(_not_run(quota, why, blocked))
+    else:
+        out.append(_quota(quota, cap, results[0]))
+    return out
+
+
+def _set(row: Row, **changes: str) -> Row:
+    return msgspec.structs.replace(row, **changes)
+
+
+def _not_run(row: Row, why: str, blocked: str) -> Row:
+    if blocked:
+        return _set(row, state="unavailable", reason=blocked, detail=f"not run: {why}")
+    return _set(row, detail=f"not run: {why}")
+
+
+def _loaded(row: Row, library: str, result: Result) -> Row:
+    maps = block(result.output, MAPS_BEGIN, MAPS_END)
+    if result.code != 0 or maps is None:
+        return _failed(row, result)
+    hits = _mapped(maps, library)
+    if not hits:
+        return _set(
+            row,
+            state="unavailable",
+            depth="measured",
+            reason="library-not-mapped",
+            detail=f"{library} is not in the probe's /proc/self/maps",
+            evidence="\n".join([MAPS_BEGIN, *maps]) + "\n",
+        )
+    return _set(
+        row,
+        depth="measured",
+        detail="the slicing runtime the injection mounts is loaded in the container",
+        evidence="\n".join([MAPS_BEGIN, "…", *hits]) + "\n",
+    )
+
+
+def _quota(row: Row, cap: int, result: Result) -> Row:
+    if result.code != 0 or block(result.output, MAPS_BEGIN, MAPS_END) is None:
+        return _failed(row, result)
+    reader = block(result.output, READER_BEGIN, READER_END) or []
+    seen = [int(m.group(1)) for line in reader for m in [_INTEGER.search(line)] if m]
+    if not seen:
+        return _set(
+            row,
+            detail=f"the injection caps memory at {cap} MiB; the reader reported "
+            "nothing, so no container was observed under the cap",
+        )
+    evidence = "\n".join([READER_BEGIN, *reader]) + "\n"
+    if seen[0] != cap:
+        return _set(
+            row,
+            state="unavailable",
+            depth="measured",
+            reason="cap-not-in-force",
+            detail=f"the reader sees {seen[0]} MiB; the injection caps {cap} MiB",
+            evidence=evidence,
+        )
+    return _set(
+        row,
+        depth="measured",
+        evidence=evidence,
+        detail=f"the reader in the container sees the {cap} MiB cap",
+    )
+
+
+def _pair(row: Row, probe: Probe, results: Sequence[Result]) -> Row:
+    libraries = probe.injection.library_mounts()
+    evidence: list[str] = []
+    good = len(results) == 2
+    for n, result in enumerate(results, 1):
+        maps = block(result.output, MAPS_BEGIN, MAPS_END)
+        hits = _mapped(maps or [], libraries[0][0]) if libraries else []
+        good = good and result.code == 0 and maps is not None and (bool(hits) or not libraries)
+        evidence += [f"probe {n}: exit {result.code}", *(hits or _tail(result.output))]
+    text = "\n".join(evidence) + "\n"
+    if not good:
+        return _set(
+            row,
+            state="unavailable",
+            depth="measured",
+            reason="co-tenant-failed",
+            detail="two probes started on one card at once and not both ran sliced",
+            evidence=text,
+        )
+    return _set(
+        row,
+        depth="measured",
+        evidence=text,
+        detail="two sliced probes ran on one card at once, each with the runtime loaded",
+    )
+
+
+def _mapped(maps: Sequence[str], library: str) -> list[str]:
+    """The mapping lines whose path is ``library``: a log line naming it does not count."""
+    hits = []
+    for line in maps:
+        match = _MAPS_LINE.match(line.rstrip())
+        if match and match.group(1).removesuffix(" (deleted)") == library:
+            hits.append(line)
+    return hits
+
+
+def _failed(row: Row, result: Result) -> Row:
+    return _set(
+        row,
+        state="unavailable",
+        reason="probe-failed",
+        detail=f"the probe exited {result.code} before printing its mappings",
+        evidence="\n".join(_tail(result.output)) + "\n",
+    )
+
+
+def _tail(output: str) -> list[str]:
+    return output.splitlines()[-_TAIL_LINES:]
+
+
+def _cap_mib(probe: Probe, vendor: Vendor) -> int | None:
+    value = probe.injection.envs.get(vendor.cap_env, "")
+    digits = value.lower().removesuffix("m")
+    return int(digits) if digits.isdigit() else None

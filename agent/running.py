@@ -1,0 +1,454 @@
+"""``dm serve``: the per-node device agent's composition root.
+
+The process is one task group (:func:`run`); each long-lived part is a child that signals
+readiness with ``tg.start``, and shutdown is the same tree unwound (every cleanup shielded and
+time-bounded by its owner):
+
+1. the backends (real NVML/sysfs, or a simulated tree and NVML), open for the whole process;
+2. the bus link (not awaited: with NATS unreachable the agent still serves kubelet and metrics,
+   and :class:`EventSink` keeps the latest state until the publisher exists);
+3. HTTPS (``/metrics``, ``/readyz``, ``/livez``, ``/monitor/snapshot``);
+4. the device plugins (bound and registered on the first :meth:`Plugins.update`);
+5. the observer: one pass every monitor period (detection, sampling, health re-check), started
+   once the first pass is published;
+6. the XID watcher (NVIDIA only) and the heartbeat.
+
+Every decision is made synchronously by :class:`agent.health.HealthBook` and
+:func:`agent.health.overlay`; this module only moves data between the threads, the bus, kubelet
+and the scrape endpoint. All mutable state lives on the event loop thread.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import signal
+import time
+from collections import OrderedDict, deque
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import ExitStack, asynccontextmanager
+from dataclasses import dataclass
+from importlib import metadata
+from typing import TypeVar
+
+import anyio
+import anyio.abc
+import anyio.to_thread
+import msgspec
+from prometheus_client import CollectorRegistry, Histogram
+
+from agent import health, metrics, serve_settings, watching
+from agent.deviceplugin.running import Plugins, device_plugins
+from agent.devices import detection, nvidia, sources
+from agent.devices.manufacturers import UnknownManufacturer
+from agent.devices.nvml import Nvml
+from agent.errors import AgentError
+from agent.serve_settings import ServeSettings
+from bus import devices, events, serving
+from bus.connection import connect
+from bus.errors import BusError
+from bus.metrics import BusMetrics
+from bus.publishing import Publisher, publisher
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+
+
+def serve_command(values: dict[str, object], positionals: list[str]) -> int:
+    """The ``device-manager serve`` target: build the settings, run until SIGTERM/SIGINT."""
+    if positionals:
+        log.error("unexpected arguments: %s", " ".join(positionals))
+        return EXIT_USAGE
+    try:
+        settings = serve_settings.settings_from(values, os.environ, version=_version())
+    except (UnknownManufacturer, ValueError) as e:
+        log.error("dm serve: %s", e)
+        return EXIT_USAGE
+    try:
+        anyio.run(main, settings, backend_options={"use_uvloop": True})
+    except (AgentError, BusError) as e:
+        log.error("dm serve: %s", e)
+        return EXIT_FAILED
+    return 0
+
+
+def _version() -> str:
+    try:
+        return metadata.version("gpustack-operator")
+    except metadata.PackageNotFoundError:
+        return "0.0.0"
+
+
+async def main(settings: ServeSettings) -> None:
+    """Run the agent until SIGTERM or SIGINT, then stop within ``shutdown_timeout_s``."""
+    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(functools.partial(run, settings), name="agent")
+            async for signum in signals:
+                log.info("%s received; stopping", signal.Signals(signum).name)
+                # Every part bounds its own cleanup; this deadline bounds the sum.
+                tg.cancel_scope.deadline = anyio.current_time() + settings.shutdown_timeout_s
+                tg.cancel_scope.cancel()
+                break
+
+
+@dataclass
+class Running:
+    """What :func:`run` hands its starter once the agent is ready (tests, benchmarks)."""
+
+    observer: Observer
+    server: serving.Server
+    plugins: Plugins
+    backends: Sequence[detection.Backend]
+    sink: EventSink
+
+
+async def run(
+    settings: ServeSettings,
+    *,
+    task_status: anyio.abc.TaskStatus[Running] = anyio.TASK_STATUS_IGNORED,
+) -> None:
+    """The whole agent; ``task_status.started`` once the first pass is published."""
+    registry = CollectorRegistry(auto_describe=True)
+    bus_metrics = BusMetrics(registry)
+    sink = EventSink(max_samples=settings.bus.outbox_size, metrics=bus_metrics)
+    async with opened_backends(settings) as backends, anyio.create_task_group() as tg:
+        observer = Observer(settings, backends, sink)
+        observer.metrics = metrics.AgentMetrics(registry, observer.metric_sources())
+        tg.start_soon(link_bus, settings, sink, bus_metrics, name="bus-link")
+        server = await tg.start(serve_https, settings, registry, observer, name="https")
+        plugins = await tg.start(serve_plugins, settings, sink.publish, name="device-plugins")
+        observer.plugins = plugins
+        await tg.start(observer.observe, name="observer")
+        for nvml in observer.nvml_adapters():
+            tg.start_soon(
+                functools.partial(
+                    watching.watch_xids,
+                    nvml,
+                    on_xid=observer.on_xid,
+                    on_failure=observer.wake,
+                    wait_s=settings.xid_wait_s,
+                    retry_s=settings.monitor_period_s,
+                ),
+                name="xid-watcher",
+            )
+        tg.start_soon(observer.heartbeat, name="heartbeat")
+        log.info("device agent ready on node %s (HTTPS %s)", settings.node_name, server.url)
+        task_status.started(Running(observer, server, plugins, backends, sink))
+
+
+# -- the parts --------------------------------------------------------------------------------
+
+
+@asynccontextmanager
+async def opened_backends(settings: ServeSettings) -> AsyncIterator[list[detection.Backend]]:
+    """The backends, open for the life of the process (a simulated tree is laid out once).
+
+    Opening and closing touch the file system, so both run in a worker thread; the close is
+    shielded, so a cancelled start leaves no temporary tree behind.
+    """
+    stack = ExitStack()
+    try:
+        backends: list[detection.Backend] = await anyio.to_thread.run_sync(
+            stack.enter_context, sources.open_backends(settings.detect)
+        )
+        yield backends
+    finally:
+        with anyio.CancelScope(shield=True):
+            await anyio.to_thread.run_sync(stack.close)
+
+
+async def link_bus(settings: ServeSettings, sink: EventSink, bus_metrics: BusMetrics) -> None:
+    """Connect (retrying forever), then hand the sink a publisher until cancelled."""
+    async with (
+        connect(settings.bus, name=f"agent/{settings.node_name}") as conn,
+        publisher(conn, settings=settings.bus, metrics=bus_metrics) as pub,
+    ):
+        sink.attach(pub)
+        try:
+            await anyio.sleep_forever()
+        finally:
+            sink.detach()
+
+
+async def serve_https(
+    settings: ServeSettings,
+    registry: CollectorRegistry,
+    observer: Observer,
+    *,
+    task_status: anyio.abc.TaskStatus[serving.Server],
+) -> None:
+    async with serving.https_server(
+        settings.https,
+        registry=registry,
+        ready=observer.is_ready,
+        routes={"/monitor/snapshot": observer.snapshot},
+    ) as server:
+        task_status.started(server)
+        await anyio.sleep_forever()
+
+
+async def serve_plugins(
+    settings: ServeSettings,
+    publish: Callable[[events.Event], None],
+    *,
+    task_status: anyio.abc.TaskStatus[Plugins],
+) -> None:
+    async with device_plugins(settings.deviceplugin, publish=publish) as plugins:
+        task_status.started(plugins)
+        await anyio.sleep_forever()
+
+
+# -- the bus before it is reachable ------------------------------------------------------------
+
+
+class EventSink:
+    """The agent's one ``publish``: to the bus publisher once it exists, held until then.
+
+    While no publisher is attached, state events are coalesced per (kind, key) like the
+    publisher's own outbox, and samples are kept up to ``max_samples`` (the oldest dropped and
+    counted), so a NATS outage at start loses no spec, health or allocation change.
+    """
+
+    def __init__(self, *, max_samples: int, metrics: BusMetrics) -> None:
+        self._target: Publisher | None = None
+        self._states: OrderedDict[tuple[str, str], events.Event] = OrderedDict()
+        self._samples: deque[events.Event] = deque()
+        self._max_samples = max_samples
+        self._metrics = metrics
+
+    @property
+    def pending(self) -> int:
+        held = len(self._states) + len(self._samples)
+        return held + (self._target.pending if self._target is not None else 0)
+
+    def publish(self, event: events.Event) -> None:
+        if self._target is not None:
+            self._send(self._target, event)
+            return
+        kind = events.kind_of(event)
+        if kind == "samples":
+            self._samples.append(event)
+            if len(self._samples) > self._max_samples:
+                self._samples.popleft()
+                self._metrics.outbox_dropped.labels(kind="samples").inc()
+            return
+        key = (kind, events.state_key(event))
+        self._states.pop(key, None)
+        self._states[key] = event
+
+    def attach(self, target: Publisher) -> None:
+        """Send what was held (state first, then samples, each oldest first), then forward."""
+        held = [*self._states.values(), *self._samples]
+        self._states.clear()
+        self._samples.clear()
+        for event in held:
+            self._send(target, event)
+        self._target = target
+
+    def detach(self) -> None:
+        self._target = None
+
+    @staticmethod
+    def _send(target: Publisher, event: events.Event) -> None:
+        try:
+            target.publish(event)
+        except BusError as e:  # a node name that cannot be a subject: say so, keep running
+            log.error("cannot publish %s event: %s", events.kind_of(event), e)
+
+
+# -- the observer -------------------------------------------------------------------------------
+
+
+class Observer:
+    """Detection, sampling and health for the node; owns the published view.
+
+    Mutated only on the event loop thread: passes run in a worker thread and hand back plain
+    values; XIDs arrive through :meth:`on_xid` on the loop.
+    """
+
+    def __init__(
+        self, settings: ServeSettings, backends: Sequence[detection.Backend], sink: EventSink
+    ) -> None:
+        self.settings = settings
+        self.backends = backends
+        self.sink = sink
+        self.book = health.HealthBook(quarantine_s=settings.health_quarantine_s)
+        self.plugins: Plugins | None = None
+        self.metrics: metrics.AgentMetrics | None = None
+        self.detected: list[devices.DeviceGroup] = []
+        self.published: list[devices.DeviceGroup] = []
+        self.samples: list[devices.MonitorSample] = []
+        self.last_samples: events.SamplesEvent | None = None
+        self.passes = 0
+        self._limiter = anyio.CapacityLimiter(1)
+        self._wake = anyio.Event()
+        self._devices_sent_at: float | None = None
+        self._started_at = events.now()
+
+    # -- what others read -----------------------------------------------------------------------
+
+    def is_ready(self) -> bool:
+        return self.passes > 0 and self.plugins is not None
+
+    async def snapshot(self) -> serving.Response:
+        if self.last_samples is None:
+            return serving.Response(status=503, body=b"no sample yet\n")
+        body = msgspec.json.encode(self.last_samples)
+        return serving.Response(body=body, content_type="application/json")
+
+    def nvml_adapters(self) -> list[Nvml]:
+        return [b.nvml for b in self.backends if isinstance(b, nvidia.NvidiaBackend)]
+
+    def metric_sources(self) -> metrics.Sources:
+        def nvml_errors() -> dict[str, int]:
+            total: dict[str, int] = {}
+            for nvml in self.nvml_adapters():
+                for call, count in nvml.errors_by_call.items():
+                    total[call] = total.get(call, 0) + count
+            return total
+
+        return metrics.Sources(
+            node=self.settings.node_name,
+            view=lambda: (self.published, self.samples),
+            nvml_errors=nvml_errors,
+            outbox_depth=lambda: self.sink.pending,
+            registrations=lambda: self.plugins.registrations if self.plugins else 0,
+        )
+
+    # -- loops ----------------------------------------------------------------------------------
+
+    async def observe(self, *, task_status: anyio.abc.TaskStatus[None]) -> None:
+        """A pass now, ready, then a pass every monitor period (sooner when woken)."""
+        await self.pass_once(first=True)
+        task_status.started()
+        while True:
+            with anyio.move_on_after(self.settings.monitor_period_s):
+                await self._wake.wait()
+            self._wake = anyio.Event()
+            await self.pass_once()
+
+    def wake(self) -> None:
+        """Run the next pass now (the XID watcher lost its event set)."""
+        self._wake.set()
+
+    async def heartbeat(self) -> None:
+        capabilities = tuple(sorted(b.manufacturer for b in self.backends))
+        while True:
+            self.sink.publish(
+                events.AgentEvent(
+                    node=self.settings.node_name,
+                    version=self.settings.version,
+                    capabilities=capabilities,
+                    started_at=self._started_at,
+                    heartbeat_s=self.settings.heartbeat_s,
+                )
+            )
+            await anyio.sleep(self.settings.heartbeat_s)
+
+    # -- one pass ---------------------------------------------------------------------------------
+
+    async def pass_once(self, *, first: bool = False) -> None:
+        detect = functools.partial(
+            detection.detect,
+            self.backends,
+            fast_failed=first and self.settings.detect.fast_failed,
+            retries=self.settings.detect.retries,
+            retry_delay_s=self.settings.detect.retry_delay_s,
+        )
+        found = await self._timed(detect, _detection_histogram)
+        sampled = await self._timed(
+            functools.partial(detection.sample, self.backends), _monitor_histogram
+        )
+        failed = {e.manufacturer for e in (*found.errors, *sampled.errors)}
+        for error in (*found.errors, *sampled.errors):
+            log.warning("pass failed: %s", error)
+            if self.metrics is not None:
+                self.metrics.pass_failures.labels(manufacturer=error.manufacturer).inc()
+        self.detected = keep_failed(found.items, self.published, failed)
+        now = anyio.current_time()
+        expected = health.expected_ids([*self.published, *self.detected])
+        self._transitions(self.book.observe(expected, sampled.items, failed, now))
+        self._refresh(now)
+        self.samples = health.overlay_samples(self.book, sampled.items)
+        self.last_samples = events.SamplesEvent(
+            node=self.settings.node_name,
+            period_s=self.settings.monitor_period_s,
+            samples=tuple(self.samples),
+        )
+        self.sink.publish(self.last_samples)
+        self.passes += 1
+
+    async def _timed(
+        self, call: Callable[[], T], histogram: Callable[[metrics.AgentMetrics], Histogram]
+    ) -> T:
+        """Run one pass in the worker thread (one at a time), timing it into ``histogram``."""
+        started = time.perf_counter()
+        try:
+            return await anyio.to_thread.run_sync(call, limiter=self._limiter)
+        finally:
+            if self.metrics is not None:
+                histogram(self.metrics).observe(time.perf_counter() - started)
+
+    def on_xid(self, accelerator_id: str, xid: int) -> None:
+        """An XID from the watcher: decide, and on a transition publish and push at once."""
+        now = anyio.current_time()
+        change = self.book.xid(accelerator_id, xid, now)
+        if change is None:
+            log.info("XID %d on %s: no health change", xid, accelerator_id)
+            return
+        self._transitions([change])
+        self._refresh(now)
+
+    def _transitions(self, changes: Sequence[health.Transition]) -> None:
+        for change in changes:
+            level = logging.INFO if change.healthy else logging.WARNING
+            log.log(level, "%s is %s: %s", change.accelerator_id,
+                    "Healthy" if change.healthy else "Unhealthy", change.message)  # fmt: skip
+            self.sink.publish(change.event(self.settings.node_name))
+
+    def _refresh(self, now: float) -> None:
+        """Recompute the published groups; push them to kubelet; publish on change or resync."""
+        groups = health.overlay(self.book, self.detected, self.published)
+        changed = groups != self.published
+        self.published = groups
+        self.samples = health.overlay_samples(self.book, self.samples)  # what /metrics shows
+        if self.plugins is not None:
+            self.plugins.update(groups)
+        due = (
+            self._devices_sent_at is None
+            or now - self._devices_sent_at >= self.settings.resync_period_s
+        )
+        if changed or due:
+            self.sink.publish(
+                events.DevicesEvent(node=self.settings.node_name, groups=tuple(groups))
+            )
+            self._devices_sent_at = now
+
+
+def _detection_histogram(m: metrics.AgentMetrics) -> Histogram:
+    return m.detection_seconds
+
+
+def _monitor_histogram(m: metrics.AgentMetrics) -> Histogram:
+    return m.monitor_seconds
+
+
+def keep_failed(
+    detected: Sequence[devices.DeviceGroup],
+    previous: Sequence[devices.DeviceGroup],
+    failed: set[str],
+) -> list[devices.DeviceGroup]:
+    """``detected`` plus the previous groups of manufacturers whose pass failed this time.
+
+    A failed pass says nothing about the cards, so they are neither dropped nor changed.
+    """
+    if not failed:
+        return list(detected)
+    kept = [g for g in previous if g.manufacturer in failed]
+    return devices.canonical_groups([*[g for g in detected if g.manufacturer not in failed], *kept])

@@ -1,0 +1,152 @@
+"""JetStream key-value buckets the control plane writes and the agents read.
+
+Two buckets, both history 1 (last value per key), created idempotently by :func:`open_bucket`:
+
+``GPUSTACK_V1_LEDGER``
+    The control plane's ledger when there is no Kubernetes API (``standalone``): one key per
+    object, ``<plural>.<namespace or _>.<name>``, the value the object's JSON as the API would
+    hold it (``metadata.resourceVersion`` = the KV revision).
+``GPUSTACK_V1_AGENTS``
+    What agents need and must not fetch from Kubernetes themselves:
+
+    - ``nms.<node>``: that node's ``NodeModelStore`` spec (:class:`StoreSpecRecord`);
+    - ``artifacts.<namespace>.<name>``: a ``ModelArtifact`` a Pod in ``namespace`` may mount
+      (:class:`ArtifactRecord`). A pull token is never on the bus: the record names the Secret
+      (:class:`SecretRef`) and only the node that mounts the artifact reads it.
+
+Keys may only hold ``A-Z a-z 0-9 _ -`` per token here: every other character of a name
+(``.`` in node names, ``=`` itself) becomes ``=XX`` (uppercase hex of each UTF-8 byte), which is
+reversible and canonical (:func:`escape` / :func:`unescape`).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Final
+
+import msgspec
+
+from bus.connection import Connection
+
+__all__ = [
+    "AGENTS_BUCKET",
+    "LEDGER_BUCKET",
+    "ArtifactRecord",
+    "Bucket",
+    "HuggingFaceSource",
+    "SecretRef",
+    "StoreSpecRecord",
+    "artifact_key",
+    "escape",
+    "nms_key",
+    "open_bucket",
+    "unescape",
+]
+
+LEDGER_BUCKET: Final = "GPUSTACK_V1_LEDGER"
+AGENTS_BUCKET: Final = "GPUSTACK_V1_AGENTS"
+_PLAIN = re.compile(r"[A-Za-z0-9_-]")
+_ESCAPED = re.compile(r"=([0-9A-F]{2})")
+
+
+def escape(name: str) -> str:
+    """``name`` as one key token (never empty: ``""`` becomes ``=``-free ``_``-free ``=00``)."""
+    if not name:
+        return "=00"
+    return "".join(
+        ch if _PLAIN.fullmatch(ch) else "".join(f"={b:02X}" for b in ch.encode("utf-8"))
+        for ch in name
+    )
+
+
+def unescape(token: str) -> str:
+    """Invert :func:`escape`."""
+    if token == "=00":
+        return ""
+    raw = bytearray()
+    pos = 0
+    for m in _ESCAPED.finditer(token):
+        raw += token[pos : m.start()].encode("ascii")
+        raw.append(int(m.group(1), 16))
+        pos = m.end()
+    raw += token[pos:].encode("ascii")
+    return raw.decode("utf-8")
+
+
+def nms_key(node: str) -> str:
+    return f"nms.{escape(node)}"
+
+
+def artifact_key(namespace: str, name: str) -> str:
+    return f"artifacts.{escape(namespace)}.{escape(name)}"
+
+
+class _Record(msgspec.Struct, frozen=True, kw_only=True, rename="camel", omit_defaults=True):
+    pass
+
+
+class SecretRef(_Record, frozen=True, kw_only=True):
+    """Where a pull token is kept; the token itself never travels on the bus."""
+
+    namespace: str
+    name: str
+    key: str = "token"
+
+
+class HuggingFaceSource(_Record, frozen=True, kw_only=True):
+    repository: str
+    revision: str = "main"
+
+
+class ArtifactRecord(_Record, frozen=True, kw_only=True):
+    """One ``ModelArtifact`` as the node agents see it."""
+
+    namespace: str
+    name: str
+    uid: str
+    source: HuggingFaceSource
+    manifest_digest: str | None = None
+    """The resolved manifest digest; absent until the artifact is resolved."""
+    revision: str | None = None
+    """The resolved commit."""
+    token_secret: SecretRef | None = None
+
+
+class StoreSpecRecord(_Record, frozen=True, kw_only=True):
+    """A node's ``NodeModelStore`` spec, as the model agent applies it."""
+
+    node: str
+    spec: dict[str, Any]
+
+
+class Bucket:
+    """One key-value bucket: bytes values with revisions; see :class:`Connection` for errors."""
+
+    def __init__(self, conn: Connection, name: str) -> None:
+        self._conn = conn
+        self.name = name
+
+    async def get(self, key: str) -> tuple[bytes, int] | None:
+        return await self._conn.kv_get(self.name, key)
+
+    async def put(self, key: str, value: bytes, *, last: int | None = None) -> int:
+        """:raises bus.errors.KeyConflict: ``last`` given and not the current revision."""
+        return await self._conn.kv_put(self.name, key, value, last=last)
+
+    async def delete(self, key: str) -> None:
+        await self._conn.kv_delete(self.name, key)
+
+    async def keys(self, prefix: str = ">") -> list[str]:
+        return await self._conn.kv_keys(self.name, prefix)
+
+    async def put_record(self, key: str, record: _Record) -> int:
+        return await self.put(key, msgspec.json.encode(record))
+
+
+async def open_bucket(conn: Connection, name: str, *, replicas: int = 1) -> Bucket:
+    """Create or bind ``name`` (history 1).
+
+    :raises bus.errors.StateUnavailable: JetStream is off or not answering.
+    """
+    await conn.kv_ensure(name, history=1, replicas=replicas)
+    return Bucket(conn, name)

@@ -1,0 +1,229 @@
+"""The Kubernetes API adapter: the only module that imports ``kubernetes_asyncio``.
+
+:func:`open_client` yields a :class:`KubeClient` speaking raw REST paths (see
+:mod:`controlplane.resources`) with JSON bodies, so one small surface serves CRDs, custom objects,
+Nodes and Leases alike. Every request:
+
+- waits for the client-side rate limit (``qps``/``burst``);
+- is retried with capped exponential backoff on 429 (honouring ``Retry-After``) and on 5xx or
+  connection failures, up to ``max_retries`` times; a 409 is *not* retried here: a conflict means
+  the caller's view is stale and only the caller can re-read and re-plan;
+- maps failures to :mod:`controlplane.errors` with ``from e``.
+
+Writes are merge patches (``application/merge-patch+json``) whose body may carry
+``metadata.resourceVersion`` as a precondition, or server-side apply with field manager
+``gpustack-operator`` (CRDs).
+"""
+
+from __future__ import annotations
+
+import builtins
+import json
+import logging
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any, Final
+
+import aiohttp
+import anyio
+import msgspec
+from kubernetes_asyncio import client as k8s
+from kubernetes_asyncio import config as k8s_config
+from kubernetes_asyncio.config.config_exception import ConfigException
+
+from controlplane import errors
+from controlplane.k8s.limiting import TokenBucket
+from controlplane.resources import FIELD_MANAGER, Ref, Resource
+
+__all__ = ["KubeClient", "KubeSettings", "open_client"]
+
+log = logging.getLogger(__name__)
+
+MERGE_PATCH: Final = "application/merge-patch+json"
+APPLY_PATCH: Final = "application/apply-patch+yaml"
+_TYPES: Final = {200: "object", 201: "object", 202: "object"}
+
+
+class KubeSettings(msgspec.Struct, frozen=True, kw_only=True):
+    """How to reach the API. ``host`` (tests) wins over ``kubeconfig``; else in-cluster, else
+    the default kubeconfig."""
+
+    host: str | None = None
+    kubeconfig: str | None = None
+    qps: float = 200.0
+    burst: int = 400
+    timeout_s: float = 300.0
+    max_retries: int = 5
+    backoff_s: float = 0.2
+    max_backoff_s: float = 5.0
+
+
+Observer = Callable[[str, str], None]
+"""Called with ``(verb, result)`` after every request; ``result`` is the status code or ``error``."""
+
+
+class KubeClient:
+    """JSON in, JSON out, our errors only."""
+
+    def __init__(self, api: k8s.ApiClient, settings: KubeSettings, observe: Observer) -> None:
+        self._api = api
+        self._settings = settings
+        self._bucket = TokenBucket(settings.qps, settings.burst)
+        self._observe = observe
+
+    async def get(self, ref: Ref) -> dict[str, Any]:
+        """:raises NotFound: no such object."""
+        return await self.request("GET", ref.path())  # type: ignore[no-any-return]
+
+    async def list(
+        self, resource: Resource, namespace: str | None = None
+    ) -> builtins.list[dict[str, Any]]:
+        body = await self.request("GET", resource.collection_path(namespace))
+        return list(body.get("items") or [])
+
+    async def create(self, ref: Ref, body: dict[str, Any]) -> dict[str, Any]:
+        """:raises Conflict: it exists already."""
+        path = ref.resource.collection_path(ref.namespace)
+        return await self.request("POST", path, body)  # type: ignore[no-any-return]
+
+    async def patch(
+        self, ref: Ref, body: dict[str, Any], *, subresource: str | None = None
+    ) -> dict[str, Any]:
+        """Merge-patch; ``body.metadata.resourceVersion`` makes it conditional.
+
+        :raises Conflict: the precondition failed. :raises NotFound: no such object.
+        """
+        path = ref.path(subresource)
+        return await self.request("PATCH", path, body, content_type=MERGE_PATCH)  # type: ignore[no-any-return]
+
+    async def replace(self, ref: Ref, body: dict[str, Any]) -> dict[str, Any]:
+        """PUT the whole object (``metadata.resourceVersion`` required by the server)."""
+        return await self.request("PUT", ref.path(), body)  # type: ignore[no-any-return]
+
+    async def apply(self, ref: Ref, body: dict[str, Any]) -> dict[str, Any]:
+        """Server-side apply as field manager ``gpustack-operator`` (forcing ownership)."""
+        query = [("fieldManager", FIELD_MANAGER), ("force", "true")]
+        return await self.request(  # type: ignore[no-any-return]
+            "PATCH", ref.path(), body, content_type=APPLY_PATCH, query=query
+        )
+
+    async def delete(self, ref: Ref) -> None:
+        """:raises NotFound: already gone."""
+        await self.request("DELETE", ref.path())
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        content_type: str = "application/json",
+        query: builtins.list[tuple[str, str]] | None = None,
+    ) -> Any:
+        """One request with rate limiting and retries on 429/5xx."""
+        attempt = 0
+        while True:
+            try:
+                return await self._once(method, path, body, content_type, query or [])
+            except (errors.TooManyRequests, errors.ServerError) as e:
+                if attempt >= self._settings.max_retries:
+                    raise
+                delay = min(self._settings.backoff_s * 2**attempt, self._settings.max_backoff_s)
+                if e.retry_after_s is not None:
+                    delay = max(delay, min(e.retry_after_s, self._settings.max_backoff_s))
+                log.debug("%s %s: %s; retrying in %.2fs", method, path, e, delay)
+                attempt += 1
+                await anyio.sleep(delay)
+
+    async def _once(
+        self,
+        method: str,
+        path: str,
+        body: Any,
+        content_type: str,
+        query: builtins.list[tuple[str, str]],
+    ) -> Any:
+        wait = self._bucket.reserve()
+        if wait > 0:
+            await anyio.sleep(wait)
+        verb = _verb(method, path)
+        try:
+            result = await self._api.call_api(
+                path,
+                method,
+                query_params=query,
+                header_params={"Content-Type": content_type, "Accept": "application/json"},
+                body=body,
+                response_types_map=_TYPES,
+                auth_settings=["BearerToken"],
+                _return_http_data_only=True,
+                _request_timeout=self._settings.timeout_s,
+            )
+        except k8s.ApiException as e:
+            self._observe(verb, str(e.status))
+            raise errors.for_status(
+                int(e.status or 0), _message(e.body), retry_after_s=_retry_after(e.headers)
+            ) from e
+        except (TimeoutError, aiohttp.ClientError, OSError) as e:
+            self._observe(verb, "error")
+            raise errors.ServerError(0, f"{type(e).__name__}: {e}") from e
+        self._observe(verb, "ok")
+        return result
+
+
+def _verb(method: str, path: str) -> str:
+    return {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}.get(
+        method, "get"
+    )
+
+
+def _message(body: Any) -> str:
+    try:
+        return str(json.loads(body).get("message", body))
+    except (TypeError, ValueError, AttributeError):
+        return str(body or "")
+
+
+def _retry_after(headers: Any) -> float | None:
+    try:
+        value = headers.get("Retry-After") if headers else None
+        return float(value) if value is not None else None
+    except (TypeError, ValueError):
+        return None
+
+
+async def _configuration(settings: KubeSettings) -> k8s.Configuration:
+    conf = k8s.Configuration()
+    if settings.host:
+        conf.host = settings.host
+        return conf
+    try:
+        if settings.kubeconfig:
+            await k8s_config.load_kube_config(
+                config_file=settings.kubeconfig, client_configuration=conf
+            )
+        else:
+            try:
+                k8s_config.load_incluster_config(client_configuration=conf)  # type: ignore[no-untyped-call]
+            except ConfigException:
+                await k8s_config.load_kube_config(client_configuration=conf)
+    except (ConfigException, OSError, TypeError, ValueError) as e:
+        raise errors.SinkUnavailable(f"no usable Kubernetes configuration: {e}") from e
+    return conf
+
+
+@asynccontextmanager
+async def open_client(
+    settings: KubeSettings, *, observe: Observer = lambda verb, result: None
+) -> AsyncIterator[KubeClient]:
+    """A client for the configured API; its connections are closed on exit (shielded).
+
+    :raises SinkUnavailable: no kubeconfig, no in-cluster service account, no ``host``.
+    """
+    conf = await _configuration(settings)
+    api = k8s.ApiClient(configuration=conf)
+    try:
+        yield KubeClient(api, settings, observe)
+    finally:
+        with anyio.move_on_after(5, shield=True):
+            await api.close()

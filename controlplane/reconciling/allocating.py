@@ -1,0 +1,125 @@
+"""``Devices.status`` from the spec and the device plugin's allocations: a pure ledger fold.
+
+Every spec accelerator starts at mode ``None`` with ``remaining`` = one card (1,600,000 units).
+Each live allocation (the latest ``allocated`` event per allocation id whose last word was not
+``released``) charges the cards its device tokens name. Tokens are ``<group>:<accelerator>:<index>``
+(the device plugin's format); the resource's suffix says the mode:
+
+==================  ============  ==========================================================
+resource            mode          units charged per token
+==================  ============  ==========================================================
+``<base>``          Exclusive     one card
+``<base>.shared``   Shared        a tenth of a card (10 shares per card)
+``<base>.sliced``   Sliced        one card / ``logicalSliced.count``; also ``allocatedSlices``
+``<base>.partitioned`` Partitioned one card / ``physicalSliced.count``
+==================  ============  ==========================================================
+
+Visibility tokens and tokens naming an unknown accelerator charge nothing (the latter are
+counted in :attr:`Status.unknown_tokens`). Charges are capped so ``remaining`` never goes below 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from bus import events
+from bus.devices import Accelerator, DeviceGroup
+
+__all__ = ["MODES", "UNITS", "Status", "devices_status"]
+
+UNITS: Final = 1_600_000
+"""One whole accelerator."""
+SHARES: Final = 10
+MODES: Final = ("None", "Exclusive", "Shared", "Sliced", "Partitioned")
+_RANK: Final = {
+    m: i for i, m in enumerate(("None", "Shared", "Sliced", "Partitioned", "Exclusive"))
+}
+
+
+@dataclass
+class _Card:
+    accelerator: Accelerator
+    mode: str = "None"
+    allocated: int = 0
+    slices: int = 0
+
+
+@dataclass
+class Status:
+    """The computed ``status`` body and what could not be placed."""
+
+    body: dict[str, Any]
+    unknown_tokens: int = 0
+    cards: dict[str, _Card] = field(default_factory=dict, repr=False)
+
+
+def _mode_of(resource: str) -> str | None:
+    suffix = resource.rpartition("/")[2]
+    if "." not in suffix:
+        return "Exclusive"
+    return {"shared": "Shared", "sliced": "Sliced", "partitioned": "Partitioned"}.get(
+        suffix.rpartition(".")[2]
+    )
+
+
+def _charge(card: _Card, mode: str) -> None:
+    status = card.accelerator.status
+    if mode == "Exclusive":
+        units = UNITS
+    elif mode == "Shared":
+        units = UNITS // SHARES
+    elif mode == "Sliced":
+        count = status.logical_sliced.count if status.logical_sliced else 0
+        units = UNITS // count if count > 0 else UNITS
+        card.slices += 1
+    else:
+        count = status.physical_sliced.count if status.physical_sliced else 0
+        units = UNITS // count if count > 0 else UNITS
+    card.allocated = min(UNITS, card.allocated + units)
+    if _RANK[mode] > _RANK[card.mode]:
+        card.mode = mode
+
+
+def devices_status(
+    groups: Iterable[DeviceGroup], allocations: Mapping[str, events.AllocationEvent]
+) -> Status:
+    """Build ``status.groups`` from the spec groups and the live allocations (pure)."""
+    groups = list(groups)
+    cards = {a.id: _Card(a) for g in groups for a in g.accelerators}
+    unknown = 0
+    for allocation_id in sorted(allocations):
+        event = allocations[allocation_id]
+        mode = _mode_of(event.resource)
+        if event.action != "allocated" or mode is None:
+            continue
+        for token in event.device_ids:
+            parts = token.split(":")
+            card = cards.get(parts[1]) if len(parts) == 3 else None
+            if card is None:
+                unknown += 1
+                continue
+            _charge(card, mode)
+    body = {
+        "groups": [
+            {
+                "id": g.id,
+                "manufacturer": g.manufacturer,
+                "accelerators": [_card_body(cards[a.id]) for a in g.accelerators],
+            }
+            for g in groups
+        ]
+    }
+    return Status(body=body, unknown_tokens=unknown, cards=cards)
+
+
+def _card_body(card: _Card) -> dict[str, Any]:
+    return {
+        "id": card.accelerator.id,
+        "index": card.accelerator.index,
+        "mode": card.mode,
+        "allocated": card.allocated,
+        "remaining": UNITS - card.allocated,
+        "allocatedSlices": card.slices,
+    }

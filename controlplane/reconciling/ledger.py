@@ -1,0 +1,106 @@
+"""The latest state of every node, folded from bus events: what the reconcilers make true.
+
+Pure and synchronous. :meth:`Ledger.apply` folds one event and says whether the node's objects
+may need a write; the reconcilers read the ledger when they get to the node, so a burst of N
+events for one node costs N cheap folds and one write.
+
+Invariants:
+
+- per node and kind, an event older (``ts``) than the one already folded is ignored, so a
+  replayed retained message never rolls state back;
+- allocations are keyed by ``allocation_id``; ``released`` removes the entry; at most
+  ``max_allocations`` are kept per node (further ones are refused and counted by the caller);
+- samples, health and agent events never touch the ledger: samples live on the bus (retained)
+  and in metrics, not in etcd.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from bus import events
+from bus.devices import DeviceGroup, canonical_groups
+
+__all__ = ["Ledger", "NodeState", "Refused"]
+
+
+class Refused(Exception):
+    """An event the ledger will not fold; ``reason`` is the metric label."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+@dataclass
+class NodeState:
+    """What the control plane knows about one node."""
+
+    groups: tuple[DeviceGroup, ...] | None = None
+    """``None`` until the first devices event."""
+    models: tuple[events.ModelState, ...] | None = None
+    allocations: dict[str, events.AllocationEvent] = field(default_factory=dict)
+    seen: dict[str, datetime] = field(default_factory=dict)
+    """Newest ``ts`` folded, per kind (and per allocation id for allocations)."""
+
+
+class Ledger:
+    """Latest state per node. ``max_nodes`` and ``max_allocations`` bound the memory."""
+
+    def __init__(self, *, max_nodes: int = 20_000, max_allocations: int = 4096) -> None:
+        self._nodes: dict[str, NodeState] = {}
+        self._max_nodes = max_nodes
+        self._max_allocations = max_allocations
+
+    def __len__(self) -> int:
+        return len(self._nodes)
+
+    def nodes(self) -> list[str]:
+        return list(self._nodes)
+
+    def get(self, node: str) -> NodeState | None:
+        return self._nodes.get(node)
+
+    def forget(self, node: str) -> None:
+        self._nodes.pop(node, None)
+
+    def apply(self, event: events.Event) -> bool:
+        """Fold ``event``; True when the node's objects may have to change.
+
+        :raises Refused: too many nodes, or too many live allocations on one node.
+        """
+        if not isinstance(event, events.DevicesEvent | events.ModelsEvent | events.AllocationEvent):
+            return False
+        state = self._nodes.get(event.node)
+        if state is None:
+            if len(self._nodes) >= self._max_nodes:
+                raise Refused("too_many_nodes")
+            state = self._nodes[event.node] = NodeState()
+        key: str = events.kind_of(event)
+        if isinstance(event, events.AllocationEvent):
+            key = f"{key}/{event.allocation_id}"
+        last = state.seen.get(key)
+        if last is not None and event.ts < last:
+            return False
+        state.seen[key] = event.ts
+        if isinstance(event, events.DevicesEvent):
+            groups = tuple(canonical_groups(event.groups))
+            changed = groups != state.groups
+            state.groups = groups
+            return changed
+        if isinstance(event, events.ModelsEvent):
+            changed = event.models != state.models
+            state.models = event.models
+            return changed
+        return _fold_allocation(state, event, self._max_allocations)
+
+
+def _fold_allocation(state: NodeState, event: events.AllocationEvent, limit: int) -> bool:
+    if event.action == "released":
+        return state.allocations.pop(event.allocation_id, None) is not None
+    if event.allocation_id not in state.allocations and len(state.allocations) >= limit:
+        raise Refused("too_many_allocations")
+    changed = state.allocations.get(event.allocation_id) != event
+    state.allocations[event.allocation_id] = event
+    return changed

@@ -1,0 +1,170 @@
+"""The node reconciler: ledger state of one node -> its Devices, NodeModelStore and Node keys.
+
+One key per node, so the objects of a node are never reconciled twice at once (the queue
+serializes keys). :meth:`NodeReconciler.reconcile` reads the ledger *now*, so whatever arrived
+while the key waited is folded into one write per object. The observed objects are cached as
+last written (or read); a 409 drops the cached copy, re-reads and re-plans (bounded).
+
+A node whose Node object does not exist (Kubernetes sink) is rejected and counted, its objects
+are deleted and it is forgotten: that is also how a removed Node's objects go away.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any, Final
+
+import msgspec
+
+from bus import kv
+from controlplane import errors
+from controlplane.metrics import WorkerMetrics
+from controlplane.reconciling import labeling, objects
+from controlplane.reconciling.ledger import Ledger
+from controlplane.reconciling.planning import (
+    Action,
+    Create,
+    Delete,
+    Desired,
+    Patch,
+    plan,
+    plan_node,
+)
+from controlplane.resources import DEVICES, NODEMODELSTORES, NODES, Observed, Ref
+from controlplane.sinks import Sink
+
+__all__ = ["NodeReconciler"]
+
+log = logging.getLogger(__name__)
+
+MAX_CONFLICTS: Final = 5
+_UNKNOWN: Final = object()
+
+
+class NodeReconciler:
+    """Makes one node's objects match the ledger. Not safe for two calls on one node at once."""
+
+    def __init__(
+        self,
+        *,
+        ledger: Ledger,
+        sink: Sink,
+        metrics: WorkerMetrics,
+        agents: kv.Bucket | None = None,
+        store_spec: dict[str, Any] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._ledger = ledger
+        self._sink = sink
+        self._metrics = metrics
+        self._agents = agents
+        self._store_spec = store_spec or objects.NMS_SPEC_DEFAULT
+        self._observed: dict[Ref, Observed | None] = {}
+        self._pushed: dict[str, bytes] = {}
+        self._clock = clock
+
+    def forget_cache(self) -> None:
+        """Drop every cached object (on gaining leadership: another replica may have written)."""
+        self._observed.clear()
+        self._pushed.clear()
+
+    async def reconcile(self, node: str) -> None:
+        state = self._ledger.get(node)
+        if state is None:
+            return
+        started = self._clock()
+        uid: str | None = None
+        node_obs: Observed | None = None
+        if self._sink.has_nodes:
+            node_obs = await self._sink.get(Ref(resource=NODES, name=node))
+            if node_obs is None:
+                await self.remove(node, reason="unknown_node")
+                return
+            uid = node_obs.body.get("metadata", {}).get("uid")
+        desired, unknown = objects.devices(node, uid, state)
+        if unknown:
+            self._metrics.rejected.labels(kind="allocations", reason="unknown_device").inc(unknown)
+        if desired is not None:
+            await self._converge(Ref(resource=DEVICES, name=node), desired)
+        store = objects.node_model_store(node, uid, state, self._store_spec)
+        if store is not None:
+            await self._converge(Ref(resource=NODEMODELSTORES, name=node), store)
+            await self._push_store_spec(node, store)
+        if node_obs is not None and state.groups is not None:
+            await self._converge_node(node_obs, node, state.groups)
+        self._metrics.reconcile_seconds.labels(kind="node").observe(self._clock() - started)
+
+    async def remove(self, node: str, *, reason: str) -> None:
+        """Delete the node's objects and forget it (the Node is gone or never existed)."""
+        self._metrics.rejected.labels(kind="node", reason=reason).inc()
+        log.info("node %s: %s; removing its objects", node, reason)
+        for resource in (DEVICES, NODEMODELSTORES):
+            ref = Ref(resource=resource, name=node)
+            await self._sink.delete(ref)
+            self._observed.pop(ref, None)
+        if self._agents is not None:
+            await self._agents.delete(kv.nms_key(node))
+        self._pushed.pop(node, None)
+        self._ledger.forget(node)
+
+    async def _converge(self, ref: Ref, desired: Desired) -> None:
+        for _ in range(MAX_CONFLICTS):
+            observed = await self._observe(ref)
+            try:
+                for action in plan(ref, desired, observed):
+                    await self._execute(action)
+                return
+            except errors.Conflict:
+                self._observed.pop(ref, None)
+        raise errors.Conflict(409, f"{ref}: still conflicting after {MAX_CONFLICTS} tries")
+
+    async def _converge_node(self, observed: Observed, node: str, groups: Any) -> None:
+        actions = plan_node(
+            Ref(resource=NODES, name=node),
+            observed,
+            labels=labeling.labels(groups),
+            capacity=labeling.capacity(groups),
+            owns_label=labeling.is_owned_label,
+            owns_capacity=labeling.is_owned_capacity,
+        )
+        for action in actions:
+            await self._execute(action)
+
+    async def _observe(self, ref: Ref) -> Observed | None:
+        cached = self._observed.get(ref, _UNKNOWN)
+        if cached is not _UNKNOWN:
+            return cached  # type: ignore[return-value]
+        found = await self._sink.get(ref)
+        self._observed[ref] = found
+        return found
+
+    async def _execute(self, action: Action) -> None:
+        ref = action.ref
+        if isinstance(action, Create):
+            try:
+                self._observed[ref] = await self._sink.create(ref, action.body)
+            except errors.Conflict:
+                self._observed.pop(ref, None)
+                raise
+        elif isinstance(action, Patch):
+            body = action.body
+            current = self._observed.get(ref)
+            if action.precondition and isinstance(current, Observed):
+                meta = {**body.get("metadata", {}), "resourceVersion": current.resource_version}
+                body = {**body, "metadata": meta}
+            result = await self._sink.patch(ref, body, subresource=action.subresource)
+            if ref.resource != NODES:
+                self._observed[ref] = result
+        elif isinstance(action, Delete):
+            await self._sink.delete(ref)
+            self._observed[ref] = None
+
+    async def _push_store_spec(self, node: str, store: Desired) -> None:
+        if self._agents is None:
+            return
+        data = msgspec.json.encode(kv.StoreSpecRecord(node=node, spec=store.spec or {}))
+        if self._pushed.get(node) != data:
+            await self._agents.put(kv.nms_key(node), data)
+            self._pushed[node] = data

@@ -1,0 +1,85 @@
+"""The desired ``Devices`` and ``NodeModelStore`` of a node, from its ledger state (pure).
+
+Both are cluster-scoped, named after the node and owned by the Node (an owner reference, so the
+garbage collector removes them with it; the reconciler also deletes them explicitly). Bodies are
+plain JSON-ready dicts in the CRD's camelCase shape; ``spec.groups`` is exactly what
+``dm detect`` prints, because both are encoded from the same :mod:`bus.devices` Structs.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+import msgspec
+
+from bus import events
+from controlplane.reconciling import allocating
+from controlplane.reconciling.ledger import NodeState
+from controlplane.reconciling.planning import Desired
+
+__all__ = ["NMS_SPEC_DEFAULT", "devices", "node_model_store", "owner_references"]
+
+NMS_SPEC_DEFAULT: Final[dict[str, Any]] = {
+    "watermarks": {"highPercent": 80, "lowPercent": 70},
+    "download": {"concurrency": 8, "bytesPerSecond": 0},
+    "hub": {"huggingFaceEndpoint": "https://huggingface.co"},
+}
+_MODEL_STATE: Final = {
+    "pending": "Downloading",
+    "downloading": "Downloading",
+    "ready": "Ready",
+    "evicting": "Ready",
+    "failed": "Failed",
+}
+
+
+def owner_references(node: str, uid: str | None) -> list[dict[str, Any]]:
+    """The Node as owner; none without a uid (standalone mode has no Node objects)."""
+    if not uid:
+        return []
+    return [{"apiVersion": "v1", "kind": "Node", "name": node, "uid": uid}]
+
+
+def _metadata(node: str, uid: str | None) -> dict[str, Any]:
+    owners = owner_references(node, uid)
+    return {"ownerReferences": owners} if owners else {}
+
+
+def devices(node: str, uid: str | None, state: NodeState) -> tuple[Desired | None, int]:
+    """The desired ``Devices`` (None before the first devices event) and unknown device tokens."""
+    if state.groups is None:
+        return None, 0
+    status = allocating.devices_status(state.groups, state.allocations)
+    spec = {"groups": msgspec.to_builtins(list(state.groups))}
+    return Desired(
+        metadata=_metadata(node, uid), spec=spec, status=status.body
+    ), status.unknown_tokens
+
+
+def node_model_store(
+    node: str, uid: str | None, state: NodeState, spec: dict[str, Any] | None = None
+) -> Desired | None:
+    """The desired ``NodeModelStore``: the spec the control plane sets, status from ``models``."""
+    if state.models is None and state.groups is None:
+        return None
+    models = [_model(m) for m in state.models or ()]
+    stored = sum(m.bytes_done or 0 for m in state.models or () if m.state == "ready")
+    status: dict[str, Any] = {
+        "capacity": {"storedBytes": stored},
+        "models": models,
+        "conditions": [
+            {"type": "Ready", "status": "True", "reason": "Serving", "message": ""},
+        ],
+    }
+    return Desired(metadata=_metadata(node, uid), spec=spec or NMS_SPEC_DEFAULT, status=status)
+
+
+def _model(m: events.ModelState) -> dict[str, Any]:
+    out: dict[str, Any] = {"digest": m.model, "state": _MODEL_STATE[m.state]}
+    if m.bytes_total is not None:
+        out["sizeBytes"] = m.bytes_total
+    if m.state in ("pending", "downloading") and m.bytes_done is not None:
+        out["downloadedBytes"] = m.bytes_done
+    if m.message:
+        out["message"] = m.message
+    return out

@@ -1,0 +1,96 @@
+"""The API resources the control plane reads and writes, and references to single objects.
+
+Pure data: the REST path of a resource is computed here so the adapter, the sinks and the test
+fake agree on it. ``worker.gpustack.ai/v1alpha1`` holds the CRDs (:mod:`controlplane.crds`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+import msgspec
+
+__all__ = [
+    "CRDS",
+    "DEVICES",
+    "GROUP",
+    "LEASES",
+    "MODELARTIFACTS",
+    "NODEMODELSTORES",
+    "NODES",
+    "VERSION",
+    "Observed",
+    "Ref",
+    "Resource",
+]
+
+GROUP: Final = "worker.gpustack.ai"
+VERSION: Final = "v1alpha1"
+FIELD_MANAGER: Final = "gpustack-operator"
+
+
+class Resource(msgspec.Struct, frozen=True, kw_only=True):
+    """One resource type of the API (``group`` empty for the core group)."""
+
+    group: str
+    version: str
+    plural: str
+    kind: str
+    namespaced: bool = False
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+    def collection_path(self, namespace: str | None = None) -> str:
+        """``/api/v1/nodes`` or ``/apis/<group>/<version>[/namespaces/<ns>]/<plural>``."""
+        base = f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
+        if self.namespaced and namespace:
+            base = f"{base}/namespaces/{namespace}"
+        return f"{base}/{self.plural}"
+
+
+DEVICES: Final = Resource(group=GROUP, version=VERSION, plural="devices", kind="Devices")
+NODEMODELSTORES: Final = Resource(
+    group=GROUP, version=VERSION, plural="nodemodelstores", kind="NodeModelStore"
+)
+MODELARTIFACTS: Final = Resource(
+    group=GROUP, version=VERSION, plural="modelartifacts", kind="ModelArtifact", namespaced=True
+)
+NODES: Final = Resource(group="", version="v1", plural="nodes", kind="Node")
+LEASES: Final = Resource(
+    group="coordination.k8s.io", version="v1", plural="leases", kind="Lease", namespaced=True
+)
+CRDS: Final = Resource(
+    group="apiextensions.k8s.io",
+    version="v1",
+    plural="customresourcedefinitions",
+    kind="CustomResourceDefinition",
+)
+
+
+class Ref(msgspec.Struct, frozen=True, kw_only=True):
+    """One object: its resource, name and (for namespaced resources) namespace."""
+
+    resource: Resource
+    name: str
+    namespace: str | None = None
+
+    def path(self, subresource: str | None = None) -> str:
+        p = f"{self.resource.collection_path(self.namespace)}/{self.name}"
+        return f"{p}/{subresource}" if subresource else p
+
+    def __str__(self) -> str:
+        where = f"{self.namespace}/" if self.namespace else ""
+        return f"{self.resource.plural}/{where}{self.name}"
+
+
+class Observed(msgspec.Struct, frozen=True, kw_only=True):
+    """An object as last read from (or written to) a sink, with its version for preconditions."""
+
+    body: dict[str, Any]
+    resource_version: str
+
+    @classmethod
+    def of(cls, body: dict[str, Any]) -> Observed:
+        return cls(body=body, resource_version=str(body.get("metadata", {}).get("resourceVersion")))

@@ -1,0 +1,205 @@
+"""A small stateful Kubernetes API fake over real HTTP (aiohttp), for the control plane's tests.
+
+Why not kmock: kmock 0.8 registers a pytest plugin that imports ``pytest_asyncio`` (not a
+dependency here: installing kmock breaks every test run of the repository), and its emulator has
+no ``resourceVersion``, no optimistic concurrency (409 on a stale precondition), no create on
+server-side apply and no status subresource, which are exactly what these tests must exercise.
+
+What it does, like the real API server:
+
+- any ``/api/v1/...`` or ``/apis/<g>/<v>/...`` collection or object path, namespaced or not;
+- GET, LIST (``items``), POST (409 AlreadyExists), PUT and merge PATCH (409 when the body's
+  ``metadata.resourceVersion`` is stale), server-side apply PATCH (creates when absent), DELETE;
+- ``resourceVersion`` from one global counter, ``uid``, ``generation`` bumped on spec changes;
+- the main resource ignores ``status``; the ``/status`` subresource changes only ``status``;
+- :meth:`FakeApi.fail_next` injects one error response for a method and path prefix;
+- per-verb counters of successful writes (``writes``).
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import json
+import uuid
+from collections import Counter
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from aiohttp import web
+
+Key = tuple[str, str | None, str]  # (collection id, namespace, name)
+
+
+def merge(target: Any, patch: Any) -> Any:
+    """RFC 7386 JSON merge patch."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    out = dict(target) if isinstance(target, dict) else {}
+    for k, v in patch.items():
+        if v is None:
+            out.pop(k, None)
+        else:
+            out[k] = merge(out.get(k), v)
+    return out
+
+
+def _split(path: str) -> tuple[str, str | None, str | None, str | None]:
+    """``(collection id, namespace, name, subresource)`` of an API path."""
+    parts = [p for p in path.split("/") if p]
+    if parts[0] == "api":
+        head, rest = parts[:2], parts[2:]
+    else:
+        head, rest = parts[:3], parts[3:]
+    namespace = None
+    if len(rest) >= 2 and rest[0] == "namespaces" and len(rest) != 2:
+        namespace, rest = rest[1], rest[2:]
+    plural = rest[0]
+    name = rest[1] if len(rest) > 1 else None
+    sub = rest[2] if len(rest) > 2 else None
+    return "/".join([*head, plural]), namespace, name, sub
+
+
+class FakeApi:
+    """The store and the aiohttp handlers."""
+
+    def __init__(self) -> None:
+        self.objects: dict[Key, dict[str, Any]] = {}
+        self.writes: Counter[str] = Counter()
+        self.requests: Counter[str] = Counter()
+        self._rv = itertools.count(1)
+        self._faults: list[tuple[str, str, int]] = []
+
+    def fail_next(self, method: str, path_prefix: str, status: int, times: int = 1) -> None:
+        self._faults.extend([(method, path_prefix, status)] * times)
+
+    def get(self, collection: str, name: str, namespace: str | None = None) -> dict[str, Any]:
+        return self.objects[(collection, namespace, name)]
+
+    def put_object(self, collection: str, body: dict[str, Any]) -> dict[str, Any]:
+        """Create an object directly (e.g. a Node the kubelet would register)."""
+        meta = body.setdefault("metadata", {})
+        self._stamp(body, new=True)
+        self.objects[(collection, meta.get("namespace"), meta["name"])] = body
+        return body
+
+    def remove(self, collection: str, name: str, namespace: str | None = None) -> None:
+        del self.objects[(collection, namespace, name)]
+
+    def _stamp(self, body: dict[str, Any], *, new: bool) -> None:
+        meta = body.setdefault("metadata", {})
+        meta["resourceVersion"] = str(next(self._rv))
+        if new:
+            meta.setdefault("uid", str(uuid.uuid4()))
+            meta.setdefault("generation", 1)
+            meta.setdefault("creationTimestamp", "2026-01-01T00:00:00Z")
+
+    async def handle(self, request: web.Request) -> web.Response:
+        self.requests[request.method] += 1
+        for i, (method, prefix, status) in enumerate(self._faults):
+            if method == request.method and request.path.startswith(prefix):
+                del self._faults[i]
+                return _status(status, "injected", headers={"Retry-After": "0"})
+        coll, ns, name, sub = _split(request.path)
+        body = await request.json() if request.can_read_body else None
+        if name is None:
+            if request.method == "POST":
+                return self._create(coll, ns, body)
+            items = [o for (c, n, _), o in self.objects.items() if c == coll and ns in (None, n)]
+            return web.json_response({"kind": "List", "items": items, "metadata": {}})
+        key = (coll, ns, name)
+        if request.method == "GET":
+            return self._found(key) or web.json_response(self.objects[key])
+        if request.method == "DELETE":
+            missing = self._found(key)
+            if missing:
+                return missing
+            self.writes["delete"] += 1
+            return web.json_response(self.objects.pop(key))
+        apply = request.content_type == "application/apply-patch+yaml"
+        if apply and key not in self.objects:
+            return self._create(coll, ns, body)
+        return self._update(key, body, sub, replace=request.method == "PUT")
+
+    def _found(self, key: Key) -> web.Response | None:
+        return None if key in self.objects else _status(404, f"{key[2]} not found")
+
+    def _create(self, coll: str, ns: str | None, body: dict[str, Any]) -> web.Response:
+        meta = body.setdefault("metadata", {})
+        key = (coll, ns or meta.get("namespace"), meta.get("name", ""))
+        if key in self.objects:
+            return _status(409, "AlreadyExists")
+        body = copy.deepcopy(body)
+        body.pop("status", None)
+        self._stamp(body, new=True)
+        self.objects[key] = body
+        self.writes["create"] += 1
+        return web.json_response(body, status=201)
+
+    def _update(
+        self, key: Key, body: dict[str, Any], sub: str | None, *, replace: bool
+    ) -> web.Response:
+        missing = self._found(key)
+        if missing:
+            return missing
+        current = self.objects[key]
+        want = (body.get("metadata") or {}).get("resourceVersion")
+        if want is not None and want != current["metadata"]["resourceVersion"]:
+            return _status(409, "the object has been modified")
+        if sub == "status":
+            new = copy.deepcopy(current)
+            new["status"] = (
+                body.get("status") if replace else merge(current.get("status"), body.get("status"))
+            )
+        else:
+            body = {k: v for k, v in body.items() if k != "status"}
+            new = {**body, "status": current.get("status")} if replace else merge(current, body)
+            if new.get("status") is None:
+                new.pop("status", None)
+            new["metadata"] = {**current["metadata"], **new.get("metadata", {})}
+            if new.get("spec") != current.get("spec"):
+                new["metadata"]["generation"] = current["metadata"].get("generation", 1) + 1
+        self._stamp(new, new=False)
+        self.objects[key] = new
+        self.writes["update" if replace else "patch"] += 1
+        return web.json_response(new)
+
+
+def _status(code: int, message: str, headers: dict[str, str] | None = None) -> web.Response:
+    body = {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "status": "Failure",
+        "message": message,
+        "code": code,
+    }
+    return web.Response(
+        status=code, text=json.dumps(body), content_type="application/json", headers=headers
+    )
+
+
+@asynccontextmanager
+async def fake_api() -> AsyncIterator[tuple[FakeApi, str]]:
+    """The fake on a free loopback port: ``(fake, base URL)``; stopped on exit."""
+    fake = FakeApi()
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", fake.handle)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        yield fake, f"http://127.0.0.1:{port}"
+    finally:
+        await runner.cleanup()
+
+
+def node(name: str, *, capacity: dict[str, str] | None = None) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
+        "status": {"capacity": capacity or {"cpu": "8"}},
+    }

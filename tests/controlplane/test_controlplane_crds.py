@@ -1,0 +1,80 @@
+"""The CRDs: in sync with deploy/crds, accepting what dm detect prints, refusing malformed objects."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import yaml
+
+from controlplane import crds
+
+HERE = Path(__file__).parent
+DEPLOY = HERE.parent.parent / "deploy" / "crds"
+
+
+def strict(schema: Any) -> Any:
+    """The schema as the API server applies it: unknown fields refused (pruning made loud)."""
+    if isinstance(schema, dict):
+        out = {k: strict(v) for k, v in schema.items() if not k.startswith("x-kubernetes")}
+        if schema.get("type") == "object" and "properties" in schema:
+            out["additionalProperties"] = False
+        return out
+    if isinstance(schema, list):
+        return [strict(v) for v in schema]
+    return schema
+
+
+def validator(stem: str) -> jsonschema.Draft7Validator:
+    crd = crds.definitions()[stem]
+    return jsonschema.Draft7Validator(
+        strict(crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"])
+    )
+
+
+def test_yaml_in_sync() -> None:
+    for stem, crd in crds.definitions().items():
+        assert yaml.safe_load((DEPLOY / f"{stem}.yaml").read_text()) == crd
+
+
+@pytest.mark.parametrize(
+    "fixture", ["controlplane_detect_h100x8_mig.json", "controlplane_detect_amd_x2.json"]
+)
+def test_devices_accepts_dm_detect(fixture: str) -> None:
+    groups = json.loads((HERE / fixture).read_text())
+    validator("devices").validate({"apiVersion": "worker.gpustack.ai/v1alpha1", "kind": "Devices",
+                                   "metadata": {"name": "n"}, "spec": {"groups": groups}})  # fmt: skip
+
+
+def test_devices_rejects_malformed() -> None:
+    groups = json.loads((HERE / "controlplane_detect_h100x8_mig.json").read_text())
+    v = validator("devices")
+    bad: list[Any] = []
+    g = copy.deepcopy(groups)
+    g[0]["accelerators"][0]["index"] = "zero"
+    bad.append(g)
+    g = copy.deepcopy(groups)
+    del g[0]["manufacturer"]
+    bad.append(g)
+    g = copy.deepcopy(groups)
+    g[0]["accelerators"][0]["status"]["unhealthy"] = "no"
+    bad.append(g)
+    g = copy.deepcopy(groups)
+    g[0]["surprise"] = 1
+    bad.append(g)
+    for groups_ in bad:
+        assert not v.is_valid({"spec": {"groups": groups_}})
+    assert not v.is_valid({"status": {"groups": [{"id": "x", "manufacturer": "nvidia", "accelerators": [
+        {"id": "a", "index": 0, "mode": "Bogus", "allocated": 0, "remaining": 1}]}]}})  # fmt: skip
+
+
+def test_modelartifact_schema() -> None:
+    v = validator("modelartifacts")
+    ok = {"spec": {"source": {"huggingFace": {"repository": "Qwen/Qwen3-8B"}}}}
+    v.validate(ok)
+    assert not v.is_valid({"spec": {"source": {}}})
+    assert not v.is_valid({"spec": {**ok["spec"], "expectedDigest": "sha256:XYZ"}})
