@@ -40,6 +40,7 @@ def settings_from(values: Mapping[str, object], env: Mapping[str, str]) -> BusSe
         tls_ca_file=text("nats_tls_ca"),
         tls_cert_file=text("nats_tls_cert"),
         tls_key_file=text("nats_tls_key"),
+        state_replicas=int(cast(int, values.get("nats_state_replicas") or 1)),
     )
 
 

@@ -92,6 +92,12 @@ NATS_FLAGS = (
     Flag("nats-tls-ca", "", "CA bundle that verifies the NATS servers"),
     Flag("nats-tls-cert", "", "client certificate for NATS TLS"),
     Flag("nats-tls-key", "", "client key for NATS TLS"),
+    Flag(
+        "nats-state-replicas",
+        "1",
+        "copies of the retained bus state (streams, key-value buckets); 3 on a 3-server cluster",
+        kind="int",
+    ),
 )
 
 _WORKER = (
@@ -245,6 +251,34 @@ _BUS_WATCH = (
     *NATS_FLAGS,
 )
 
+_STANDALONE = (
+    Flag(
+        "state-dir",
+        "",
+        "where the embedded NATS server keeps its state "
+        "(default $XDG_STATE_HOME/gpustack-operator or ~/.local/state/gpustack-operator)",
+    ),
+    Flag(
+        "nats-port",
+        "4222",
+        "the embedded NATS server's client port (0 picks a free one)",
+        kind="int",
+    ),
+    Flag("worker-port", "31443", "the worker's HTTPS port (0 picks a free one)", kind="int"),
+    Flag(
+        "device-manager-port",
+        "32443",
+        "the device agent's HTTPS port (0 picks a free one)",
+        kind="int",
+    ),
+    Flag("run-for", "0s", "stop after this long (0 runs until interrupted)", kind="duration"),
+    *(
+        flag
+        for flag in _DM_SERVE
+        if flag.name not in ("kube-socket", "secure-port") and flag not in NATS_FLAGS
+    ),
+)
+
 COMMANDS = (
     Command(
         ("worker",),
@@ -287,6 +321,12 @@ COMMANDS = (
         "Prove that the allocation modes work on this node (acts on the node).",
         _PREFLIGHT,
         target="agent.preflight.running:preflight_command",
+    ),
+    Command(
+        ("standalone",),
+        "Everything on one machine without a cluster: embedded NATS, device agent, worker.",
+        _STANDALONE,
+        target="gpustack_operator.standalone:standalone_command",
     ),
     Command(
         ("bus", "watch"),

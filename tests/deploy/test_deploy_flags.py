@@ -1,0 +1,104 @@
+"""Every flag and environment variable the manifests pass to ``gpustack-operator`` is one the
+command accepts, as its ``--help`` lists them (``--flag ... [$GPUSTACK_FLAG]``).
+
+Environment variables that are not ours are allowed only from a short list, each with a reason:
+they are read by something other than the binary.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+from deploy_helpers import REPO, TREES, help_text, pod_spec, render, workloads
+
+from gpustack_operator import commands
+from gpustack_operator import flags as flagparsing
+from gpustack_operator import main as launcher
+
+# Read by the container runtime, not by the binary.
+FOREIGN_ENV = {"NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES"}
+SUBCOMMANDS = {("device-manager",): 2, ("dm",): 2, ("bus",): 2}
+
+
+def _command(args: list[str]) -> tuple[tuple[str, ...], list[str]]:
+    """Split container args into the command path and its flags."""
+    width = SUBCOMMANDS.get((args[0],), 1)
+    return tuple(args[:width]), args[width:]
+
+
+def _operator_containers(tree: str) -> list[tuple[str, dict[str, Any]]]:
+    return [
+        (f"{obj['metadata']['name']}/{c['name']}", c)
+        for obj in workloads(render.build(REPO / tree))
+        for c in pod_spec(obj).get("containers", [])
+        if c["image"].startswith("gpustack/gpustack-operator")
+    ]
+
+
+def _flag_names(text: str) -> set[str]:
+    return set(re.findall(r"^\s+(-{1,2}[\w-]+)\s", text, re.MULTILINE))
+
+
+def _env_names(text: str) -> set[str]:
+    return set(re.findall(r"\$([A-Z][A-Z0-9_]*)", text))
+
+
+def test_help_parsing_finds_flags_and_env() -> None:
+    text = help_text(("device-manager", "serve"))
+    assert {"--manufacturer", "--nats-url", "-v"} <= _flag_names(text)
+    assert {"GPUSTACK_MANUFACTURER", "GPUSTACK_NATS_URL", "KUBERNETES_NODE_NAME"} <= _env_names(
+        text
+    )
+    assert "--no-such-flag" not in _flag_names(text)
+
+
+@pytest.mark.parametrize("tree", TREES)
+def test_every_flag_passed_is_accepted(tree: str) -> None:
+    containers = _operator_containers(tree)
+    assert containers
+    for where, c in containers:
+        assert "command" not in c, f"{where}: the image's entrypoint is the binary"
+        path, flags = _command(c["args"])
+        accepted = _flag_names(help_text(path))
+        for flag in flags:
+            name = flag.split("=", 1)[0]
+            assert name in accepted, f"{where}: {' '.join(path)} does not accept {name}"
+
+
+@pytest.mark.parametrize("tree", TREES)
+def test_every_env_var_passed_is_accepted(tree: str) -> None:
+    for where, c in _operator_containers(tree):
+        path, _ = _command(c["args"])
+        accepted = _env_names(help_text(path)) | FOREIGN_ENV
+        for env in c.get("env", []):
+            assert env["name"] in accepted, f"{where}: {' '.join(path)} ignores ${env['name']}"
+
+
+@pytest.mark.parametrize("tree", TREES)
+def test_flags_and_env_do_not_say_the_same_thing_twice(tree: str) -> None:
+    for where, c in _operator_containers(tree):
+        _, flags = _command(c["args"])
+        from_flags = {f.split("=", 1)[0].lstrip("-") for f in flags}
+        from_env = {
+            e["name"].removeprefix("GPUSTACK_").lower().replace("_", "-")
+            for e in c.get("env", [])
+            if e["name"].startswith("GPUSTACK_")
+        }
+        assert not from_flags & from_env, f"{where}: set twice: {from_flags & from_env}"
+
+
+def test_values_parse_as_the_command_expects() -> None:
+    """The launcher's own parser accepts each container's flags and literal env values (kinds,
+    durations, choices), without running the service."""
+    for where, c in _operator_containers("deploy"):
+        path, flags = _command(c["args"])
+        env = {e["name"]: e["value"] for e in c.get("env", []) if "value" in e}
+        command, rest = launcher.find_command([*path, *flags])
+        assert command.path == path, where
+        try:
+            parsed = flagparsing.parse(rest, (*command.flags, *commands.GLOBAL_FLAGS), env)
+        except flagparsing.FlagError as e:  # pragma: no cover - the failure path
+            pytest.fail(f"{where}: {e}")
+        assert parsed.positionals == [], where
