@@ -232,9 +232,11 @@ class Connection:
         kv = self._bucket(bucket)
         with _mapped(StateUnavailable, f"keys {bucket}"):
             try:
-                return list(await kv.keys(filters=[prefix]))
+                # Not ``filters=``: nats-py 2.16 answers NoKeysError for any filter.
+                keys = list(await kv.keys())
             except nats.js.errors.NoKeysError:
                 return []
+        return [k for k in keys if subject_matches(prefix, k)]
 
     def _bucket(self, bucket: str) -> Any:
         try:
@@ -253,6 +255,17 @@ class Connection:
             out.extend((m.subject, m.data) for m in msgs)
             remaining = int(msgs[-1].metadata.num_pending) if msgs else remaining
         return out
+
+
+def subject_matches(pattern: str, subject: str) -> bool:
+    """NATS wildcard matching: ``*`` is one token, a trailing ``>`` one or more."""
+    want, have = pattern.split("."), subject.split(".")
+    for i, token in enumerate(want):
+        if token == ">":
+            return len(have) > i
+        if i >= len(have) or (token != "*" and token != have[i]):
+            return False
+    return len(want) == len(have)
 
 
 async def _quietly(aw: Awaitable[object]) -> None:

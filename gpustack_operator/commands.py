@@ -302,7 +302,29 @@ COMMANDS = (
         ("model-manager",),
         "The per-node model cache (CSI node plugin).",
         _MODEL_MANAGER,
-        pending="issue #6",
+        target="agent.models.running:model_manager_command",
+    ),
+    Command(
+        ("model-manager", "manifest"),
+        "Resolve a Hugging Face repository at a revision and print its manifest and digest.",
+        (
+            Flag("revision", "main", "branch, tag or commit to resolve"),
+            Flag(
+                "allow-pattern",
+                "",
+                "only files matching these globs (repeatable, or a,b)",
+                kind="list",
+            ),
+            Flag(
+                "ignore-pattern",
+                "",
+                "leave out files matching these globs (repeatable, or a,b)",
+                kind="list",
+            ),
+            Flag("hf-endpoint", "", "the Hub (default $HF_ENDPOINT, else https://huggingface.co)"),
+        ),
+        target="agent.models.manifest_cli:manifest_command",
+        usage=" REPOSITORY",
     ),
     Command(
         ("device-manager", "detect"),

@@ -49,3 +49,22 @@ async def test_tls_with_a_private_ca(tmp_path: Path) -> None:
         # A client that does not trust the CA must not connect.
         with pytest.raises(errors.NotConnected, match="CERTIFICATE_VERIFY_FAILED"):
             await _round_trip(BusSettings.for_tests(url, tls_ca_file=None))
+
+
+@pytest.mark.parametrize(
+    ("pattern", "subject", "matches"),
+    [
+        (">", "a", True),
+        (">", "a.b", True),
+        ("a.>", "a", False),
+        ("a.>", "a.b.c", True),
+        ("a.*", "a.b", True),
+        ("a.*", "a.b.c", False),
+        ("a.b", "a.b", True),
+        ("a.b", "a.c", False),
+        ("*.b", "a.b", True),
+        ("a", "a.b", False),
+    ],
+)
+def test_subject_matches(pattern: str, subject: str, matches: bool) -> None:
+    assert connection.subject_matches(pattern, subject) is matches

@@ -140,7 +140,7 @@ def test_bad_profile_is_a_usage_error(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     "command",
-    [["wg"], ["mm"]],
+    [["wg"], ["worker-gateway"]],
 )
 def test_services_not_built_yet_say_so(command: list[str]) -> None:
     result = run(*command)

@@ -1,0 +1,94 @@
+"""A :class:`~agent.models.policy.Policy` filled from the control plane's bus KV bucket.
+
+The worker writes ``nms.<node>`` (this node's NodeModelStore spec) and
+``artifacts.<namespace>.<name>`` (resolved ModelArtifacts) into :data:`bus.kv.AGENTS_BUCKET`.
+:func:`follow` re-reads the bucket every ``every_s`` into a :class:`MemoryPolicy` (the plugin's
+reads stay synchronous and local); the policy counts as synced after the first full read. A
+malformed record is logged and skipped, never fatal: it only makes its own volumes unauthorized.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import anyio
+import msgspec
+from anyio.abc import TaskStatus
+
+from agent.models.policy import MemoryPolicy
+from bus import kv
+from bus.connection import Connection
+from bus.errors import BusError
+from bus.hub import records
+
+__all__ = ["artifact_from", "follow", "read_once"]
+
+log = logging.getLogger(__name__)
+
+
+def artifact_from(record: kv.ArtifactRecord) -> records.ArtifactRecord:
+    """The control plane's KV record as the plugin's authorization record."""
+    resolved = record.manifest_digest is not None and record.revision is not None
+    return records.ArtifactRecord(
+        namespace=record.namespace,
+        name=record.name,
+        uid=record.uid,
+        source=records.Source(
+            hub="huggingFace", repository=record.source.repository, revision=record.source.revision
+        ),
+        resolved=resolved,
+        manifest_digest=record.manifest_digest,
+        commit=record.revision,
+        allow_patterns=tuple(getattr(record, "allow_patterns", ()) or ()),
+        ignore_patterns=tuple(getattr(record, "ignore_patterns", ()) or ()),
+        secret_name=record.token_secret.name if record.token_secret else None,
+    )
+
+
+async def read_once(conn: Connection, bucket: kv.Bucket, node: str) -> MemoryPolicy:
+    """Read every artifact and this node's spec. :raises BusError: the bucket is unreachable.
+
+    Artifacts are read as the last message per key of the bucket's stream (one request for all
+    of them; a deleted key's last message is an empty tombstone and is skipped).
+    """
+    artifacts: list[records.ArtifactRecord] = []
+    stream, prefix = f"KV_{bucket.name}", f"$KV.{bucket.name}."
+    for subject, data in await conn.last_per_subject(stream, prefix + "artifacts.>"):
+        if not data:
+            continue
+        try:
+            artifacts.append(artifact_from(msgspec.json.decode(data, type=kv.ArtifactRecord)))
+        except (msgspec.DecodeError, msgspec.ValidationError) as e:
+            log.warning("skipping malformed artifact record %s: %s", subject, e)
+    spec = None
+    got = await bucket.get(kv.nms_key(node))
+    if got is not None:
+        try:
+            raw = msgspec.json.decode(got[0], type=kv.StoreSpecRecord)
+            spec = msgspec.convert(raw.spec, records.StoreSpec)
+        except (msgspec.DecodeError, msgspec.ValidationError) as e:
+            log.warning("malformed NodeModelStore spec for %s: %s", node, e)
+    return MemoryPolicy(artifacts, spec)
+
+
+async def follow(
+    conn: Connection,
+    bucket: kv.Bucket,
+    node: str,
+    policy: MemoryPolicy,
+    *,
+    every_s: float = 5.0,
+    task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+) -> None:
+    """Keep ``policy`` equal to the bucket, re-read every ``every_s``, until cancelled."""
+    started = False
+    while True:
+        try:
+            fresh = await read_once(conn, bucket, node)
+            policy.replace(fresh)
+        except BusError as e:
+            log.warning("cannot read artifacts from the bus (keeping the last view): %s", e)
+        if not started:
+            started = True
+            task_status.started()
+        await anyio.sleep(every_s)

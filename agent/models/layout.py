@@ -1,0 +1,268 @@
+"""The on-disk cache: a versioned directory layout and its small JSON records.
+
+::
+
+    <root>/layout                       "gpustack-model-store v1" (anything else: refuse to open)
+    <root>/published/<hex>/marker       JSON, fsynced before the rename that publishes
+    <root>/published/<hex>/manifest     the canonical manifest text the tree was verified against
+    <root>/published/<hex>/tree/...     read-only files (0444, dirs 0555): the bind-mount source
+    <root>/partial/<hex>/<n>/tree/...   attempt ``n`` being downloaded (0644/0755)
+    <root>/partial/<hex>/<n>/state/<sha256(path)>  per-file resume state
+    <root>/trash/<hex>-<ns>             removal staging, emptied on open
+    <root>/ledger/refs/<volumeID>.json  one per published volume
+    <root>/ledger/digests/<hex>.json    last use and failure/backoff of a digest
+
+Invariants: a ``published/<hex>`` directory is complete and verified, because it only ever
+appears by one ``rename`` of a finished attempt; records are replaced atomically (write a
+temporary file, fsync, rename, fsync the directory). Everything here is synchronous file I/O;
+the async layer calls it through a thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import re
+import shutil
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Final
+
+import msgspec
+
+from agent.models.errors import CacheCorrupt
+
+__all__ = ["Cache", "DigestRecord", "Marker", "Ref"]
+
+LAYOUT: Final = "gpustack-model-store v1"
+VOLUME_ID: Final = re.compile(r"[A-Za-z0-9._-]{1,128}")
+HEX: Final = re.compile(r"[0-9a-f]{64}")
+
+
+class Marker(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    digest: str
+    attempt: int
+    manifest_format: str = "gpustack-manifest v1"
+    size_bytes: int
+    file_count: int
+    published_time: datetime
+
+
+class Ref(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    """A volume published from the cache: what keeps a tree from being collected."""
+
+    volume_id: str
+    target_path: str
+    hex: str
+    artifact: str | None = None
+    artifact_uid: str | None = None
+    pod_namespace: str | None = None
+    pod_name: str | None = None
+    pod_uid: str | None = None
+
+
+class DigestRecord(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    """Per-digest history; survives restarts so a backoff does too."""
+
+    last_used: float = 0.0
+    """Unix time of the last mount or unmount (collection removes the oldest first)."""
+    last_attempt: int = 0
+    failures: int = 0
+    reason: str | None = None
+    message: str | None = None
+    retry_at: float | None = None
+    """Unix time before which no new attempt starts."""
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_atomically(path: Path, data: bytes) -> None:
+    """Replace ``path`` with ``data``: never a torn file, durable when this returns."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with tmp.open("wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    tmp.replace(path)
+    fsync_dir(path.parent)
+
+
+class Cache:
+    """Paths and records under one cache root; :meth:`open` checks or creates the layout."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.published = root / "published"
+        self.partial = root / "partial"
+        self.trash = root / "trash"
+        self.refs = root / "ledger" / "refs"
+        self.digests = root / "ledger" / "digests"
+
+    @classmethod
+    def open(cls, root: Path) -> Cache:
+        """Open (creating when empty) the cache at ``root`` and empty its trash.
+
+        :raises CacheCorrupt: the root holds another layout version.
+        """
+        cache = cls(root)
+        root.mkdir(parents=True, exist_ok=True)
+        layout = root / "layout"
+        if layout.exists():
+            found = layout.read_text(errors="replace").strip()
+            if found != LAYOUT:
+                raise CacheCorrupt(f"{root}: layout {found[:40]!r} is not {LAYOUT!r}; refusing")
+        elif any(p.name != "lost+found" for p in root.iterdir()):
+            raise CacheCorrupt(f"{root}: not empty and has no layout file; refusing to use it")
+        else:
+            write_atomically(layout, (LAYOUT + "\n").encode())
+        for d in (cache.published, cache.partial, cache.trash, cache.refs, cache.digests):
+            d.mkdir(parents=True, exist_ok=True)
+        cache.empty_trash()
+        return cache
+
+    # ------------------------------------------------------------------ trees
+
+    def tree(self, hex_: str) -> Path:
+        return self.published / hex_ / "tree"
+
+    def is_published(self, hex_: str) -> bool:
+        return (self.published / hex_ / "marker").is_file()
+
+    def marker(self, hex_: str) -> Marker | None:
+        try:
+            return msgspec.json.decode((self.published / hex_ / "marker").read_bytes(), type=Marker)
+        except (OSError, msgspec.DecodeError):
+            return None
+
+    def published_hexes(self) -> list[str]:
+        return sorted(p.name for p in self.published.iterdir() if HEX.fullmatch(p.name))
+
+    def partial_hexes(self) -> list[str]:
+        return sorted(p.name for p in self.partial.iterdir() if HEX.fullmatch(p.name))
+
+    def attempts(self, hex_: str) -> list[int]:
+        d = self.partial / hex_
+        if not d.is_dir():
+            return []
+        return sorted(int(p.name) for p in d.iterdir() if p.name.isdigit())
+
+    def new_attempt(self, hex_: str, number: int) -> Path:
+        """Directory of attempt ``number``; the latest earlier attempt is renamed in to resume."""
+        base = self.partial / hex_
+        base.mkdir(parents=True, exist_ok=True)
+        target = base / str(number)
+        earlier = [n for n in self.attempts(hex_) if n < number]
+        if earlier and not target.exists():
+            (base / str(earlier[-1])).rename(target)
+            with contextlib.suppress(FileNotFoundError):
+                (target / "marker").unlink()
+            _unseal(target)
+        for n in earlier[:-1]:
+            self.discard(base / str(n))
+        (target / "tree").mkdir(parents=True, exist_ok=True)
+        (target / "state").mkdir(parents=True, exist_ok=True)
+        return target
+
+    def partial_bytes(self, hex_: str) -> int:
+        return _du(self.partial / hex_)
+
+    def size_of(self, hex_: str) -> int:
+        m = self.marker(hex_)
+        return m.size_bytes if m is not None else _du(self.published / hex_)
+
+    # ------------------------------------------------------------------ removal
+
+    def discard(self, path: Path) -> None:
+        """Move ``path`` into the trash (atomic, instant) and delete it from there."""
+        if not path.exists():
+            return
+        dest = self.trash / f"{path.name}-{time.time_ns()}"
+        _unseal(path)
+        path.rename(dest)
+        shutil.rmtree(dest, ignore_errors=True)
+
+    def remove(self, hex_: str) -> None:
+        """Remove a published tree and any partial of ``hex_``."""
+        self.discard(self.published / hex_)
+        self.discard(self.partial / hex_)
+
+    def empty_trash(self) -> None:
+        for p in self.trash.iterdir():
+            _unseal(p)
+            shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+
+    # ------------------------------------------------------------------ records
+
+    def load_refs(self) -> dict[str, Ref]:
+        refs: dict[str, Ref] = {}
+        for p in self.refs.glob("*.json"):
+            try:
+                ref = msgspec.json.decode(p.read_bytes(), type=Ref)
+            except (OSError, msgspec.DecodeError):
+                p.unlink(missing_ok=True)  # a torn or foreign file: mountinfo rebuilds the truth
+                continue
+            refs[ref.volume_id] = ref
+        return refs
+
+    def save_ref(self, ref: Ref) -> None:
+        write_atomically(self.refs / f"{ref.volume_id}.json", msgspec.json.encode(ref))
+
+    def drop_ref(self, volume_id: str) -> None:
+        (self.refs / f"{volume_id}.json").unlink(missing_ok=True)
+
+    def load_digest(self, hex_: str) -> DigestRecord:
+        try:
+            return msgspec.json.decode(
+                (self.digests / f"{hex_}.json").read_bytes(), type=DigestRecord
+            )
+        except (OSError, msgspec.DecodeError):
+            return DigestRecord()
+
+    def save_digest(self, hex_: str, record: DigestRecord) -> None:
+        write_atomically(self.digests / f"{hex_}.json", msgspec.json.encode(record))
+
+    def drop_digest(self, hex_: str) -> None:
+        (self.digests / f"{hex_}.json").unlink(missing_ok=True)
+
+    def digest_hexes(self) -> list[str]:
+        return sorted(p.stem for p in self.digests.glob("*.json") if HEX.fullmatch(p.stem))
+
+    # ------------------------------------------------------------------ capacity
+
+    def usage(self) -> tuple[int, int]:
+        """(used, total) bytes of the cache's filesystem; root-reserved blocks count as used."""
+        st = os.statvfs(self.root)
+        total = st.f_blocks * st.f_frsize
+        return total - st.f_bavail * st.f_frsize, total
+
+
+def state_name(path: str) -> str:
+    return hashlib.sha256(path.encode()).hexdigest()
+
+
+def _unseal(path: Path) -> None:
+    """Make a (possibly read-only) tree writable again so it can be renamed or deleted."""
+    if not path.is_dir():
+        return
+    for dirpath, dirnames, _ in os.walk(path):
+        os.chmod(dirpath, 0o755)
+        for d in dirnames:
+            with contextlib.suppress(OSError):
+                os.chmod(os.path.join(dirpath, d), 0o755)
+
+
+def _du(path: Path) -> int:
+    total = 0
+    for dirpath, _, filenames in os.walk(path):
+        for name in filenames:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(dirpath, name)).st_blocks * 512
+    return total

@@ -1,0 +1,163 @@
+"""The node's model cache as bus events, metrics and ``/model/downloads``.
+
+:func:`snapshot` is pure: cache facts in, one :class:`bus.events.ModelsEvent` out (the whole
+cache, so the last event alone is the node's state). :class:`Reporter` publishes it when the
+state changes (a model appears, finishes, fails, is collected) at once, and progress only when
+``report_every_s`` passed *and* some download moved ``report_step`` of its size, so a large
+download produces a bounded number of messages. Models are named by digest only: the bus
+never learns a namespace, artifact or repository from this plugin.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+import anyio
+import anyio.to_thread
+import msgspec
+
+from agent.models import layout
+from agent.models.materializing import Job, Materializer
+from agent.models.metrics import ModelMetrics
+from agent.models.settings import Tuning
+from bus import events
+
+__all__ = ["Facts", "Reporter", "Sink", "downloads_json", "snapshot"]
+
+log = logging.getLogger(__name__)
+
+
+class Sink(Protocol):
+    """Where events go: :class:`bus.publishing.Publisher` in production, a list in tests."""
+
+    def publish(self, event: events.Event) -> None: ...
+
+
+@dataclass(frozen=True)
+class Facts:
+    published: Mapping[str, int]
+    """hex -> size of every published tree."""
+    failures: Mapping[str, layout.DigestRecord]
+    """hex -> record, for digests whose last attempt failed."""
+    jobs: Mapping[str, tuple[int, int]]
+    """hex -> (done, size) of running downloads."""
+
+
+def snapshot(node: str, facts: Facts) -> events.ModelsEvent:
+    models: list[events.ModelState] = []
+    for hex_, size in sorted(facts.published.items()):
+        models.append(events.ModelState(model="sha256:" + hex_, state="ready", bytes_total=size))
+    for hex_, (done, size) in sorted(facts.jobs.items()):
+        if hex_ not in facts.published:
+            models.append(
+                events.ModelState(
+                    model="sha256:" + hex_, state="downloading", bytes_done=done, bytes_total=size
+                )
+            )
+    for hex_, record in sorted(facts.failures.items()):
+        if hex_ not in facts.published and hex_ not in facts.jobs:
+            models.append(
+                events.ModelState(
+                    model="sha256:" + hex_,
+                    state="failed",
+                    message=f"{record.reason}: {record.message}",
+                )
+            )
+    return events.ModelsEvent(node=node, models=tuple(models))
+
+
+def _shape(event: events.ModelsEvent) -> tuple[tuple[str, str], ...]:
+    return tuple((m.model, m.state) for m in event.models)
+
+
+def downloads_json(jobs: Mapping[str, Job]) -> bytes:
+    """The body of ``GET /model/downloads``: running downloads, by digest."""
+    return msgspec.json.encode(
+        [
+            {
+                "digest": "sha256:" + j.hex,
+                "downloadedBytes": j.done,
+                "sizeBytes": j.size,
+                "source": "Hub",
+            }
+            for j in jobs.values()
+        ]
+    )
+
+
+class Reporter:
+    def __init__(
+        self,
+        node: str,
+        cache: layout.Cache,
+        materializer: Materializer,
+        sink: Sink | None,
+        *,
+        metrics: ModelMetrics,
+        tuning: Tuning,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.node = node
+        self.cache = cache
+        self.materializer = materializer
+        self.sink = sink
+        self.metrics = metrics
+        self.tuning = tuning
+        self._clock = clock
+        self._wake = anyio.Event()
+        self._last: events.ModelsEvent | None = None
+        self._last_at = 0.0
+        self.last: events.ModelsEvent | None = None
+
+    def changed(self) -> None:
+        self._wake.set()
+
+    def _facts(self) -> Facts:
+        published = {h: self.cache.size_of(h) for h in self.cache.published_hexes()}
+        failures = {}
+        for h in self.cache.digest_hexes():
+            record = self.cache.load_digest(h)
+            if record.reason is not None:
+                failures[h] = record
+        jobs = {h: (j.done, j.size) for h, j in self.materializer.jobs.items()}
+        _, total = self.cache.usage()
+        self.metrics.stored_bytes.set(sum(published.values()))
+        self.metrics.capacity_bytes.set(total)
+        return Facts(published, failures, jobs)
+
+    def _moved_enough(self, event: events.ModelsEvent) -> bool:
+        if self._last is None:
+            return True
+        before = {m.model: m.bytes_done or 0 for m in self._last.models}
+        step = self.tuning.report_step
+        return any(
+            (m.bytes_done or 0) - before.get(m.model, 0) >= step * m.bytes_total
+            for m in event.models
+            if m.state == "downloading" and m.bytes_total
+        )
+
+    async def report_once(self) -> None:
+        facts = await anyio.to_thread.run_sync(self._facts)
+        event = snapshot(self.node, facts)
+        self.last = event
+        now = self._clock()
+        due = now - self._last_at >= self.tuning.report_every_s and self._moved_enough(event)
+        if self._last is None or _shape(event) != _shape(self._last) or due:
+            self._last, self._last_at = event, now
+            if self.sink is not None:
+                self.sink.publish(event)
+
+    async def run(self, *, tick_s: float = 1.0) -> None:
+        """Report on every change, and check progress every ``tick_s``, until cancelled."""
+        while True:
+            try:
+                await self.report_once()
+            except OSError as e:
+                log.warning("cannot read the cache for a report: %s", e)
+            with anyio.move_on_after(tick_s):
+                await self._wake.wait()
+            self._wake = anyio.Event()

@@ -1,0 +1,146 @@
+"""The CSI Identity and Node services on a unix socket (grpclib), mapping errors to codes.
+
+Only what an inline-ephemeral, node-only plugin needs: no capabilities advertised, so kubelet
+never stages. Every :class:`~agent.models.errors.ModelsError` maps to its gRPC status by type;
+anything else is INTERNAL with a generic message (and the traceback in the log), never a crash.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any, TypeVar
+
+import anyio
+import anyio.lowlevel
+import anyio.to_thread
+import grpclib.const
+from grpclib import GRPCError
+from grpclib.protocol import H2Protocol
+from grpclib.server import Server
+
+from agent.models.errors import ModelsError
+from agent.models.settings import DRIVER
+from agent.models.volumes import PublishRequest, Volumes
+from proto.csi import v1 as csi
+
+__all__ = ["Identity", "Node", "serving"]
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+async def _answer(what: str, call: Callable[[], Awaitable[T]]) -> T:
+    try:
+        return await call()
+    except ModelsError as e:
+        log.log(
+            logging.INFO if e.code in ("ABORTED", "UNAVAILABLE") else logging.WARNING,
+            "%s: %s: %s",
+            what,
+            e.code,
+            e,
+        )
+        raise GRPCError(grpclib.const.Status[e.code], str(e)) from e
+    except GRPCError:
+        raise
+    except Exception as e:
+        log.exception("%s failed", what)
+        raise GRPCError(grpclib.const.Status.INTERNAL, f"{what} failed: {type(e).__name__}") from e
+
+
+class Identity(csi.IdentityBase):
+    def __init__(self, version: str, ready: Callable[[], bool]) -> None:
+        self._version = version
+        self._ready = ready
+
+    async def get_plugin_info(self, _: csi.GetPluginInfoRequest) -> csi.GetPluginInfoResponse:
+        return csi.GetPluginInfoResponse(name=DRIVER, vendor_version=self._version)
+
+    async def get_plugin_capabilities(
+        self, _: csi.GetPluginCapabilitiesRequest
+    ) -> csi.GetPluginCapabilitiesResponse:
+        return csi.GetPluginCapabilitiesResponse(capabilities=[])
+
+    async def probe(self, _: csi.ProbeRequest) -> csi.ProbeResponse:
+        return csi.ProbeResponse(ready=self._ready())
+
+
+class Node(csi.NodeBase):
+    def __init__(self, node_id: str, volumes: Volumes) -> None:
+        self._node_id = node_id
+        self._volumes = volumes
+
+    async def node_get_info(self, _: csi.NodeGetInfoRequest) -> csi.NodeGetInfoResponse:
+        return csi.NodeGetInfoResponse(node_id=self._node_id)
+
+    async def node_get_capabilities(
+        self, _: csi.NodeGetCapabilitiesRequest
+    ) -> csi.NodeGetCapabilitiesResponse:
+        return csi.NodeGetCapabilitiesResponse(capabilities=[])
+
+    async def node_publish_volume(
+        self, request: csi.NodePublishVolumeRequest
+    ) -> csi.NodePublishVolumeResponse:
+        capability = request.volume_capability
+        mount = capability is not None and capability.is_set("mount")
+        req = PublishRequest(
+            volume_id=request.volume_id,
+            target_path=request.target_path,
+            context=dict(request.volume_context),
+            secrets=dict(request.secrets),
+            mount_capability=bool(mount),
+        )
+        await _answer("NodePublishVolume", lambda: self._volumes.publish(req))
+        return csi.NodePublishVolumeResponse()
+
+    async def node_unpublish_volume(
+        self, request: csi.NodeUnpublishVolumeRequest
+    ) -> csi.NodeUnpublishVolumeResponse:
+        await _answer(
+            "NodeUnpublishVolume",
+            lambda: self._volumes.unpublish(request.volume_id, request.target_path),
+        )
+        return csi.NodeUnpublishVolumeResponse()
+
+
+class _Server(Server):
+    """grpclib's server, closing accepted connections on shutdown (it leaves them otherwise)."""
+
+    def __init__(self, handlers: list[Any]) -> None:
+        super().__init__(handlers)
+        self.protocols: list[H2Protocol] = []
+
+    def _protocol_factory(self) -> H2Protocol:
+        protocol = super()._protocol_factory()
+        self.protocols.append(protocol)
+        return protocol
+
+
+def _clear(path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.is_socket():
+        path.unlink()
+
+
+@asynccontextmanager
+async def serving(path: Path, handlers: list[Any]) -> AsyncIterator[Path]:
+    """Serve ``handlers`` on the unix socket ``path`` (replacing a stale one) until exit."""
+    await anyio.to_thread.run_sync(_clear, path)
+    server = _Server(handlers)
+    await server.start(path=str(path))
+    os.chmod(path, 0o600)
+    try:
+        yield path
+    finally:
+        with anyio.move_on_after(5, shield=True):
+            server.close()
+            await server.wait_closed()
+            for protocol in server.protocols:
+                if protocol.connection is not None:
+                    protocol.connection.close()
+            await anyio.lowlevel.checkpoint()
+        path.unlink(missing_ok=True)  # noqa: ASYNC240 - one unlink at shutdown, must not be cancelled

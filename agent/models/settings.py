@@ -1,0 +1,75 @@
+"""The model plugin's settings: one frozen object built at the command's edge.
+
+Nothing below :mod:`agent.models.running` reads flags or the environment.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Final
+
+import msgspec
+
+from bus.serving import HttpsSettings
+from bus.settings import BusSettings
+
+__all__ = ["DRIVER", "ModelManagerSettings", "Tuning"]
+
+DRIVER: Final = "model.csi.gpustack.ai"
+MiB: Final = 1024 * 1024
+
+
+class Tuning(msgspec.Struct, frozen=True, kw_only=True):
+    """Download and bookkeeping constants; tests shrink them, production keeps the defaults."""
+
+    segment_bytes: int = 64 * MiB
+    """Files larger than this are fetched in byte-range segments of this size."""
+    window: int = 4
+    """Segments of one file in flight at a time (in file order)."""
+    files_per_attempt: int = 16
+    chunk_bytes: int = MiB
+    """Bytes written and hashed per step: bounds memory per stream."""
+    checkpoint_bytes: int = 256 * MiB
+    """A file's resume state is fsynced and saved every this many bytes."""
+    retries: int = 5
+    """Consecutive failures of one segment before the attempt fails (progress resets it)."""
+    retry_delay_s: float = 1.0
+    """Delay before retry n is ``n * retry_delay_s`` (at most 10 s)."""
+    backoff_first_s: float = 60.0
+    backoff_max_s: float = 3600.0
+    collect_every_s: float = 300.0
+    collect_idle_s: float = 600.0
+    """A published tree unreferenced for less than this is not collected."""
+    report_every_s: float = 30.0
+    """Progress (not state changes) goes on the bus at most this often..."""
+    report_step: float = 0.05
+    """...and only when a download moved at least this fraction of its size."""
+    waiter_window_s: float = 300.0
+    """An attempt nobody asked about for this long is cancelled (partial files stay)."""
+
+
+class ModelManagerSettings(msgspec.Struct, frozen=True, kw_only=True):
+    node_name: str
+    kubelet_dir: Path = Path("/var/lib/kubelet")
+    cache_root: Path = Path("/var/lib/gpustack/models")
+    csi_socket: Path | None = None
+    """None: ``<kubelet_dir>/plugins/model.csi.gpustack.ai/csi.sock``."""
+    https: HttpsSettings = HttpsSettings(port=32444)
+    bus: BusSettings | None = None
+    """None: no bus (status stays local; used by tests and air-gapped debugging)."""
+    hub_endpoint: str = "https://huggingface.co"
+    """``HF_ENDPOINT``; the NodeModelStore spec overrides it once synced."""
+    hub_token: str | None = None
+    """``HF_TOKEN``: used when a volume brings no ``token`` secret."""
+    version: str = "0.1.0"
+    tuning: Tuning = Tuning()
+
+    @property
+    def socket_path(self) -> Path:
+        if self.csi_socket is not None:
+            return self.csi_socket
+        return self.kubelet_dir / "plugins" / DRIVER / "csi.sock"
+
+    @property
+    def pods_dir(self) -> Path:
+        return self.kubelet_dir / "pods"

@@ -1,0 +1,287 @@
+"""NodePublishVolume / NodeUnpublishVolume, independent of gRPC.
+
+:func:`validate` is pure (shape of the request), :func:`~agent.models.policy.authorize` is pure
+(the rules); :class:`Volumes` does the I/O in the order the CSI spec needs: one lock per target
+(different targets run in parallel), authorize, idempotency checks, claim the tree (under the
+claim lock the collector also takes, so a claimed tree is never collected), bind-mount.
+
+References live in ``ledger/refs`` and are rebuilt from ``/proc/self/mountinfo`` on start: a
+mount of ``published/<hex>/tree`` under kubelet's pods directory is a reference, whatever the
+ledger says, and a ledger entry whose target is not mounted is dropped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import re
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import anyio
+import anyio.to_thread
+import msgspec
+
+from agent.models import layout, mounting
+from agent.models.errors import AlreadyPublished, InvalidVolume, MountFailed, NotReady
+from agent.models.materializing import Materializer, Source
+from agent.models.metrics import ModelMetrics
+from agent.models.policy import Policy, VolumeAsk, authorize
+from bus.hub.manifest import is_digest
+
+__all__ = ["PublishRequest", "Volumes", "kubelet_volume_id", "validate"]
+
+log = logging.getLogger(__name__)
+
+EPHEMERAL = "csi.storage.k8s.io/ephemeral"
+NAMESPACE = "csi.storage.k8s.io/pod.namespace"
+POD_NAME = "csi.storage.k8s.io/pod.name"
+POD_UID = "csi.storage.k8s.io/pod.uid"
+_TREE = re.compile(r"/published/([0-9a-f]{64})/tree$")
+_TARGET = re.compile(r"^([^/]+)/volumes/kubernetes\.io~csi/([^/]+)/mount$")
+
+
+@dataclass(frozen=True)
+class PublishRequest:
+    volume_id: str
+    target_path: str
+    context: Mapping[str, str]
+    secrets: Mapping[str, str]
+    mount_capability: bool
+    """A mount (not block) access type was requested."""
+
+
+def _target(raw: str, pods_dir: Path) -> Path:
+    if not raw:
+        raise InvalidVolume("target_path is required")
+    if not os.path.isabs(raw) or os.path.normpath(raw) != raw.rstrip("/"):
+        raise InvalidVolume(f"target_path {raw!r} is not an absolute, normalized path")
+    target = Path(raw)
+    if pods_dir not in target.parents:
+        raise InvalidVolume(f"target_path {raw!r} is not under {pods_dir}")
+    return target
+
+
+def validate(req: PublishRequest, pods_dir: Path) -> tuple[Path, VolumeAsk]:
+    """Check the request's shape. :raises InvalidVolume: naming the first problem."""
+    if not layout.VOLUME_ID.fullmatch(req.volume_id):
+        raise InvalidVolume(f"volume_id {req.volume_id[:140]!r} is missing or malformed")
+    target = _target(req.target_path, pods_dir)
+    if not req.mount_capability:
+        raise InvalidVolume("volume_capability must be a mount (not block) capability")
+    if req.context.get(EPHEMERAL) != "true":
+        raise InvalidVolume(
+            "only inline ephemeral volumes are served (csi.storage.k8s.io/ephemeral)"
+        )
+    missing = [
+        k
+        for k in ("artifact", "artifactUID", "manifestDigest", NAMESPACE)
+        if not req.context.get(k)
+    ]
+    if missing:
+        raise InvalidVolume(f"volume attributes missing: {', '.join(missing)}")
+    digest = req.context["manifestDigest"]
+    if not is_digest(digest):
+        raise InvalidVolume(f"manifestDigest {digest[:80]!r} is not sha256:<64 lowercase hex>")
+    ask = VolumeAsk(
+        req.context[NAMESPACE], req.context["artifact"], req.context["artifactUID"], digest
+    )
+    return target, ask
+
+
+def kubelet_volume_id(target: Path, pods_dir: Path) -> str | None:
+    """Kubelet's inline volume id for ``target``: ``csi-`` + sha256(podUID + volumeName)."""
+    m = _TARGET.match(str(target.relative_to(pods_dir)))
+    if m is None:
+        return None
+    return "csi-" + hashlib.sha256((m.group(1) + m.group(2)).encode()).hexdigest()
+
+
+class Volumes:
+    def __init__(
+        self,
+        cache: layout.Cache,
+        policy: Policy,
+        materializer: Materializer,
+        *,
+        pods_dir: Path,
+        metrics: ModelMetrics,
+        claim: anyio.Lock,
+        default_token: str | None = None,
+    ) -> None:
+        self.default_token = default_token
+        self.cache = cache
+        self.policy = policy
+        self.materializer = materializer
+        self.pods_dir = pods_dir
+        self.metrics = metrics
+        self.claim = claim
+        self.refs: dict[str, layout.Ref] = {}
+        self.ready = False
+        self._locks: dict[str, anyio.Lock] = {}
+        self._waited: set[str] = set()
+
+    def referenced(self) -> set[str]:
+        return {r.hex for r in self.refs.values()}
+
+    # ------------------------------------------------------------------ restart
+
+    async def rebuild(self) -> None:
+        """Rebuild references from mountinfo and the ledger; then the plugin is ready."""
+        self.refs = await anyio.to_thread.run_sync(self._rebuild)
+        self.ready = True
+
+    def _rebuild(self) -> dict[str, layout.Ref]:
+        st = os.stat(self.cache.root)
+        device = f"{os.major(st.st_dev)}:{os.minor(st.st_dev)}"
+        ledger = {r.target_path: r for r in self.cache.load_refs().values()}
+        refs: dict[str, layout.Ref] = {}
+        for m in mounting.read_mountinfo():
+            found = _TREE.search(m.root)
+            target = Path(m.mount_point)
+            if found is None or m.device != device or self.pods_dir not in target.parents:
+                continue
+            ref = ledger.pop(m.mount_point, None)
+            if ref is None or ref.hex != found.group(1):
+                volume_id = kubelet_volume_id(target, self.pods_dir)
+                if volume_id is None:
+                    continue
+                ref = layout.Ref(volume_id=volume_id, target_path=m.mount_point, hex=found.group(1))
+                log.info("adopting mount %s of sha256:%s", m.mount_point, ref.hex[:12])
+                self.cache.save_ref(ref)
+            refs[ref.volume_id] = ref
+        for stale in ledger.values():
+            self.cache.drop_ref(stale.volume_id)
+        return refs
+
+    # ------------------------------------------------------------------ publish
+
+    async def publish(self, req: PublishRequest) -> None:
+        target, ask = validate(req, self.pods_dir)
+        if not self.ready or not self.policy.synced():
+            raise NotReady("the plugin is starting: references or artifacts not synced yet")
+        lock = self._locks.setdefault(str(target), anyio.Lock())
+        async with lock:
+            try:
+                await self._publish(req, target, ask)
+            finally:
+                if not lock.statistics().tasks_waiting:
+                    self._locks.pop(str(target), None)
+
+    async def _publish(self, req: PublishRequest, target: Path, ask: VolumeAsk) -> None:
+        try:
+            record = authorize(ask, self.policy.artifact(ask.namespace, ask.artifact))
+        except Exception:
+            self.metrics.mounts.labels(result="denied").inc()
+            raise
+        hex_ = ask.digest.removeprefix("sha256:")
+        ref = layout.Ref(
+            volume_id=req.volume_id,
+            target_path=str(target),
+            hex=hex_,
+            artifact=ask.artifact,
+            artifact_uid=ask.artifact_uid,
+            pod_namespace=ask.namespace,
+            pod_name=req.context.get(POD_NAME),
+            pod_uid=req.context.get(POD_UID),
+        )
+        if await self._already(ref, target):
+            return
+        async with self.claim:
+            published = await anyio.to_thread.run_sync(self.cache.is_published, hex_)
+            if published:
+                await anyio.to_thread.run_sync(self.cache.save_ref, ref)
+                self.refs[ref.volume_id] = ref
+        if not published:
+            self.metrics.mounts.labels(result="pending").inc()
+            self._waited.add(hex_)
+            token = req.secrets.get("token") or self.default_token
+            self.materializer.ensure(
+                hex_,
+                Source(
+                    record.source.repository,
+                    record.commit or "",
+                    token,
+                    record.allow_patterns,
+                    record.ignore_patterns,
+                ),
+            )
+            return
+        try:
+            await anyio.to_thread.run_sync(self._mount, hex_, target)
+        except BaseException:
+            self.refs.pop(ref.volume_id, None)
+            await anyio.to_thread.run_sync(self.cache.drop_ref, ref.volume_id)
+            raise
+        self.metrics.mounts.labels(result="materialized" if hex_ in self._waited else "hit").inc()
+        self._waited.discard(hex_)
+        await self._touch(hex_)
+
+    async def _already(self, ref: layout.Ref, target: Path) -> bool:
+        """Idempotency: True when ``target`` already holds exactly this volume."""
+        mounted = await anyio.to_thread.run_sync(mounting.is_mount_point, target)
+        known = next((r for r in self.refs.values() if r.target_path == ref.target_path), None)
+        if known is not None and known != ref and _attributes(known) != _attributes(ref):
+            raise AlreadyPublished(
+                f"{ref.target_path} is already published as volume {known.volume_id} of "
+                f"sha256:{known.hex[:12]}"
+            )
+        if mounted is None:
+            return False
+        if not mounted.read_only:
+            await anyio.to_thread.run_sync(mounting.unmount, target)
+            raise NotReady(f"{target} was mounted writable; unmounted it, retry")
+        if known is None:
+            await anyio.to_thread.run_sync(self.cache.save_ref, ref)
+            self.refs[ref.volume_id] = ref
+        return True
+
+    def _mount(self, hex_: str, target: Path) -> None:
+        try:
+            target.mkdir(mode=0o750, exist_ok=True)
+        except OSError as e:
+            raise MountFailed(f"cannot create {target}: {e.strerror}") from e
+        mounting.bind_read_only(self.cache.tree(hex_), target)
+
+    async def _touch(self, hex_: str) -> None:
+        def touch() -> None:
+            record = self.cache.load_digest(hex_)
+            self.cache.save_digest(hex_, msgspec.structs.replace(record, last_used=time.time()))
+
+        await anyio.to_thread.run_sync(touch)
+
+    # ------------------------------------------------------------------ unpublish
+
+    async def unpublish(self, volume_id: str, target_path: str) -> None:
+        """Unmount and remove ``target_path``; success also when it was never published."""
+        if not volume_id:
+            raise InvalidVolume("volume_id is required")
+        target = _target(target_path, self.pods_dir)
+        if not self.ready:
+            raise NotReady("the plugin is starting: references not rebuilt yet")
+        async with self._locks.setdefault(str(target), anyio.Lock()):
+            await anyio.to_thread.run_sync(self._unmount, target)
+            ref = self.refs.pop(volume_id, None)
+            for other in [r for r in self.refs.values() if r.target_path == str(target)]:
+                self.refs.pop(other.volume_id, None)
+                await anyio.to_thread.run_sync(self.cache.drop_ref, other.volume_id)
+            await anyio.to_thread.run_sync(self.cache.drop_ref, volume_id)
+            if ref is not None:
+                await self._touch(ref.hex)
+
+    def _unmount(self, target: Path) -> None:
+        while mounting.is_mount_point(target) is not None:
+            mounting.unmount(target)
+        try:
+            target.rmdir()
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            raise MountFailed(f"cannot remove {target}: {e.strerror}") from e
+
+
+def _attributes(ref: layout.Ref) -> tuple[object, ...]:
+    return (ref.volume_id, ref.hex, ref.artifact, ref.artifact_uid)

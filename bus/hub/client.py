@@ -1,0 +1,305 @@
+"""A small Hugging Face Hub HTTP client: revision, paged tree listing and file bytes.
+
+Only what the manifest and the downloads need, on one aiohttp session per process. Every aiohttp
+error is mapped here to :mod:`bus.hub.errors` (``raise ... from e``) so callers see only reasons.
+
+Credentials: a token is sent only to the endpoint's own origin. Redirects are followed by hand
+(at most :data:`MAX_REDIRECTS`) and the ``Authorization`` header is dropped as soon as a hop
+leaves that origin or goes from https to http — the CDN a resolve URL redirects to never sees it.
+"""
+
+from __future__ import annotations
+
+import ssl
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Final
+from urllib.parse import quote
+
+import aiohttp
+import msgspec
+from yarl import URL
+
+from bus.hub.errors import (
+    AccessDenied,
+    HubError,
+    IntegrityMismatch,
+    RevisionNotFound,
+    SourceUnavailable,
+)
+from bus.hub.manifest import Entry
+
+__all__ = ["Body", "HubClient", "HubSettings", "client"]
+
+USER_AGENT: Final = "gpustack-operator"
+MAX_REDIRECTS: Final = 10
+MAX_TREE_ENTRIES: Final = 100_000
+MAX_PAGE_BYTES: Final = 16 * 1024 * 1024
+READ_BUFFER: Final = 1024 * 1024
+"""Per-connection read buffer: bigger reads, fewer wake-ups (bounded memory per stream)."""
+_GATED_OID: Final = "*" * 64
+
+
+class HubSettings(msgspec.Struct, frozen=True, kw_only=True):
+    """Where the Hub is and how to reach it; the token is per call, never here."""
+
+    endpoint: str = "https://huggingface.co"
+    proxy: str | None = None
+    """An ``https_proxy`` URL, or None for a direct connection."""
+    ca_file: str | None = None
+    """A PEM bundle that replaces the system CAs (a private Hub mirror)."""
+    connect_timeout_s: float = 30.0
+    stall_timeout_s: float = 30.0
+    """A read that gets no byte for this long fails as SourceUnavailable (and is retried)."""
+    max_connections: int = 64
+
+
+class _Lfs(msgspec.Struct, frozen=True):
+    oid: str
+    size: int
+
+
+class _TreeEntry(msgspec.Struct, frozen=True):
+    type: str
+    path: str
+    size: int = 0
+    oid: str = ""
+    lfs: _Lfs | None = None
+
+
+class _Revision(msgspec.Struct, frozen=True):
+    sha: str
+
+
+_TREE = msgspec.json.Decoder(list[_TreeEntry])
+_REVISION = msgspec.json.Decoder(_Revision)
+
+
+def _entry(raw: _TreeEntry) -> Entry | None:
+    if raw.type == "directory":
+        return None
+    if raw.lfs is None:
+        return Entry("gitsha1", raw.oid, raw.size, raw.path)
+    if raw.lfs.oid == _GATED_OID:
+        raise AccessDenied(f"{raw.path}: the repository is gated for this token")
+    if raw.lfs.size != raw.size:
+        raise IntegrityMismatch(f"{raw.path}: LFS size {raw.lfs.size} != file size {raw.size}")
+    return Entry("sha256", raw.lfs.oid, raw.size, raw.path)
+
+
+def _failure(status: int, headers: Mapping[str, str], what: str) -> HubError:
+    code = headers.get("X-Error-Code", "")
+    detail = headers.get("X-Error-Message", "") or f"HTTP {status}"
+    message = f"{what}: {detail}" + (f" ({code})" if code else "")
+    if status == 404 and code == "RevisionNotFound":
+        return RevisionNotFound(message)
+    if code == "GatedRepo" or status in (401, 403, 404):
+        return AccessDenied(message)
+    return SourceUnavailable(message)
+
+
+@dataclass
+class Body:
+    """A file response being read: where it starts, the file's total size, the bytes."""
+
+    start: int
+    """The offset of the first byte (0 for a whole-file 200)."""
+    total: int | None
+    """The file size the server claims (Content-Range total, or Content-Length of a 200)."""
+    _response: aiohttp.ClientResponse
+
+    async def chunks(self, size: int) -> AsyncIterator[bytes]:
+        """Yield the body in pieces of at most ``size`` bytes.
+
+        :raises SourceUnavailable: the connection broke or stalled (the caller resumes).
+        """
+        try:
+            async for chunk in self._response.content.iter_chunked(size):
+                yield chunk
+        except (aiohttp.ClientError, TimeoutError, ConnectionError) as e:
+            raise SourceUnavailable(f"download interrupted: {e or type(e).__name__}") from e
+
+
+class HubClient:
+    """Hub calls on one shared session; create with :func:`client`."""
+
+    def __init__(self, session: aiohttp.ClientSession, settings: HubSettings) -> None:
+        self._session = session
+        self._settings = settings
+        self._origin = URL(settings.endpoint.rstrip("/")).origin()
+        self._base = settings.endpoint.rstrip("/")
+
+    @property
+    def settings(self) -> HubSettings:
+        return self._settings
+
+    def _headers(self, url: URL, token: str | None) -> dict[str, str]:
+        headers = {"User-Agent": USER_AGENT, "Accept-Encoding": "identity"}
+        if token and url.origin() == self._origin:
+            headers["Authorization"] = f"Bearer {token}"
+        return headers
+
+    @asynccontextmanager
+    async def _get(
+        self, url: URL, token: str | None, extra: Mapping[str, str] | None = None
+    ) -> AsyncIterator[aiohttp.ClientResponse]:
+        """GET following redirects by hand; the token only goes to the endpoint's origin."""
+        for _ in range(MAX_REDIRECTS + 1):
+            headers = {**self._headers(url, token), **(extra or {})}
+            try:
+                response = await self._session.get(
+                    url, headers=headers, allow_redirects=False, proxy=self._settings.proxy
+                )
+            except (aiohttp.ClientError, TimeoutError, OSError) as e:
+                raise SourceUnavailable(f"GET {url.host}{url.path}: {e or type(e).__name__}") from e
+            if response.status in (301, 302, 303, 307, 308) and "Location" in response.headers:
+                location = url.join(URL(response.headers["Location"], encoded=True))
+                response.release()
+                if url.scheme == "https" and location.scheme != "https":
+                    token = None  # never downgrade a credential to plain http
+                url = location
+                continue
+            try:
+                yield response
+            finally:
+                response.release()
+            return
+        raise SourceUnavailable(f"GET {url.host}{url.path}: more than {MAX_REDIRECTS} redirects")
+
+    async def commit(self, repository: str, revision: str, *, token: str | None) -> str:
+        """The 40-hex commit ``revision`` names (annotated tags peeled by the Hub)."""
+        url = URL(
+            f"{self._base}/api/models/{quote(repository, safe='/')}"
+            f"/revision/{quote(revision, safe='')}",
+            encoded=True,
+        )
+        body = await self._read_json(url, token, f"revision {revision!r} of {repository}")
+        try:
+            sha = _REVISION.decode(body).sha
+        except msgspec.DecodeError as e:
+            raise SourceUnavailable(f"revision {revision!r} of {repository}: {e}") from e
+        if len(sha) != 40 or any(c not in "0123456789abcdef" for c in sha):
+            raise SourceUnavailable(f"revision {revision!r} of {repository}: bad commit {sha!r}")
+        return sha
+
+    async def tree(self, repository: str, commit: str, *, token: str | None) -> list[Entry]:
+        """Every file at ``commit``, following ``Link: rel="next"`` pages on the same origin."""
+        url: URL | None = URL(
+            f"{self._base}/api/models/{quote(repository, safe='/')}/tree/{quote(commit, safe='')}"
+            "?recursive=true&expand=false",
+            encoded=True,
+        )
+        entries: list[Entry] = []
+        while url is not None:
+            async with self._get(url, token) as response:
+                body = await self._body(response, f"tree of {repository}@{commit[:12]}")
+                next_link = response.links.get("next")
+                next_url = next_link.get("url") if next_link is not None else None
+            try:
+                raws = _TREE.decode(body)
+            except msgspec.DecodeError as e:
+                raise SourceUnavailable(f"tree of {repository}: malformed page: {e}") from e
+            entries.extend(e for e in map(_entry, raws) if e is not None)
+            if len(entries) > MAX_TREE_ENTRIES:
+                raise SourceUnavailable(f"tree of {repository}: over {MAX_TREE_ENTRIES} files")
+            url = self._next_page(next_url, url)
+        return entries
+
+    def _next_page(self, link: object, current: URL) -> URL | None:
+        if link is None:
+            return None
+        nxt = current.join(URL(str(link), encoded=True))
+        if nxt.origin() != self._origin:
+            raise SourceUnavailable(f"tree page link leaves {self._origin}: {nxt.origin()}")
+        return nxt
+
+    async def _read_json(self, url: URL, token: str | None, what: str) -> bytes:
+        async with self._get(url, token) as response:
+            return await self._body(response, what)
+
+    async def _body(self, response: aiohttp.ClientResponse, what: str) -> bytes:
+        if response.status != 200:
+            raise _failure(response.status, response.headers, what)
+        if (response.content_length or 0) > MAX_PAGE_BYTES:
+            raise SourceUnavailable(f"{what}: body over {MAX_PAGE_BYTES} bytes")
+        try:
+            body = await response.content.read(MAX_PAGE_BYTES + 1)
+        except (aiohttp.ClientError, TimeoutError, OSError) as e:
+            raise SourceUnavailable(f"{what}: {e or type(e).__name__}") from e
+        if len(body) > MAX_PAGE_BYTES:
+            raise SourceUnavailable(f"{what}: body over {MAX_PAGE_BYTES} bytes")
+        return body
+
+    @asynccontextmanager
+    async def download(
+        self,
+        repository: str,
+        commit: str,
+        path: str,
+        *,
+        token: str | None,
+        start: int = 0,
+        end: int | None = None,
+    ) -> AsyncIterator[Body]:
+        """Open ``path`` at ``commit`` from byte ``start`` up to ``end`` (exclusive).
+
+        A server that ignores ``Range`` answers 200 with the whole file: ``Body.start`` is then 0
+        and the caller must restart the file. :raises HubError: on a refusal.
+        """
+        url = URL(
+            f"{self._base}/{quote(repository, safe='/')}/resolve/{quote(commit, safe='')}"
+            f"/{quote(path, safe='/')}",
+            encoded=True,
+        )
+        ranged = start > 0 or end is not None
+        extra = {"Range": f"bytes={start}-{'' if end is None else end - 1}"} if ranged else None
+        async with self._get(url, token, extra) as response:
+            yield _body_of(response, path)
+
+
+def _body_of(response: aiohttp.ClientResponse, path: str) -> Body:
+    if response.status == 206:
+        start, total = _content_range(response.headers.get("Content-Range", ""), path)
+        return Body(start, total, response)
+    if response.status == 200:
+        return Body(0, response.content_length, response)
+    if response.status == 416:
+        raise IntegrityMismatch(f"{path}: the server says the range is past the end of the file")
+    raise _failure(response.status, response.headers, path)
+
+
+def _content_range(value: str, path: str) -> tuple[int, int | None]:
+    """``bytes a-b/total`` -> (a, total). :raises SourceUnavailable: when malformed."""
+    try:
+        unit, _, rest = value.partition(" ")
+        span, _, total = rest.partition("/")
+        first = int(span.partition("-")[0])
+        if unit != "bytes":
+            raise ValueError(unit)
+        return first, None if total == "*" else int(total)
+    except ValueError as e:
+        raise SourceUnavailable(f"{path}: malformed Content-Range {value!r}") from e
+
+
+def _ssl_context(settings: HubSettings) -> ssl.SSLContext | bool:
+    if settings.ca_file:
+        return ssl.create_default_context(cafile=settings.ca_file)
+    return True
+
+
+@asynccontextmanager
+async def client(settings: HubSettings) -> AsyncIterator[HubClient]:
+    """A :class:`HubClient` whose session (and its connections) close on exit."""
+    timeout = aiohttp.ClientTimeout(
+        total=None, connect=settings.connect_timeout_s, sock_read=settings.stall_timeout_s
+    )
+    connector = aiohttp.TCPConnector(limit=settings.max_connections, ssl=_ssl_context(settings))
+    async with aiohttp.ClientSession(
+        timeout=timeout,
+        connector=connector,
+        auto_decompress=False,
+        trust_env=False,
+        read_bufsize=READ_BUFFER,
+    ) as session:
+        yield HubClient(session, settings)

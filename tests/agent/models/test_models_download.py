@@ -1,0 +1,182 @@
+"""Downloading one file: segments, resume after a cut connection or a restart, verification."""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import hashlib
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import anyio
+import grpc
+import pytest
+from models_harness import FILES, TUNING, Rig, code_of, content, publish_request, settled
+
+from agent.models import downloading
+from agent.models.errors import NoSpace
+from bus.hub import client as hub_client
+from bus.hub import testing
+from bus.hub.errors import IntegrityMismatch
+from bus.hub.manifest import Entry
+
+pytestmark = pytest.mark.anyio
+
+BIG = content(3 * 1024 * 1024 + 5, 7)
+ENTRY = Entry("sha256", hashlib.sha256(BIG).hexdigest(), len(BIG), "big.bin")
+
+
+@pytest.fixture
+async def served(tmp_path: Path) -> AsyncIterator[tuple[testing.FakeHub, downloading.Origin]]:
+    fake = testing.FakeHub(tmp_path / "hub")
+    commit = fake.add("org/m", {"big.bin": BIG})
+    async with (
+        testing.serving(fake) as endpoints,
+        hub_client.client(hub_client.HubSettings(endpoint=endpoints.hub)) as hub,
+    ):
+        yield fake, downloading.Origin(hub, "org/m", commit, None)
+
+
+async def _fetch(origin: downloading.Origin, tmp: Path, moved: list[int], **limits: int) -> None:
+    await downloading.fetch(
+        origin,
+        ENTRY,
+        tmp / "tree" / "big.bin",
+        tmp / "state",
+        limits=downloading.Limits(limits.get("concurrency", 8), limits.get("rate", 0)),
+        tuning=TUNING,
+        progress=moved.append,
+    )
+
+
+async def test_large_file_arrives_in_ranged_segments(
+    served: tuple[testing.FakeHub, downloading.Origin], tmp_path: Path
+) -> None:
+    fake, origin = served
+    moved: list[int] = []
+
+    await _fetch(origin, tmp_path, moved)
+
+    assert (tmp_path / "tree" / "big.bin").read_bytes() == BIG
+    ranges = sorted(s.range for s in fake.seen if s.path.startswith("/blobs/") and s.range)
+    assert len(ranges) == 13  # 3 MiB + 5 bytes in 256 KiB segments
+    assert sum(moved) == len(BIG)
+
+
+async def test_a_connection_cut_mid_file_resumes_from_the_last_byte(
+    served: tuple[testing.FakeHub, downloading.Origin], tmp_path: Path
+) -> None:
+    fake, origin = served
+    fake.break_once["big.bin"] = 100_000  # the first response stops after 100 000 bytes
+
+    await _fetch(origin, tmp_path, [])
+
+    assert (tmp_path / "tree" / "big.bin").read_bytes() == BIG
+    resumed = [s.range for s in fake.seen if s.path.startswith("/blobs/")]
+    # segment 0 was asked twice: from 0, then from where the cut left it (a chunk boundary)
+    assert resumed.count("bytes=0-262143") == 1
+    assert "bytes=65536-262143" in resumed
+
+
+async def test_a_restart_resumes_what_was_written(
+    served: tuple[testing.FakeHub, downloading.Origin], tmp_path: Path
+) -> None:
+    fake, origin = served
+    moved: list[int] = []
+
+    with anyio.CancelScope() as scope:
+
+        def count(n: int) -> None:
+            moved.append(n)
+            if sum(moved) > len(BIG) // 2:
+                scope.cancel()
+
+        await downloading.fetch(
+            origin,
+            ENTRY,
+            tmp_path / "tree" / "big.bin",
+            tmp_path / "state",
+            limits=downloading.Limits(2, 0),
+            tuning=TUNING,
+            progress=count,
+        )
+    first = sum(moved)
+    fake.seen.clear()
+    again: list[int] = []
+    await _fetch(origin, tmp_path, again)
+
+    assert scope.cancelled_caught
+    assert (tmp_path / "tree" / "big.bin").read_bytes() == BIG
+    assert 0 < sum(again) < len(BIG)  # only what was missing came again
+    assert first + sum(again) >= len(BIG)
+    assert not [s for s in fake.seen if s.range == "bytes=0-262143"]
+
+
+async def test_a_server_without_ranges_still_gives_a_verified_file(
+    served: tuple[testing.FakeHub, downloading.Origin], tmp_path: Path
+) -> None:
+    fake, origin = served
+    fake.ranges = False
+
+    await _fetch(origin, tmp_path, [], rate=64 * 1024 * 1024)
+
+    assert (tmp_path / "tree" / "big.bin").read_bytes() == BIG
+
+
+async def test_corrupt_bytes_delete_the_file_and_its_state(
+    served: tuple[testing.FakeHub, downloading.Origin], tmp_path: Path
+) -> None:
+    fake, origin = served
+    fake.corrupt.add("big.bin")
+
+    with pytest.raises(IntegrityMismatch):
+        await _fetch(origin, tmp_path, [])
+
+    assert not (tmp_path / "tree" / "big.bin").exists()
+    assert not (tmp_path / "state").exists()
+
+
+def _tmpfs(path: Path, size: str) -> bool:
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    path.mkdir(parents=True)
+    return libc.mount(b"tmpfs", os.fsencode(path), b"tmpfs", 0, f"size={size}".encode()) == 0
+
+
+def _umount(path: Path) -> None:
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    libc.umount2(os.fsencode(path), 2)
+
+
+async def test_a_full_disk_is_no_space_before_any_byte(
+    served: tuple[testing.FakeHub, downloading.Origin], tmp_path: Path
+) -> None:
+    _, origin = served
+    small = tmp_path / "small"
+    if not _tmpfs(small, "1m"):
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        with pytest.raises(NoSpace):
+            await _fetch(origin, small, [])
+    finally:
+        _umount(small)
+
+
+async def test_a_full_cache_answers_resource_exhausted_and_publishes_nothing(rig: Rig) -> None:
+    record = rig.artifact("org/model", FILES)
+    root = rig.settings.cache_root
+    if not _tmpfs(root, "2m"):
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        async with rig.running() as plugin:
+            first, _ = await code_of(plugin.socket, publish_request(record, rig.target()))
+            await settled(plugin)
+            code, message = await code_of(plugin.socket, publish_request(record, rig.target()))
+            published = list((root / "published").iterdir())
+    finally:
+        _umount(root)
+
+    assert first == grpc.StatusCode.ABORTED
+    assert code == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "InsufficientCapacity" in message
+    assert published == []

@@ -1,0 +1,181 @@
+"""The whole process: artifacts from the bus KV, models on the bus, HTTPS endpoints."""
+
+from __future__ import annotations
+
+import json
+import ssl
+from pathlib import Path
+
+import aiohttp
+import anyio
+import msgspec
+import pytest
+from models_harness import FILES, TUNING, code_of, manifest_of, publish_request
+
+from agent.models import running
+from agent.models.policy import MemoryPolicy
+from agent.models.settings import ModelManagerSettings
+from bus import codec, connection, events, kv, serving, state, testing
+from bus.hub import testing as hub_testing
+from bus.hub.records import ArtifactRecord, Source
+
+pytestmark = pytest.mark.anyio
+
+
+async def _get(url: str) -> tuple[int, bytes]:
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    async with aiohttp.ClientSession() as s, s.get(url, ssl=context) as r:
+        return r.status, await r.read()
+
+
+async def test_serve_reads_artifacts_from_kv_and_publishes_models(tmp_path: Path) -> None:
+    hub = hub_testing.FakeHub(tmp_path / "hub")
+    commit = hub.add("org/model", FILES)
+    digest = manifest_of(FILES).digest
+    async with testing.nats_server(tmp_path / "nats") as nats, hub_testing.serving(hub) as ep:
+        bus_settings = testing.settings_for(nats)
+        settings = ModelManagerSettings(
+            node_name="node-1",
+            kubelet_dir=tmp_path / "kubelet",
+            cache_root=tmp_path / "cache",
+            csi_socket=tmp_path / "csi.sock",
+            hub_endpoint=ep.hub,
+            tuning=TUNING,
+            https=serving.HttpsSettings(bind_address="127.0.0.1", port=0),
+            bus=bus_settings,
+        )
+        async with connection.connect(bus_settings, retry=False) as conn:
+            bucket = await kv.open_bucket(conn, kv.AGENTS_BUCKET)
+            record = kv.ArtifactRecord(
+                namespace="team-a",
+                name="llm",
+                uid="u-1",
+                source=kv.HuggingFaceSource(repository="org/model"),
+                manifest_digest=digest,
+                revision=commit,
+            )
+            await bucket.put_record(kv.artifact_key("team-a", "llm"), record)
+            await bucket.put_record(
+                kv.nms_key("node-1"),
+                kv.StoreSpecRecord(node="node-1", spec={"download": {"concurrency": 4}}),
+            )
+            policy = MemoryPolicy()
+            ask = ArtifactRecord(
+                namespace="team-a",
+                name="llm",
+                uid="u-1",
+                source=Source(repository="org/model"),
+                manifest_digest=digest,
+            )
+            target = settings.pods_dir / "p" / "volumes" / "kubernetes.io~csi" / "m" / "mount"
+            target.parent.mkdir(parents=True)
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(running.serve, settings, policy)
+
+                async def synced() -> bool:
+                    return policy.synced() and settings.socket_path.exists()
+
+                await testing.eventually(synced)
+                code, message = await code_of(settings.socket_path, publish_request(ask, target))
+
+                async def ready_on_bus() -> bool:
+                    raw = await state.snapshot(conn, bus_settings, node="node-1", kind="models")
+                    decoded = [
+                        codec.decode(data, kind="models", node="node-1", max_bytes=1 << 20)
+                        for _, data in raw
+                    ]
+                    return any(
+                        isinstance(e, events.ModelsEvent)
+                        and [(m.model, m.state) for m in e.models] == [(digest, "ready")]
+                        for e in decoded
+                    )
+
+                await testing.eventually(ready_on_bus)
+                tg.cancel_scope.cancel()
+
+    assert code.name == "ABORTED", message
+    assert "materializing" in message
+    assert policy.spec() is not None and policy.spec().download.concurrency == 4  # type: ignore[union-attr]
+
+
+async def test_https_endpoints(tmp_path: Path) -> None:
+    hub = hub_testing.FakeHub(tmp_path / "hub")
+    hub.gate = anyio.Event()
+    commit = hub.add("org/model", FILES)
+    digest = manifest_of(FILES).digest
+    async with hub_testing.serving(hub) as ep:
+        settings = ModelManagerSettings(
+            node_name="node-1",
+            kubelet_dir=tmp_path / "kubelet",
+            cache_root=tmp_path / "cache",
+            csi_socket=tmp_path / "csi.sock",
+            hub_endpoint=ep.hub,
+            tuning=TUNING,
+            https=serving.HttpsSettings(bind_address="127.0.0.1", port=0),
+        )
+        ask = ArtifactRecord(
+            namespace="team-a",
+            name="llm",
+            uid="u-1",
+            source=Source(repository="org/model"),
+            resolved=True,
+            manifest_digest=digest,
+            commit=commit,
+        )
+        policy = MemoryPolicy([ask])
+        target = settings.pods_dir / "p" / "volumes" / "kubernetes.io~csi" / "m" / "mount"
+        target.parent.mkdir(parents=True)
+        async with running.plugin(settings, policy=policy) as plugin:
+            await code_of(plugin.socket, publish_request(ask, target))
+            async with serving.https_server(
+                settings.https,
+                registry=plugin.metrics.registry,
+                ready=lambda: True,
+                routes={"/model/downloads": lambda: _downloads(plugin)},
+            ) as server:
+                status, body = await _get(server.url + "/model/downloads")
+                mstatus, metrics = await _get(server.url + "/metrics")
+            hub.gate.set()
+
+    assert status == 200
+    (download,) = json.loads(body)
+    assert (download["digest"], download["downloadedBytes"], download["source"]) == (
+        digest,
+        0,
+        "Hub",
+    )
+    assert download["sizeBytes"] in (0, manifest_of(FILES).size)  # 0 while listing
+    assert mstatus == 200
+    assert b'gpustack_model_manager_mounts_total{result="pending"} 1.0' in metrics
+    assert b"gpustack_model_manager_capacity_bytes" in metrics
+
+
+async def _downloads(plugin: running.Plugin) -> serving.Response:
+    from agent.models import reporting
+
+    return serving.Response(
+        body=reporting.downloads_json(plugin.materializer.jobs), content_type="application/json"
+    )
+
+
+def test_settings_from_flags() -> None:
+    values: dict[str, object] = {
+        "node_name": "n1",
+        "kubelet_dir": "/k",
+        "cache_root": "/c",
+        "csi_socket": "",
+        "secure_port": 32444,
+        "bind_address": "0.0.0.0",
+        "cert_dir": "",
+    }
+    s = running.settings_from(values, {"HF_TOKEN": "t", "HF_ENDPOINT": "http://mirror"})
+
+    assert s.socket_path == Path("/k/plugins/model.csi.gpustack.ai/csi.sock")
+    assert (s.hub_token, s.hub_endpoint, s.bus) == ("t", "http://mirror", None)
+    with pytest.raises(ValueError, match="absolute"):
+        running.settings_from({**values, "cache_root": "rel"}, {})
+    with pytest.raises(ValueError, match="node-name"):
+        running.settings_from({**values, "node_name": ""}, {})
+    assert msgspec.structs.asdict(s.https)["port"] == 32444

@@ -1,0 +1,102 @@
+"""``standalone``: embedded NATS + device agent + worker with the bus-KV sink, one process."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import anyio
+import pytest
+
+from bus import connection, kv, state, testing
+from bus.settings import BusSettings
+from gpustack_operator import standalone
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+def _settings(tmp_path: Path) -> standalone.StandaloneSettings:
+    values: dict[str, object] = {
+        "state_dir": str(tmp_path / "state"),
+        "nats_port": 0,
+        "worker_port": 0,
+        "device_manager_port": 0,
+        "simulate": "nvidia-h200x8",
+        "node_name": "laptop.example",
+        "monitor_period": 0.5,
+        "manufacturer": "",
+        "no_pci_check": False,
+        "no_fast_failed": True,
+        "bind_address": "127.0.0.1",
+    }
+    return standalone.settings_from(values, {}, version="0.0.0-test")
+
+
+async def test_devices_reach_the_kv_ledger_through_the_worker(tmp_path: Path) -> None:
+    settings = _settings(tmp_path)
+    banners, banner_reader = anyio.create_memory_object_stream[str](1)
+    async with anyio.create_task_group() as tg:
+        url = await tg.start(functools.partial(standalone.run, settings, out=banners))
+        banner = await banner_reader.receive()
+        bus = BusSettings.for_tests(url)
+        async with connection.connect(bus, retry=False) as conn:
+            ledger = await kv.open_bucket(conn, kv.LEDGER_BUCKET)
+
+            async def devices_written() -> bool:
+                return any("laptop" in k for k in await ledger.keys("devices.>"))
+
+            await testing.eventually(devices_written, timeout_s=20)
+            (key,) = [k for k in await ledger.keys("devices.>") if "laptop" in k]
+            found = await ledger.get(key)
+            assert found is not None
+            body = json.loads(found[0])
+            groups = body["spec"]["groups"]
+            assert groups[0]["id"] == "nvidia-h200" and len(groups[0]["accelerators"]) == 8
+            retained = await state.snapshot(conn, bus, node="laptop.example", kind="devices")
+            assert retained, "the devices spec is retained on the bus too"
+        tg.cancel_scope.cancel()
+    banner_reader.close()
+    assert f"bus watch --nats-url {url}" in banner
+
+
+def test_the_command_stops_cleanly_on_sigint_and_leaves_no_server(tmp_path: Path) -> None:
+    cli = os.path.join(os.path.dirname(sys.executable), "gpustack-operator")
+    with subprocess.Popen(
+        [
+            cli,
+            "standalone",
+            "--simulate",
+            "amd-rx7800xt-x2",
+            "--state-dir",
+            str(tmp_path),
+            "--nats-port",
+            "0",
+            "--worker-port",
+            "0",
+            "--device-manager-port",
+            "0",
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+    ) as process:
+        assert process.stderr is not None
+        seen = []
+        for line in process.stderr:
+            seen.append(line)
+            if "stop:" in line:
+                break
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=30) == 0, "".join(seen)
+    conf = str(tmp_path / "nats")
+    leftovers = subprocess.run(["pgrep", "-f", conf], capture_output=True, text=True, check=False)
+    assert leftovers.stdout == "", "the embedded nats-server outlived the command"
