@@ -31,3 +31,6 @@ test *args:
 bench:
     {{python}} bench/bench_detect.py
     {{python}} bench/bench_bus.py
+    {{python}} bench/bench_deviceplugin.py
+    {{python}} bench/bench_serve.py
+    {{python}} bench/bench_models.py
