@@ -344,6 +344,10 @@ async def _open(settings: BusSettings, name: str | None, retry: bool) -> Client:
             log.warning("cannot connect to %s (%r); retrying in %.1fs", settings.url, e, delay)
             attempt += 1
             await anyio.sleep(delay)
+        except BaseException:  # cancelled mid-connect: close the half-open client, then go
+            with anyio.CancelScope(shield=True):
+                await _quietly(nc.close())
+            raise
         else:
             # nats-py has no separate setting for the first connection, and with -1 it would
             # spin inside connect() forever: switch to "reconnect forever" only now.

@@ -22,11 +22,13 @@ reversible and canonical (:func:`escape` / :func:`unescape`).
 from __future__ import annotations
 
 import re
-from typing import Any, Final
+from collections.abc import Awaitable, Callable
+from typing import Any, Final, TypeVar
 
 import msgspec
 
 from bus.connection import Connection
+from bus.errors import BusError, KeyConflict
 
 __all__ = [
     "AGENTS_BUCKET",
@@ -34,6 +36,7 @@ __all__ = [
     "ArtifactRecord",
     "Bucket",
     "HuggingFaceSource",
+    "Observer",
     "SecretRef",
     "StoreSpecRecord",
     "artifact_key",
@@ -45,6 +48,7 @@ __all__ = [
 
 LEDGER_BUCKET: Final = "GPUSTACK_V1_LEDGER"
 AGENTS_BUCKET: Final = "GPUSTACK_V1_AGENTS"
+T = TypeVar("T")
 _PLAIN = re.compile(r"[A-Za-z0-9_-]")
 _ESCAPED = re.compile(r"=([0-9A-F]{2})")
 
@@ -110,6 +114,9 @@ class ArtifactRecord(_Record, frozen=True, kw_only=True):
     revision: str | None = None
     """The resolved commit."""
     token_secret: SecretRef | None = None
+    allow_patterns: tuple[str, ...] = ()
+    """``spec.allowPatterns``: the files the manifest was listed with."""
+    ignore_patterns: tuple[str, ...] = ()
 
 
 class StoreSpecRecord(_Record, frozen=True, kw_only=True):
@@ -119,34 +126,59 @@ class StoreSpecRecord(_Record, frozen=True, kw_only=True):
     spec: dict[str, Any]
 
 
+Observer = Callable[[str, str], None]
+"""Called with ``(verb, result)`` after every bucket operation: verbs ``kv_get``, ``kv_put``,
+``kv_delete``, ``kv_keys``; results ``ok``, ``conflict`` (a failed ``last`` precondition) or
+``error``."""
+
+
+def _ignore(verb: str, result: str) -> None:
+    pass
+
+
 class Bucket:
     """One key-value bucket: bytes values with revisions; see :class:`Connection` for errors."""
 
-    def __init__(self, conn: Connection, name: str) -> None:
+    def __init__(self, conn: Connection, name: str, *, observe: Observer = _ignore) -> None:
         self._conn = conn
         self.name = name
+        self._observe = observe
 
     async def get(self, key: str) -> tuple[bytes, int] | None:
-        return await self._conn.kv_get(self.name, key)
+        return await self._counted("kv_get", self._conn.kv_get(self.name, key))
 
     async def put(self, key: str, value: bytes, *, last: int | None = None) -> int:
         """:raises bus.errors.KeyConflict: ``last`` given and not the current revision."""
-        return await self._conn.kv_put(self.name, key, value, last=last)
+        return await self._counted("kv_put", self._conn.kv_put(self.name, key, value, last=last))
 
     async def delete(self, key: str) -> None:
-        await self._conn.kv_delete(self.name, key)
+        await self._counted("kv_delete", self._conn.kv_delete(self.name, key))
 
     async def keys(self, prefix: str = ">") -> list[str]:
-        return await self._conn.kv_keys(self.name, prefix)
+        return await self._counted("kv_keys", self._conn.kv_keys(self.name, prefix))
 
     async def put_record(self, key: str, record: _Record) -> int:
         return await self.put(key, msgspec.json.encode(record))
 
+    async def _counted(self, verb: str, operation: Awaitable[T]) -> T:
+        try:
+            result = await operation
+        except KeyConflict:
+            self._observe(verb, "conflict")
+            raise
+        except BusError:
+            self._observe(verb, "error")
+            raise
+        self._observe(verb, "ok")
+        return result
 
-async def open_bucket(conn: Connection, name: str, *, replicas: int = 1) -> Bucket:
-    """Create or bind ``name`` (history 1).
+
+async def open_bucket(
+    conn: Connection, name: str, *, replicas: int = 1, observe: Observer = _ignore
+) -> Bucket:
+    """Create or bind ``name`` (history 1); ``observe`` counts every later operation.
 
     :raises bus.errors.StateUnavailable: JetStream is off or not answering.
     """
     await conn.kv_ensure(name, history=1, replicas=replicas)
-    return Bucket(conn, name)
+    return Bucket(conn, name, observe=observe)

@@ -12,6 +12,7 @@ __all__ = [
     "ApiError",
     "Conflict",
     "ControlPlaneError",
+    "Gone",
     "Invalid",
     "NotFound",
     "ResolveFailed",
@@ -50,6 +51,10 @@ class Conflict(ApiError):
     """
 
 
+class Gone(ApiError):
+    """410: a watch's ``resourceVersion`` is too old; list again and watch from the list."""
+
+
 class TooManyRequests(ApiError):
     """429: the server asks us to slow down; ``retry_after_s`` says how long when it said."""
 
@@ -67,12 +72,17 @@ class SinkUnavailable(ControlPlaneError):
 
 
 class ResolveFailed(ControlPlaneError):
-    """A ModelArtifact could not be resolved; ``reason`` is the condition reason."""
+    """A ModelArtifact could not be resolved; ``reason`` is the condition reason.
 
-    def __init__(self, reason: str, message: str = "") -> None:
+    ``temporary``: the Hub could not answer now (retry with backoff); otherwise someone must
+    change something (a token, the repository, the spec) before it can succeed.
+    """
+
+    def __init__(self, reason: str, message: str = "", *, temporary: bool = False) -> None:
         super().__init__(f"{reason}: {message}" if message else reason)
         self.reason = reason
         self.message = message
+        self.temporary = temporary
 
 
 def for_status(status: int, message: str = "", *, retry_after_s: float | None = None) -> ApiError:
@@ -82,6 +92,8 @@ def for_status(status: int, message: str = "", *, retry_after_s: float | None = 
         cls = NotFound
     elif status == 409:
         cls = Conflict
+    elif status == 410:
+        cls = Gone
     elif status == 429:
         cls = TooManyRequests
     elif status == 0 or status >= 500:

@@ -5,7 +5,8 @@ it is absent, expired (``renewTime + leaseDurationSeconds`` in the past) or rele
 with a ``resourceVersion`` precondition so two candidates never both win. The leader renews every
 ``retry_s``; when it cannot renew for ``renew_timeout_s`` it stops leading *before* the lease can
 expire for others (``renew_timeout_s < lease_s``), so two leaders never overlap. On a clean exit
-the leader releases the Lease, so a successor takes over at once instead of after ``lease_s``.
+the leader releases the Lease, so a successor takes over at once instead of after ``lease_s``;
+so does a replica cancelled while its acquiring request was in flight.
 """
 
 from __future__ import annotations
@@ -146,25 +147,38 @@ async def run_elected(
     *,
     on_change: Callable[[bool], None] = lambda leading: None,
 ) -> None:
-    """Forever: wait to win the Lease, run ``lead()`` while holding it, cancel it on loss."""
+    """Forever: wait to win the Lease, run ``lead()`` while holding it, cancel it on loss.
+
+    On any exit (cancellation included, even in the middle of the acquiring request) the Lease
+    is released when this replica holds it, so a successor takes over at once. Only when the
+    API cannot be reached within ``renew_timeout_s`` during that release is the Lease left to
+    expire after ``lease_s``.
+    """
     elector = _Elector(client, settings, identity)
+    try:
+        while True:
+            await _wait_to_win(elector, settings)
+            log.info("%s became the leader (lease %s)", identity, settings.name)
+            on_change(True)
+            try:
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(_keep, elector, settings, tg.cancel_scope)
+                    await lead()
+                    tg.cancel_scope.cancel()
+            finally:
+                on_change(False)
+                with anyio.move_on_after(settings.renew_timeout_s, shield=True):
+                    await elector.release()
+    finally:
+        with anyio.move_on_after(settings.renew_timeout_s, shield=True):
+            await elector.release()
+
+
+async def _wait_to_win(elector: _Elector, settings: LeaderSettings) -> None:
     while True:
         try:
-            won = await elector.try_acquire()
+            if await elector.try_acquire():
+                return
         except errors.ApiError as e:
             log.warning("acquiring the lease failed: %s", e)
-            won = False
-        if not won:
-            await anyio.sleep(settings.retry_s)
-            continue
-        log.info("%s became the leader (lease %s)", identity, settings.name)
-        on_change(True)
-        try:
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(_keep, elector, settings, tg.cancel_scope)
-                await lead()
-                tg.cancel_scope.cancel()
-        finally:
-            on_change(False)
-            with anyio.move_on_after(settings.renew_timeout_s, shield=True):
-                await elector.release()
+        await anyio.sleep(settings.retry_s)

@@ -10,7 +10,7 @@ _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.
 
 
 class WorkerMetrics:
-    """Events consumed and rejected, reconcile latency, API writes, queue depth, leadership.
+    """Events consumed and rejected, reconcile latency, API and KV writes, queue depth, leadership.
 
     Decode errors of bus messages are ``gpustack_bus_dropped_messages_total`` from
     :class:`bus.metrics.BusMetrics` on the same registry.
@@ -31,7 +31,7 @@ class WorkerMetrics:
         )
         self.reconcile_seconds = Histogram(
             "gpustack_worker_reconcile_seconds",
-            "Time to reconcile one key, by object kind.",
+            "Time to reconcile one key, by object kind (node, modelartifact).",
             ["kind"],
             buckets=_LATENCY_BUCKETS,
             registry=r,
@@ -44,7 +44,9 @@ class WorkerMetrics:
         )
         self.api_requests = Counter(
             "gpustack_worker_api_requests",
-            "Requests to the API (or the KV ledger), by verb and result.",
+            "Requests to the Kubernetes API (verbs get, create, patch, update, delete, watch; "
+            "result ok or the HTTP status) and operations on the bus KV buckets (verbs kv_get, "
+            "kv_put, kv_delete, kv_keys; result ok, conflict or error).",
             ["verb", "result"],
             registry=r,
         )

@@ -18,6 +18,7 @@ __all__ = [
     "MODELARTIFACTS",
     "NODEMODELSTORES",
     "NODES",
+    "SECRETS",
     "VERSION",
     "Observed",
     "Ref",
@@ -58,6 +59,7 @@ MODELARTIFACTS: Final = Resource(
     group=GROUP, version=VERSION, plural="modelartifacts", kind="ModelArtifact", namespaced=True
 )
 NODES: Final = Resource(group="", version="v1", plural="nodes", kind="Node")
+SECRETS: Final = Resource(group="", version="v1", plural="secrets", kind="Secret", namespaced=True)
 LEASES: Final = Resource(
     group="coordination.k8s.io", version="v1", plural="leases", kind="Lease", namespaced=True
 )

@@ -28,12 +28,14 @@ from bus import connection, kv, serving, state, subscribing
 from bus.errors import BusError
 from bus.metrics import BusMetrics
 from bus.settings import BusSettings
-from controlplane import crds, errors, leading
+from controlplane import crds, errors, leading, resolving
 from controlplane.k8s import client
 from controlplane.metrics import WorkerMetrics
+from controlplane.reconciling.artifacting import ArtifactReconciler
 from controlplane.reconciling.ledger import Ledger
 from controlplane.reconciling.nodes import NodeReconciler
 from controlplane.reconciling.processing import Processor
+from controlplane.resolving import Resolver
 from controlplane.sinks import KubeSink, KvSink, Sink
 
 __all__ = ["Worker", "WorkerSettings", "run", "settings_from", "worker_command"]
@@ -58,6 +60,10 @@ class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
     resync_s: float = 60.0
     crd_check_s: float = 60.0
     max_nodes: int = 20_000
+    hub_endpoint: str = "https://huggingface.co"
+    """Where ModelArtifacts are resolved (``--hf-endpoint``, else ``$HF_ENDPOINT``)."""
+    artifact_retry_base_s: float = 1.0
+    artifact_retry_cap_s: float = 300.0
 
 
 def settings_from(values: Mapping[str, object], env: Mapping[str, str]) -> WorkerSettings:
@@ -89,6 +95,9 @@ def settings_from(values: Mapping[str, object], env: Mapping[str, str]) -> Worke
             renew_timeout_s=float(cast(float, values.get("kube_leader_renew_timeout", 10.0))),
         ),
         identity=env.get("POD_NAME") or f"{socket.gethostname()}_{os.getpid()}",
+        hub_endpoint=cast(str, values.get("hf_endpoint") or "")
+        or env.get("HF_ENDPOINT")
+        or "https://huggingface.co",
     )
 
 
@@ -99,6 +108,7 @@ class Worker:
     url: str
     metrics: WorkerMetrics
     processor: Processor
+    artifacts: ArtifactReconciler
     leading: bool = False
 
 
@@ -107,7 +117,10 @@ async def _sink(
     settings: WorkerSettings, conn: connection.Connection, metrics: WorkerMetrics
 ) -> AsyncIterator[tuple[Sink, client.KubeClient | None]]:
     if settings.kube is None:
-        bucket = await kv.open_bucket(conn, kv.LEDGER_BUCKET, replicas=settings.bus.state_replicas)
+        bucket = await kv.open_bucket(
+            conn, kv.LEDGER_BUCKET, replicas=settings.bus.state_replicas,
+            observe=metrics.observe_request,
+        )  # fmt: skip
         yield KvSink(bucket), None
         return
     async with client.open_client(settings.kube, observe=metrics.observe_request) as api:
@@ -119,29 +132,44 @@ async def run(
     settings: WorkerSettings,
     *,
     registry: CollectorRegistry | None = None,
+    resolver: Resolver | None = None,
     task_status: TaskStatus[Worker] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Run the worker until cancelled; ``task_status.started`` once it serves and ingests."""
+    """Run the worker until cancelled; ``task_status.started`` once it serves and ingests.
+
+    ``resolver`` replaces the Hub client that resolves ModelArtifacts (tests, benchmarks).
+    """
     registry = registry or CollectorRegistry(auto_describe=True)
     metrics = WorkerMetrics(registry)
     bus_metrics = BusMetrics(registry)
     async with AsyncExitStack() as stack:
         conn = await stack.enter_async_context(connection.connect(settings.bus, name="worker"))
         await state.ensure_streams(conn, settings.bus)
-        agents = await kv.open_bucket(conn, kv.AGENTS_BUCKET, replicas=settings.bus.state_replicas)
+        agents = await kv.open_bucket(
+            conn, kv.AGENTS_BUCKET, replicas=settings.bus.state_replicas,
+            observe=metrics.observe_request,
+        )  # fmt: skip
         sink, api = await stack.enter_async_context(_sink(settings, conn, metrics))
+        if resolver is None:
+            resolver = await stack.enter_async_context(
+                resolving.hub_resolver(settings.hub_endpoint)
+            )
         ledger = Ledger(max_nodes=settings.max_nodes)
         reconciler = NodeReconciler(ledger=ledger, sink=sink, metrics=metrics, agents=agents)
+        artifacts = ArtifactReconciler(
+            sink=sink, resolver=resolver, ledger=ledger, metrics=metrics, agents=agents,
+            retry_base_s=settings.artifact_retry_base_s, retry_cap_s=settings.artifact_retry_cap_s,
+        )  # fmt: skip
         processor = Processor(
             ledger=ledger, reconciler=reconciler, sink=sink, metrics=metrics,
-            max_keys=settings.max_nodes,
+            max_keys=settings.max_nodes, on_models=artifacts.models_changed,
         )  # fmt: skip
         sub = await stack.enter_async_context(
             subscribing.subscribe(
                 conn, settings=settings.bus, metrics=bus_metrics, include_state=True
             )
         )
-        worker = Worker(url="", metrics=metrics, processor=processor)
+        worker = Worker(url="", metrics=metrics, processor=processor, artifacts=artifacts)
         server = await stack.enter_async_context(
             serving.https_server(settings.https, registry=registry, ready=lambda: conn.is_connected)
         )
@@ -150,8 +178,12 @@ async def run(
         async def lead() -> None:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(processor.resync_every, settings.resync_s)
+                tg.start_soon(artifacts.resync_every, settings.resync_s)
                 if api is not None:
                     tg.start_soon(crds.keep_present, api, settings.crd_check_s)
+                    tg.start_soon(processor.watch_nodes, api)
+                    tg.start_soon(artifacts.watch, api)
+                tg.start_soon(artifacts.work, max(1, settings.concurrency // 4))
                 await processor.work(settings.concurrency)
 
         def on_change(now_leading: bool) -> None:

@@ -134,6 +134,12 @@ _WORKER = (
         "gpustack-operator-model-manager",
         "the ServiceAccount the model-manager plugin runs as",
     ),
+    Flag(
+        "hf-endpoint",
+        "",
+        "the Hub ModelArtifacts are resolved against (default $HF_ENDPOINT, else "
+        "https://huggingface.co)",
+    ),
     *_SERVING,
     *NATS_FLAGS,
 )

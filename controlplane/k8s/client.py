@@ -10,6 +10,9 @@ Nodes and Leases alike. Every request:
   the caller's view is stale and only the caller can re-read and re-plan;
 - maps failures to :mod:`controlplane.errors` with ``from e``.
 
+:meth:`KubeClient.watch` streams a collection's changes through ``kubernetes_asyncio``'s
+``Watch`` over the same raw paths.
+
 Writes are merge patches (``application/merge-patch+json``) whose body may carry
 ``metadata.resourceVersion`` as a precondition, or server-side apply with field manager
 ``gpustack-operator`` (CRDs).
@@ -20,7 +23,7 @@ from __future__ import annotations
 import builtins
 import json
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any, Final
 
@@ -29,13 +32,14 @@ import anyio
 import msgspec
 from kubernetes_asyncio import client as k8s
 from kubernetes_asyncio import config as k8s_config
+from kubernetes_asyncio import watch as k8s_watch
 from kubernetes_asyncio.config.config_exception import ConfigException
 
 from controlplane import errors
 from controlplane.k8s.limiting import TokenBucket
 from controlplane.resources import FIELD_MANAGER, Ref, Resource
 
-__all__ = ["KubeClient", "KubeSettings", "open_client"]
+__all__ = ["KubeClient", "KubeSettings", "WatchEvent", "open_client"]
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +64,14 @@ class KubeSettings(msgspec.Struct, frozen=True, kw_only=True):
 
 Observer = Callable[[str, str], None]
 """Called with ``(verb, result)`` after every request; ``result`` is the status code or ``error``."""
+
+
+class WatchEvent(msgspec.Struct, frozen=True, kw_only=True):
+    """One change of a watched collection."""
+
+    type: str
+    """``ADDED``, ``MODIFIED``, ``DELETED`` or ``BOOKMARK``."""
+    object: dict[str, Any]
 
 
 class KubeClient:
@@ -111,6 +123,56 @@ class KubeClient:
         """:raises NotFound: already gone."""
         await self.request("DELETE", ref.path())
 
+    async def watch(
+        self,
+        resource: Resource,
+        *,
+        resource_version: str | None = None,
+        timeout_s: int = 300,
+    ) -> AsyncGenerator[WatchEvent, None]:
+        """Changes of ``resource`` (cluster-wide) until the server ends the stream.
+
+        Without ``resource_version`` the server first sends every existing object as ``ADDED``.
+        The stream ends after about ``timeout_s``; the caller watches again from the last
+        ``resourceVersion`` it saw. Not retried here: a broken stream is the caller's to redo.
+
+        :raises Gone: ``resource_version`` is too old (410): list again, then watch.
+        :raises ApiError: the request failed.
+        """
+        path = resource.collection_path()
+
+        async def start(**kw: Any) -> Any:
+            query = [("watch", "true"), ("timeoutSeconds", str(kw["timeout_seconds"]))]
+            if kw.get("resource_version"):
+                query.append(("resourceVersion", str(kw["resource_version"])))
+            await self._throttle()
+            return await self._api.call_api(
+                path, "GET", query_params=query, header_params={"Accept": "application/json"},
+                auth_settings=["BearerToken"], _preload_content=False,
+                _request_timeout=aiohttp.ClientTimeout(connect=30, sock_read=timeout_s + 30),
+            )  # fmt: skip
+
+        stream = k8s_watch.Watch(return_type="object")
+        try:
+            async with stream:
+                events = stream.stream(
+                    start, resource_version=resource_version, timeout_seconds=timeout_s
+                )
+                async for raw in events:
+                    yield WatchEvent(type=str(raw["type"]), object=raw["raw_object"])
+        except k8s.ApiException as e:
+            self._observe("watch", str(e.status))
+            status = int(e.status or 0)
+            raise errors.for_status(status, _message(e.body) or str(e.reason or "")) from e
+        except (TimeoutError, aiohttp.ClientError, OSError, ValueError) as e:
+            self._observe("watch", "error")
+            raise errors.ServerError(0, f"watch {path}: {type(e).__name__}: {e}") from e
+
+    async def _throttle(self) -> None:
+        wait = self._bucket.reserve()
+        if wait > 0:
+            await anyio.sleep(wait)
+
     async def request(
         self,
         method: str,
@@ -143,9 +205,7 @@ class KubeClient:
         content_type: str,
         query: builtins.list[tuple[str, str]],
     ) -> Any:
-        wait = self._bucket.reserve()
-        if wait > 0:
-            await anyio.sleep(wait)
+        await self._throttle()
         verb = _verb(method, path)
         try:
             result = await self._api.call_api(

@@ -16,6 +16,7 @@ Invariants:
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -61,6 +62,10 @@ class Ledger:
 
     def get(self, node: str) -> NodeState | None:
         return self._nodes.get(node)
+
+    def all_models(self) -> Iterator[tuple[events.ModelState, ...] | None]:
+        """Every node's model cache (None for a node that never sent one)."""
+        return (state.models for state in self._nodes.values())
 
     def forget(self, node: str) -> None:
         self._nodes.pop(node, None)

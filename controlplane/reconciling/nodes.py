@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Final
 
+import anyio
 import msgspec
 
 from bus import kv
@@ -40,6 +41,7 @@ __all__ = ["NodeReconciler"]
 log = logging.getLogger(__name__)
 
 MAX_CONFLICTS: Final = 5
+WRITE_GRACE_S: Final = 10.0
 _UNKNOWN: Final = object()
 
 
@@ -113,12 +115,25 @@ class NodeReconciler:
         for _ in range(MAX_CONFLICTS):
             observed = await self._observe(ref)
             try:
-                for action in plan(ref, desired, observed):
-                    await self._execute(action)
+                await self._write(plan(ref, desired, observed))
                 return
             except errors.Conflict:
                 self._observed.pop(ref, None)
         raise errors.Conflict(409, f"{ref}: still conflicting after {MAX_CONFLICTS} tries")
+
+    async def _write(self, actions: list[Action]) -> None:
+        """Run one object's writes to the end even when cancelled meanwhile.
+
+        A create and its status patch are two requests; finishing them under a shield (bounded
+        by :data:`WRITE_GRACE_S`) means a cancelled worker never leaves an object without its
+        status. Past the bound the writes are abandoned and reported as a temporary error.
+        """
+        with anyio.move_on_after(WRITE_GRACE_S, shield=True) as scope:
+            for action in actions:
+                await self._execute(action)
+        if scope.cancelled_caught:
+            self._observed.pop(actions[0].ref, None)
+            raise errors.ServerError(0, f"{actions[0].ref}: writes took over {WRITE_GRACE_S}s")
 
     async def _converge_node(self, observed: Observed, node: str, groups: Any) -> None:
         actions = plan_node(

@@ -5,6 +5,11 @@ ledger warm). :meth:`Processor.work` runs only while this replica leads: ``concu
 take node keys and reconcile them; a key that fails is retried after ``retry_s`` (the ledger
 still holds its state). :meth:`Processor.resync` re-queues every known node and, with a
 Kubernetes sink, every node whose Node object disappeared, plus orphaned objects.
+
+Gone Nodes are noticed by :meth:`Processor.watch_nodes` (a Node watch: ``DELETED`` queues the
+node's removal at once); the periodic resync stays as the safety net for deletions that happened
+while the watch was down. A removal goes through the queue like a reconcile, so it never runs
+beside a reconcile of the same node.
 """
 
 from __future__ import annotations
@@ -12,11 +17,13 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from contextlib import aclosing
 
 import anyio
 
 from bus import events
 from controlplane import errors
+from controlplane.k8s.client import KubeClient
 from controlplane.metrics import WorkerMetrics
 from controlplane.reconciling.ledger import Ledger, Refused
 from controlplane.reconciling.nodes import NodeReconciler
@@ -42,6 +49,7 @@ class Processor:
         max_keys: int = 20_000,
         retry_s: float = 1.0,
         wallclock: Callable[[], float] = time.time,
+        on_models: Callable[[set[str]], None] = lambda digests: None,
     ) -> None:
         self.ledger = ledger
         self.reconciler = reconciler
@@ -49,14 +57,18 @@ class Processor:
         self._metrics = metrics
         self.queue: AsyncKeyQueue[str] = AsyncKeyQueue(max_keys)
         self._overflow: set[str] = set()
+        self._gone: set[str] = set()
         self._since: dict[str, float] = {}
         self._retry_s = retry_s
         self._wallclock = wallclock
+        self._on_models = on_models
 
     def ingest(self, event: events.Event) -> None:
         """Fold one event and queue its node when its objects may change (never blocks)."""
         kind = events.kind_of(event)
         self._metrics.events.labels(kind=kind).inc()
+        before = self.ledger.get(event.node)
+        old_models = (before.models or ()) if before is not None else ()
         try:
             changed = self.ledger.apply(event)
         except Refused as e:
@@ -65,6 +77,8 @@ class Processor:
         if changed:
             self._since.setdefault(event.node, event.ts.timestamp())
             self._enqueue(event.node)
+            if isinstance(event, events.ModelsEvent):
+                self._on_models({m.model for m in (*old_models, *event.models)})
 
     def _enqueue(self, node: str) -> None:
         if not self.queue.add(node):
@@ -80,11 +94,20 @@ class Processor:
             for _ in range(concurrency):
                 tg.start_soon(self._worker)
 
+    def node_gone(self, node: str) -> None:
+        """The Node object is deleted: queue the removal of the node's objects."""
+        self._gone.add(node)
+        self._enqueue(node)
+
     async def _worker(self) -> None:
         while True:
             node = await self.queue.get()
             try:
-                await self.reconciler.reconcile(node)
+                if node in self._gone:
+                    self._gone.discard(node)
+                    await self.reconciler.remove(node, reason="node_gone")
+                else:
+                    await self.reconciler.reconcile(node)
             except errors.ApiError as e:
                 log.warning("node %s: %s; retrying in %.1fs", node, e, self._retry_s)
                 self.queue.done(node)
@@ -106,7 +129,8 @@ class Processor:
             for obj in await self._sink.list(DEVICES):
                 name = obj.body["metadata"]["name"]
                 if name not in present:
-                    await self.reconciler.remove(name, reason="node_gone")
+                    self._gone.add(name)
+                    nodes.add(name)
         for node in sorted(nodes):
             self._enqueue(node)
 
@@ -117,3 +141,25 @@ class Processor:
                 await self.resync()
             except errors.ApiError as e:
                 log.warning("resync failed: %s", e)
+
+    async def watch_nodes(self, api: KubeClient, *, timeout_s: int = 300) -> None:
+        """Queue the removal of every Node the API reports deleted, until cancelled.
+
+        Each stream starts from the last ``resourceVersion`` seen; after a 410 or a broken
+        stream it starts over without one (the ``ADDED`` replay is harmless), after
+        ``retry_s`` when it failed.
+        """
+        since: str | None = None
+        while True:
+            try:
+                events = api.watch(NODES, resource_version=since, timeout_s=timeout_s)
+                async with aclosing(events):
+                    async for event in events:
+                        meta = event.object.get("metadata") or {}
+                        since = meta.get("resourceVersion") or since
+                        if event.type == "DELETED" and meta.get("name"):
+                            self.node_gone(meta["name"])
+            except errors.ApiError as e:
+                log.warning("watching Nodes failed: %s; watching again", e)
+                since = None
+                await anyio.sleep(self._retry_s)

@@ -12,7 +12,11 @@ What it does, like the real API server:
   ``metadata.resourceVersion`` is stale), server-side apply PATCH (creates when absent), DELETE;
 - ``resourceVersion`` from one global counter, ``uid``, ``generation`` bumped on spec changes;
 - the main resource ignores ``status``; the ``/status`` subresource changes only ``status``;
+- watches: ``GET <collection>?watch=true`` streams ``{"type", "object"}`` JSON lines (ADDED for
+  what exists first unless ``resourceVersion`` is given, then ADDED/MODIFIED/DELETED as they
+  happen; ``timeoutSeconds`` ends the stream);
 - :meth:`FakeApi.fail_next` injects one error response for a method and path prefix;
+- :meth:`FakeApi.hold` parks matching requests until the test releases them (cancellation tests);
 - per-verb counters of successful writes (``writes``).
 """
 
@@ -25,8 +29,10 @@ import uuid
 from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
 from typing import Any
 
+import anyio
 from aiohttp import web
 
 Key = tuple[str, str | None, str]  # (collection id, namespace, name)
@@ -61,6 +67,18 @@ def _split(path: str) -> tuple[str, str | None, str | None, str | None]:
     return "/".join([*head, plural]), namespace, name, sub
 
 
+@dataclass
+class Hold:
+    """The first request matching ``method`` and ``prefix`` waits for :attr:`release`: before it
+    is applied, or with ``after`` once applied but before it is answered (a lost answer)."""
+
+    method: str
+    prefix: str
+    after: bool = False
+    reached: anyio.Event = field(default_factory=anyio.Event)
+    release: anyio.Event = field(default_factory=anyio.Event)
+
+
 class FakeApi:
     """The store and the aiohttp handlers."""
 
@@ -68,11 +86,22 @@ class FakeApi:
         self.objects: dict[Key, dict[str, Any]] = {}
         self.writes: Counter[str] = Counter()
         self.requests: Counter[str] = Counter()
+        self.watches = 0
+        """Watch streams opened so far."""
         self._rv = itertools.count(1)
         self._faults: list[tuple[str, str, int]] = []
+        self._holds: list[Hold] = []
+        self._log: list[tuple[int, str, str, dict[str, Any]]] = []
+        self._changed = anyio.Event()
+        self._closing = False
 
     def fail_next(self, method: str, path_prefix: str, status: int, times: int = 1) -> None:
         self._faults.extend([(method, path_prefix, status)] * times)
+
+    def hold(self, method: str, path_prefix: str, *, after: bool = False) -> Hold:
+        h = Hold(method, path_prefix, after)
+        self._holds.append(h)
+        return h
 
     def get(self, collection: str, name: str, namespace: str | None = None) -> dict[str, Any]:
         return self.objects[(collection, namespace, name)]
@@ -82,10 +111,27 @@ class FakeApi:
         meta = body.setdefault("metadata", {})
         self._stamp(body, new=True)
         self.objects[(collection, meta.get("namespace"), meta["name"])] = body
+        self._notify(collection, "ADDED", body)
         return body
 
     def remove(self, collection: str, name: str, namespace: str | None = None) -> None:
-        del self.objects[(collection, namespace, name)]
+        self._notify(collection, "DELETED", self.objects.pop((collection, namespace, name)))
+
+    def _notify(self, collection: str, kind: str, body: dict[str, Any]) -> None:
+        body = copy.deepcopy(body)
+        if kind == "DELETED":
+            body["metadata"]["resourceVersion"] = str(next(self._rv))
+        self._log.append((int(body["metadata"]["resourceVersion"]), collection, kind, body))
+        self._wake()
+
+    def _wake(self) -> None:
+        self._changed.set()
+        self._changed = anyio.Event()
+
+    def close_watches(self) -> None:
+        """End every watch stream (the server is stopping)."""
+        self._closing = True
+        self._wake()
 
     def _stamp(self, body: dict[str, Any], *, new: bool) -> None:
         meta = body.setdefault("metadata", {})
@@ -95,8 +141,25 @@ class FakeApi:
             meta.setdefault("generation", 1)
             meta.setdefault("creationTimestamp", "2026-01-01T00:00:00Z")
 
-    async def handle(self, request: web.Request) -> web.Response:
+    async def handle(self, request: web.Request) -> web.StreamResponse:
         self.requests[request.method] += 1
+        h = next(
+            (h for h in self._holds if h.method == request.method
+             and request.path.startswith(h.prefix)),
+            None,
+        )  # fmt: skip
+        if h is not None:
+            self._holds.remove(h)
+            if not h.after:
+                h.reached.set()
+                await h.release.wait()
+        response = await self._handle(request)
+        if h is not None and h.after:
+            h.reached.set()
+            await h.release.wait()
+        return response
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
         for i, (method, prefix, status) in enumerate(self._faults):
             if method == request.method and request.path.startswith(prefix):
                 del self._faults[i]
@@ -106,8 +169,13 @@ class FakeApi:
         if name is None:
             if request.method == "POST":
                 return self._create(coll, ns, body)
+            if request.query.get("watch") in ("true", "1"):
+                return await self._watch(request, coll, ns)
             items = [o for (c, n, _), o in self.objects.items() if c == coll and ns in (None, n)]
-            return web.json_response({"kind": "List", "items": items, "metadata": {}})
+            rv = str(self._log[-1][0]) if self._log else "0"
+            return web.json_response(
+                {"kind": "List", "items": items, "metadata": {"resourceVersion": rv}}
+            )
         key = (coll, ns, name)
         if request.method == "GET":
             return self._found(key) or web.json_response(self.objects[key])
@@ -116,11 +184,37 @@ class FakeApi:
             if missing:
                 return missing
             self.writes["delete"] += 1
-            return web.json_response(self.objects.pop(key))
+            gone = self.objects.pop(key)
+            self._notify(coll, "DELETED", gone)
+            return web.json_response(gone)
         apply = request.content_type == "application/apply-patch+yaml"
         if apply and key not in self.objects:
             return self._create(coll, ns, body)
         return self._update(key, body, sub, replace=request.method == "PUT")
+
+    async def _watch(self, request: web.Request, coll: str, ns: str | None) -> web.StreamResponse:
+        self.watches += 1
+        response = web.StreamResponse(headers={"Content-Type": "application/json"})
+        await response.prepare(request)
+        since = request.query.get("resourceVersion")
+        if since:
+            pos = next((i for i, e in enumerate(self._log) if e[0] > int(since)), len(self._log))
+        else:
+            pos = len(self._log)
+            for (c, n, _), o in list(self.objects.items()):
+                if c == coll and ns in (None, n):
+                    await _line(response, "ADDED", o)
+        timeout = float(request.query.get("timeoutSeconds") or 3600)
+        with anyio.move_on_after(timeout):
+            while not self._closing:
+                changed = self._changed
+                for _, c, kind, o in self._log[pos:]:
+                    if c == coll and ns in (None, o["metadata"].get("namespace")):
+                        await _line(response, kind, o)
+                pos = len(self._log)
+                await changed.wait()
+        await response.write_eof()
+        return response
 
     def _found(self, key: Key) -> web.Response | None:
         return None if key in self.objects else _status(404, f"{key[2]} not found")
@@ -135,6 +229,7 @@ class FakeApi:
         self._stamp(body, new=True)
         self.objects[key] = body
         self.writes["create"] += 1
+        self._notify(coll, "ADDED", body)
         return web.json_response(body, status=201)
 
     def _update(
@@ -162,8 +257,13 @@ class FakeApi:
                 new["metadata"]["generation"] = current["metadata"].get("generation", 1) + 1
         self._stamp(new, new=False)
         self.objects[key] = new
+        self._notify(key[0], "MODIFIED", new)
         self.writes["update" if replace else "patch"] += 1
         return web.json_response(new)
+
+
+async def _line(response: web.StreamResponse, kind: str, body: dict[str, Any]) -> None:
+    await response.write(json.dumps({"type": kind, "object": body}).encode() + b"\n")
 
 
 def _status(code: int, message: str, headers: dict[str, str] | None = None) -> web.Response:
@@ -185,7 +285,7 @@ async def fake_api() -> AsyncIterator[tuple[FakeApi, str]]:
     fake = FakeApi()
     app = web.Application()
     app.router.add_route("*", "/{tail:.*}", fake.handle)
-    runner = web.AppRunner(app, access_log=None)
+    runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
@@ -193,6 +293,7 @@ async def fake_api() -> AsyncIterator[tuple[FakeApi, str]]:
     try:
         yield fake, f"http://127.0.0.1:{port}"
     finally:
+        fake.close_watches()
         await runner.cleanup()
 
 

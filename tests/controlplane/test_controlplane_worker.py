@@ -8,10 +8,12 @@ from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import aiohttp
 import anyio
 import msgspec
 import pytest
 from controlplane_fakeapi import FakeApi, fake_api, node
+from prometheus_client.parser import text_string_to_metric_families
 
 from bus import codec, connection, events, kv, publishing, subjects
 from bus.devices import DeviceGroup
@@ -47,6 +49,24 @@ def worker_settings(bus_url: object, api_url: str | None, **over: object) -> run
 async def stack(tmp_path: Path, *, api: bool = True) -> AsyncIterator[tuple[FakeApi, str, object]]:
     async with nats_server(tmp_path) as server, fake_api() as (fake, url):
         yield fake, url, settings_for(server)
+
+
+async def scrape(url: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    """GET ``/metrics`` over HTTPS (self-signed) and parse it: ``(name, labels) -> value``."""
+    async with aiohttp.ClientSession() as session, session.get(f"{url}/metrics", ssl=False) as r:
+        assert r.status == 200
+        text = await r.text()
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def sample(
+    samples: dict[tuple[str, frozenset[tuple[str, str]]], float], name: str, **labels: str
+) -> float | None:
+    return samples.get((name, frozenset(labels.items())))
 
 
 async def publish(bus: object, evs: list[events.Event]) -> None:
@@ -102,6 +122,17 @@ async def test_events_become_objects_and_bad_ones_are_counted(tmp_path: Path) ->
             )
             == 1
         )
+        m = await scrape(w.url)
+        assert sample(m, "gpustack_worker_events_consumed_total", kind="devices") == 2
+        assert sample(m, "gpustack_worker_events_consumed_total", kind="allocations") == 1
+        assert sample(m, "gpustack_bus_dropped_messages_total", kind="devices", reason="malformed")
+        assert (sample(m, "gpustack_worker_reconcile_seconds_count", kind="node") or 0) >= 1
+        assert (
+            sample(m, "gpustack_worker_api_requests_total", verb="create", result="ok") or 0
+        ) >= 2
+        assert sample(m, "gpustack_worker_api_requests_total", verb="patch", result="409") == 1
+        assert sample(m, "gpustack_worker_queue_depth") is not None
+        assert (sample(m, "gpustack_worker_event_to_object_seconds_count") or 0) >= 1
         crd = (
             "apis/apiextensions.k8s.io/v1/customresourcedefinitions",
             None,
@@ -205,10 +236,24 @@ async def test_kv_sink_roundtrip_and_standalone(tmp_path: Path) -> None:
             await eventually(stored)
             o = await sink.get(ref)
             assert o is not None and len(o.body["spec"]["groups"]) == len(GROUPS)
+            # The store spec is pushed after the Devices and NodeModelStore writes of the same
+            # reconcile: wait for it too (asserting right after ``stored`` raced that push).
             agents = await kv.open_bucket(conn, kv.AGENTS_BUCKET)
-            rec = await agents.get(kv.nms_key("ip-10-0-0-1.ec2.internal"))
+            key = kv.nms_key("ip-10-0-0-1.ec2.internal")
+
+            async def pushed() -> bool:
+                return await agents.get(key) is not None
+
+            await eventually(pushed)
+            rec = await agents.get(key)
             assert rec is not None and b"watermarks" in rec[0]
         assert w.leading
+        m = await scrape(w.url)
+        # create + status patch of Devices and NodeModelStore (kv_put), the store spec push.
+        assert (
+            sample(m, "gpustack_worker_api_requests_total", verb="kv_put", result="ok") or 0
+        ) >= 5
+        assert sample(m, "gpustack_worker_events_consumed_total", kind="devices") == 1
         tg.cancel_scope.cancel()
     assert kv.unescape(kv.escape("a.b=c/ü")) == "a.b=c/ü"
     _ = (BusMetrics, publishing)

@@ -1,0 +1,303 @@
+"""The ModelArtifact reconciler: resolve against the Hub, write status, push agent records.
+
+Keys are ``(namespace, name)``; the same coalescing queue as the nodes serializes them. A key is
+queued by the ModelArtifact watch (Kubernetes sink), by every resync (the safety net, and the
+only source with the KV sink), by retries, and by ``models`` events that mention the artifact's
+manifest digest (``status.nodes`` follows the nodes' caches).
+
+One reconcile: read the object; absent -> delete its agent record. Otherwise, while nothing is
+pinned yet and no retry is pending, resolve (the token read from the ``secretRef`` Secret in the
+artifact's namespace, never logged, never on the bus); then write ``status`` when it differs
+(:mod:`controlplane.reconciling.artifacts` decides) and the ``artifacts.<ns>.<name>`` record
+when it differs. Failures are retried after :func:`~controlplane.reconciling.artifacts.backoff_s`:
+exponentially while temporary, at the cap while someone has to fix something.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import logging
+import time
+from collections.abc import Callable, Iterable
+from contextlib import aclosing
+from datetime import UTC, datetime
+from typing import Any, Final
+
+import anyio
+import msgspec
+from anyio.abc import TaskGroup
+
+from bus import kv
+from bus.errors import BusError
+from controlplane import errors
+from controlplane.k8s.client import KubeClient
+from controlplane.metrics import WorkerMetrics
+from controlplane.reconciling import artifacts
+from controlplane.reconciling.artifacts import Failure, Spec
+from controlplane.reconciling.ledger import Ledger
+from controlplane.reconciling.planning import Desired, Patch, plan
+from controlplane.reconciling.queueing import AsyncKeyQueue
+from controlplane.resolving import Resolved, Resolver
+from controlplane.resources import MODELARTIFACTS, SECRETS, Observed, Ref
+from controlplane.sinks import Sink
+
+__all__ = ["ArtifactReconciler"]
+
+log = logging.getLogger(__name__)
+
+Key = tuple[str, str]
+MAX_CONFLICTS: Final = 5
+MAX_KEYS: Final = 20_000
+TOKEN_KEY: Final = "token"
+
+
+class ArtifactReconciler:
+    """Owns the artifact queue, the retry timers and what was pushed to the agents."""
+
+    def __init__(
+        self,
+        *,
+        sink: Sink,
+        resolver: Resolver,
+        ledger: Ledger,
+        metrics: WorkerMetrics,
+        agents: kv.Bucket | None = None,
+        retry_base_s: float = 1.0,
+        retry_cap_s: float = 300.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._sink = sink
+        self._resolver = resolver
+        self._ledger = ledger
+        self._metrics = metrics
+        self._agents = agents
+        self._base_s, self._cap_s = retry_base_s, retry_cap_s
+        self._clock = clock
+        self.queue: AsyncKeyQueue[Key] = AsyncKeyQueue(MAX_KEYS)
+        self._attempts: dict[Key, int] = {}
+        self._failures: dict[Key, Failure] = {}
+        self._waiting: set[Key] = set()
+        self._digests: dict[Key, str] = {}
+        self._pushed: dict[Key, bytes] = {}
+        self._tg: TaskGroup | None = None
+
+    def add(self, key: Key) -> None:
+        if not self.queue.add(key):
+            self._metrics.rejected.labels(kind="modelartifact", reason="queue_full").inc()
+
+    def models_changed(self, digests: Iterable[str]) -> None:
+        """A node's cache changed for these digests: re-count the artifacts pinned to them."""
+        wanted = set(digests)
+        for key, digest in list(self._digests.items()):
+            if digest in wanted:
+                self.add(key)
+
+    async def work(self, concurrency: int) -> None:
+        """Reconcile queued artifacts until cancelled (leader only)."""
+        self._pushed.clear()
+        async with anyio.create_task_group() as tg:
+            self._tg = tg
+            try:
+                await self.resync()
+            except (errors.ApiError, BusError) as e:
+                log.warning("listing ModelArtifacts failed: %s (the next resync retries)", e)
+            for _ in range(concurrency):
+                tg.start_soon(self._worker)
+
+    async def _worker(self) -> None:
+        while True:
+            key = await self.queue.get()
+            try:
+                await self.reconcile(key)
+            except (errors.ApiError, BusError) as e:
+                log.warning("modelartifact %s/%s: %s; retrying in %.1fs", *key, e, self._base_s)
+                if self._tg is not None:
+                    self._tg.start_soon(self._later, key, self._base_s, False)
+            finally:
+                self.queue.done(key)
+
+    async def reconcile(self, key: Key) -> None:
+        started = self._clock()
+        ref = Ref(resource=MODELARTIFACTS, name=key[1], namespace=key[0])
+        observed = await self._sink.get(ref)
+        if observed is None:
+            await self._drop(key)
+            return
+        parsed = artifacts.parse_spec(observed.body)
+        spec = parsed if isinstance(parsed, Spec) else None
+        resolved, failure = await self._attempt(key, observed.body, spec, parsed)
+        if resolved is not None:
+            self._digests[key] = resolved.digest
+        written = await self._write_status(ref, observed, resolved, failure)
+        await self._push(key, artifacts.record(written, spec))
+        self._metrics.reconcile_seconds.labels(kind="modelartifact").observe(
+            self._clock() - started
+        )
+
+    async def _attempt(
+        self, key: Key, body: dict[str, Any], spec: Spec | None, parsed: Spec | Failure
+    ) -> tuple[Resolved | None, Failure | None]:
+        """Resolve when due; otherwise say why the artifact stays as it is."""
+        pinned = (body.get("status") or {}).get("resolved") or {}
+        if pinned.get("manifestDigest"):
+            self._digests[key] = pinned["manifestDigest"]
+        if spec is None:
+            return None, parsed if isinstance(parsed, Failure) else None
+        if artifacts.spec_changed(body):
+            message = "spec is immutable after creation; create a new ModelArtifact instead"
+            return None, Failure(reason="SpecChanged", message=message)
+        if pinned:
+            return None, None
+        if key in self._waiting:
+            return None, self._failures.get(key)
+        try:
+            resolved = await self._resolve(key[0], spec)
+        except errors.ResolveFailed as e:
+            failure = Failure(reason=e.reason, message=e.message, temporary=e.temporary)
+            self._retry(key, failure)
+            return None, failure
+        self._attempts.pop(key, None)
+        self._failures.pop(key, None)
+        return resolved, None
+
+    async def _resolve(self, namespace: str, spec: Spec) -> Resolved:
+        hf = spec.source.hugging_face
+        token = await self._token(namespace, hf.secret_ref.name) if hf.secret_ref else None
+        resolved = await self._resolver.resolve(
+            hf.repository,
+            hf.revision,
+            token=token,
+            allow=spec.allow_patterns,
+            ignore=spec.ignore_patterns,
+        )
+        expected = spec.expected_digest
+        if expected and resolved.digest != expected:
+            raise errors.ResolveFailed(
+                "DigestMismatch",
+                f"expectedDigest is {expected} but {hf.repository}@{resolved.commit[:12]} "
+                f"lists {resolved.digest} ({resolved.file_count} files)",
+            )
+        return resolved
+
+    async def _token(self, namespace: str, name: str) -> str:
+        secret = await self._sink.get(Ref(resource=SECRETS, name=name, namespace=namespace))
+        encoded = ((secret.body.get("data") or {}) if secret else {}).get(TOKEN_KEY)
+        if secret is None or not encoded:
+            where = f"Secret {namespace}/{name}"
+            what = "not found" if secret is None else f"has no {TOKEN_KEY!r} key"
+            raise errors.ResolveFailed("SecretNotFound", f"{where} {what}")
+        try:
+            return base64.b64decode(encoded, validate=True).decode("utf-8").strip()
+        except (binascii.Error, UnicodeDecodeError) as e:
+            raise errors.ResolveFailed(
+                "SecretNotFound", f"Secret {namespace}/{name}: {TOKEN_KEY!r} is not base64 text"
+            ) from e
+
+    def _retry(self, key: Key, failure: Failure) -> None:
+        """Queue ``key`` again after the backoff (once; later failures wait for that one)."""
+        self._failures[key] = failure
+        if self._tg is None or key in self._waiting:
+            return
+        attempt = self._attempts.get(key, 0)
+        self._attempts[key] = attempt + 1
+        delay = artifacts.backoff_s(attempt, failure, base_s=self._base_s, cap_s=self._cap_s)
+        log.info("modelartifact %s/%s: %s; next try in %.1fs", *key, failure.reason, delay)
+        self._waiting.add(key)
+        self._tg.start_soon(self._later, key, delay, True)
+
+    async def _later(self, key: Key, delay_s: float, waiting: bool) -> None:
+        await anyio.sleep(delay_s)
+        if waiting:
+            self._waiting.discard(key)
+        self.add(key)
+
+    async def _write_status(
+        self, ref: Ref, observed: Observed, resolved: Resolved | None, failure: Failure | None
+    ) -> dict[str, Any]:
+        """Converge ``status`` (re-reading on conflicts); the body as it now stands."""
+        current: Observed | None = observed
+        for _ in range(MAX_CONFLICTS):
+            if current is None:
+                return {}
+            want = self._status(current.body, resolved, failure)
+            try:
+                for action in plan(ref, Desired(status=want), current):
+                    assert isinstance(action, Patch)  # the object exists and only status is owned
+                    body = {
+                        **action.body,
+                        "metadata": {"resourceVersion": current.resource_version},
+                    }
+                    await self._sink.patch(ref, body, subresource="status")
+                return {**current.body, "status": want}
+            except errors.Conflict:
+                current = await self._sink.get(ref)
+        raise errors.Conflict(409, f"{ref}: still conflicting after {MAX_CONFLICTS} tries")
+
+    def _status(
+        self, body: dict[str, Any], resolved: Resolved | None, failure: Failure | None
+    ) -> dict[str, Any]:
+        pinned = (body.get("status") or {}).get("resolved") or {}
+        digest = resolved.digest if resolved else pinned.get("manifestDigest")
+        counts = (
+            artifacts.node_counts(self._ledger.all_models(), digest)
+            if digest
+            else {"ready": 0, "downloading": 0, "failed": 0}
+        )
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        return artifacts.status(body, resolved=resolved, failure=failure, counts=counts, now=now)
+
+    async def _push(self, key: Key, record: kv.ArtifactRecord | None) -> None:
+        if self._agents is None or record is None:
+            return
+        data = msgspec.json.encode(record)
+        if self._pushed.get(key) != data:
+            await self._agents.put(kv.artifact_key(*key), data)
+            self._pushed[key] = data
+
+    async def _drop(self, key: Key) -> None:
+        """The artifact is gone: its record goes, and everything known about it."""
+        if self._agents is not None:
+            await self._agents.delete(kv.artifact_key(*key))
+        self._attempts.pop(key, None)
+        self._failures.pop(key, None)
+        self._digests.pop(key, None)
+        self._pushed.pop(key, None)
+
+    async def resync(self) -> None:
+        """Queue every artifact, and every pushed record whose artifact may be gone."""
+        keys = {
+            (o.body["metadata"].get("namespace") or "", o.body["metadata"]["name"])
+            for o in await self._sink.list(MODELARTIFACTS)
+        }
+        if self._agents is not None:
+            for k in await self._agents.keys("artifacts.>"):
+                _, ns, name = k.split(".", 2)
+                keys.add((kv.unescape(ns), kv.unescape(name)))
+        for key in sorted(keys):
+            self.add(key)
+
+    async def resync_every(self, period_s: float) -> None:
+        while True:
+            await anyio.sleep(period_s)
+            try:
+                await self.resync()
+            except (errors.ApiError, BusError) as e:
+                log.warning("artifact resync failed: %s", e)
+
+    async def watch(self, api: KubeClient, *, timeout_s: int = 300, retry_s: float = 1.0) -> None:
+        """Queue every ModelArtifact the API reports added, changed or deleted."""
+        since: str | None = None
+        while True:
+            try:
+                events = api.watch(MODELARTIFACTS, resource_version=since, timeout_s=timeout_s)
+                async with aclosing(events):
+                    async for event in events:
+                        meta = event.object.get("metadata") or {}
+                        since = meta.get("resourceVersion") or since
+                        if event.type != "BOOKMARK" and meta.get("name"):
+                            self.add((meta.get("namespace") or "", meta["name"]))
+            except errors.ApiError as e:
+                log.warning("watching ModelArtifacts failed: %s; watching again", e)
+                since = None
+                await anyio.sleep(retry_s)

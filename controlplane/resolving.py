@@ -1,0 +1,89 @@
+"""The seam between ModelArtifact reconciling and the Hub: :class:`Resolver` and its adapter.
+
+Reconcilers depend on the :class:`Resolver` Protocol only; :class:`HubResolver` implements it
+with :mod:`bus.hub` (the same manifest code the node plugin verifies downloads with, so both
+sides compute one digest) and maps every Hub error to :class:`controlplane.errors.ResolveFailed`
+carrying the status reason and whether retrying soon can help.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from typing import Protocol
+
+import msgspec
+
+from bus import hub
+from bus.hub import client as hub_client
+from bus.hub import errors as hub_errors
+from controlplane import errors
+
+__all__ = ["HubResolver", "Resolved", "Resolver", "hub_resolver"]
+
+
+class Resolved(msgspec.Struct, frozen=True, kw_only=True):
+    """A repository pinned at a commit: what ``status.resolved`` holds."""
+
+    commit: str
+    digest: str
+    file_count: int
+    size_bytes: int
+
+
+class Resolver(Protocol):
+    async def resolve(
+        self,
+        repository: str,
+        revision: str,
+        *,
+        token: str | None,
+        allow: Sequence[str],
+        ignore: Sequence[str],
+    ) -> Resolved:
+        """Pin ``revision`` of ``repository`` and list its (filtered) files.
+
+        :raises ResolveFailed: with ``reason`` the condition reason; ``temporary`` when a
+            later attempt may succeed without anyone changing anything.
+        """
+        ...
+
+
+_TEMPORARY: tuple[type[hub_errors.HubError], ...] = (hub_errors.SourceUnavailable,)
+
+
+class HubResolver:
+    """:class:`Resolver` over one Hub session (:func:`hub_resolver` opens and closes it)."""
+
+    def __init__(self, client: hub_client.HubClient) -> None:
+        self._client = client
+
+    async def resolve(
+        self,
+        repository: str,
+        revision: str,
+        *,
+        token: str | None,
+        allow: Sequence[str],
+        ignore: Sequence[str],
+    ) -> Resolved:
+        try:
+            manifest = await hub.resolve(
+                repository, revision, token=token, allow=allow, ignore=ignore, hub=self._client
+            )
+        except hub_errors.HubError as e:
+            temporary = isinstance(e, _TEMPORARY)
+            raise errors.ResolveFailed(e.reason, str(e), temporary=temporary) from e
+        return Resolved(
+            commit=manifest.commit or "",
+            digest=manifest.digest,
+            file_count=len(manifest.entries),
+            size_bytes=manifest.size,
+        )
+
+
+@asynccontextmanager
+async def hub_resolver(endpoint: str) -> AsyncIterator[HubResolver]:
+    """A :class:`HubResolver` for ``endpoint``; its connections close on exit."""
+    async with hub_client.client(hub_client.HubSettings(endpoint=endpoint)) as client:
+        yield HubResolver(client)

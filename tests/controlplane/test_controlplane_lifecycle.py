@@ -1,0 +1,174 @@
+"""The worker's life: gone Nodes noticed by the watch, cancellation mid-start and mid-reconcile.
+
+Cancellation invariants (checked after every cancelled worker):
+
+- no task is left behind (the event loop holds the tasks it held before the worker started);
+- the Lease is not held by the cancelled replica: it is *released* (``holderIdentity`` cleared)
+  on the way out, even when cancelled in the middle of the acquiring request;
+- no half-written object: every ``Devices`` object has its ``status`` (a create and its status
+  patch finish together under a bounded shield).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import anyio
+import msgspec
+import pytest
+from controlplane_fakeapi import FakeApi, fake_api, node
+
+from bus import codec, connection, events, state, subjects
+from bus.devices import DeviceGroup
+from bus.serving import HttpsSettings
+from bus.settings import BusSettings
+from bus.testing import eventually, nats_server, settings_for
+from controlplane import leading, running
+from controlplane.k8s.client import KubeSettings
+
+pytestmark = pytest.mark.anyio
+HERE = Path(__file__).parent
+GROUPS = msgspec.json.decode(
+    (HERE / "controlplane_detect_h100x8_mig.json").read_bytes(), type=tuple[DeviceGroup, ...]
+)
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+DEVICES = "apis/worker.gpustack.ai/v1alpha1/devices"
+STORES = "apis/worker.gpustack.ai/v1alpha1/nodemodelstores"
+LEASES = "apis/coordination.k8s.io/v1/leases"
+
+
+def settings(bus: BusSettings, api_url: str, **over: Any) -> running.WorkerSettings:
+    base = running.WorkerSettings(
+        bus=bus,
+        kube=KubeSettings(host=api_url, backoff_s=0.01),
+        https=HttpsSettings(bind_address="127.0.0.1", port=0),
+        leader=leading.LeaderSettings(name="w", namespace="ns", lease_s=5.0, renew_timeout_s=3.0),
+        identity="w1",
+        resync_s=3600.0,
+    )
+    return msgspec.structs.replace(base, **over)
+
+
+@asynccontextmanager
+async def stack(tmp_path: Path) -> AsyncIterator[tuple[FakeApi, str, BusSettings]]:
+    async with nats_server(tmp_path) as server, fake_api() as (fake, url):
+        yield fake, url, settings_for(server)
+
+
+async def publish(bus: BusSettings, evs: list[events.Event]) -> None:
+    async with connection.connect(bus, name="test") as conn:
+        await state.ensure_streams(conn, bus)  # retained even before any worker ran
+        for e in evs:
+            await conn.publish(subjects.subject(e.node, events.kind_of(e)), codec.encode(e))
+        await conn.flush()
+
+
+async def test_a_deleted_node_loses_its_objects_through_the_watch(tmp_path: Path) -> None:
+    async with stack(tmp_path) as (fake, url, bus), anyio.create_task_group() as tg:
+        for name in ("n1", "n2"):
+            fake.put_object("api/v1/nodes", node(name))
+        # resync every hour: only the watch can notice the deletion within the test.
+        await tg.start(running.run, settings(bus, url))
+        await publish(
+            bus, [events.DevicesEvent(node=n, ts=T0, groups=GROUPS) for n in ("n1", "n2")]
+        )
+
+        async def both() -> bool:
+            return all(
+                (c, None, n) in fake.objects for c in (DEVICES, STORES) for n in ("n1", "n2")
+            )
+
+        await eventually(both)
+        assert fake.watches >= 1
+        fake.remove("api/v1/nodes", "n1")
+
+        async def n1_gone() -> bool:
+            return not any((c, None, "n1") in fake.objects for c in (DEVICES, STORES))
+
+        await eventually(n1_gone)
+        assert (DEVICES, None, "n2") in fake.objects
+        tg.cancel_scope.cancel()
+
+
+def _tasks() -> set[asyncio.Task[Any]]:
+    return {t for t in asyncio.all_tasks() if not t.done()}
+
+
+async def _invariants(fake: FakeApi, before: set[asyncio.Task[Any]], identity: str) -> None:
+    async def settled() -> bool:
+        return _tasks() <= before
+
+    await eventually(settled)
+    lease = fake.objects.get((LEASES, "ns", "w"))
+    assert lease is None or lease["spec"].get("holderIdentity") != identity
+    for (collection, _, name), obj in fake.objects.items():
+        if collection == DEVICES:
+            assert "status" in obj, f"Devices {name} was left without its status"
+
+
+# Delays of a few milliseconds land inside the first NATS connect (a half-open client must be
+# closed on cancellation), later ones inside reconciles and the HTTPS start.
+@pytest.mark.parametrize("delay_s", [0.0, 0.002, 0.01, 0.03, 0.06, 0.1, 0.2, 0.4])
+async def test_cancelled_mid_start_leaves_nothing_behind(tmp_path: Path, delay_s: float) -> None:
+    async with stack(tmp_path) as (fake, url, bus):
+        fake.put_object("api/v1/nodes", node("n1"))
+        # Retained: the worker reconciles it as part of starting.
+        await publish(bus, [events.DevicesEvent(node="n1", ts=T0, groups=GROUPS)])
+        before = _tasks()
+        with anyio.move_on_after(delay_s) as scope:
+            await running.run(settings(bus, url))
+        assert scope.cancelled_caught
+        await _invariants(fake, before, "w1")
+        # A successor starts at once (the Lease was released, not left to expire).
+        async with anyio.create_task_group() as tg:
+            w: running.Worker = await tg.start(running.run, settings(bus, url, identity="w2"))
+            await eventually(lambda: _true(w.leading))
+            await eventually(lambda: _has_status(fake, "n1"))
+            tg.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "after"),
+    [
+        # The Devices object exists; its status patch is in flight.
+        ("PATCH", f"/{DEVICES}/n1/status", False),
+        # The Lease was created for this replica, but the answer has not arrived yet.
+        ("POST", f"/{LEASES}".replace("leases", "namespaces/ns/leases"), True),
+    ],
+)
+async def test_cancelled_mid_request(tmp_path: Path, method: str, path: str, after: bool) -> None:
+    async with stack(tmp_path) as (fake, url, bus):
+        fake.put_object("api/v1/nodes", node("n1"))
+        held = fake.hold(method, path, after=after)
+        before = _tasks()
+        async with anyio.create_task_group() as tg:
+            scope = anyio.CancelScope()
+
+            async def worker() -> None:
+                with scope:
+                    await running.run(settings(bus, url))
+
+            tg.start_soon(worker)
+            await publish(bus, [events.DevicesEvent(node="n1", ts=T0, groups=GROUPS)])
+            await held.reached.wait()
+            scope.cancel()
+            # Let the cancellation reach every task of the worker before the API answers.
+            await anyio.wait_all_tasks_blocked()
+            held.release.set()
+        await _invariants(fake, before, "w1")
+        lease = fake.objects.get((LEASES, "ns", "w"))
+        assert lease is not None and lease["spec"].get("holderIdentity") is None  # released
+
+
+async def _true(value: bool) -> bool:
+    return value
+
+
+async def _has_status(fake: FakeApi, name: str) -> bool:
+    obj = fake.objects.get((DEVICES, None, name))
+    return obj is not None and "status" in obj
