@@ -104,17 +104,36 @@ class ModelState(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     """One model in a node's cache and how far its download got."""
 
     model: str
-    """The model reference, e.g. ``hf://Qwen/Qwen3-8B@main``."""
+    """The model reference, e.g. ``hf://Qwen/Qwen3-8B@main``; the model-manager, which never
+    learns a repository, puts the manifest digest here (``sha256:<hex>``)."""
     state: Literal["pending", "downloading", "ready", "failed", "evicting"]
     bytes_done: int | None = None
     bytes_total: int | None = None
     message: str | None = None
+    """Human-readable detail; for ``failed``, ``"<reason>: <detail>"``."""
+    digest: str | None = None
+    """The canonical manifest digest (``sha256:<64 hex>``) when known. Optional, added in v1."""
+    referenced: int | None = None
+    """How many mounts use the model right now (a referenced model is never collected)."""
+    last_used: datetime | None = None
+    """When a volume of it was last mounted or unmounted (collection removes the oldest first)."""
+    reason: str | None = None
+    """Machine-readable cause of ``failed``, e.g. ``IntegrityMismatch``, ``SourceUnavailable``."""
+    retry_time: datetime | None = None
+    """For ``failed``: no new attempt starts before this time (the persisted backoff)."""
 
 
 class ModelsEvent(_Event, tag="models", frozen=True, kw_only=True):
     """The whole model cache of a node, so the last message alone is the node's cache state."""
 
     models: tuple[ModelState, ...] = ()
+    capacity_bytes: int | None = None
+    """Size of the cache's filesystem (``statvfs`` of the cache root). Optional, added in v1."""
+    stored_bytes: int | None = None
+    """Bytes of the published (complete) models in the cache."""
+    used_bytes: int | None = None
+    """Bytes used on the cache's filesystem by anything (root-reserved blocks count as used):
+    what the collection watermarks compare with ``capacity_bytes``."""
 
 
 class AgentEvent(_Event, tag="agent", frozen=True, kw_only=True):

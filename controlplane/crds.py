@@ -155,7 +155,7 @@ _MODEL: Final = _obj(
         "state": {"type": "string", "enum": ["Downloading", "Ready", "Failed"]},
         "sizeBytes": _i(),
         "downloadedBytes": _i(),
-        "referenced": _B,
+        "referenced": _i(),
         "lastUsedTime": {"type": "string", "format": "date-time"},
         "reason": _S,
         "message": _S,
@@ -202,6 +202,7 @@ NODEMODELSTORE_SCHEMA: Final = _obj(
                     {"totalBytes": _i(), "storedBytes": _i(), "usedPercent": _i(0, 100)}
                 ),
                 "models": _list(_MODEL, "digest", max_items=256),
+                "modelCounts": _obj({"ready": _i(), "downloading": _i(), "failed": _i()}),
                 "conditions": _CONDITIONS,
             }
         ),
@@ -346,7 +347,13 @@ def definitions() -> dict[str, dict[str, Any]]:
             short=["nms"],
             columns=[
                 _col("Ready", '.status.conditions[?(@.type=="Ready")].status'),
-                _col("Used", ".status.capacity.usedPercent", "integer"),
+                _col("ModelsReady", ".status.modelCounts.ready", "integer"),
+                _col("Downloading", ".status.modelCounts.downloading", "integer"),
+                _col("Failed", ".status.modelCounts.failed", "integer"),
+                _col("Stored", ".status.capacity.storedBytes", "integer"),
+                _col("Used%", ".status.capacity.usedPercent", "integer"),
+                _col("CapacityLow", '.status.conditions[?(@.type=="CapacityLow")].status'),
+                _col("Total", ".status.capacity.totalBytes", "integer", priority=1),
             ],
         ),
         "modelartifacts": _crd(

@@ -13,8 +13,9 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Protocol
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Protocol
 
 import anyio
 import anyio.to_thread
@@ -45,33 +46,77 @@ class Facts:
     """hex -> record, for digests whose last attempt failed."""
     jobs: Mapping[str, tuple[int, int]]
     """hex -> (done, size) of running downloads."""
+    references: Mapping[str, int] = field(default_factory=dict)
+    """hex -> number of mounts using it."""
+    last_used: Mapping[str, float] = field(default_factory=dict)
+    """hex -> unix time of the last mount or unmount (absent or 0: never)."""
+    used_bytes: int | None = None
+    capacity_bytes: int | None = None
+    """``statvfs`` of the cache root: (used, total) bytes of its filesystem."""
+
+
+def _time(unix: float | None) -> datetime | None:
+    return datetime.fromtimestamp(unix, UTC) if unix else None
+
+
+def _state(hex_: str, facts: Facts, **fields: Any) -> events.ModelState:
+    """One model with what every state carries: its digest, references and last use."""
+    digest = "sha256:" + hex_
+    return events.ModelState(
+        model=digest,
+        digest=digest,
+        referenced=facts.references.get(hex_, 0),
+        last_used=_time(facts.last_used.get(hex_)),
+        **fields,
+    )
 
 
 def snapshot(node: str, facts: Facts) -> events.ModelsEvent:
+    """The whole cache as one event: ready, then downloading, then failed models, by digest.
+
+    A digest is reported once, in its most advanced state (published beats downloading beats
+    failed). ``message`` of a failed model stays ``"<reason>: <detail>"`` as before ``reason``
+    existed, so older readers keep their meaning.
+    """
     models: list[events.ModelState] = []
     for hex_, size in sorted(facts.published.items()):
-        models.append(events.ModelState(model="sha256:" + hex_, state="ready", bytes_total=size))
+        models.append(_state(hex_, facts, state="ready", bytes_total=size))
     for hex_, (done, size) in sorted(facts.jobs.items()):
         if hex_ not in facts.published:
             models.append(
-                events.ModelState(
-                    model="sha256:" + hex_, state="downloading", bytes_done=done, bytes_total=size
-                )
+                _state(hex_, facts, state="downloading", bytes_done=done, bytes_total=size)
             )
     for hex_, record in sorted(facts.failures.items()):
         if hex_ not in facts.published and hex_ not in facts.jobs:
             models.append(
-                events.ModelState(
-                    model="sha256:" + hex_,
+                _state(
+                    hex_,
+                    facts,
                     state="failed",
                     message=f"{record.reason}: {record.message}",
+                    reason=record.reason,
+                    retry_time=_time(record.retry_at),
                 )
             )
-    return events.ModelsEvent(node=node, models=tuple(models))
+    return events.ModelsEvent(
+        node=node,
+        models=tuple(models),
+        capacity_bytes=facts.capacity_bytes,
+        stored_bytes=sum(facts.published.values()),
+        used_bytes=facts.used_bytes,
+    )
 
 
-def _shape(event: events.ModelsEvent) -> tuple[tuple[str, str], ...]:
-    return tuple((m.model, m.state) for m in event.models)
+def _shape(event: events.ModelsEvent) -> tuple[object, ...]:
+    """What is published at once when it changes: everything but progress and disk usage."""
+    return (
+        event.capacity_bytes,
+        event.stored_bytes,
+        tuple(
+            (m.model, m.state, m.referenced, m.last_used, m.reason, m.retry_time)
+            for m in event.models
+        ),
+    )
 
 
 def downloads_json(jobs: Mapping[str, Job]) -> bytes:
@@ -100,8 +145,11 @@ class Reporter:
         metrics: ModelMetrics,
         tuning: Tuning,
         clock: Callable[[], float] = time.monotonic,
+        references: Callable[[], Mapping[str, int]] = dict,
     ) -> None:
         self.node = node
+        self.references = references
+        """hex -> mounts using it; wired to :meth:`Volumes.reference_counts` once those exist."""
         self.cache = cache
         self.materializer = materializer
         self.sink = sink
@@ -116,18 +164,31 @@ class Reporter:
     def changed(self) -> None:
         self._wake.set()
 
-    def _facts(self) -> Facts:
+    def _facts(self, references: dict[str, int], jobs: dict[str, tuple[int, int]]) -> Facts:
+        """Read the cache (in a thread): published trees, failures, last uses, usage.
+
+        ``references`` and ``jobs`` are copied on the event loop, which owns those dicts.
+        """
         published = {h: self.cache.size_of(h) for h in self.cache.published_hexes()}
         failures = {}
+        last_used = {}
         for h in self.cache.digest_hexes():
             record = self.cache.load_digest(h)
+            last_used[h] = record.last_used
             if record.reason is not None:
                 failures[h] = record
-        jobs = {h: (j.done, j.size) for h, j in self.materializer.jobs.items()}
-        _, total = self.cache.usage()
+        used, total = self.cache.usage()
         self.metrics.stored_bytes.set(sum(published.values()))
         self.metrics.capacity_bytes.set(total)
-        return Facts(published, failures, jobs)
+        return Facts(
+            published,
+            failures,
+            jobs,
+            references=references,
+            last_used=last_used,
+            used_bytes=used,
+            capacity_bytes=total,
+        )
 
     def _moved_enough(self, event: events.ModelsEvent) -> bool:
         if self._last is None:
@@ -141,7 +202,9 @@ class Reporter:
         )
 
     async def report_once(self) -> None:
-        facts = await anyio.to_thread.run_sync(self._facts)
+        references = dict(self.references())
+        jobs = {h: (j.done, j.size) for h, j in self.materializer.jobs.items()}
+        facts = await anyio.to_thread.run_sync(self._facts, references, jobs)
         event = snapshot(self.node, facts)
         self.last = event
         now = self._clock()

@@ -133,6 +133,8 @@ async def plugin(
             default_token=settings.hub_token,
         )
         volumes_box.append(volumes)
+        volumes.changed = reporter.changed
+        reporter.references = volumes.reference_counts
         await volumes.rebuild()
         async with anyio.create_task_group() as tg:
             await tg.start(materializer.run)

@@ -17,7 +17,8 @@ import logging
 import os
 import re
 import time
-from collections.abc import Mapping
+from collections import Counter
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -123,9 +124,15 @@ class Volumes:
         self.ready = False
         self._locks: dict[str, anyio.Lock] = {}
         self._waited: set[str] = set()
+        self.changed: Callable[[], None] = lambda: None
+        """Called when the references change (the reporter publishes at once)."""
 
     def referenced(self) -> set[str]:
         return {r.hex for r in self.refs.values()}
+
+    def reference_counts(self) -> dict[str, int]:
+        """hex -> how many published volumes (mounts) use it."""
+        return dict(Counter(r.hex for r in self.refs.values()))
 
     # ------------------------------------------------------------------ restart
 
@@ -219,6 +226,7 @@ class Volumes:
         self.metrics.mounts.labels(result="materialized" if hex_ in self._waited else "hit").inc()
         self._waited.discard(hex_)
         await self._touch(hex_)
+        self.changed()
 
     async def _already(self, ref: layout.Ref, target: Path) -> bool:
         """Idempotency: True when ``target`` already holds exactly this volume."""
@@ -271,6 +279,7 @@ class Volumes:
             await anyio.to_thread.run_sync(self.cache.drop_ref, volume_id)
             if ref is not None:
                 await self._touch(ref.hex)
+                self.changed()
 
     def _unmount(self, target: Path) -> None:
         while mounting.is_mount_point(target) is not None:

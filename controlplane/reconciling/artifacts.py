@@ -114,7 +114,7 @@ def node_counts(
     counts = {"ready": 0, "downloading": 0, "failed": 0}
     for node_models in models:
         for m in node_models or ():
-            if m.model == digest:
+            if (m.digest or m.model) == digest:
                 counts[_NODE_STATE[m.state]] += 1
                 break
     return counts

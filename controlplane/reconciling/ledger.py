@@ -22,6 +22,7 @@ from datetime import datetime
 
 from bus import events
 from bus.devices import DeviceGroup, canonical_groups
+from controlplane.reconciling.storing import StoreReport
 
 __all__ = ["Ledger", "NodeState", "Refused"]
 
@@ -41,6 +42,8 @@ class NodeState:
     groups: tuple[DeviceGroup, ...] | None = None
     """``None`` until the first devices event."""
     models: tuple[events.ModelState, ...] | None = None
+    store: StoreReport | None = None
+    """The cache-wide figures of the last models event (capacity, stored, used bytes)."""
     allocations: dict[str, events.AllocationEvent] = field(default_factory=dict)
     seen: dict[str, datetime] = field(default_factory=dict)
     """Newest ``ts`` folded, per kind (and per allocation id for allocations)."""
@@ -95,8 +98,9 @@ class Ledger:
             state.groups = groups
             return changed
         if isinstance(event, events.ModelsEvent):
-            changed = event.models != state.models
-            state.models = event.models
+            report = StoreReport.of(event)
+            changed = event.models != state.models or report != state.store
+            state.models, state.store = event.models, report
             return changed
         return _fold_allocation(state, event, self._max_allocations)
 

@@ -14,12 +14,13 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from datetime import datetime
 from typing import Any, Final
 
 import anyio
 import msgspec
 
-from bus import kv
+from bus import events, kv
 from controlplane import errors
 from controlplane.metrics import WorkerMetrics
 from controlplane.reconciling import labeling, objects
@@ -32,6 +33,7 @@ from controlplane.reconciling.planning import (
     Patch,
     plan,
     plan_node,
+    settle_conditions,
 )
 from controlplane.resources import DEVICES, NODEMODELSTORES, NODES, Observed, Ref
 from controlplane.sinks import Sink
@@ -57,6 +59,7 @@ class NodeReconciler:
         agents: kv.Bucket | None = None,
         store_spec: dict[str, Any] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        wallclock: Callable[[], datetime] = events.now,
     ) -> None:
         self._ledger = ledger
         self._sink = sink
@@ -66,6 +69,7 @@ class NodeReconciler:
         self._observed: dict[Ref, Observed | None] = {}
         self._pushed: dict[str, bytes] = {}
         self._clock = clock
+        self._wallclock = wallclock
 
     def forget_cache(self) -> None:
         """Drop every cached object (on gaining leadership: another replica may have written)."""
@@ -90,7 +94,7 @@ class NodeReconciler:
             self._metrics.rejected.labels(kind="allocations", reason="unknown_device").inc(unknown)
         if desired is not None:
             await self._converge(Ref(resource=DEVICES, name=node), desired)
-        store = objects.node_model_store(node, uid, state, self._store_spec)
+        store = objects.node_model_store(node, uid, state, self._store_spec, now=self._wallclock())
         if store is not None:
             await self._converge(Ref(resource=NODEMODELSTORES, name=node), store)
             await self._push_store_spec(node, store)
@@ -115,7 +119,7 @@ class NodeReconciler:
         for _ in range(MAX_CONFLICTS):
             observed = await self._observe(ref)
             try:
-                await self._write(plan(ref, desired, observed))
+                await self._write(plan(ref, settle_conditions(desired, observed), observed))
                 return
             except errors.Conflict:
                 self._observed.pop(ref, None)

@@ -8,12 +8,13 @@ plain JSON-ready dicts in the CRD's camelCase shape; ``spec.groups`` is exactly 
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any, Final
 
 import msgspec
 
 from bus import events
-from controlplane.reconciling import allocating
+from controlplane.reconciling import allocating, storing
 from controlplane.reconciling.ledger import NodeState
 from controlplane.reconciling.planning import Desired
 
@@ -23,13 +24,6 @@ NMS_SPEC_DEFAULT: Final[dict[str, Any]] = {
     "watermarks": {"highPercent": 80, "lowPercent": 70},
     "download": {"concurrency": 8, "bytesPerSecond": 0},
     "hub": {"huggingFaceEndpoint": "https://huggingface.co"},
-}
-_MODEL_STATE: Final = {
-    "pending": "Downloading",
-    "downloading": "Downloading",
-    "ready": "Ready",
-    "evicting": "Ready",
-    "failed": "Failed",
 }
 
 
@@ -57,29 +51,22 @@ def devices(node: str, uid: str | None, state: NodeState) -> tuple[Desired | Non
 
 
 def node_model_store(
-    node: str, uid: str | None, state: NodeState, spec: dict[str, Any] | None = None
+    node: str,
+    uid: str | None,
+    state: NodeState,
+    spec: dict[str, Any] | None = None,
+    *,
+    now: datetime | None = None,
 ) -> Desired | None:
-    """The desired ``NodeModelStore``: the spec the control plane sets, status from ``models``."""
+    """The desired ``NodeModelStore``: the spec the control plane sets, status from ``models``.
+
+    Conditions are stamped ``now``; the reconciler settles them against the observed object
+    (see :mod:`controlplane.reconciling.storing`).
+    """
     if state.models is None and state.groups is None:
         return None
-    models = [_model(m) for m in state.models or ()]
-    stored = sum(m.bytes_done or 0 for m in state.models or () if m.state == "ready")
-    status: dict[str, Any] = {
-        "capacity": {"storedBytes": stored},
-        "models": models,
-        "conditions": [
-            {"type": "Ready", "status": "True", "reason": "Serving", "message": ""},
-        ],
-    }
-    return Desired(metadata=_metadata(node, uid), spec=spec or NMS_SPEC_DEFAULT, status=status)
-
-
-def _model(m: events.ModelState) -> dict[str, Any]:
-    out: dict[str, Any] = {"digest": m.model, "state": _MODEL_STATE[m.state]}
-    if m.bytes_total is not None:
-        out["sizeBytes"] = m.bytes_total
-    if m.state in ("pending", "downloading") and m.bytes_done is not None:
-        out["downloadedBytes"] = m.bytes_done
-    if m.message:
-        out["message"] = m.message
-    return out
+    spec = spec or NMS_SPEC_DEFAULT
+    status = storing.store_status(
+        state.models, state.store, spec=spec, now=now if now is not None else events.now()
+    )
+    return Desired(metadata=_metadata(node, uid), spec=spec, status=status)

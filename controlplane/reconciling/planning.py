@@ -23,7 +23,17 @@ import msgspec
 
 from controlplane.resources import Observed, Ref
 
-__all__ = ["Action", "Create", "Delete", "Desired", "Patch", "diff", "plan", "plan_node"]
+__all__ = [
+    "Action",
+    "Create",
+    "Delete",
+    "Desired",
+    "Patch",
+    "diff",
+    "plan",
+    "plan_node",
+    "settle_conditions",
+]
 
 
 class Create(msgspec.Struct, frozen=True, kw_only=True):
@@ -65,6 +75,30 @@ def diff(old: Any, new: Any) -> Any:
         elif old[k] != v:
             out[k] = diff(old[k], v) if isinstance(v, dict) and isinstance(old[k], dict) else v
     return out
+
+
+def settle_conditions(desired: Desired, observed: Observed | None) -> Desired:
+    """``desired`` with each condition's ``lastTransitionTime`` taken from the observed object
+    when that condition's ``status`` did not change.
+
+    Invariant: ``lastTransitionTime`` moves only on a status flip (or a new condition), so an
+    otherwise unchanged status plans no write however often it is recomputed.
+    """
+    conditions = (desired.status or {}).get("conditions")
+    current = ((observed.body.get("status") or {}) if observed is not None else {}).get(
+        "conditions"
+    )
+    if not conditions or not isinstance(current, list):
+        return desired
+    before = {c.get("type"): c for c in current if isinstance(c, dict)}
+    settled = []
+    for c in conditions:
+        old = before.get(c.get("type"))
+        if old is not None and old.get("status") == c.get("status") and "lastTransitionTime" in old:
+            c = {**c, "lastTransitionTime": old["lastTransitionTime"]}
+        settled.append(c)
+    status = {**(desired.status or {}), "conditions": settled}
+    return msgspec.structs.replace(desired, status=status)
 
 
 def plan(ref: Ref, desired: Desired | None, observed: Observed | None) -> list[Action]:

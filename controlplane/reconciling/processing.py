@@ -78,7 +78,7 @@ class Processor:
             self._since.setdefault(event.node, event.ts.timestamp())
             self._enqueue(event.node)
             if isinstance(event, events.ModelsEvent):
-                self._on_models({m.model for m in (*old_models, *event.models)})
+                self._on_models({m.digest or m.model for m in (*old_models, *event.models)})
 
     def _enqueue(self, node: str) -> None:
         if not self.queue.add(node):

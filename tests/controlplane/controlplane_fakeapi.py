@@ -85,6 +85,8 @@ class FakeApi:
     def __init__(self) -> None:
         self.objects: dict[Key, dict[str, Any]] = {}
         self.writes: Counter[str] = Counter()
+        self.object_writes: Counter[Key] = Counter()
+        """Successful updates and patches per object (main resource and subresources)."""
         self.requests: Counter[str] = Counter()
         self.watches = 0
         """Watch streams opened so far."""
@@ -259,6 +261,7 @@ class FakeApi:
         self.objects[key] = new
         self._notify(key[0], "MODIFIED", new)
         self.writes["update" if replace else "patch"] += 1
+        self.object_writes[key] += 1
         return web.json_response(new)
 
 

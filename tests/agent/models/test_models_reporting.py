@@ -1,0 +1,87 @@
+"""What the model-manager tells the bus: capacity, references, last use, failure reason, retry."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+from models_harness import Rig, code_of, publish_request, publish_until_done, settled, unpublish
+
+from agent.models import layout, reporting
+
+pytestmark = pytest.mark.anyio
+H = [c * 64 for c in "abc"]
+
+
+def test_snapshot_carries_capacity_references_and_failure_details() -> None:
+    facts = reporting.Facts(
+        published={H[0]: 10, H[1]: 5},
+        failures={
+            H[2]: layout.DigestRecord(
+                reason="IntegrityMismatch", message="bad", retry_at=1_767_225_660.0
+            )
+        },
+        jobs={},
+        references={H[0]: 2},
+        last_used={H[0]: 1_767_225_600.0, H[1]: 0.0},
+        used_bytes=700,
+        capacity_bytes=1000,
+    )
+
+    event = reporting.snapshot("node-1", facts)
+
+    assert (event.capacity_bytes, event.stored_bytes, event.used_bytes) == (1000, 15, 700)
+    ready, idle, failed = event.models
+    assert ready.digest == ready.model == "sha256:" + H[0]
+    assert ready.referenced == 2
+    assert ready.last_used == datetime(2026, 1, 1, tzinfo=UTC)
+    assert (idle.referenced, idle.last_used) == (0, None)
+    assert (failed.state, failed.reason, failed.message) == (
+        "failed",
+        "IntegrityMismatch",
+        "IntegrityMismatch: bad",
+    )
+    assert failed.retry_time == datetime(2026, 1, 1, 0, 1, tzinfo=UTC)
+
+
+@pytest.mark.usefixtures("mounts")
+async def test_a_mount_is_reported_as_a_reference_and_a_use(rig: Rig) -> None:
+    record = rig.artifact("org/model", {"config.json": b"{}"})
+    target = rig.target()
+    request = publish_request(record, target)
+
+    async with rig.running() as plugin:
+        await publish_until_done(plugin.socket, request)
+        await plugin.reporter.report_once()
+        mounted = plugin.reporter.last
+        await unpublish(plugin.socket, "csi-abc", target)
+        await plugin.reporter.report_once()
+        unmounted = plugin.reporter.last
+
+    assert mounted is not None and unmounted is not None
+    (model,) = mounted.models
+    assert (model.digest, model.state, model.referenced) == (record.manifest_digest, "ready", 1)
+    assert model.last_used is not None
+    assert mounted.capacity_bytes and mounted.capacity_bytes > 0
+    assert mounted.used_bytes is not None and 0 < mounted.used_bytes <= mounted.capacity_bytes
+    assert mounted.stored_bytes == model.bytes_total
+    assert unmounted.models[0].referenced == 0
+    assert unmounted.models[0].last_used is not None
+    assert unmounted.models[0].last_used >= model.last_used
+
+
+async def test_a_failure_is_reported_with_its_reason_and_retry_time(rig: Rig) -> None:
+    record = rig.artifact("org/model", {"config.json": b"{}", "w.bin": b"x" * 100})
+    rig.hub.corrupt.add("w.bin")
+
+    async with rig.running() as plugin:
+        await code_of(plugin.socket, publish_request(record, rig.target()))
+        await settled(plugin)
+        await plugin.reporter.report_once()
+        event = plugin.reporter.last
+
+    assert event is not None
+    (model,) = event.models
+    assert (model.state, model.reason) == ("failed", "IntegrityMismatch")
+    assert model.retry_time is not None and model.retry_time > datetime.now(UTC)
+    assert event.stored_bytes == 0
