@@ -12,6 +12,7 @@ import ctypes
 import ctypes.util
 import logging
 import os
+import warnings
 from collections.abc import Iterator
 
 import anyio
@@ -29,10 +30,15 @@ _MASK = IN_CREATE | IN_DELETE | IN_MOVED_FROM | IN_MOVED_TO | IN_DELETE_SELF
 
 
 class DirectoryWatch:
-    """An inotify descriptor watching one directory; close it with :meth:`close`."""
+    """An inotify descriptor watching one directory; close it with :meth:`close`.
+
+    Closing twice is harmless (a second ``os.close`` could hit a reused descriptor number, so
+    the first one forgets it); one collected unclosed is closed with a ``ResourceWarning``.
+    """
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
+        """The inotify descriptor; -1 once closed."""
 
     async def changed(self) -> None:
         """Wait until something in the directory changed, then drain the pending events."""
@@ -42,8 +48,16 @@ class DirectoryWatch:
                 pass
 
     def close(self) -> None:
-        with contextlib.suppress(OSError):
-            os.close(self.fd)
+        fd, self.fd = self.fd, -1
+        if fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    def __del__(self) -> None:
+        if self.fd >= 0:
+            fd = self.fd
+            self.close()
+            warnings.warn(f"unclosed inotify watch (fd {fd})", ResourceWarning, stacklevel=1)
 
 
 def open_watch(directory: str) -> DirectoryWatch | None:

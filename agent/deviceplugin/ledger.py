@@ -112,7 +112,15 @@ class Ledger:
         return None
 
     def held_modes(self) -> dict[str, Mode]:
-        return {c: h.mode for h in self._holdings.values() for c, u in h.charges if u > 0}
+        """The mode each charged card is held in. Runs on every Allocate, so it walks cards,
+        not holdings; where restored holdings disagree on a card, the last recorded decides."""
+        modes: dict[str, Mode] = {}
+        for card, holders in self._by_card.items():
+            for h in reversed(holders.values()):
+                if any(c == card and u > 0 for c, u in h.charges):
+                    modes[card] = h.mode
+                    break
+        return modes
 
     def holder(self, resource: str, device_ids: Sequence[str]) -> Holding | None:
         """The holding with exactly these device ids of ``resource``, if any."""

@@ -4,7 +4,9 @@ Synchronous and owned by the event loop thread: every method runs to completion 
 ``await``, so two Allocate calls on different servers can never interleave halfway (this is the
 node-wide mutex of other plugins, for free). Every ledger change is published, then the token
 lists are recomputed, because holding a card in one mode makes its tokens of the other modes
-Unhealthy.
+Unhealthy. Allocate is the hot path, so recomputing is cheap where nothing changed: it stops at
+once unless the cards or a card's mode changed (the first holding of a card, the last release),
+re-plans from cached per-card tokens, and re-keys and re-sends only the lists that changed.
 """
 
 from __future__ import annotations
@@ -20,6 +22,9 @@ from bus import devices, events
 from proto.deviceplugin import v1beta1 as dp
 
 log = logging.getLogger(__name__)
+
+_Index = tuple[tuple[resources.Token, ...], dict[str, resources.Token]]
+"""A server's token list and its tokens by id."""
 
 
 class Node:
@@ -37,6 +42,7 @@ class Node:
         self._retained: Sequence[events.AllocationEvent] | None = tuple(initial_allocations)
         self._cards: dict[str, resources.Card] = {}
         self._views: dict[str, allocation.View] = {}
+        self._indexes: dict[str, _Index] = {}
         self._planned_for: tuple[dict[str, resources.Card], dict[str, resources.Mode]] | None = None
         self.ledger = ledger.Ledger()
         self.servicers: dict[Key, ResourceServicer] = {}
@@ -67,15 +73,6 @@ class Node:
             no_sliced=self._settings.no_sliced,
             no_partitioned=self._settings.no_partitioned,
         )
-        self._views = {
-            s.resource: allocation.View(
-                mode=s.mode,
-                resource=s.resource,
-                tokens={t.id: t for t in s.tokens},
-                cards=self._cards,
-            )
-            for s in specs.values()
-        }
         for key in [k for k in self.servicers if k not in specs]:
             del self.servicers[key]
         for key, spec in specs.items():
@@ -84,6 +81,26 @@ class Node:
                 self.servicers[key] = ResourceServicer(spec, self)
             elif servicer.offer(spec):
                 log.info("%s: %d devices re-announced", spec.resource, len(spec.tokens))
+        self._reindex()
+
+    def _reindex(self) -> None:
+        """Rebuild the views, re-keying only the token lists that changed.
+
+        A servicer keeps its spec object while its tokens stay equal, so an unchanged list is
+        recognised by identity and its id index (thousands of tokens for visibility) is reused.
+        """
+        indexes: dict[str, _Index] = {}
+        views: dict[str, allocation.View] = {}
+        for servicer in self.servicers.values():
+            spec = servicer.spec
+            index = self._indexes.get(spec.resource)
+            if index is None or index[0] is not spec.tokens:
+                index = (spec.tokens, {t.id: t for t in spec.tokens})
+            indexes[spec.resource] = index
+            views[spec.resource] = allocation.View(
+                mode=spec.mode, resource=spec.resource, tokens=index[1], cards=self._cards
+            )
+        self._indexes, self._views = indexes, views
 
     def _resolve(
         self, resource: str, device_ids: Sequence[str]

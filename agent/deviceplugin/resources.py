@@ -199,7 +199,7 @@ def plan_servers(
             "no_partitioned": no_partitioned,
         }
         for mode in modes_for(manufacturer, **switches):
-            tokens = tuple(t for c in mine for t in _tokens(c, mode, held_modes.get(c.id)))
+            tokens = tuple(t for c in mine for t in _tokens(c, mode, _blocked(c, mode, held_modes)))
             specs[(manufacturer, mode)] = ServerSpec(
                 manufacturer=manufacturer,
                 mode=mode,
@@ -226,10 +226,18 @@ def token_count(card: Card, mode: Mode) -> int:
     return card.sliced_count
 
 
+def _blocked(card: Card, mode: Mode, held_modes: Mapping[str, Mode]) -> bool:
+    """Whether the ledger holds ``card`` in a mode other than ``mode`` (visibility never is)."""
+    held_in = held_modes.get(card.id)
+    return held_in is not None and held_in != mode and mode != "visibility"
+
+
 @functools.lru_cache(maxsize=1024)
-def _tokens(card: Card, mode: Mode, held_in: Mode | None) -> tuple[Token, ...]:
-    """A card's tokens in one mode; cached, because Allocate recomputes every list."""
-    blocked = held_in is not None and held_in != mode and mode != "visibility"
+def _tokens(card: Card, mode: Mode, blocked: bool) -> tuple[Token, ...]:
+    """A card's tokens in one mode, cached: a new holding re-plans every server, yet changes
+    only the blocked flag of one card's tokens in the other modes, so every other tuple (the
+    512 visibility tokens of each card above all) comes back as the same object, and
+    comparing it with the advertised one costs an identity check per token."""
     healthy = not card.unhealthy and not blocked
     return tuple(
         Token(

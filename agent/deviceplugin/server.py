@@ -13,18 +13,19 @@ import contextlib
 import logging
 import os
 import stat
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, Protocol
 
 import anyio
 import anyio.lowlevel
-from grpclib.const import Status
+from grpclib.const import Cardinality, Handler, Status
+from grpclib.encoding.proto import ProtoCodec
 from grpclib.exceptions import GRPCError
 from grpclib.protocol import H2Protocol
-from grpclib.server import Server
+from grpclib.server import Server, Stream
 
-from agent.deviceplugin import errors
-from agent.deviceplugin.resources import HEALTHY, UNHEALTHY, Mode, ServerSpec, Token
+from agent.deviceplugin import encoding, errors
+from agent.deviceplugin.resources import Mode, ServerSpec
 from proto.deviceplugin import v1beta1 as dp
 
 log = logging.getLogger(__name__)
@@ -61,45 +62,72 @@ def _grpc_errors(resource: str) -> Iterator[None]:
         raise GRPCError(status, str(e)) from e
 
 
-def listing(spec: ServerSpec) -> dp.ListAndWatchResponse:
-    """The full device list kubelet gets on every change."""
-    return dp.ListAndWatchResponse(devices=[_device(t) for t in spec.tokens])
+LIST_AND_WATCH = "/v1beta1.DevicePlugin/ListAndWatch"
 
 
-def _device(token: Token) -> dp.Device:
-    device = dp.Device(id=token.id, health=HEALTHY if token.healthy else UNHEALTHY)
-    if token.numa_nodes:
-        device.topology = dp.TopologyInfo(nodes=[dp.NumaNode(id=n) for n in token.numa_nodes])
-    return device
+class _Codec(ProtoCodec):
+    """grpclib's protobuf codec, with the hot replies encoded by :mod:`encoding`."""
+
+    def encode(self, message: Any, message_type: Any) -> bytes:
+        if isinstance(message, encoding.Listing):
+            return message.wire
+        if type(message) is dp.AllocateResponse and message_type is dp.AllocateResponse:
+            return encoding.allocate_response(message)
+        return super().encode(message, message_type)
 
 
 class ResourceServicer(dp.DevicePluginBase):
-    """Serves one (manufacturer, mode). Touched from the event loop thread only."""
+    """Serves one (manufacturer, mode). Touched from the event loop thread only.
+
+    ListAndWatch sends the full list on every change of the tokens (ids or health). The list is
+    encoded once per change, on the first send after it, and every stream sends those bytes.
+    """
 
     def __init__(self, spec: ServerSpec, allocator: Allocator) -> None:
         self.spec = spec
         self._allocator = allocator
         self._changed = anyio.Event()
+        self._listing: encoding.Listing | None = None
+        """The encoded list of ``spec.tokens``; None until the first send after a change."""
         self.updates_sent = 0
 
     def offer(self, spec: ServerSpec) -> bool:
-        """Adopt ``spec``; wake ListAndWatch streams only when tokens or health changed."""
+        """Adopt ``spec``; wake ListAndWatch streams only when tokens or health changed.
+
+        An equal list keeps the current spec object, which lets callers cache per list.
+        """
         if spec.tokens == self.spec.tokens:
             return False
         self.spec = spec
+        self._listing = None
         self._changed.set()
         self._changed = anyio.Event()
         return True
 
-    async def get_device_plugin_options(self, empty: dp.Empty) -> dp.DevicePluginOptions:
-        return dp.DevicePluginOptions(get_preferred_allocation_available=True)
+    def listing(self) -> encoding.Listing:
+        """What ListAndWatch sends now: the full device list of the current spec."""
+        if self._listing is None:
+            self._listing = encoding.Listing(encoding.listing(self.spec.tokens))
+        return self._listing
 
-    async def list_and_watch(self, empty: dp.Empty) -> AsyncIterator[dp.ListAndWatchResponse]:
+    def __mapping__(self) -> dict[str, Handler]:
+        """grpclib's routing table: the generated one, but ListAndWatch sends encoded lists."""
+        mapping = super().__mapping__()
+        mapping[LIST_AND_WATCH] = Handler(
+            self._list_and_watch, Cardinality.UNARY_STREAM, dp.Empty, dp.ListAndWatchResponse
+        )
+        return mapping
+
+    async def _list_and_watch(self, stream: Stream[dp.Empty, encoding.Listing]) -> None:
+        await stream.recv_message()
         while True:
             changed = self._changed  # grab before sending: a change during the send is not lost
-            yield listing(self.spec)
+            await stream.send_message(self.listing())
             self.updates_sent += 1
             await changed.wait()
+
+    async def get_device_plugin_options(self, empty: dp.Empty) -> dp.DevicePluginOptions:
+        return dp.DevicePluginOptions(get_preferred_allocation_available=True)
 
     async def get_preferred_allocation(
         self, request: dp.PreferredAllocationRequest
@@ -140,7 +168,7 @@ class _Server(Server):
     """
 
     def __init__(self, handlers: Sequence[Any]) -> None:
-        super().__init__(list(handlers))
+        super().__init__(list(handlers), codec=_Codec())
         self.protocols: list[H2Protocol] = []
         self.started = False
 

@@ -103,6 +103,7 @@ async def test_every_server_registers_with_its_socket_and_options(
             dp.Empty(),
             dp.DevicePluginOptions.FromString,
         )
+        await eventually(lambda: _async(plugins.registrations >= 9))  # counted on the reply
         assert plugins.registrations == 9
 
     requests = {r.resource_name: r for r in kubelet.requests}
@@ -131,6 +132,8 @@ async def test_a_kubelet_restart_recreates_and_reregisters_every_server(
         watch = Watch(tmp_path / "amd.exclusive.sock")
         await eventually(lambda: _async(bool(watch.updates)))
         watch.close()
+        # kubelet records a Register before replying; the plugin counts it on the reply
+        await eventually(lambda: _async(plugins.registrations >= 18))
         assert plugins.registrations == 18
 
 
