@@ -18,8 +18,8 @@ import aiohttp
 import anyio
 import anyio.to_thread
 import pytest
-from conftest import Kubelet, Watch
 from prometheus_client.parser import text_string_to_metric_families
+from serve_harness import Kubelet, Watch
 
 from agent.devices import nvidia
 from agent.devices.simulation.fakenvml import SimulatedNvml
