@@ -2,9 +2,11 @@
 
 Pure decisions live in :mod:`resources` (which servers and tokens exist), :mod:`ledger` (who holds
 what share of which card), :mod:`allocation` (Allocate and GetPreferredAllocation) and
-:mod:`responders` (what each vendor's runtime needs injected). The async layer only does I/O:
-:mod:`server` serves one resource on its socket (its hot replies written to the wire by
-:mod:`encoding`), :mod:`registration` keeps every server registered
-with kubelet across kubelet restarts, :mod:`podresources` asks kubelet who holds which device, and
-:mod:`running` wires them into one async context manager, :func:`running.device_plugins`.
+:mod:`responders` (what each vendor's runtime needs injected, as the plain data of
+:mod:`injection`, which one-shots such as ``dm preflight`` import without grpclib). The async
+layer only does I/O: :mod:`server` serves one resource on its socket (its hot replies written to
+the wire by :mod:`encoding`, which also turns an injection into kubelet's message),
+:mod:`registration` keeps every server registered with kubelet across kubelet restarts,
+:mod:`podresources` asks kubelet who holds which device, and :mod:`running` wires them into one
+async context manager, :func:`running.device_plugins`.
 """

@@ -6,7 +6,8 @@ for most of a second, holding up every Allocate behind it; and serializing one A
 cost more than deciding it. Both messages have small fixed shapes (kubelet's ``v1beta1`` API),
 so they are written here by hand: a device list from tokens, each device once per token (tokens
 are immutable and shared between plans, see :func:`resources._tokens`), and an Allocate reply
-from the ``dp`` message the responders built. The tests hold these bytes equal to betterproto's
+from ``dp`` messages. This is also the one place the responders' plain
+:class:`injection.Injection` becomes a ``dp`` message (:func:`container_response`). The tests hold these bytes equal to betterproto's
 serialization of the same messages, and fail when the generated messages gain a field.
 
 Field numbers (``api.proto``): ListAndWatchResponse ``devices = 1``; Device ``ID = 1``,
@@ -24,6 +25,7 @@ import functools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from agent.deviceplugin.injection import Injection
 from agent.deviceplugin.resources import HEALTHY, UNHEALTHY, Token
 from proto.deviceplugin import v1beta1 as dp
 
@@ -88,6 +90,19 @@ class Listing:
 
 
 # ------------------------------------------------------------------ Allocate
+
+
+def container_response(injection: Injection) -> dp.ContainerAllocateResponse:
+    """kubelet's message for ``injection``: same envs, mounts, devices and annotations, in the
+    same order (``host_dirs`` are the plugin's own business and are not sent)."""
+    return dp.ContainerAllocateResponse(
+        envs=dict(injection.envs),
+        mounts=[dp.Mount(m.container_path, m.host_path, m.read_only) for m in injection.mounts],
+        devices=[
+            dp.DeviceSpec(d.container_path, d.host_path, d.permissions) for d in injection.devices
+        ],
+        annotations=dict(injection.annotations),
+    )
 
 
 def allocate_response(response: dp.AllocateResponse) -> bytes:

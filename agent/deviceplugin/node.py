@@ -7,19 +7,25 @@ lists are recomputed, because holding a card in one mode makes its tokens of the
 Unhealthy. Allocate is the hot path, so recomputing is cheap where nothing changed: it stops at
 once unless the cards or a card's mode changed (the first holding of a card, the last release),
 re-plans from cached per-card tokens, and re-keys and re-sends only the lists that changed.
+
+The node also owns the host side of an injection: the per-allocation work directories a sliced
+container mounts are created before Allocate answers and removed when the allocation is
+released (a ``mkdir`` and an ``rmtree`` of a near-empty directory: cheap enough for the loop).
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import shutil
 import time
 from collections.abc import Callable, Sequence
 
-from agent.deviceplugin import allocation, ledger, resources, responders
+from agent.deviceplugin import allocation, errors, ledger, resources, responders
+from agent.deviceplugin.injection import Injection
 from agent.deviceplugin.server import Key, ResourceServicer
 from agent.deviceplugin.settings import DevicePluginSettings
 from bus import devices, events
-from proto.deviceplugin import v1beta1 as dp
 
 log = logging.getLogger(__name__)
 
@@ -110,23 +116,38 @@ class Node:
     def _apply(self, changes: Sequence[ledger.Change]) -> None:
         for change in changes:
             self._publish(change.event(self._settings.node_name))
+            if change.action == "released":
+                self._remove_work_dir(change.holding.allocation_id)
         if changes:
             self._refresh()
 
     def _view(self, key: Key) -> allocation.View:
         return self._views[resources.resource_name(*key)]
 
-    def allocate(self, key: Key, device_ids: Sequence[str]) -> dp.ContainerAllocateResponse:
-        """Decide, build the injection, then charge: a refused request changes nothing."""
+    def allocate(self, key: Key, device_ids: Sequence[str]) -> Injection:
+        """Decide, build the injection, prepare its host directories, then charge: a refused
+        request changes nothing in the ledger."""
         grant = allocation.decide(self._view(key), device_ids, self.ledger, now=self._clock())
-        response = responders.respond(grant, host_lib_dir=self._settings.host_lib_dir)
+        injection = responders.respond(
+            grant,
+            host_lib_dir=self._settings.host_lib_dir,
+            host_work_dir=self._settings.host_work_dir,
+        )
+        _make_dirs(injection.host_dirs)
         if (
             grant.holding is not None
             and self.ledger.holder(grant.holding.resource, grant.holding.device_ids) is None
         ):
             self._apply(self.ledger.charge(grant.holding))
         self.on_allocate()
-        return response
+        return injection
+
+    def _remove_work_dir(self, allocation_id: str) -> None:
+        path = responders.work_dir(self._settings.host_work_dir, allocation_id)
+        if os.path.isdir(path):
+            shutil.rmtree(path, ignore_errors=True)
+            if os.path.exists(path):
+                log.warning("cannot remove the work directory %s of %s", path, allocation_id)
 
     def prefer(
         self, key: Key, available: Sequence[str], must_include: Sequence[str], size: int
@@ -148,3 +169,16 @@ class Node:
 
 def _nothing() -> None:
     pass
+
+
+def _make_dirs(paths: Sequence[str]) -> None:
+    """Create each directory, writable by any user (the container may not run as root).
+
+    :raises errors.CannotInject: naming the directory that could not be made.
+    """
+    for path in paths:
+        try:
+            os.makedirs(path, exist_ok=True)
+            os.chmod(path, 0o777)  # private to one container, whatever user it runs as
+        except OSError as e:
+            raise errors.CannotInject(f"cannot create the work directory {path}: {e}") from e

@@ -58,6 +58,8 @@ class Card:
     """``logicalSliced.count``; 0 when the card cannot be sliced."""
     partition_count: int
     """``physicalSliced.count``; 0 when the card is not in partition mode."""
+    compute_units: int | None = None
+    """The group's ``cores`` (AMD: compute units, which sliced ``HSA_CU_MASK`` divides)."""
 
 
 @dataclass(frozen=True)
@@ -151,6 +153,7 @@ def _card(group: devices.DeviceGroup, acc: devices.Accelerator) -> Card:
         runtime_version=group.runtime_version,
         sliced_count=status.logical_sliced.count if status.logical_sliced else 0,
         partition_count=status.physical_sliced.count if status.physical_sliced else 0,
+        compute_units=group.cores,
     )
 
 

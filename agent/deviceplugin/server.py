@@ -25,6 +25,7 @@ from grpclib.protocol import H2Protocol
 from grpclib.server import Server, Stream
 
 from agent.deviceplugin import encoding, errors
+from agent.deviceplugin.injection import Injection
 from agent.deviceplugin.resources import Mode, ServerSpec
 from proto.deviceplugin import v1beta1 as dp
 
@@ -36,7 +37,7 @@ Key = tuple[str, Mode]
 class Allocator(Protocol):
     """The decisions a servicer asks for; raise :class:`errors.DevicePluginError` to refuse."""
 
-    def allocate(self, key: Key, device_ids: Sequence[str]) -> dp.ContainerAllocateResponse: ...
+    def allocate(self, key: Key, device_ids: Sequence[str]) -> Injection: ...
 
     def prefer(
         self, key: Key, available: Sequence[str], must_include: Sequence[str], size: int
@@ -148,10 +149,11 @@ class ResourceServicer(dp.DevicePluginBase):
 
     async def allocate(self, request: dp.AllocateRequest) -> dp.AllocateResponse:
         with _grpc_errors(self.spec.resource):
-            responses = [
+            injections = [
                 self._allocator.allocate(self.spec.key, c.devices_ids)
                 for c in request.container_requests
             ]
+        responses = [encoding.container_response(i) for i in injections]
         return dp.AllocateResponse(container_responses=responses)
 
     async def pre_start_container(

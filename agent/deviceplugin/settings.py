@@ -18,6 +18,10 @@ class DevicePluginSettings:
     no_partitioned: bool = False
     host_lib_dir: str = "/var/lib/gpustack/operator/lib"
     """Host directory holding the preload libraries sliced containers get mounted."""
+    host_work_dir: str = "/var/lib/gpustack/operator/pods"
+    """Host directory of the per-allocation work directories (HAMi-core's ``/tmp/vgpu``). The
+    plugin creates and removes them itself, so its container must mount this host path at the
+    same path."""
     pod_resources_socket: str | None = "/var/lib/kubelet/pod-resources/kubelet.sock"
     """kubelet's pod-resources socket; None skips asking kubelet who holds what."""
     register_retry_s: float = 1.0
@@ -39,11 +43,13 @@ class DevicePluginSettings:
 
     @classmethod
     def for_tests(cls, directory: str, **kw: Any) -> DevicePluginSettings:
-        """Settings for a fake kubelet in ``directory``: short retries, no pod-resources."""
+        """Settings for a fake kubelet in ``directory``: short retries, no pod-resources, work
+        directories under ``directory``."""
         base = cls(
             kube_socket=os.path.join(directory, "kubelet.sock"),
             node_name="test-node",
             pod_resources_socket=None,
+            host_work_dir=os.path.join(directory, "pods"),
             register_retry_s=0.1,
             shutdown_timeout_s=2.0,
             register_timeout_s=2.0,

@@ -15,6 +15,7 @@ from typing import Literal
 
 import msgspec
 
+from agent.deviceplugin.resources import Mode
 from agent.preflight import invocations
 from agent.preflight.injection import Injection, InjectionError, respond
 from agent.preflight.model import Row
@@ -176,7 +177,7 @@ def plan(
                 rows.append(_partition_sidecar(acc))
                 kinds = []
             for kind in kinds:
-                mode = "visibility" if kind == "visibility" else "sliced"
+                mode: Mode = "visibility" if kind == "visibility" else "sliced"
                 try:
                     injection = respond(group, acc, mode, host_lib_dir=host_lib_dir)
                 except InjectionError as e:

@@ -39,10 +39,11 @@ def injection_flags(injection: Injection) -> list[str]:
     flags: list[str] = []
     for key in sorted(injection.envs):
         flags += ["-e", f"{key}={injection.envs[key]}"]
-    for container, host, read_only in sorted(injection.mounts):
-        flags += ["-v", f"{host}:{container}" + (":ro" if read_only else "")]
-    for container, host, permissions in sorted(injection.devices):
-        flags += ["--device", f"{host}:{container}" + (f":{permissions}" if permissions else "")]
+    for m in sorted(injection.mounts):
+        flags += ["-v", f"{m.host_path}:{m.container_path}" + (":ro" if m.read_only else "")]
+    for d in sorted(injection.devices):
+        access = f":{d.permissions}" if d.permissions else ""
+        flags += ["--device", f"{d.host_path}:{d.container_path}{access}"]
     return flags
 
 

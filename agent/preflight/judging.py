@@ -78,7 +78,7 @@ def judge(
     elif results is None:
         out.append(_not_run(loaded, why, blocked))
     else:
-        out.append(_loaded(loaded, libraries[0][0], results[0]))
+        out.append(_loaded(loaded, libraries[0].container_path, results[0]))
     if cap is None:
         out.append(
             _set(
@@ -162,7 +162,7 @@ def _pair(row: Row, probe: Probe, results: Sequence[Result]) -> Row:
     good = len(results) == 2
     for n, result in enumerate(results, 1):
         maps = block(result.output, MAPS_BEGIN, MAPS_END)
-        hits = _mapped(maps or [], libraries[0][0]) if libraries else []
+        hits = _mapped(maps or [], libraries[0].container_path) if libraries else []
         good = good and result.code == 0 and maps is not None and (bool(hits) or not libraries)
         evidence += [f"probe {n}: exit {result.code}", *(hits or _tail(result.output))]
     text = "\n".join(evidence) + "\n"

@@ -51,7 +51,7 @@ def plan_staging(
 
     The whole ``lib_source/<manufacturer>`` tree is copied; a mounted library path the image
     does not carry is reported missing. A writable mount outside the library tree (HAMi's lock
-    directory) is created as a directory.
+    directory, the per-allocation work directory) is created as a directory.
     """
     tree = os.path.join(lib_source, manufacturer)
     steps = [
@@ -61,11 +61,12 @@ def plan_staging(
     targets = {s.target for s in steps}
     missing: list[str] = []
     for injection in injections:
-        for _, host_path, read_only in sorted(injection.mounts):
+        for mount in sorted(injection.mounts):
+            host_path = mount.host_path
             if host_path.startswith(HOST_LIB_DIR + "/"):
                 if host_path not in targets and host_path not in missing:
                     missing.append(host_path)
-            elif not read_only and not host_path.startswith("/dev/"):
+            elif not mount.read_only and not host_path.startswith("/dev/"):
                 step = Step(host_path)
                 if step not in steps:
                     steps.append(step)

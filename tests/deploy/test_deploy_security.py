@@ -14,6 +14,7 @@ DM_HOST_MOUNTS = {
     "/sys": True,
     "/dev": True,
     "/var/lib/gpustack/operator/lib": False,
+    "/var/lib/gpustack/operator/pods": False,
 }
 PORTS = {"worker": 31443, "device-manager": 32443, "model-manager": 32444}
 

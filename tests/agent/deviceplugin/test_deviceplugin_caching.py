@@ -225,7 +225,8 @@ async def test_every_stream_gets_each_changed_list_in_full(
     """Two kubelet streams on one server share its encoded list; a holding and health flips
     reach every stream whose list they change, and only those."""
     card = rx7800[0].accelerators[1].id
-    sliced = f"radeon-rx-7800-xt:{card}:0000"
+    # three of 128 slices: the least share of a 60-CU card that covers one compute unit
+    sliced = [f"radeon-rx-7800-xt:{card}:{i:04d}" for i in range(3)]
     settings = DevicePluginSettings.for_tests(str(tmp_path))
     async with device_plugins(settings, publish=lambda e: None) as plugins:
         plugins.update(rx7800)
@@ -241,7 +242,7 @@ async def test_every_stream_gets_each_changed_list_in_full(
             expected = dict.fromkeys(watches, 1)
             await _arrived(watches, expected)
             request = dp.AllocateRequest(
-                container_requests=[dp.ContainerAllocateRequest(devices_ids=[sliced])]
+                container_requests=[dp.ContainerAllocateRequest(devices_ids=sliced)]
             )
             await anyio.to_thread.run_sync(
                 unary,

@@ -9,12 +9,14 @@ import msgspec
 import pytest
 
 from agent.deviceplugin import allocation, encoding, resources, responders
+from agent.deviceplugin.injection import DeviceNode, Injection, Mount
 from agent.deviceplugin.ledger import Ledger
 from agent.deviceplugin.resources import HEALTHY, UNHEALTHY, Token
 from bus import devices
 from proto.deviceplugin import v1beta1 as dp
 
 LIB = "/var/lib/gpustack/operator/lib"
+WORK = "/var/lib/gpustack/operator/pods"
 
 
 def _reference(tokens: tuple[Token, ...]) -> bytes:
@@ -93,11 +95,34 @@ def test_allocate_replies_are_byte_for_byte_betterprotos(
     profile: str, mode: resources.Mode, request: pytest.FixtureRequest
 ) -> None:
     groups: list[devices.DeviceGroup] = request.getfixturevalue(profile)
-    containers = [responders.respond(_grant(groups, mode, n), host_lib_dir=LIB) for n in (1, 2)]
-    reply = dp.AllocateResponse(container_responses=containers)
+    injections = [
+        responders.respond(_grant(groups, mode, n), host_lib_dir=LIB, host_work_dir=WORK)
+        for n in (1, 2)
+    ]
+    reply = dp.AllocateResponse(
+        container_responses=[encoding.container_response(i) for i in injections]
+    )
 
     assert encoding.allocate_response(reply) == bytes(reply)
     assert dp.AllocateResponse.FromString(encoding.allocate_response(reply)) == reply
+
+
+def test_an_injection_becomes_the_same_message_in_the_same_order() -> None:
+    injection = Injection(
+        envs={"B": "2", "A": "1"},
+        mounts=(Mount("/z", "/hz", read_only=False), Mount("/a", "/ha", read_only=True)),
+        devices=(DeviceNode("/dev/b", "/dev/b", "rw"), DeviceNode("/dev/a", "/dev/c", "r")),
+        annotations={"k": "v"},
+        host_dirs=("/not/sent",),
+    )
+
+    assert encoding.container_response(injection) == dp.ContainerAllocateResponse(
+        envs={"B": "2", "A": "1"},
+        mounts=[dp.Mount("/z", "/hz", read_only=False), dp.Mount("/a", "/ha", read_only=True)],
+        devices=[dp.DeviceSpec("/dev/b", "/dev/b", "rw"), dp.DeviceSpec("/dev/a", "/dev/c", "r")],
+        annotations={"k": "v"},
+    )
+    assert list(encoding.container_response(injection).envs) == ["B", "A"]
 
 
 def test_every_allocate_field_is_written() -> None:

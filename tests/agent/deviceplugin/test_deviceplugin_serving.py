@@ -187,8 +187,19 @@ async def test_allocate_injects_per_vendor_and_publishes(
 
     assert nvidia.container_responses[0].envs == {"NVIDIA_VISIBLE_DEVICES": uuid}
     assert sliced.container_responses[0].envs["CUDA_DEVICE_SM_LIMIT"] == "50"
-    assert len(sliced.container_responses[0].mounts) == 3
+    mounts = {m.container_path: m for m in sliced.container_responses[0].mounts}
+    assert sorted(mounts) == [
+        "/dev/shm",
+        "/etc/ld.so.preload",
+        "/tmp/vgpu",
+        "/tmp/vgpulock",
+        "/usr/local/vgpu/libvgpu.so",
+    ]
+    vgpu = anyio.Path(mounts["/tmp/vgpu"].host_path)
+    assert await vgpu.is_dir()  # made before the reply
+    assert vgpu.is_relative_to(tmp_path / "pods")
     assert rocm.container_responses[0].envs["ROCR_VISIBLE_DEVICES"] == amd.id
+    assert amd.physical_indexes is not None
     assert [d.host_path for d in rocm.container_responses[0].devices] == [
         "/dev/kfd",
         f"/dev/dri/card{amd.physical_indexes[0]}",

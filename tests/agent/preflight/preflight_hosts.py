@@ -40,6 +40,7 @@ for a in "$@"; do
   case "$a" in
     CUDA_DEVICE_MEMORY_LIMIT_0=*) cap=${a#*=}; cap=${cap%m};;
     *:/usr/local/vgpu/libvgpu.so:ro) lib=/usr/local/vgpu/libvgpu.so;;
+    *:/usr/local/vrocm/libvrocm.so:ro) lib=/usr/local/vrocm/libvrocm.so;;
   esac
 done
 echo gpustack-preflight-maps-begin
@@ -131,4 +132,8 @@ def lib_source(tmp_path: Path) -> Path:
         lib.parent.mkdir(parents=True)
         lib.write_bytes(b"\x7fELF fake libvgpu " + str(major).encode())
     (source / "nvidia" / "ld.so.preload").write_text("/usr/local/vgpu/libvgpu.so\n")
+    amd = source / "amd"
+    amd.mkdir()
+    (amd / "libvrocm.so").write_bytes(b"\x7fELF fake libvrocm")
+    (amd / "ld.so.preload").write_text("/usr/local/vrocm/libvrocm.so\n")
     return source

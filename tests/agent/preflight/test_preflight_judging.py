@@ -8,18 +8,17 @@ import pytest
 
 from agent.preflight import checking, invocations, judging, staging
 from agent.preflight.checking import Probe, Result
-from agent.preflight.injection import Injection, from_allocate_response
+from agent.preflight.injection import DeviceNode, Injection, Mount
 from agent.preflight.resolving import Choice
-from proto.deviceplugin import v1beta1 as dp
 
 LIB = "/usr/local/vgpu/libvgpu.so"
 SLICED = Injection(
     envs={"NVIDIA_VISIBLE_DEVICES": "GPU-1", "CUDA_DEVICE_MEMORY_LIMIT_0": "4096m"},
-    mounts=[
-        (LIB, "/var/lib/gpustack/operator/lib/nvidia/cuda-12/libvgpu.so", True),
-        ("/etc/ld.so.preload", "/var/lib/gpustack/operator/lib/nvidia/ld.so.preload", True),
-        ("/tmp/vgpulock", "/tmp/vgpulock", False),
-    ],
+    mounts=(
+        Mount(LIB, "/var/lib/gpustack/operator/lib/nvidia/cuda-12/libvgpu.so", True),
+        Mount("/etc/ld.so.preload", "/var/lib/gpustack/operator/lib/nvidia/ld.so.preload", True),
+        Mount("/tmp/vgpulock", "/tmp/vgpulock", False),
+    ),
 )
 NVIDIA = checking.VENDORS["nvidia"]
 
@@ -108,8 +107,11 @@ def test_co_tenancy_needs_both_probes_sliced() -> None:
 def test_probe_flags_are_sorted_labelled_and_never_privileged() -> None:
     injection = Injection(
         envs={"B": "2", "A": "1"},
-        mounts=[("/z", "/hz", True), ("/a", "/ha", False)],
-        devices=[("/dev/kfd", "/dev/kfd", "rw"), ("/dev/dri/card1", "/dev/dri/card1", "rw")],
+        mounts=(Mount("/z", "/hz", True), Mount("/a", "/ha", False)),
+        devices=(
+            DeviceNode("/dev/kfd", "/dev/kfd", "rw"),
+            DeviceNode("/dev/dri/card1", "/dev/dri/card1", "rw"),
+        ),
     )
     prefix = invocations.cli_prefix("/usr/sbin/chroot", "/host", Choice("docker"))
     argv = invocations.run_argv(prefix, "amd", injection, "ubuntu:24.04", "true")
@@ -138,17 +140,6 @@ def test_probe_flags_are_sorted_labelled_and_never_privileged() -> None:
         "-c",
         "true",
     ]
-
-
-def test_the_adapter_reads_the_device_plugins_response() -> None:
-    response = dp.ContainerAllocateResponse(
-        envs={"K": "V"},
-        mounts=[dp.Mount("/c", "/h", read_only=True)],
-        devices=[dp.DeviceSpec("/dev/kfd", "/dev/kfd", "rw")],
-    )
-    assert from_allocate_response(response) == Injection(
-        envs={"K": "V"}, mounts=[("/c", "/h", True)], devices=[("/dev/kfd", "/dev/kfd", "rw")]
-    )
 
 
 def test_staging_names_what_the_image_lacks(tmp_path: Path) -> None:

@@ -12,7 +12,9 @@ from typing import Any
 import pytest
 from preflight_hosts import BINDS, FAKE_NVIDIA_SMI, FAKE_RUNTIME, HostRoot
 
+from agent.deviceplugin import responders
 from agent.preflight import model, running
+from agent.preflight.injection import WORK_DIR
 from agent.preflight.settings import PreflightSettings
 
 CARD0 = "GPU-6f1c2b9e-3a47-5d81-9c0e-1b2a3c4d5e60"
@@ -70,6 +72,10 @@ def test_a_docker_node_is_measured_with_exactly_the_injection(
     assert calls[0] == [*prefix, "ps", "-a", "-q", "--filter", "label=gpustack.ai/preflight=true"]
     runs = [c for c in calls if c[1] == "run"]
     assert len(runs) == 8 * 3  # per card: one sliced probe and a co-tenant pair
+    # the plugin's per-allocation work directory, rooted in preflight's scratch
+    first = f"nvidia.com/gpu.sliced/nvidia-h200:{CARD0}:0000"
+    vgpu = responders.work_dir(WORK_DIR, first) + "/tmp/vgpu"
+    assert vgpu.startswith("/var/lib/gpustack/operator/preflight/pods/")
     assert runs[0] == [
         "docker",
         "run",
@@ -81,6 +87,8 @@ def test_a_docker_node_is_measured_with_exactly_the_injection(
         "-e",
         "CUDA_DEVICE_MEMORY_LIMIT_0=71885m",
         "-e",
+        "CUDA_DEVICE_MEMORY_SHARED_CACHE=/tmp/vgpu/cudevshr.cache",
+        "-e",
         "CUDA_DEVICE_ORDER=PCI_BUS_ID",
         "-e",
         "CUDA_DEVICE_SM_LIMIT=50",
@@ -89,7 +97,11 @@ def test_a_docker_node_is_measured_with_exactly_the_injection(
         "-e",
         f"NVIDIA_VISIBLE_DEVICES={CARD0}",
         "-v",
+        "/dev/shm:/dev/shm",
+        "-v",
         "/var/lib/gpustack/operator/lib/nvidia/ld.so.preload:/etc/ld.so.preload:ro",
+        "-v",
+        f"{vgpu}:/tmp/vgpu",
         "-v",
         "/tmp/vgpulock:/tmp/vgpulock",
         "-v",
@@ -330,24 +342,58 @@ def test_the_host_cli_disagreeing_on_real_hardware_fails_detection(
     assert group.checks == ()
 
 
-def test_amd_devices_are_sorted_and_a_missing_slicing_runtime_is_named(
+def test_an_amd_node_probes_the_vrocm_injection_and_sees_it_loaded(
     host: HostRoot, lib_source: Path
 ) -> None:
     docker_host(host)
     document = running.run(
         settings(host, lib_source, manufacturers=("amd",), simulate="amd-rx7800xt-x2")
     )
-    run = next(c for c in host.calls() if c[1] == "run")
-    devices = [run[i + 1] for i, a in enumerate(run) if a == "--device"]
-    assert devices == [
-        "/dev/dri/card1:/dev/dri/card1:rw",
-        "/dev/dri/renderD128:/dev/dri/renderD128:rw",
-        "/dev/kfd:/dev/kfd:rw",
+    runs = [c for c in host.calls() if c[1] == "run"]
+    assert len(runs) == 2  # one sliced probe per card; AMD has no co-tenancy probe
+    run = runs[0]
+    flags = [(a, run[i + 1]) for i, a in enumerate(run) if a in ("-e", "-v", "--device")]
+    assert flags == [
+        ("-e", "AMD_VISIBLE_DEVICES=none"),
+        ("-e", "HSA_CU_MASK=0:0-29"),  # half of 128 slices of 60 CUs, from the first
+        ("-e", "LIBVROCM_LOG_LEVEL=1"),
+        ("-e", "ROCR_VISIBLE_DEVICES=GPU-5c88007d760374f3"),
+        ("-e", f"VROCM_DEVICE_MEMORY_LIMIT_0={16368 // 2}"),
+        ("-v", "/var/lib/gpustack/operator/lib/amd/ld.so.preload:/etc/ld.so.preload:ro"),
+        (
+            "-v",
+            "/var/lib/gpustack/operator/lib/amd/libvrocm.so:/usr/local/vrocm/libvrocm.so:ro",
+        ),
+        ("--device", "/dev/dri/card1:/dev/dri/card1:rw"),
+        ("--device", "/dev/dri/renderD128:/dev/dri/renderD128:rw"),
+        ("--device", "/dev/kfd:/dev/kfd:rw"),
     ]
-    assert "--runtime" not in run and "ubuntu:24.04" in run
+    assert "--runtime" not in run and "--privileged" not in run and "ubuntu:24.04" in run
     assert {r.state for r in rows(document, "cu-mask-topology")} == {"ok"}
-    assert {r.reason for r in rows(document, "sliced-runtime-loaded")} == {"no-preload-library"}
-    assert model.exit_code(document) == 1
+    loaded = rows(document, "sliced-runtime-loaded")
+    assert {(r.state, r.depth) for r in loaded} == {("ok", "measured")}
+    assert "/usr/local/vrocm/libvrocm.so" in loaded[0].evidence
+    # no in-container reader for AMD yet: the cap is set, nothing read it back
+    quota = rows(document, "sliced-quota-in-force")
+    assert {(r.state, r.depth) for r in quota} == {("ok", "simulated")}
+    staged = host.root / "var/lib/gpustack/operator/lib/amd/libvrocm.so"
+    assert staged.read_bytes() == (lib_source / "amd/libvrocm.so").read_bytes()
+    assert model.exit_code(document) == 0
+
+
+def test_an_image_without_the_amd_slicing_runtime_names_it_and_runs_nothing(
+    host: HostRoot, lib_source: Path
+) -> None:
+    docker_host(host)
+    (lib_source / "amd/libvrocm.so").unlink()
+    document = running.run(
+        settings(host, lib_source, manufacturers=("amd",), simulate="amd-rx7800xt-x2")
+    )
+    assert not [c for c in host.calls() if c[1] == "run"]
+    loaded = rows(document, "sliced-runtime-loaded")
+    assert {(r.state, r.depth) for r in loaded} == {("ok", "simulated")}
+    assert all("this image carries no" in r.detail for r in loaded)
+    assert all("/var/lib/gpustack/operator/lib/amd/libvrocm.so" in r.detail for r in loaded)
 
 
 def test_the_command_prints_json_and_reports_every_manufacturer(
