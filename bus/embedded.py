@@ -11,15 +11,21 @@ No orphans: on Linux the child asks the kernel (``prctl(PR_SET_PDEATHSIG, SIGKIL
 killed when the thread that started it dies, so even ``kill -9`` of the parent leaves no
 server behind. The process must therefore be started from the event-loop thread, never from a
 worker thread that may exit.
+
+The ``prctl`` runs in a small exec shim (a fresh interpreter that then ``exec``s the server),
+never in a ``preexec_fn``: a ``preexec_fn`` forces a plain ``fork()`` of this multi-threaded
+process, which runs every library's ``pthread_atfork`` handlers in the child. gRPC C-core (in a
+process that also hosts a grpcio peer) crashes there under load ("epoll_wait error: Bad file
+descriptor") and the server "exits" before it ever ran. Without ``preexec_fn`` the standard
+library spawns with ``vfork``/``posix_spawn``, which runs no handlers.
 """
 
 from __future__ import annotations
 
-import ctypes
 import json
 import logging
+import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -68,10 +74,21 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
-    if sys.platform.startswith("linux"):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+# argv: expected parent pid, then the command. The pid check closes the window where the
+# parent died before prctl ran (the shim would otherwise outlive it as an orphan).
+_SHIM: Final = f"""
+import ctypes, os, signal, sys
+if sys.platform.startswith("linux"):
+    ctypes.CDLL(None, use_errno=True).prctl({_PR_SET_PDEATHSIG}, signal.SIGKILL)
+    if os.getppid() != int(sys.argv[1]):
+        sys.exit(70)
+os.execv(sys.argv[2], sys.argv[2:])
+"""
+
+
+def _spawn_command(command: Sequence[str]) -> list[str]:
+    """``command`` run through the die-with-parent shim (pid and exec stay the server's)."""
+    return [sys.executable, "-I", "-S", "-c", _SHIM, str(os.getpid()), *command]
 
 
 class ServerProcess:
@@ -144,13 +161,12 @@ class ServerProcess:
         conf.write_text(self._config())
         with (self.store_dir / "server.log").open("ab") as logf:
             # Started from the loop thread on purpose: PDEATHSIG follows the starting thread.
-            self._proc = subprocess.Popen(  # noqa: ASYNC220 - fork+exec only, no waiting
-                [self._binary, "-c", str(conf)],
+            # No preexec_fn (see the module docstring): vfork + exec, no atfork handlers.
+            self._proc = subprocess.Popen(  # noqa: ASYNC220 - spawn only, no waiting
+                _spawn_command([self._binary, "-c", str(conf)]),
                 stdin=subprocess.DEVNULL,
                 stdout=logf,
                 stderr=subprocess.STDOUT,
-                # Only prctl runs between fork and exec: safe even with other threads around.
-                preexec_fn=_die_with_parent,  # noqa: PLW1509
             )
         with anyio.move_on_after(timeout_s) as scope:
             await self._read_ports()

@@ -192,7 +192,10 @@ class SocketServer:
     async def start(self) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path)  # a leftover of a crashed run would refuse the bind
-        await self._server.start(path=self.path)
+        # Shielded: a cancel landing inside asyncio's bind would leave a bound socket that
+        # grpclib never recorded, so stop() could not close it. The bind is local and instant.
+        with anyio.CancelScope(shield=True):
+            await self._server.start(path=self.path)
         self._server.started = True
         self.identity = socket_identity(self.path)
 

@@ -10,6 +10,7 @@ import pytest
 
 from bus import codec, connection, events, publishing, state, subjects, subscribing, testing
 from bus.embedded import ServerProcess
+from bus.errors import StateUnavailable
 from bus.metrics import BusMetrics
 from bus.settings import BusSettings
 
@@ -31,6 +32,23 @@ async def _retained(conn: connection.Connection, settings: BusSettings) -> dict[
         node, kind = subjects.parse(subj)
         out[subj] = codec.decode(data, kind=kind, node=node, max_bytes=1 << 20)
     return out
+
+
+async def _snapshot_once_answering(
+    conn: connection.Connection, settings: BusSettings, *, timeout_s: float = 20.0
+) -> list[connection.RawMessage]:
+    """The agent state, retried while the cluster has no stream leader yet.
+
+    After a member dies, the JetStream meta and stream groups elect new leaders; until they
+    have, API requests time out (``StateUnavailable``). That is the documented behaviour of
+    ``snapshot`` (callers retry), and on a loaded machine the election outlasts one request.
+    """
+    with anyio.fail_after(timeout_s):
+        while True:
+            try:
+                return await state.snapshot(conn, settings, kind="agent")
+            except StateUnavailable:
+                await anyio.sleep(0.1)
 
 
 async def test_publisher_resumes_after_server_restart_and_loses_no_state(
@@ -123,6 +141,6 @@ async def test_cluster_client_fails_over_when_its_server_dies(tmp_path: Path) ->
             assert pub_conn.connected_url not in (None, victim_url)
             with anyio.fail_after(15):
                 await pub.wait_sent()
-            retained = await state.snapshot(pub_conn, settings, kind="agent")
+            retained = await _snapshot_once_answering(pub_conn, settings)
             assert len(retained) == 1
             assert msgspec.json.decode(retained[0][1])["version"] == f"0.1.{seq}"

@@ -45,27 +45,29 @@ def _settings(tmp_path: Path) -> standalone.StandaloneSettings:
 async def test_devices_reach_the_kv_ledger_through_the_worker(tmp_path: Path) -> None:
     settings = _settings(tmp_path)
     banners, banner_reader = anyio.create_memory_object_stream[str](1)
-    async with anyio.create_task_group() as tg:
-        url = await tg.start(functools.partial(standalone.run, settings, out=banners))
-        banner = await banner_reader.receive()
-        bus = BusSettings.for_tests(url)
-        async with connection.connect(bus, retry=False) as conn:
-            ledger = await kv.open_bucket(conn, kv.LEDGER_BUCKET)
+    # Both ends closed by the test, whatever happens: an unclosed stream end is a
+    # ResourceWarning at its garbage collection, which fails whichever later test it lands in.
+    with banners, banner_reader:
+        async with anyio.create_task_group() as tg:
+            url = await tg.start(functools.partial(standalone.run, settings, out=banners))
+            banner = await banner_reader.receive()
+            bus = BusSettings.for_tests(url)
+            async with connection.connect(bus, retry=False) as conn:
+                ledger = await kv.open_bucket(conn, kv.LEDGER_BUCKET)
 
-            async def devices_written() -> bool:
-                return any("laptop" in k for k in await ledger.keys("devices.>"))
+                async def devices_written() -> bool:
+                    return any("laptop" in k for k in await ledger.keys("devices.>"))
 
-            await testing.eventually(devices_written, timeout_s=20)
-            (key,) = [k for k in await ledger.keys("devices.>") if "laptop" in k]
-            found = await ledger.get(key)
-            assert found is not None
-            body = json.loads(found[0])
-            groups = body["spec"]["groups"]
-            assert groups[0]["id"] == "nvidia-h200" and len(groups[0]["accelerators"]) == 8
-            retained = await state.snapshot(conn, bus, node="laptop.example", kind="devices")
-            assert retained, "the devices spec is retained on the bus too"
-        tg.cancel_scope.cancel()
-    banner_reader.close()
+                await testing.eventually(devices_written, timeout_s=20)
+                (key,) = [k for k in await ledger.keys("devices.>") if "laptop" in k]
+                found = await ledger.get(key)
+                assert found is not None
+                body = json.loads(found[0])
+                groups = body["spec"]["groups"]
+                assert groups[0]["id"] == "nvidia-h200" and len(groups[0]["accelerators"]) == 8
+                retained = await state.snapshot(conn, bus, node="laptop.example", kind="devices")
+                assert retained, "the devices spec is retained on the bus too"
+            tg.cancel_scope.cancel()
     assert f"bus watch --nats-url {url}" in banner
 
 

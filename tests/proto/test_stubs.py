@@ -240,8 +240,13 @@ class _Server(Server):
     async def shut_down(self) -> None:
         self.close()
         await self.wait_closed()
+        # A connection accepted just now gets ``connection_made`` on the next loop turn; until
+        # then its protocol has no ``connection`` to close. Let those callbacks run first.
+        await anyio.lowlevel.checkpoint()
         for protocol in self.protocols:
-            protocol.connection.close()
+            connection = getattr(protocol, "connection", None)
+            if connection is not None:
+                connection.close()
         # transport.close() releases the socket in a callback on the next loop turn
         await anyio.lowlevel.checkpoint()
 
