@@ -38,7 +38,7 @@ import anyio.to_thread
 import msgspec
 from prometheus_client import CollectorRegistry, Histogram
 
-from agent import health, metrics, serve_settings, watching
+from agent import health, metrics, restoring, serve_settings, watching
 from agent.deviceplugin.running import Plugins, device_plugins
 from agent.devices import detection, nvidia, sources
 from agent.devices.manufacturers import UnknownManufacturer
@@ -122,7 +122,10 @@ async def run(
         observer.metrics = metrics.AgentMetrics(registry, observer.metric_sources())
         tg.start_soon(link_bus, settings, sink, bus_metrics, name="bus-link")
         server = await tg.start(serve_https, settings, registry, observer, name="https")
-        plugins = await tg.start(serve_plugins, settings, sink.publish, name="device-plugins")
+        retained = await restoring.retained_allocations(settings)
+        plugins = await tg.start(
+            serve_plugins, settings, sink.publish, retained, name="device-plugins"
+        )
         observer.plugins = plugins
         await tg.start(observer.observe, name="observer")
         for nvml in observer.nvml_adapters():
@@ -196,10 +199,13 @@ async def serve_https(
 async def serve_plugins(
     settings: ServeSettings,
     publish: Callable[[events.Event], None],
+    initial_allocations: Sequence[events.AllocationEvent] = (),
     *,
     task_status: anyio.abc.TaskStatus[Plugins],
 ) -> None:
-    async with device_plugins(settings.deviceplugin, publish=publish) as plugins:
+    async with device_plugins(
+        settings.deviceplugin, publish=publish, initial_allocations=initial_allocations
+    ) as plugins:
         task_status.started(plugins)
         await anyio.sleep_forever()
 

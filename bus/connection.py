@@ -164,8 +164,20 @@ class Connection:
 
         :raises StateUnavailable: the stream does not exist or does not answer.
         """
+        return await self._retained(stream, filter_subject, api.DeliverPolicy.LAST_PER_SUBJECT)
+
+    async def all_retained(self, stream: str, filter_subject: str) -> list[RawMessage]:
+        """Every retained message of ``stream`` matching ``filter_subject``, oldest first.
+
+        :raises StateUnavailable: the stream does not exist or does not answer.
+        """
+        return await self._retained(stream, filter_subject, api.DeliverPolicy.ALL)
+
+    async def _retained(
+        self, stream: str, filter_subject: str, policy: api.DeliverPolicy
+    ) -> list[RawMessage]:
         config = api.ConsumerConfig(
-            deliver_policy=api.DeliverPolicy.LAST_PER_SUBJECT,
+            deliver_policy=policy,
             ack_policy=api.AckPolicy.NONE,
             inactive_threshold=30.0,
             mem_storage=True,

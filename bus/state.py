@@ -30,7 +30,7 @@ from bus.connection import Connection, RawMessage
 from bus.settings import BusSettings
 from bus.subjects import Kind
 
-__all__ = ["StreamSpec", "ensure_streams", "snapshot", "stream_specs"]
+__all__ = ["StreamSpec", "ensure_streams", "history", "snapshot", "stream_specs"]
 
 STATE_STREAM: Final = "GPUSTACK_V1_STATE"
 SAMPLES_STREAM: Final = "GPUSTACK_V1_SAMPLES"
@@ -113,3 +113,17 @@ async def snapshot(
             if k in kinds:
                 out.extend(await conn.last_per_subject(spec.name, subjects.filter_for(node, k)))
     return out
+
+
+async def history(
+    conn: Connection, settings: BusSettings, *, node: str, kind: Kind
+) -> list[RawMessage]:
+    """Every retained message of one node's ``kind``, oldest first.
+
+    For the transition kinds (health, allocations) this is the bounded history
+    (``history_per_node`` messages, ``history_max_age_s``); for the others, the latest message.
+
+    :raises StateUnavailable: the stream is missing or not answering.
+    """
+    (spec,) = streams_for(frozenset((kind,)), settings)
+    return await conn.all_retained(spec.name, subjects.filter_for(node, kind))

@@ -277,3 +277,18 @@ class Ledger:
             container=names[2],
         )
         return self.charge(holding)
+
+
+def live_allocations(history: Iterable[events.AllocationEvent]) -> list[events.AllocationEvent]:
+    """What a history of ledger changes leaves in force (pure).
+
+    The latest event per allocation id wins (by timestamp, then by order); an allocation whose
+    latest event is ``released`` is gone. Used to rebuild the ledger from the bus's retained
+    allocation history after a restart.
+    """
+    latest: dict[str, events.AllocationEvent] = {}
+    for event in history:
+        known = latest.get(event.allocation_id)
+        if known is None or event.ts >= known.ts:
+            latest[event.allocation_id] = event
+    return [e for e in latest.values() if e.action == "allocated"]
