@@ -1,4 +1,4 @@
-"""Fixtures of the device-plugin tests; the harness itself is in ``deviceplugin_harness``."""
+"""Fixtures of the device-plugin tests: simulated groups (``deviceplugin_harness``) and the grpcio fake kubelet (``agent.testing``)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from deviceplugin_harness import FakeKubelet, simulated
+from deviceplugin_harness import simulated
 
+from agent.testing import FakeKubelet, fake_kubelet
 from bus import devices
 
 
@@ -33,7 +34,5 @@ def h100_mig() -> list[devices.DeviceGroup]:
 
 @pytest.fixture
 def kubelet(tmp_path: Path) -> Iterator[FakeKubelet]:
-    fake = FakeKubelet(tmp_path / "kubelet.sock")
-    fake.serve()
-    yield fake
-    fake.stop()
+    with fake_kubelet(tmp_path / "kubelet.sock") as fake:
+        yield fake

@@ -10,7 +10,7 @@ import anyio
 import anyio.to_thread
 import msgspec
 import pytest
-from deviceplugin_harness import FakeKubelet, Watch, unary
+from deviceplugin_harness import with_health
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -19,21 +19,12 @@ from agent.deviceplugin.node import Node
 from agent.deviceplugin.resources import HEALTHY, UNHEALTHY, UNITS_PER_CARD, Mode
 from agent.deviceplugin.running import device_plugins
 from agent.deviceplugin.settings import DevicePluginSettings
+from agent.testing import FakeKubelet, Watch, unary
 from bus import devices, events
 from bus.testing import eventually
 from proto.deviceplugin import v1beta1 as dp
 
 MODES: tuple[Mode, ...] = ("exclusive", "shared", "sliced", "partitioned", "visibility")
-
-
-def _with_health(
-    groups: Sequence[devices.DeviceGroup], index: int, unhealthy: bool
-) -> list[devices.DeviceGroup]:
-    group = groups[0]
-    accs = list(group.accelerators)
-    status = msgspec.structs.replace(accs[index].status, unhealthy=unhealthy)
-    accs[index] = msgspec.structs.replace(accs[index], status=status)
-    return [msgspec.structs.replace(group, accelerators=tuple(accs)), *groups[1:]]
 
 
 def _node(tmp_path: Path) -> tuple[Node, list[events.Event]]:
@@ -98,7 +89,7 @@ async def test_health_changes_after_caching_reach_every_list(
     card = h200[0].accelerators[4].id
     cached = {k: s.listing() for k, s in node.servicers.items()}
 
-    node.update(_with_health(h200, 4, unhealthy=True))
+    node.update(with_health(h200, 4, unhealthy=True))
     assert all(_health(node, m, card) == {"Unhealthy"} for m in MODES if m != "partitioned")
     assert node.servicers[("nvidia", "partitioned")].listing() is cached[("nvidia", "partitioned")]
 
@@ -258,13 +249,13 @@ async def test_every_stream_gets_each_changed_list_in_full(
 
             # card 1 is held in sliced mode, so already Unhealthy in the exclusive and shared
             # lists: its own health changes only the sliced and visibility lists
-            plugins.update(_with_health(rx7800, 1, unhealthy=True))
+            plugins.update(with_health(rx7800, 1, unhealthy=True))
             expected.update({"sliced": 2, "visibility": 2})
             await _arrived(watches, expected)
             plugins.update(rx7800)
             expected.update({"sliced": 3, "visibility": 3})
             await _arrived(watches, expected)
-            plugins.update(_with_health(rx7800, 0, unhealthy=True))  # card 0: every list
+            plugins.update(with_health(rx7800, 0, unhealthy=True))  # card 0: every list
             await _arrived(watches, {name: n + 1 for name, n in expected.items()})
         finally:
             for watch in watches.values():

@@ -14,11 +14,12 @@ from types import SimpleNamespace
 
 import anyio
 import pytest
-from deviceplugin_harness import FakeKubelet
+from deviceplugin_harness import NVIDIA
 
 from agent.deviceplugin import inotify
 from agent.deviceplugin.running import device_plugins
 from agent.deviceplugin.settings import DevicePluginSettings
+from agent.testing import FakeKubelet
 from bus import devices
 from bus.testing import eventually
 
@@ -185,35 +186,6 @@ async def _async(value: bool) -> bool:
     return value
 
 
-def _sockets(directory: Path) -> list[str]:
-    return sorted(p.name for p in directory.glob("*.sock") if p.name != "kubelet.sock")
-
-
-NVIDIA = [
-    "nvidia.com/gpu",
-    "nvidia.com/gpu.shared",
-    "nvidia.com/gpu.sliced",
-    "nvidia.com/gpu.partitioned",
-    "device.gpustack.ai/nvidia.visibility",
-]
-
-
-def _restart(kubelet: FakeKubelet, directory: Path) -> None:
-    """A kubelet restart: it goes (taking kubelet.sock), every socket is deleted, it comes back."""
-    kubelet.stop()
-    for path in directory.glob("*.sock"):
-        path.unlink()
-    kubelet.serve()
-
-
-async def _registered(kubelet: FakeKubelet, times: int) -> None:
-    async def check() -> bool:
-        got = kubelet.registered()
-        return all(got.count(n) >= times for n in NVIDIA)
-
-    await eventually(check, timeout_s=10.0)
-
-
 @pytest.mark.anyio
 async def test_only_inotify_notices_a_kubelet_restart_when_the_level_check_is_far_off(
     tmp_path: Path, kubelet: FakeKubelet, h200: list[devices.DeviceGroup]
@@ -224,13 +196,13 @@ async def test_only_inotify_notices_a_kubelet_restart_when_the_level_check_is_fa
     settings = DevicePluginSettings.for_tests(str(tmp_path), register_retry_s=30.0)
     async with device_plugins(settings, publish=lambda e: None) as plugins:
         plugins.update(h200)  # the last wake-up that is not inotify's
-        await _registered(kubelet, times=1)
-        assert len(_sockets(tmp_path)) == 5
+        await kubelet.registered_all(NVIDIA, times=1)
+        assert len(kubelet.plugin_sockets()) == 5
 
-        _restart(kubelet, tmp_path)
+        kubelet.restart()
 
-        await _registered(kubelet, times=2)
-        await eventually(lambda: _async(len(_sockets(tmp_path)) == 5))
+        await kubelet.registered_all(NVIDIA, times=2)
+        await eventually(lambda: _async(len(kubelet.plugin_sockets()) == 5))
         await eventually(lambda: _async(plugins.registrations == 10))
 
 
@@ -245,9 +217,9 @@ async def test_without_inotify_the_level_check_still_reregisters(
     settings = DevicePluginSettings.for_tests(str(tmp_path), register_retry_s=0.1)
     async with device_plugins(settings, publish=lambda e: None) as plugins:
         plugins.update(h200)
-        await _registered(kubelet, times=1)
-        _restart(kubelet, tmp_path)
+        await kubelet.registered_all(NVIDIA, times=1)
+        kubelet.restart()
 
-        await _registered(kubelet, times=2)
-        await eventually(lambda: _async(len(_sockets(tmp_path)) == 5))
-    assert _sockets(tmp_path) == []
+        await kubelet.registered_all(NVIDIA, times=2)
+        await eventually(lambda: _async(len(kubelet.plugin_sockets()) == 5))
+    assert kubelet.plugin_sockets() == []

@@ -10,32 +10,18 @@ from pathlib import Path
 import anyio
 import anyio.to_thread
 import grpc
-import msgspec
 import pytest
-from deviceplugin_harness import FakeKubelet, Watch, unary
+from deviceplugin_harness import AMD, NVIDIA, with_health
 
 from agent.deviceplugin.running import Plugins, device_plugins
 from agent.deviceplugin.settings import DevicePluginSettings
+from agent.testing import FakeKubelet, Watch, unary
 from bus import devices, events
 from bus.testing import eventually
 from proto.deviceplugin import v1beta1 as dp
 from proto.podresources import v1 as podresources
 
 pytestmark = pytest.mark.anyio
-
-NVIDIA = [
-    "nvidia.com/gpu",
-    "nvidia.com/gpu.shared",
-    "nvidia.com/gpu.sliced",
-    "nvidia.com/gpu.partitioned",
-    "device.gpustack.ai/nvidia.visibility",
-]
-AMD = [
-    "amd.com/gpu",
-    "amd.com/gpu.shared",
-    "amd.com/gpu.sliced",
-    "device.gpustack.ai/amd.visibility",
-]
 
 
 @asynccontextmanager
@@ -49,43 +35,11 @@ async def _plugins(
         yield plugins, published
 
 
-async def _registered(kubelet: FakeKubelet, names: list[str], times: int = 1) -> None:
-    async def check() -> bool:
-        got = kubelet.registered()
-        return all(got.count(n) >= times for n in names)
-
-    await eventually(check)
-
-
-def _restart(kubelet: FakeKubelet, directory: Path) -> None:
-    """What a kubelet restart looks like: it goes, every socket is deleted, it comes back."""
-    kubelet.stop()
-    for socket in directory.glob("*.sock"):
-        socket.unlink()
-    kubelet.serve()
-
-
-def _sockets(tmp_path: Path) -> list[str]:
-    return sorted(p.name for p in tmp_path.glob("*.sock") if p.name != "kubelet.sock")
-
-
 async def _allocate(path: Path, ids: list[str]) -> dp.AllocateResponse:
     request = dp.AllocateRequest(container_requests=[dp.ContainerAllocateRequest(devices_ids=ids)])
     return await anyio.to_thread.run_sync(
         unary, path, "/v1beta1.DevicePlugin/Allocate", request, dp.AllocateResponse.FromString
     )
-
-
-def _with_health(
-    groups: Sequence[devices.DeviceGroup], index: int, unhealthy: bool
-) -> list[devices.DeviceGroup]:
-    group = groups[0]
-    accs = list(group.accelerators)
-    acc = accs[index]
-    accs[index] = msgspec.structs.replace(
-        acc, status=msgspec.structs.replace(acc.status, unhealthy=unhealthy)
-    )
-    return [msgspec.structs.replace(group, accelerators=tuple(accs)), *groups[1:]]
 
 
 async def test_every_server_registers_with_its_socket_and_options(
@@ -95,7 +49,7 @@ async def test_every_server_registers_with_its_socket_and_options(
     rx7800: list[devices.DeviceGroup],
 ) -> None:
     async with _plugins(tmp_path, h200 + rx7800) as (plugins, _):
-        await _registered(kubelet, NVIDIA + AMD)
+        await kubelet.registered_all(NVIDIA + AMD)
         options = await anyio.to_thread.run_sync(
             unary,
             tmp_path / "amd.sliced.sock",
@@ -113,7 +67,7 @@ async def test_every_server_registers_with_its_socket_and_options(
     assert all(r.version == "v1beta1" for r in requests.values())
     assert all(r.options.get_preferred_allocation_available for r in requests.values())
     assert options.get_preferred_allocation_available
-    assert _sockets(tmp_path) == []
+    assert kubelet.plugin_sockets() == []
 
 
 async def test_a_kubelet_restart_recreates_and_reregisters_every_server(
@@ -123,11 +77,11 @@ async def test_a_kubelet_restart_recreates_and_reregisters_every_server(
     rx7800: list[devices.DeviceGroup],
 ) -> None:
     async with _plugins(tmp_path, h200 + rx7800) as (plugins, _):
-        await _registered(kubelet, NVIDIA + AMD)
-        _restart(kubelet, tmp_path)
+        await kubelet.registered_all(NVIDIA + AMD)
+        kubelet.restart()
 
-        await _registered(kubelet, NVIDIA + AMD, times=2)
-        assert len(_sockets(tmp_path)) == 9
+        await kubelet.registered_all(NVIDIA + AMD, times=2)
+        assert len(kubelet.plugin_sockets()) == 9
         # the new sockets serve: kubelet can watch them again
         watch = Watch(tmp_path / "amd.exclusive.sock")
         await eventually(lambda: _async(bool(watch.updates)))
@@ -145,14 +99,14 @@ async def test_list_and_watch_follows_health_and_recovery(
     tmp_path: Path, kubelet: FakeKubelet, h200: list[devices.DeviceGroup]
 ) -> None:
     async with _plugins(tmp_path, h200) as (plugins, _):
-        await _registered(kubelet, NVIDIA)
+        await kubelet.registered_all(NVIDIA)
         watch = Watch(tmp_path / "nvidia.exclusive.sock")
         try:
             await eventually(lambda: _async(len(watch.updates) == 1))
             plugins.update(h200)  # nothing changed: no update is sent
-            plugins.update(_with_health(h200, 3, unhealthy=True))
+            plugins.update(with_health(h200, 3, unhealthy=True))
             await eventually(lambda: _async(len(watch.updates) == 2))
-            plugins.update(_with_health(h200, 3, unhealthy=False))
+            plugins.update(with_health(h200, 3, unhealthy=False))
             await eventually(lambda: _async(len(watch.updates) == 3))
         finally:
             watch.close()
@@ -174,7 +128,7 @@ async def test_allocate_injects_per_vendor_and_publishes(
     uuid = h200[0].accelerators[0].id
     amd = rx7800[0].accelerators[1]
     async with _plugins(tmp_path, h200 + rx7800) as (plugins, published):
-        await _registered(kubelet, NVIDIA + AMD)
+        await kubelet.registered_all(NVIDIA + AMD)
         nvidia = await _allocate(tmp_path / "nvidia.exclusive.sock", [f"nvidia-h200:{uuid}:0000"])
         sliced = await _allocate(
             tmp_path / "nvidia.sliced.sock",
@@ -220,7 +174,7 @@ async def test_errors_reach_kubelet_as_grpc_statuses(
 ) -> None:
     uuid = h200[0].accelerators[0].id
     async with _plugins(tmp_path, h200) as (_, published):
-        await _registered(kubelet, NVIDIA)
+        await kubelet.registered_all(NVIDIA)
         await _allocate(tmp_path / "nvidia.shared.sock", [f"nvidia-h200:{uuid}:0004"])
         with pytest.raises(grpc.RpcError) as malformed:
             await _allocate(tmp_path / "nvidia.exclusive.sock", ["not an id"])
@@ -251,7 +205,7 @@ async def test_preferred_allocation_over_the_socket(
         ]
     )
     async with _plugins(tmp_path, h200) as _:
-        await _registered(kubelet, NVIDIA)
+        await kubelet.registered_all(NVIDIA)
         reply = await anyio.to_thread.run_sync(
             unary,
             tmp_path / "nvidia.exclusive.sock",
@@ -267,8 +221,8 @@ async def test_no_switches_remove_servers_at_runtime(
     tmp_path: Path, kubelet: FakeKubelet, h200: list[devices.DeviceGroup]
 ) -> None:
     async with _plugins(tmp_path, h200, no_shared=True, no_sliced=True, no_partitioned=True):
-        await _registered(kubelet, ["nvidia.com/gpu", "device.gpustack.ai/nvidia.visibility"])
-        assert _sockets(tmp_path) == ["nvidia.exclusive.sock", "nvidia.visibility.sock"]
+        await kubelet.registered_all(["nvidia.com/gpu", "device.gpustack.ai/nvidia.visibility"])
+        assert kubelet.plugin_sockets() == ["nvidia.exclusive.sock", "nvidia.visibility.sock"]
 
     assert sorted(kubelet.registered()) == [
         "device.gpustack.ai/nvidia.visibility",
@@ -283,10 +237,12 @@ async def test_a_vanished_manufacturer_loses_its_servers(
     rx7800: list[devices.DeviceGroup],
 ) -> None:
     async with _plugins(tmp_path, h200 + rx7800) as (plugins, _):
-        await _registered(kubelet, NVIDIA + AMD)
+        await kubelet.registered_all(NVIDIA + AMD)
         plugins.update(h200)
-        await eventually(lambda: _async(not any(s.startswith("amd.") for s in _sockets(tmp_path))))
-        assert len(_sockets(tmp_path)) == 5
+        await eventually(
+            lambda: _async(not any(s.startswith("amd.") for s in kubelet.plugin_sockets()))
+        )
+        assert len(kubelet.plugin_sockets()) == 5
 
 
 async def test_registration_retries_until_kubelet_appears(
@@ -294,10 +250,10 @@ async def test_registration_retries_until_kubelet_appears(
 ) -> None:
     kubelet = FakeKubelet(tmp_path / "kubelet.sock")
     async with _plugins(tmp_path, h200):
-        await eventually(lambda: _async(len(_sockets(tmp_path)) == 5))
+        await eventually(lambda: _async(len(kubelet.plugin_sockets()) == 5))
         kubelet.serve()
         try:
-            await _registered(kubelet, NVIDIA)
+            await kubelet.registered_all(NVIDIA)
         finally:
             kubelet.stop()
 
@@ -311,8 +267,8 @@ async def test_stopping_mid_registration_leaves_no_socket_and_no_task(
     try:
         async with _plugins(tmp_path, h200):
             await eventually(lambda: _async(kubelet.register_seen.is_set()))
-            assert _sockets(tmp_path) != []
-        assert _sockets(tmp_path) == []
+            assert kubelet.plugin_sockets() != []
+        assert kubelet.plugin_sockets() == []
         assert asyncio.all_tasks() == before
         assert kubelet.requests == []
     finally:
@@ -342,7 +298,7 @@ async def test_pod_resources_names_the_holder(
     ]
     socket = str(tmp_path / "pod-resources.sock")
     async with _plugins(tmp_path, h200, pod_resources_socket=socket) as (plugins, published):
-        await _registered(kubelet, NVIDIA)
+        await kubelet.registered_all(NVIDIA)
         await _allocate(tmp_path / "nvidia.exclusive.sock", [token])
         await eventually(lambda: _async(len(published) == 2))
         holding = plugins.ledger().holdings()[0]
@@ -373,7 +329,7 @@ async def test_retained_allocations_are_recharged_on_the_first_update(
         assert plugins.ledger().holdings() == ()
         plugins.update(h200)
         assert plugins.ledger().mode_of(uuid) == "exclusive"
-        await _registered(kubelet, NVIDIA)
+        await kubelet.registered_all(NVIDIA)
         with pytest.raises(grpc.RpcError) as cross:
             await _allocate(tmp_path / "nvidia.shared.sock", [f"nvidia-h200:{uuid}:0000"])
 

@@ -144,18 +144,24 @@ class Rig:
             yield p
 
 
+def manager_settings(tmp_path: Path, hub_endpoint: str, **kw: Any) -> ModelManagerSettings:
+    """A model manager's settings rooted in ``tmp_path`` (kubelet dir, cache, CSI socket), fast tuning."""
+    return ModelManagerSettings(
+        node_name="node-1",
+        kubelet_dir=tmp_path / "kubelet",
+        cache_root=tmp_path / "cache",
+        csi_socket=tmp_path / "csi.sock",
+        hub_endpoint=hub_endpoint,
+        tuning=TUNING,
+        **kw,
+    )
+
+
 @pytest.fixture
 async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
     hub = testing.FakeHub(tmp_path / "hub", page_size=3)
     async with testing.serving(hub) as endpoints:
-        settings = ModelManagerSettings(
-            node_name="node-1",
-            kubelet_dir=tmp_path / "kubelet",
-            cache_root=tmp_path / "cache",
-            csi_socket=tmp_path / "csi.sock",
-            hub_endpoint=endpoints.hub,
-            tuning=TUNING,
-        )
+        settings = manager_settings(tmp_path, endpoints.hub)
         yield Rig(hub, endpoints, MemoryPolicy([]), settings, Sink(), tmp_path)
 
 

@@ -10,11 +10,10 @@ import aiohttp
 import anyio
 import msgspec
 import pytest
-from models_harness import FILES, TUNING, code_of, manifest_of, publish_request
+from models_harness import FILES, code_of, manager_settings, manifest_of, publish_request
 
 from agent.models import running
 from agent.models.policy import MemoryPolicy
-from agent.models.settings import ModelManagerSettings
 from bus import codec, connection, events, kv, serving, state, testing
 from bus.hub import testing as hub_testing
 from bus.hub.records import ArtifactRecord, Source
@@ -36,13 +35,9 @@ async def test_serve_reads_artifacts_from_kv_and_publishes_models(tmp_path: Path
     digest = manifest_of(FILES).digest
     async with testing.nats_server(tmp_path / "nats") as nats, hub_testing.serving(hub) as ep:
         bus_settings = testing.settings_for(nats)
-        settings = ModelManagerSettings(
-            node_name="node-1",
-            kubelet_dir=tmp_path / "kubelet",
-            cache_root=tmp_path / "cache",
-            csi_socket=tmp_path / "csi.sock",
-            hub_endpoint=ep.hub,
-            tuning=TUNING,
+        settings = manager_settings(
+            tmp_path,
+            ep.hub,
             https=serving.HttpsSettings(bind_address="127.0.0.1", port=0),
             bus=bus_settings,
         )
@@ -106,14 +101,8 @@ async def test_https_endpoints(tmp_path: Path) -> None:
     commit = hub.add("org/model", FILES)
     digest = manifest_of(FILES).digest
     async with hub_testing.serving(hub) as ep:
-        settings = ModelManagerSettings(
-            node_name="node-1",
-            kubelet_dir=tmp_path / "kubelet",
-            cache_root=tmp_path / "cache",
-            csi_socket=tmp_path / "csi.sock",
-            hub_endpoint=ep.hub,
-            tuning=TUNING,
-            https=serving.HttpsSettings(bind_address="127.0.0.1", port=0),
+        settings = manager_settings(
+            tmp_path, ep.hub, https=serving.HttpsSettings(bind_address="127.0.0.1", port=0)
         )
         ask = ArtifactRecord(
             namespace="team-a",

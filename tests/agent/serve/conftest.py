@@ -1,4 +1,4 @@
-"""Fixtures for the ``dm serve`` tests; the fake kubelet itself lives in ``serve_harness``."""
+"""Fixtures for the ``dm serve`` tests; the fake kubelet itself lives in ``agent.testing``."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from serve_harness import Kubelet
+
+from agent.testing import FakeKubelet, fake_kubelet
 
 
 @pytest.fixture
@@ -15,7 +16,6 @@ def anyio_backend() -> str:
 
 
 @pytest.fixture
-def kubelet(tmp_path: Path) -> Iterator[Kubelet]:
-    fake = Kubelet(tmp_path / "kubelet.sock")
-    yield fake
-    fake.stop()
+def kubelet(tmp_path: Path) -> Iterator[FakeKubelet]:
+    with fake_kubelet(tmp_path / "kubelet.sock") as fake:
+        yield fake

@@ -20,12 +20,12 @@ import anyio
 import anyio.to_thread
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from serve_harness import Kubelet, Watch
 
 from agent.devices import nvidia
 from agent.devices.simulation.fakenvml import SimulatedNvml
 from agent.running import Running, run
 from agent.serve_settings import ServeSettings
+from agent.testing import FakeKubelet, Watch
 from bus import events, serving
 from bus.connection import connect
 from bus.metrics import BusMetrics
@@ -59,7 +59,7 @@ def _check(predicate: Callable[[], bool]) -> Callable[[], Awaitable[bool]]:
     return check
 
 
-async def _endpoint(kubelet: Kubelet, resource: str) -> Path:
+async def _endpoint(kubelet: FakeKubelet, resource: str) -> Path:
     found: list[Path] = []
 
     def registered() -> bool:
@@ -71,7 +71,7 @@ async def _endpoint(kubelet: Kubelet, resource: str) -> Path:
     return found[0]
 
 
-async def test_agent_serves_kubelet_bus_and_metrics(tmp_path: Path, kubelet: Kubelet) -> None:
+async def test_agent_serves_kubelet_bus_and_metrics(tmp_path: Path, kubelet: FakeKubelet) -> None:
     seen: list[events.Event] = []
     async with nats_server(tmp_path) as server:
         bus = settings_for(server)
@@ -177,7 +177,7 @@ async def _scrape(running: Running) -> None:
 
 
 async def test_agent_serves_without_the_bus_and_holds_its_events(
-    tmp_path: Path, kubelet: Kubelet
+    tmp_path: Path, kubelet: FakeKubelet
 ) -> None:
     bus = BusSettings.for_tests("nats://127.0.0.1:1")  # nothing listens there
     settings = ServeSettings.for_tests(str(tmp_path), bus=bus)
@@ -205,7 +205,7 @@ def _sim_trees() -> set[str]:
 
 @pytest.mark.parametrize("delay", [0.0, 0.01, 0.05, 0.15, 0.4])
 async def test_cancelled_mid_start_leaves_nothing_behind(
-    tmp_path: Path, kubelet: Kubelet, delay: float
+    tmp_path: Path, kubelet: FakeKubelet, delay: float
 ) -> None:
     trees = _sim_trees()
     threads = set(threading.enumerate())
