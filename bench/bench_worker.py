@@ -1,21 +1,31 @@
 """Worker benchmark: ingest and event-to-object latency for N simulated nodes x 8 GPUs.
 
-Run: ``.venv/bin/python bench/bench_worker.py --nodes 1000 --period 1 --seconds 60``.
+Run: ``.venv/bin/python bench/bench_worker.py --nodes 1000 --period 1 --seconds 30 --sink kv api``.
 
-Starts its own nats-server and the worker (KV sink: ``standalone``'s ledger in the bus) in a
-child process, so the worker's CPU seconds and RSS are its own. The parent plays N node agents:
-every ``--period`` seconds each node publishes a ``samples`` event (8 accelerators) and its
-``devices`` event (unchanged spec: folded, no write), and ``--change`` of the nodes also publish
-an allocation that flips (allocated/released), which changes ``Devices.status`` (one write).
-At the end the worker's HTTPS ``/metrics`` is scraped:
+Every part is its own process, so none steals the worker's event loop and the worker's CPU
+seconds and RSS are its own: a nats-server, the worker, ``--publishers`` publisher processes
+(each plays a slice of the nodes) and, for ``--sink api``, the stateful fake Kubernetes API of
+the tests (``tests/controlplane/controlplane_fakeapi.py``, with every node's Node object).
 
-- events/s ingested (``gpustack_worker_events_consumed_total`` over the run);
-- p50/p99 event-to-object latency (``gpustack_worker_event_to_object_seconds``, interpolated
-  inside histogram buckets the way ``histogram_quantile`` does);
-- KV writes per node per minute (``gpustack_worker_api_requests_total{verb="kv_put"}``);
-- worker CPU seconds and peak RSS from ``/proc``.
+Each node publishes every ``--period`` a ``samples`` event (8 accelerators) and its ``devices``
+event (an unchanged spec after the first round: folded, no write); ``--change`` of the nodes also
+publish an allocation that flips (allocated/released), which changes ``Devices.status``. Nodes
+are spread evenly over the period (independent agents), or all at once with ``--burst``.
 
-``--profile out.html`` runs the worker under pyinstrument (when installed) to see where time goes.
+Event-to-object latency is what the issue means: from the event's ``ts``, stamped when the
+publisher sends it, to the end of the reconcile that wrote the objects reflecting it
+(``gpustack_worker_event_to_object_seconds``, interpolated inside its buckets the way
+``histogram_quantile`` does). Two phases, each measured from ``/metrics`` differences:
+
+- *cold*: the first round, which creates every node's objects; the bench waits until the worker
+  has drained it;
+- *steady*: the rounds after it, for ``--seconds``.
+
+Also: events/s consumed, writes per node per minute (KV ``kv_put``/``kv_delete``, or API
+``create``/``patch``/``update``/``delete``), the worker's CPU share of one core and its RSS.
+
+``--profile out`` runs the worker under pyinstrument (a bench-only dependency) and writes
+``out.html`` and ``out.txt``.
 """
 
 from __future__ import annotations
@@ -23,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import socket
 import ssl
 import subprocess
@@ -30,12 +41,15 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import anyio
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -49,6 +63,15 @@ from bus.devices import (
 )
 from bus.serving import HttpsSettings
 from bus.settings import BusSettings
+
+Metrics = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+LATENCY = "gpustack_worker_event_to_object_seconds"
+API_WRITES = ("create", "patch", "update", "delete")
+KV_WRITES = ("kv_put", "kv_delete")
+
+
+def node_names(n: int) -> list[str]:
+    return [f"node-{i:05d}.cluster.local" for i in range(n)]
 
 
 def groups(node: str) -> tuple[DeviceGroup, ...]:
@@ -77,26 +100,103 @@ def samples(node: str, period_s: float) -> events.SamplesEvent:
     return events.SamplesEvent(node=node, period_s=period_s, samples=(sample,))
 
 
+# --- child processes -------------------------------------------------------------------------
+
+
+def worker_child(args: argparse.Namespace) -> None:
+    """The worker (KV sink, or the fake API at ``--api``) until SIGTERM."""
+    from controlplane import running
+    from controlplane.k8s.client import KubeSettings
+
+    settings = running.WorkerSettings(
+        bus=BusSettings.for_tests(args.url),
+        kube=KubeSettings(host=args.api) if args.api else None,
+        https=HttpsSettings(bind_address="127.0.0.1", port=args.port),
+        resync_s=3600.0,
+    )
+
+    def stop(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop)
+    profiler = None
+    if args.profile:
+        from pyinstrument import Profiler
+
+        profiler = Profiler(interval=0.001)
+        profiler.start()
+    try:
+        anyio.run(running.run, settings)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        if profiler is not None:
+            profiler.stop()
+            Path(f"{args.profile}.html").write_text(profiler.output_html())
+            Path(f"{args.profile}.txt").write_text(profiler.output_text(show_all=False))
+
+
+def fakeapi_child(args: argparse.Namespace) -> None:
+    """The tests' stateful fake API on ``--port`` with a Node object for every node."""
+    sys.path.insert(0, str(ROOT / "tests" / "controlplane"))
+    from aiohttp import web
+    from controlplane_fakeapi import FakeApi, node  # type: ignore[import-not-found]
+
+    fake = FakeApi()
+    for name in node_names(args.nodes):
+        fake.put_object("api/v1/nodes", node(name))
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", fake.handle)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    web.run_app(app, host="127.0.0.1", port=args.port, access_log=None, print=None)
+
+
+async def publisher_child(args: argparse.Namespace) -> None:
+    """Publish nodes ``part::parts`` for rounds ``first..first+rounds-1``; print the count."""
+    nodes = node_names(args.nodes)
+    mine = list(range(args.part, len(nodes), args.parts))
+    flip = max(1, int(len(nodes) * args.change))
+    specs = {i: groups(nodes[i]) for i in mine}
+    sent = 0
+    async with connection.connect(BusSettings.for_tests(args.url), name="agents") as conn:
+        await anyio.sleep(max(0.0, args.start - time.time()))
+        for rnd in range(args.first, args.first + args.rounds):
+            began = args.start + (rnd - args.first) * args.period
+            for i in mine:
+                if not args.burst:  # this node's phase within the period
+                    wait = began + args.period * i / len(nodes) - time.time()
+                    if wait > 0.002:
+                        await anyio.sleep(wait)
+                n = nodes[i]
+                now = datetime.now(UTC)  # stamped when actually sent
+                evs: list[events.Event] = [
+                    samples(n, args.period),
+                    events.DevicesEvent(node=n, ts=now, groups=specs[i]),
+                ]
+                if (i + rnd) % len(nodes) < flip:
+                    evs.append(events.AllocationEvent(
+                        node=n, ts=now, allocation_id="pod/c",
+                        action="allocated" if rnd % 2 == 0 else "released",
+                        resource="nvidia.com/gpu", device_ids=(f"nvidia-h200:GPU-{n}-0:0",),
+                    ))  # fmt: skip
+                for e in evs:
+                    await conn.publish(subjects.subject(n, events.kind_of(e)), codec.encode(e))
+                sent += len(evs)
+            await conn.flush()
+            await anyio.sleep(max(0.0, began + args.period - time.time()))
+    print(sent, flush=True)
+
+
+# --- measuring -------------------------------------------------------------------------------
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 
 
-def worker_child(url: str, port: int) -> None:
-    """Child process: the worker with the KV sink until killed."""
-    from controlplane import running
-
-    settings = running.WorkerSettings(
-        bus=BusSettings.for_tests(url),
-        kube=None,
-        https=HttpsSettings(bind_address="127.0.0.1", port=port),
-        resync_s=3600.0,
-    )
-    anyio.run(running.run, settings)
-
-
-def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+def scrape(port: int) -> Metrics:
     ctx = ssl.create_default_context()
     ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
     with urllib.request.urlopen(f"https://127.0.0.1:{port}/metrics", context=ctx) as r:
@@ -108,16 +208,19 @@ def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     }
 
 
-def total(m: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str, **want: str) -> float:
+def total(m: Metrics, name: str, **want: str) -> float:
     return sum(
         v for (n, labels), v in m.items()
         if n == name and all(dict(labels).get(k) == x for k, x in want.items())
     )  # fmt: skip
 
 
-def quantile(m: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str, q: float) -> float:
+def quantile(m1: Metrics, m0: Metrics, name: str, q: float) -> float:
+    """``histogram_quantile`` over the increase of histogram ``name`` from ``m0`` to ``m1``."""
     buckets = sorted(
-        (float(dict(labels)["le"]), v) for (n, labels), v in m.items() if n == f"{name}_bucket"
+        (float(dict(labels)["le"]), v - m0.get((n, labels), 0.0))
+        for (n, labels), v in m1.items()
+        if n == f"{name}_bucket"
     )
     count = buckets[-1][1] if buckets else 0
     if not count:
@@ -133,7 +236,7 @@ def quantile(m: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str,
 
 
 def proc_usage(pid: int) -> tuple[float, int]:
-    """(CPU seconds, RSS bytes) of ``pid`` and its children."""
+    """(CPU seconds, RSS bytes) of ``pid``."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     rss = next(
@@ -144,104 +247,161 @@ def proc_usage(pid: int) -> tuple[float, int]:
     return cpu, rss
 
 
-async def agents(url: str, nodes: list[str], period_s: float, seconds: float, change: float) -> int:
-    """Publish every node's events each period for ``seconds``; returns the events published."""
-    sent, flip = 0, max(1, int(len(nodes) * change))
-    async with connection.connect(BusSettings.for_tests(url), name="agents") as conn:
-        specs = {n: groups(n) for n in nodes}
-        start = time.monotonic()
-        rnd = 0
-        while time.monotonic() - start < seconds:
-            began = time.monotonic()
-            now = datetime.now(UTC)
-            for i, n in enumerate(nodes):
-                evs: list[events.Event] = [
-                    samples(n, period_s),
-                    events.DevicesEvent(node=n, ts=now, groups=specs[n]),
-                ]
-                if (i + rnd) % len(nodes) < flip:
-                    evs.append(events.AllocationEvent(
-                        node=n, ts=now, allocation_id="pod/c",
-                        action="allocated" if rnd % 2 == 0 else "released",
-                        resource="nvidia.com/gpu", device_ids=(f"nvidia-h200:GPU-{n}-0:0",),
-                    ))  # fmt: skip
-                for e in evs:
-                    await conn.publish(subjects.subject(n, events.kind_of(e)), codec.encode(e))
-                sent += len(evs)
-            await conn.flush()
-            rnd += 1
-            await anyio.sleep(max(0.0, period_s - (time.monotonic() - began)))
-    return sent
+async def drained(port: int, timeout_s: float = 180.0) -> Metrics:
+    """Wait until the queue is empty and the latency count stopped moving; the last scrape."""
+    last = -1.0
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        await anyio.sleep(0.5)
+        m = scrape(port)
+        count = total(m, f"{LATENCY}_count")
+        if total(m, "gpustack_worker_queue_depth") == 0 and count == last and count > 0:
+            return m
+        last = count
+    raise TimeoutError("the worker did not drain")
 
 
-async def bench(n: int, period_s: float, seconds: float, change: float, profile: str) -> dict:
-    with tempfile.TemporaryDirectory() as tmp:
-        async with embedded.embedded_server(Path(tmp) / "nats") as server:
-            port = free_port()
-            cmd = [sys.executable, __file__, "--worker", server.url, "--port", str(port)]
-            if profile:
-                cmd = [sys.executable, "-m", "pyinstrument", "-r", "html", "-o", profile,
-                       __file__, "--worker", server.url, "--port", str(port)]  # fmt: skip
-            child = subprocess.Popen(cmd)  # noqa: ASYNC220 (a bench: blocking is fine)
-            try:
-                for _ in range(200):
+async def run_publishers(
+    args: argparse.Namespace, url: str, *, first: int, rounds: int
+) -> tuple[int, float]:
+    """Run the publisher processes for ``rounds``; (events sent, seconds from start to end)."""
+    start = time.time() + 1.0  # every publisher connected before the first round
+    procs = []
+    for k in range(args.publishers):
+        cmd = [
+            sys.executable, __file__, "--role", "publish", "--url", url,
+            "--nodes", str(args.n), "--part", str(k), "--parts", str(args.publishers),
+            "--first", str(first), "--rounds", str(rounds), "--period", str(args.period_s),
+            "--change", str(args.change), "--start", str(start),
+            *(["--burst"] if args.burst else []),
+        ]  # fmt: skip
+        procs.append(await anyio.open_process(cmd))
+    sent = 0
+    for p in procs:
+        assert p.stdout is not None
+        out = b"".join([chunk async for chunk in p.stdout])
+        await p.wait()
+        sent += int(out.decode().strip() or 0)
+    return sent, time.time() - start
+
+
+def phase(
+    m1: Metrics, m0: Metrics, n: int, elapsed: float, writes: Sequence[str]
+) -> dict[str, Any]:
+    consumed = total(m1, "gpustack_worker_events_consumed_total") - total(
+        m0, "gpustack_worker_events_consumed_total"
+    )
+    wrote = sum(
+        total(m1, "gpustack_worker_api_requests_total", verb=v)
+        - total(m0, "gpustack_worker_api_requests_total", verb=v)
+        for v in writes
+    )
+    return {
+        "consumed": int(consumed),
+        "events_per_s": round(consumed / elapsed, 1),
+        "p50_s": round(quantile(m1, m0, LATENCY, 0.5), 3),
+        "p99_s": round(quantile(m1, m0, LATENCY, 0.99), 3),
+        "latencies": int(total(m1, f"{LATENCY}_count") - total(m0, f"{LATENCY}_count")),
+        "writes": int(wrote),
+        "writes_per_node_min": round(wrote / n / (elapsed / 60), 2),
+    }
+
+
+async def bench(args: argparse.Namespace) -> dict[str, Any]:
+    children: list[subprocess.Popen[bytes]] = []
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            async with embedded.embedded_server(Path(tmp) / "nats") as server:
+                worker_cmd = [sys.executable, __file__, "--role", "worker", "--url", server.url]
+                if args.sink == "api":
+                    api_port = free_port()
+                    children.append(subprocess.Popen([  # noqa: ASYNC220 (a bench)
+                        sys.executable, __file__, "--role", "fakeapi", "--port", str(api_port),
+                        "--nodes", str(args.n),
+                    ]))  # fmt: skip
+                    worker_cmd += ["--api", f"http://127.0.0.1:{api_port}"]
+                port = free_port()
+                worker_cmd += ["--port", str(port)]
+                if args.profile:
+                    worker_cmd += ["--profile", f"{args.profile}-{args.sink}-{args.n}"]
+                worker = subprocess.Popen(worker_cmd)  # noqa: ASYNC220 (a bench)
+                children.append(worker)
+                for _ in range(600):
                     try:
                         scrape(port)
                         break
                     except OSError:
                         await anyio.sleep(0.1)
-                nodes = [f"node-{i:05d}.cluster.local" for i in range(n)]
-                cpu0, _ = proc_usage(child.pid)
-                m0 = scrape(port)
-                t0 = time.monotonic()
-                sent = await agents(server.url, nodes, period_s, seconds, change)
-                await anyio.sleep(min(5.0, period_s * 2))  # drain
-                elapsed = time.monotonic() - t0
-                cpu1, rss = proc_usage(child.pid)
-                m1 = scrape(port)
-            finally:
-                child.terminate()
-                child.wait(30)
-    consumed = total(m1, "gpustack_worker_events_consumed_total") - total(
-        m0, "gpustack_worker_events_consumed_total"
-    )
-    puts = total(m1, "gpustack_worker_api_requests_total", verb="kv_put") - total(
-        m0, "gpustack_worker_api_requests_total", verb="kv_put"
-    )
-    name = "gpustack_worker_event_to_object_seconds"
+                return await measure(args, server.url, port, worker.pid)
+    finally:
+        for child in reversed(children):  # the worker first (its profile), then the fake API
+            child.send_signal(signal.SIGTERM if child is children[-1] else signal.SIGKILL)
+            try:
+                child.wait(60)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
+
+
+async def measure(args: argparse.Namespace, url: str, port: int, pid: int) -> dict[str, Any]:
+    writes = API_WRITES if args.sink == "api" else KV_WRITES
+    m0 = scrape(port)
+    sent0, cold_s = await run_publishers(args, url, first=0, rounds=1)
+    m1 = await drained(port)
+    cpu1, _ = proc_usage(pid)
+    t1 = time.monotonic()
+    rounds = max(1, round(args.seconds / args.period_s))
+    sent1, _ = await run_publishers(args, url, first=1, rounds=rounds)
+    m2 = await drained(port)
+    steady_s = time.monotonic() - t1
+    cpu2, rss = proc_usage(pid)
     return {
-        "nodes": n,
-        "period_s": period_s,
-        "published": sent,
-        "consumed": int(consumed),
-        "events_per_s": round(consumed / elapsed, 1),
-        "p50_s": round(quantile(m1, name, 0.5), 3),
-        "p99_s": round(quantile(m1, name, 0.99), 3),
-        "kv_writes_per_node_min": round(puts / n / (elapsed / 60), 2),
-        "worker_cpu_s": round(cpu1 - cpu0, 1),
-        "worker_cpu_pct": round(100 * (cpu1 - cpu0) / elapsed, 1),
+        "nodes": args.n,
+        "period_s": args.period_s,
+        "sink": args.sink,
+        "publishers": args.publishers,
+        "burst": args.burst,
+        "published": sent0 + sent1,
+        "cold": phase(m1, m0, args.n, cold_s, writes),
+        "steady": phase(m2, m1, args.n, steady_s, writes),
+        "steady_s": round(steady_s, 1),
+        "worker_cpu_pct": round(100 * (cpu2 - cpu1) / steady_s, 1),
         "worker_rss_mib": round(rss / 2**20, 1),
-        "queue_depth_end": total(m1, "gpustack_worker_queue_depth"),
+        "rejected": total(m2, "gpustack_worker_events_rejected_total"),
     }
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--nodes", type=int, nargs="+", default=[100, 300, 1000])
-    p.add_argument("--period", type=float, nargs="+", default=[15.0, 1.0])
-    p.add_argument("--seconds", type=float, default=60.0)
+    p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    p.add_argument("--nodes", type=int, nargs="+", default=[1000])
+    p.add_argument("--period", type=float, nargs="+", default=[1.0, 15.0])
+    p.add_argument("--sink", nargs="+", choices=["kv", "api"], default=["kv", "api"])
+    p.add_argument("--seconds", type=float, default=30.0, help="steady-state duration")
     p.add_argument("--change", type=float, default=0.05, help="nodes whose status flips a round")
-    p.add_argument("--profile", default="", help="write a pyinstrument HTML profile here")
-    p.add_argument("--worker", default="", help=argparse.SUPPRESS)
-    p.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--publishers", type=int, default=2)
+    p.add_argument("--burst", action="store_true", help="every node publishes at once")
+    p.add_argument("--profile", default="", help="pyinstrument output prefix")
+    p.add_argument("--role", default="bench", help=argparse.SUPPRESS)
+    for flag in ("--url", "--api"):
+        p.add_argument(flag, default="", help=argparse.SUPPRESS)
+    for flag in ("--port", "--part", "--parts", "--first", "--rounds"):
+        p.add_argument(flag, type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--start", type=float, default=0.0, help=argparse.SUPPRESS)
     args = p.parse_args()
-    if args.worker:
-        worker_child(args.worker, args.port)
-        return
+    if args.role == "worker":
+        return worker_child(args)
+    if args.role == "fakeapi":
+        args.nodes = args.nodes[0]
+        return fakeapi_child(args)
+    if args.role == "publish":
+        args.nodes, args.period = args.nodes[0], args.period[0]
+        return anyio.run(publisher_child, args)
     for period in args.period:
-        for n in args.nodes:
-            result = anyio.run(bench, n, period, args.seconds, args.change, args.profile)
-            print(json.dumps(result), flush=True)
+        for sink in args.sink:
+            for n in args.nodes:
+                run = argparse.Namespace(**vars(args), n=n, period_s=period)
+                run.sink = sink
+                print(json.dumps(anyio.run(bench, run)), flush=True)
 
 
 if __name__ == "__main__":

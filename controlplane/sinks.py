@@ -5,7 +5,8 @@
   stored whole under ``<plural>.<namespace or _>.<name>``; the KV revision is the
   ``resourceVersion``, so preconditions, conflicts and the reconcile code are the same. Patches are
   RFC 7386 merges applied here; the ``status`` subresource changes only ``status``, the main
-  resource never does, as on the API server.
+  resource never does, as on the API server. Unlike the API server, a create keeps ``status``
+  (``creates_with_status``): one write per new object.
 
 ``has_nodes`` says whether Node objects exist: without them every node counts as present, no
 owner references are set and no node labels or capacity are written.
@@ -14,6 +15,8 @@ owner references are set and no node labels or capacity are written.
 from __future__ import annotations
 
 import copy
+import hashlib
+from collections import OrderedDict
 from typing import Any, Protocol
 
 import msgspec
@@ -31,6 +34,8 @@ class Sink(Protocol):
     """The object store reconcilers read and write. Errors: :mod:`controlplane.errors`."""
 
     has_nodes: bool
+    creates_with_status: bool
+    """True: a create stores ``status`` too (no separate status patch is needed)."""
 
     async def get(self, ref: Ref) -> Observed | None:
         """The object, or None when absent."""
@@ -73,6 +78,7 @@ class KubeSink:
     """The Kubernetes API."""
 
     has_nodes = True
+    creates_with_status = False
 
     def __init__(self, client: KubeClient) -> None:
         self._client = client
@@ -106,57 +112,115 @@ def ledger_key(ref: Ref) -> str:
 
 
 class KvSink:
-    """The bus's key-value ledger (see the module docstring)."""
+    """The bus's key-value ledger (see the module docstring).
+
+    Hot path: every object this sink read or wrote is remembered (body and revision, at most
+    ``max_cached`` keys, least recently used dropped first), so a patch is one conditional put
+    (``last=<revision>``) with no get before it, and a create one put with ``last=0``. The
+    cache is only ever a guess: the KV revision check is the truth. Invariants:
+
+    - a put whose ``last`` is stale (someone else wrote the key) fails, the key is dropped from
+      the cache, and the caller gets :class:`~controlplane.errors.Conflict` exactly as from a
+      stale ``resourceVersion``; its next :meth:`get` reads the bucket;
+    - a patch without a precondition re-reads once on such a conflict and retries, so it is
+      never refused because of this cache;
+    - an empty cache (a restarted worker) only costs one get per key;
+    - a write whose bytes hash to what this sink last wrote at the cached revision is not sent
+      (write only on change holds here too, whatever the caller planned).
+
+    ``creates_with_status``: a create keeps ``status`` (a ledger has no status subresource to
+    protect), so a new object is one write instead of a create and a status patch.
+    """
 
     has_nodes = False
+    creates_with_status = True
 
-    def __init__(self, bucket: kv.Bucket) -> None:
+    def __init__(self, bucket: kv.Bucket, *, max_cached: int = 100_000) -> None:
         self._bucket = bucket
+        self._cache: OrderedDict[str, Observed] = OrderedDict()
+        self._digests: dict[str, bytes] = {}
+        """Hash of the bytes this sink last wrote per key (at the cached revision)."""
+        self._max_cached = max_cached
 
     async def get(self, ref: Ref) -> Observed | None:
-        found = await self._call(self._bucket.get(ledger_key(ref)))
+        key = ledger_key(ref)
+        found = await self._call(self._bucket.get(key))
         if found is None:
+            self._forget(key)
             return None
         value, revision = found
-        return _observed(msgspec.json.decode(value), revision)
+        return self._remember(key, _observed(msgspec.json.decode(value), revision))
 
     async def list(self, resource: Resource) -> list[Observed]:
         out: list[Observed] = []
         for key in await self._call(self._bucket.keys(f"{resource.plural}.>")):
             found = await self._call(self._bucket.get(key))
             if found is not None:
-                out.append(_observed(msgspec.json.decode(found[0]), found[1]))
+                obj = _observed(msgspec.json.decode(found[0]), found[1])
+                out.append(self._remember(key, obj))
         return out
 
     async def create(self, ref: Ref, body: dict[str, Any]) -> Observed:
-        body = {k: v for k, v in body.items() if k != "status"}
         return await self._write(ref, body, last=0)
 
     async def patch(
         self, ref: Ref, body: dict[str, Any], *, subresource: str | None = None
     ) -> Observed:
-        current = await self.get(ref)
-        if current is None:
-            raise errors.NotFound(404, f"{ref} not found")
         want = (body.get("metadata") or {}).get("resourceVersion")
-        if want is not None and want != current.resource_version:
-            raise errors.Conflict(409, f"{ref}: resourceVersion {want} is stale")
-        if subresource == "status":
-            new = dict(current.body, status=merge(current.body.get("status"), body.get("status")))
-        else:
-            new = merge(current.body, {k: v for k, v in body.items() if k != "status"})
-        return await self._write(ref, new, last=int(current.resource_version))
+        for attempt in range(2):
+            current = self._cache.get(ledger_key(ref)) or await self.get(ref)
+            if current is None:
+                raise errors.NotFound(404, f"{ref} not found")
+            if want is not None and want != current.resource_version:
+                self._forget(ledger_key(ref))
+                raise errors.Conflict(409, f"{ref}: resourceVersion {want} is stale")
+            try:
+                return await self._write(
+                    ref, _patched(current.body, body, subresource),
+                    last=int(current.resource_version),
+                )  # fmt: skip
+            except errors.Conflict:
+                if want is not None or attempt:
+                    raise
+        raise AssertionError("unreachable")  # pragma: no cover
 
     async def delete(self, ref: Ref) -> None:
-        await self._call(self._bucket.delete(ledger_key(ref)))
+        key = ledger_key(ref)
+        self._forget(key)
+        await self._call(self._bucket.delete(key))
 
     async def _write(self, ref: Ref, body: dict[str, Any], *, last: int) -> Observed:
-        body = copy.deepcopy(body)
-        body.setdefault("metadata", {}).pop("resourceVersion", None)
-        revision = await self._call(
-            self._bucket.put(ledger_key(ref), msgspec.json.encode(body), last=last)
-        )
-        return _observed(body, revision)
+        key = ledger_key(ref)
+        meta = body.get("metadata") or {}
+        if "resourceVersion" in meta:
+            body = {**body, "metadata": {k: v for k, v in meta.items() if k != "resourceVersion"}}
+        data = msgspec.json.encode(body)
+        digest = hashlib.blake2b(data, digest_size=16).digest()
+        cached = self._cache.get(key)
+        unchanged = self._digests.get(key) == digest
+        if cached is not None and last == int(cached.resource_version) and unchanged:
+            return cached  # byte-identical to what is stored at that revision: no write
+        try:
+            revision = await self._call(self._bucket.put(key, data, last=last))
+        except BaseException:
+            self._forget(key)  # unknown outcome: the bucket is the truth
+            raise
+        written = self._remember(key, _observed(msgspec.json.decode(data), revision))
+        self._digests[key] = digest
+        return written
+
+    def _forget(self, key: str) -> None:
+        self._cache.pop(key, None)
+        self._digests.pop(key, None)
+
+    def _remember(self, key: str, obj: Observed) -> Observed:
+        if self._cache.get(key) is not obj:
+            self._digests.pop(key, None)  # only what this sink wrote has a known digest
+        self._cache[key] = obj
+        self._cache.move_to_end(key)
+        while len(self._cache) > self._max_cached:
+            self._digests.pop(self._cache.popitem(last=False)[0], None)
+        return obj
 
     async def _call(self, aw: Any) -> Any:
         try:
@@ -165,6 +229,27 @@ class KvSink:
             raise errors.Conflict(409, str(e)) from e
         except bus_errors.BusError as e:
             raise errors.ServerError(0, str(e)) from e
+
+
+def _patched(current: dict[str, Any], body: dict[str, Any], subresource: str | None) -> Any:
+    """``current`` with the merge patch applied as the API server would (pure)."""
+    if subresource == "status":
+        return dict(current, status=_merge_shared(current.get("status"), body.get("status")))
+    return _merge_shared(current, {k: v for k, v in body.items() if k != "status"})
+
+
+def _merge_shared(target: Any, patch: Any) -> Any:
+    """:func:`merge` without copying leaves: the result shares them with ``target`` and
+    ``patch``, so it may only be encoded, never kept or modified."""
+    if not isinstance(patch, dict):
+        return patch
+    out = dict(target) if isinstance(target, dict) else {}
+    for k, v in patch.items():
+        if v is None:
+            out.pop(k, None)
+        else:
+            out[k] = _merge_shared(out.get(k), v)
+    return out
 
 
 def _observed(body: dict[str, Any], revision: int) -> Observed:

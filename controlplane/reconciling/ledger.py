@@ -11,11 +11,16 @@ Invariants:
 - allocations are keyed by ``allocation_id``; ``released`` removes the entry; at most
   ``max_allocations`` are kept per node (further ones are refused and counted by the caller);
 - samples, health and agent events never touch the ledger: samples live on the bus (retained)
-  and in metrics, not in etcd.
+  and in metrics, not in etcd;
+- a node without a Node object (not registered yet, or deleted) is *parked*: its state is kept,
+  so that it can be reconciled the moment the Node appears, without waiting for the agent's
+  next change; at most ``max_parked`` nodes are parked, the longest-parked one is forgotten
+  first. A parked node still counts against ``max_nodes``.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -52,10 +57,14 @@ class NodeState:
 class Ledger:
     """Latest state per node. ``max_nodes`` and ``max_allocations`` bound the memory."""
 
-    def __init__(self, *, max_nodes: int = 20_000, max_allocations: int = 4096) -> None:
+    def __init__(
+        self, *, max_nodes: int = 20_000, max_allocations: int = 4096, max_parked: int = 1024
+    ) -> None:
         self._nodes: dict[str, NodeState] = {}
         self._max_nodes = max_nodes
         self._max_allocations = max_allocations
+        self._parked: OrderedDict[str, None] = OrderedDict()
+        self._max_parked = max_parked
 
     def __len__(self) -> int:
         return len(self._nodes)
@@ -72,6 +81,31 @@ class Ledger:
 
     def forget(self, node: str) -> None:
         self._nodes.pop(node, None)
+        self._parked.pop(node, None)
+
+    def park(self, node: str) -> list[str]:
+        """Keep ``node``'s state while its Node object is missing; returns the nodes forgotten
+        to stay within ``max_parked`` (oldest first). Parking again refreshes nothing: the
+        order is when the node was first found missing."""
+        if node not in self._nodes or node in self._parked:
+            return []
+        self._parked[node] = None
+        evicted: list[str] = []
+        while len(self._parked) > self._max_parked:
+            oldest, _ = self._parked.popitem(last=False)
+            self._nodes.pop(oldest, None)
+            evicted.append(oldest)
+        return evicted
+
+    def unpark(self, node: str) -> None:
+        """The node's Node object exists (again)."""
+        self._parked.pop(node, None)
+
+    def is_parked(self, node: str) -> bool:
+        return node in self._parked
+
+    def parked(self) -> list[str]:
+        return list(self._parked)
 
     def apply(self, event: events.Event) -> bool:
         """Fold ``event``; True when the node's objects may have to change.

@@ -3,10 +3,17 @@
 One key per node, so the objects of a node are never reconciled twice at once (the queue
 serializes keys). :meth:`NodeReconciler.reconcile` reads the ledger *now*, so whatever arrived
 while the key waited is folded into one write per object. The observed objects are cached as
-last written (or read); a 409 drops the cached copy, re-reads and re-plans (bounded).
+last written (or read); a 409 re-reads and re-plans (bounded).
 
-A node whose Node object does not exist (Kubernetes sink) is rejected and counted, its objects
-are deleted and it is forgotten: that is also how a removed Node's objects go away.
+:meth:`NodeReconciler.prime` lists the owned objects once (on gaining leadership): afterwards an
+object missing from the cache is known to be absent, so a new node's objects are created
+(``last=0`` on the KV sink) without a get first; a create that finds the object (someone else
+made it) is a 409 like any other, answered with a get and a re-plan.
+
+A node whose Node object does not exist (Kubernetes sink) is rejected and counted and its
+objects are deleted, but its ledger state is *parked* (bounded, see
+:class:`~controlplane.reconciling.ledger.Ledger`), so it is reconciled as soon as the Node
+appears (the Node watch's ``ADDED``), not only at the agent's next change.
 """
 
 from __future__ import annotations
@@ -67,7 +74,11 @@ class NodeReconciler:
         self._agents = agents
         self._store_spec = store_spec or objects.NMS_SPEC_DEFAULT
         self._observed: dict[Ref, Observed | None] = {}
-        self._pushed: dict[str, bytes] = {}
+        self._complete = False
+        """Primed: a ref missing from ``_observed`` (and not in ``_reread``) is absent."""
+        self._reread: set[Ref] = set()
+        self._pushed: dict[str, bytes | None] = {}
+        """What was last pushed per node; None: known deleted."""
         self._clock = clock
         self._wallclock = wallclock
 
@@ -75,6 +86,16 @@ class NodeReconciler:
         """Drop every cached object (on gaining leadership: another replica may have written)."""
         self._observed.clear()
         self._pushed.clear()
+        self._complete = False
+        self._reread.clear()
+
+    async def prime(self) -> None:
+        """Cache every owned object with one list each; absent objects then need no get."""
+        self.forget_cache()
+        for resource in (DEVICES, NODEMODELSTORES):
+            for obj in await self._sink.list(resource):
+                self._observed[Ref(resource=resource, name=obj.body["metadata"]["name"])] = obj
+        self._complete = True
 
     async def reconcile(self, node: str) -> None:
         state = self._ledger.get(node)
@@ -88,6 +109,7 @@ class NodeReconciler:
             if node_obs is None:
                 await self.remove(node, reason="unknown_node")
                 return
+            self._ledger.unpark(node)
             uid = node_obs.body.get("metadata", {}).get("uid")
         desired, unknown = objects.devices(node, uid, state)
         if unknown:
@@ -103,26 +125,41 @@ class NodeReconciler:
         self._metrics.reconcile_seconds.labels(kind="node").observe(self._clock() - started)
 
     async def remove(self, node: str, *, reason: str) -> None:
-        """Delete the node's objects and forget it (the Node is gone or never existed)."""
-        self._metrics.rejected.labels(kind="node", reason=reason).inc()
-        log.info("node %s: %s; removing its objects", node, reason)
+        """Delete the node's objects (its Node is gone or not there yet); park its state.
+
+        Counted and logged once per absence, not at every resync of a parked node.
+        """
+        if not self._ledger.is_parked(node):
+            self._metrics.rejected.labels(kind="node", reason=reason).inc()
+            log.info("node %s: %s; removing its objects", node, reason)
         for resource in (DEVICES, NODEMODELSTORES):
             ref = Ref(resource=resource, name=node)
-            await self._sink.delete(ref)
-            self._observed.pop(ref, None)
-        if self._agents is not None:
+            if await self._observe(ref) is not None:
+                await self._sink.delete(ref)
+            self._observed[ref] = None
+        if self._agents is not None and self._pushed.get(node, b"") is not None:
             await self._agents.delete(kv.nms_key(node))
-        self._pushed.pop(node, None)
-        self._ledger.forget(node)
+        self._pushed[node] = None
+        forgotten = self._ledger.park(node)
+        if self._ledger.get(node) is None:
+            forgotten.append(node)  # never known (a Node of no agent): keep no cache for it
+        for name in forgotten:
+            for resource in (DEVICES, NODEMODELSTORES):
+                self._observed.pop(Ref(resource=resource, name=name), None)
+            self._pushed.pop(name, None)
 
     async def _converge(self, ref: Ref, desired: Desired) -> None:
+        observed = await self._observe(ref)
+        status_on_create = self._sink.creates_with_status
         for _ in range(MAX_CONFLICTS):
-            observed = await self._observe(ref)
+            settled = settle_conditions(desired, observed)
             try:
-                await self._write(plan(ref, settle_conditions(desired, observed), observed))
+                await self._write(plan(ref, settled, observed, status_on_create=status_on_create))
                 return
             except errors.Conflict:
                 self._observed.pop(ref, None)
+                self._reread.add(ref)
+                observed = await self._observe(ref)
         raise errors.Conflict(409, f"{ref}: still conflicting after {MAX_CONFLICTS} tries")
 
     async def _write(self, actions: list[Action]) -> None:
@@ -137,6 +174,7 @@ class NodeReconciler:
                 await self._execute(action)
         if scope.cancelled_caught:
             self._observed.pop(actions[0].ref, None)
+            self._reread.add(actions[0].ref)
             raise errors.ServerError(0, f"{actions[0].ref}: writes took over {WRITE_GRACE_S}s")
 
     async def _converge_node(self, observed: Observed, node: str, groups: Any) -> None:
@@ -155,7 +193,10 @@ class NodeReconciler:
         cached = self._observed.get(ref, _UNKNOWN)
         if cached is not _UNKNOWN:
             return cached  # type: ignore[return-value]
+        if self._complete and ref not in self._reread:
+            return None  # primed: not listed, never written since
         found = await self._sink.get(ref)
+        self._reread.discard(ref)
         self._observed[ref] = found
         return found
 
@@ -164,8 +205,9 @@ class NodeReconciler:
         if isinstance(action, Create):
             try:
                 self._observed[ref] = await self._sink.create(ref, action.body)
-            except errors.Conflict:
+            except errors.ApiError:
                 self._observed.pop(ref, None)
+                self._reread.add(ref)
                 raise
         elif isinstance(action, Patch):
             body = action.body
@@ -173,7 +215,12 @@ class NodeReconciler:
             if action.precondition and isinstance(current, Observed):
                 meta = {**body.get("metadata", {}), "resourceVersion": current.resource_version}
                 body = {**body, "metadata": meta}
-            result = await self._sink.patch(ref, body, subresource=action.subresource)
+            try:
+                result = await self._sink.patch(ref, body, subresource=action.subresource)
+            except errors.ApiError:
+                self._observed.pop(ref, None)
+                self._reread.add(ref)
+                raise
             if ref.resource != NODES:
                 self._observed[ref] = result
         elif isinstance(action, Delete):

@@ -44,7 +44,9 @@ def devices(node: str, uid: str | None, state: NodeState) -> tuple[Desired | Non
     if state.groups is None:
         return None, 0
     status = allocating.devices_status(state.groups, state.allocations)
-    spec = {"groups": msgspec.to_builtins(list(state.groups))}
+    # Through JSON, not ``to_builtins``: that keeps tuples, which never equal the lists an
+    # observed object holds, so every reconcile would re-patch an unchanged spec.
+    spec = {"groups": msgspec.json.decode(msgspec.json.encode(state.groups))}
     return Desired(
         metadata=_metadata(node, uid), spec=spec, status=status.body
     ), status.unknown_tokens

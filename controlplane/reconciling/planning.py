@@ -101,8 +101,17 @@ def settle_conditions(desired: Desired, observed: Observed | None) -> Desired:
     return msgspec.structs.replace(desired, status=status)
 
 
-def plan(ref: Ref, desired: Desired | None, observed: Observed | None) -> list[Action]:
-    """The writes that make the object at ``ref`` match ``desired`` (``None``: must not exist)."""
+def plan(
+    ref: Ref,
+    desired: Desired | None,
+    observed: Observed | None,
+    *,
+    status_on_create: bool = False,
+) -> list[Action]:
+    """The writes that make the object at ``ref`` match ``desired`` (``None``: must not exist).
+
+    ``status_on_create``: the sink keeps ``status`` on create, so a new object is one write.
+    """
     if desired is None:
         return [] if observed is None else [Delete(ref=ref)]
     if observed is None:
@@ -115,6 +124,9 @@ def plan(ref: Ref, desired: Desired | None, observed: Observed | None) -> list[A
             body["metadata"]["namespace"] = ref.namespace
         if desired.spec is not None:
             body["spec"] = desired.spec
+        if status_on_create and desired.status is not None:
+            body["status"] = desired.status
+            return [Create(ref=ref, body=body)]
         actions: list[Action] = [Create(ref=ref, body=body)]
         if desired.status is not None:
             actions.append(Patch(ref=ref, body={"status": desired.status}, subresource="status"))

@@ -7,7 +7,8 @@ still holds its state). :meth:`Processor.resync` re-queues every known node and,
 Kubernetes sink, every node whose Node object disappeared, plus orphaned objects.
 
 Gone Nodes are noticed by :meth:`Processor.watch_nodes` (a Node watch: ``DELETED`` queues the
-node's removal at once); the periodic resync stays as the safety net for deletions that happened
+node's removal at once, ``ADDED`` of a node whose state the ledger parked queues its reconcile,
+so an agent that published before its Node registered is not forgotten); the periodic resync stays as the safety net for deletions that happened
 while the watch was down. A removal goes through the queue like a reconcile, so it never runs
 beside a reconcile of the same node.
 """
@@ -88,7 +89,7 @@ class Processor:
 
     async def work(self, concurrency: int) -> None:
         """Reconcile queued nodes with ``concurrency`` tasks until cancelled."""
-        self.reconciler.forget_cache()
+        await self.reconciler.prime()
         await self.resync()
         async with anyio.create_task_group() as tg:
             for _ in range(concurrency):
@@ -102,6 +103,10 @@ class Processor:
     async def _worker(self) -> None:
         while True:
             node = await self.queue.get()
+            # Taken now: an event folded while this reconcile runs stamps a new ``since`` and
+            # re-queues the node (the queue marks it dirty), so its latency is measured by the
+            # reconcile that actually reflects it.
+            since = self._since.pop(node, None)
             try:
                 if node in self._gone:
                     self._gone.discard(node)
@@ -110,11 +115,12 @@ class Processor:
                     await self.reconciler.reconcile(node)
             except errors.ApiError as e:
                 log.warning("node %s: %s; retrying in %.1fs", node, e, self._retry_s)
+                if since is not None:
+                    self._since[node] = min(since, self._since.get(node, since))
                 self.queue.done(node)
                 await anyio.sleep(self._retry_s)
                 self._enqueue(node)
                 continue
-            since = self._since.pop(node, None)
             if since is not None:
                 self._metrics.event_to_object_seconds.observe(max(0.0, self._wallclock() - since))
             self.queue.done(node)
@@ -157,8 +163,13 @@ class Processor:
                     async for event in events:
                         meta = event.object.get("metadata") or {}
                         since = meta.get("resourceVersion") or since
-                        if event.type == "DELETED" and meta.get("name"):
-                            self.node_gone(meta["name"])
+                        name = meta.get("name")
+                        if not name:
+                            continue
+                        if event.type == "DELETED":
+                            self.node_gone(name)
+                        elif event.type == "ADDED" and self.ledger.is_parked(name):
+                            self._enqueue(name)  # its state waited for the Node: reconcile
             except errors.ApiError as e:
                 log.warning("watching Nodes failed: %s; watching again", e)
                 since = None
