@@ -8,6 +8,11 @@ permanent for the request that caused them.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from bus import errors as bus_errors
+
 __all__ = [
     "ApiError",
     "Conflict",
@@ -105,3 +110,17 @@ def for_status(status: int, message: str = "", *, retry_after_s: float | None = 
 
 TEMPORARY = (Conflict, TooManyRequests, ServerError)
 """Errors worth retrying with backoff."""
+
+
+@contextmanager
+def mapped_bus_errors(what: str) -> Iterator[None]:
+    """Map a bus key-value failure to the API error the reconcilers already retry.
+
+    A KV write that times out while JetStream elects a leader is temporary, exactly like a 5xx.
+    """
+    try:
+        yield
+    except bus_errors.KeyConflict as e:
+        raise Conflict(409, f"{what}: {e}") from e
+    except bus_errors.BusError as e:
+        raise ServerError(0, f"{what}: {e}") from e

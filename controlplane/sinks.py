@@ -21,7 +21,6 @@ from typing import Any, Protocol
 
 import msgspec
 
-from bus import errors as bus_errors
 from bus import kv
 from controlplane import errors
 from controlplane.k8s.client import KubeClient
@@ -223,12 +222,8 @@ class KvSink:
         return obj
 
     async def _call(self, aw: Any) -> Any:
-        try:
+        with errors.mapped_bus_errors(self._bucket.name):
             return await aw
-        except bus_errors.KeyConflict as e:
-            raise errors.Conflict(409, str(e)) from e
-        except bus_errors.BusError as e:
-            raise errors.ServerError(0, str(e)) from e
 
 
 def _patched(current: dict[str, Any], body: dict[str, Any], subresource: str | None) -> Any:

@@ -252,13 +252,15 @@ class ArtifactReconciler:
             return
         data = msgspec.json.encode(record)
         if self._pushed.get(key) != data:
-            await self._agents.put(kv.artifact_key(*key), data)
+            with errors.mapped_bus_errors("push the artifact record"):
+                await self._agents.put(kv.artifact_key(*key), data)
             self._pushed[key] = data
 
     async def _drop(self, key: Key) -> None:
         """The artifact is gone: its record goes, and everything known about it."""
         if self._agents is not None:
-            await self._agents.delete(kv.artifact_key(*key))
+            with errors.mapped_bus_errors("delete the artifact record"):
+                await self._agents.delete(kv.artifact_key(*key))
         self._attempts.pop(key, None)
         self._failures.pop(key, None)
         self._digests.pop(key, None)

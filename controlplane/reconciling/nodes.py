@@ -232,5 +232,6 @@ class NodeReconciler:
             return
         data = msgspec.json.encode(kv.StoreSpecRecord(node=node, spec=store.spec or {}))
         if self._pushed.get(node) != data:
-            await self._agents.put(kv.nms_key(node), data)
+            with errors.mapped_bus_errors("push the store spec"):
+                await self._agents.put(kv.nms_key(node), data)
             self._pushed[node] = data

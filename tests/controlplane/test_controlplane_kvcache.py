@@ -210,3 +210,17 @@ async def test_a_node_that_publishes_before_its_node_exists_is_reconciled_when_i
             assert devs["metadata"]["ownerReferences"][0]["name"] == "late"
             assert not w.processor.ledger.is_parked("late")
             tg.cancel_scope.cancel()
+
+
+def test_bus_failures_become_errors_the_reconcilers_retry() -> None:
+    """A KV write timing out (StateUnavailable) must not escape as a bus error and stop the worker."""
+    from bus import errors as bus_errors
+    from controlplane import errors as cp_errors
+
+    with (
+        pytest.raises(cp_errors.ServerError, match="push: no leader"),
+        cp_errors.mapped_bus_errors("push"),
+    ):
+        raise bus_errors.StateUnavailable("no leader")
+    with pytest.raises(cp_errors.Conflict), cp_errors.mapped_bus_errors("push"):
+        raise bus_errors.KeyConflict("rev 3")

@@ -112,9 +112,16 @@ async def test_events_become_objects_and_bad_ones_are_counted(tmp_path: Path) ->
         card = devs["status"]["groups"][0]["accelerators"][0]
         assert card["mode"] == "Partitioned" and card["allocated"] > 0
         await eventually(lambda: _has(fake, "nodemodelstores", "n1"))
-        n1 = fake.get("api/v1/nodes", "n1")
-        assert n1["metadata"]["labels"]["acceleratable.feature.gpustack.ai/nvidia"] == "true"
-        assert "nvidia.com/gpu.partitioned.units" in n1["status"]["capacity"]
+
+        async def node_converged() -> bool:
+            # Labels and capacity are the last writes of a reconcile: wait, don't race them.
+            n1 = fake.get("api/v1/nodes", "n1")
+            labels = n1["metadata"].get("labels") or {}
+            return labels.get("acceleratable.feature.gpustack.ai/nvidia") == "true" and (
+                "nvidia.com/gpu.partitioned.units" in (n1.get("status") or {}).get("capacity", {})
+            )
+
+        await eventually(node_converged)
         assert ("apis/worker.gpustack.ai/v1alpha1/devices", None, "ghost") not in fake.objects
         assert (
             w.metrics.count(
