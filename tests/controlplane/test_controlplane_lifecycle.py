@@ -83,14 +83,14 @@ async def test_a_deleted_node_loses_its_objects_through_the_watch(tmp_path: Path
                 (c, None, n) in fake.objects for c in (DEVICES, STORES) for n in ("n1", "n2")
             )
 
-        await eventually(both)
+        await eventually(both, timeout_s=30)
         assert fake.watches >= 1
         fake.remove("api/v1/nodes", "n1")
 
         async def n1_gone() -> bool:
             return not any((c, None, "n1") in fake.objects for c in (DEVICES, STORES))
 
-        await eventually(n1_gone)
+        await eventually(n1_gone, timeout_s=30)
         assert (DEVICES, None, "n2") in fake.objects
         tg.cancel_scope.cancel()
 
@@ -103,7 +103,7 @@ async def _invariants(fake: FakeApi, before: set[asyncio.Task[Any]], identity: s
     async def settled() -> bool:
         return _tasks() <= before
 
-    await eventually(settled)
+    await eventually(settled, timeout_s=30)
     lease = fake.objects.get((LEASES, "ns", "w"))
     assert lease is None or lease["spec"].get("holderIdentity") != identity
     for (collection, _, name), obj in fake.objects.items():
@@ -127,8 +127,8 @@ async def test_cancelled_mid_start_leaves_nothing_behind(tmp_path: Path, delay_s
         # A successor starts at once (the Lease was released, not left to expire).
         async with anyio.create_task_group() as tg:
             w: running.Worker = await tg.start(running.run, settings(bus, url, identity="w2"))
-            await eventually(lambda: _true(w.leading))
-            await eventually(lambda: _has_status(fake, "n1"))
+            await eventually(lambda: _true(w.leading), timeout_s=30)
+            await eventually(lambda: _has_status(fake, "n1"), timeout_s=30)
             tg.cancel_scope.cancel()
 
 
