@@ -277,6 +277,12 @@ _STANDALONE = (
         "the device agent's HTTPS port (0 picks a free one)",
         kind="int",
     ),
+    Flag(
+        "model-manager-port",
+        "32444",
+        "the model agent's HTTPS port (0 picks a free one)",
+        kind="int",
+    ),
     Flag("run-for", "0s", "stop after this long (0 runs until interrupted)", kind="duration"),
     *(
         flag

@@ -1,7 +1,9 @@
 """``gpustack-operator standalone``: the whole system on one machine, with no cluster.
 
 One process runs an embedded ``nats-server`` (JetStream, state in ``--state-dir``), the device
-agent (real hardware, or ``--simulate PROFILE``), and the worker keeping its ledger in the bus's
+agent (real hardware, or ``--simulate PROFILE``), the model agent (its CSI socket and cache under
+the state directory: with no kubelet nothing mounts, but its cache state reaches the worker), and
+the worker keeping its ledger in the bus's
 retained state (JetStream KV) instead of a Kubernetes API: the same reconcile code with a
 different sink. It prints how to watch, and stops cleanly on Ctrl-C or SIGTERM, leaving no
 process behind (the embedded server dies with its parent).
@@ -27,6 +29,9 @@ import msgspec
 
 from agent import running as agent_running
 from agent import serve_settings
+from agent.models import running as models_running
+from agent.models.policy import MemoryPolicy
+from agent.models.settings import ModelManagerSettings
 from bus import embedded, serving
 from bus.errors import BusError
 from controlplane import running as worker_running
@@ -41,6 +46,7 @@ class StandaloneSettings(msgspec.Struct, frozen=True, kw_only=True):
     state_dir: str
     nats_port: int
     agent: serve_settings.ServeSettings
+    models: ModelManagerSettings
     worker: worker_running.WorkerSettings
     run_for_s: float = 0.0
     """Stop after this many seconds (demos, smoke tests); 0 runs until interrupted."""
@@ -64,10 +70,24 @@ def settings_from(
         "kube_leader_election": False,
     }
     worker = worker_running.settings_from(worker_values, env)
+    models = ModelManagerSettings(
+        node_name=agent.node_name,
+        kubelet_dir=Path(state_dir, "kubelet"),
+        cache_root=Path(state_dir, "models"),
+        csi_socket=Path(state_dir, "csi", "csi.sock"),
+        https=msgspec.structs.replace(
+            agent.https, port=int(cast(int, values.get("model_manager_port", 32444)))
+        ),
+        bus=agent.bus,
+        hub_endpoint=env.get("HF_ENDPOINT") or "https://huggingface.co",
+        hub_token=env.get("HF_TOKEN") or None,
+        version=version,
+    )
     return StandaloneSettings(
         state_dir=state_dir,
         nats_port=int(cast(int, values.get("nats_port", 4222))),
         agent=agent,
+        models=models,
         worker=worker,
         run_for_s=float(cast(float, values.get("run_for", 0.0))),
     )
@@ -86,7 +106,8 @@ async def run(
 ) -> None:
     """Run every component until cancelled; ``task_status.started(nats_url)`` once all are up."""
     state = Path(settings.state_dir)
-    (state / "device-plugins").mkdir(parents=True, exist_ok=True)
+    for directory in ("device-plugins", "kubelet/pods", "models", "csi"):
+        (state / directory).mkdir(parents=True, exist_ok=True)
     async with (
         embedded.embedded_server(state / "nats", port=settings.nats_port) as server,
         anyio.create_task_group() as tg,
@@ -96,6 +117,9 @@ async def run(
         agent_settings = msgspec.structs.replace(settings.agent, bus=bus)
         worker = await tg.start(functools.partial(worker_running.run, worker_settings))
         agent = await tg.start(functools.partial(agent_running.run, agent_settings))
+        models_settings = msgspec.structs.replace(settings.models, bus=bus)
+        # The model agent follows the worker's KV records (store spec, artifacts) like on a node.
+        tg.start_soon(models_running.serve, models_settings, MemoryPolicy(), name="model-agent")
         banner = _banner(server.url, agent.server.url, worker.url, settings)
         if out is not None:
             await out.send(banner)
@@ -115,6 +139,7 @@ def _banner(nats_url: str, agent_url: str, worker_url: str, settings: Standalone
         f"  watch events:    gpustack-operator bus watch --nats-url {nats_url}",
         f"  device metrics:  {agent_url}/metrics  (snapshot: /monitor/snapshot)",
         f"  worker metrics:  {worker_url}/metrics",
+        f"  model agent:     CSI on {settings.models.socket_path}",
         "  stop:            Ctrl-C",
         "",
     ]

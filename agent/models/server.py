@@ -131,9 +131,12 @@ async def serving(path: Path, handlers: list[Any]) -> AsyncIterator[Path]:
     """Serve ``handlers`` on the unix socket ``path`` (replacing a stale one) until exit."""
     await anyio.to_thread.run_sync(_clear, path)
     server = _Server(handlers)
-    await server.start(path=str(path))
-    os.chmod(path, 0o600)
+    # Shielded: a cancel inside asyncio's bind would leave a bound socket grpclib never
+    # recorded, which the cleanup below could not close. The bind is local and instant.
+    with anyio.CancelScope(shield=True):
+        await server.start(path=str(path))
     try:
+        os.chmod(path, 0o600)
         yield path
     finally:
         with anyio.move_on_after(5, shield=True):

@@ -31,6 +31,7 @@ def _settings(tmp_path: Path) -> standalone.StandaloneSettings:
         "nats_port": 0,
         "worker_port": 0,
         "device_manager_port": 0,
+        "model_manager_port": 0,
         "simulate": "nvidia-h200x8",
         "node_name": "laptop.example",
         "monitor_period": 0.5,
@@ -67,6 +68,15 @@ async def test_devices_reach_the_kv_ledger_through_the_worker(tmp_path: Path) ->
                 assert groups[0]["id"] == "nvidia-h200" and len(groups[0]["accelerators"]) == 8
                 retained = await state.snapshot(conn, bus, node="laptop.example", kind="devices")
                 assert retained, "the devices spec is retained on the bus too"
+
+                async def store_reported() -> bool:
+                    keys = [k for k in await ledger.keys("nodemodelstores.>") if "laptop" in k]
+                    found = await ledger.get(keys[0]) if keys else None
+                    status = json.loads(found[0]).get("status", {}) if found else {}
+                    return "capacity" in status
+
+                # The model agent's cache state reaches NodeModelStore.status via the worker.
+                await testing.eventually(store_reported, timeout_s=20)
             tg.cancel_scope.cancel()
     assert f"bus watch --nats-url {url}" in banner
 
