@@ -358,7 +358,7 @@ COMMANDS = (
     ),
     Command(
         ("standalone",),
-        "Everything on one machine without a cluster: embedded NATS, device agent, worker.",
+        "Everything on one machine without a cluster: embedded NATS, device and model agents, worker.",
         _STANDALONE,
         target="gpustack_operator.standalone:standalone_command",
     ),
