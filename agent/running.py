@@ -39,6 +39,7 @@ import msgspec
 from prometheus_client import CollectorRegistry, Histogram
 
 from agent import health, metrics, restoring, serve_settings, watching
+from agent.deviceplugin import partitioning
 from agent.deviceplugin.running import Plugins, device_plugins
 from agent.devices import detection, nvidia, sources
 from agent.devices.manufacturers import UnknownManufacturer
@@ -124,8 +125,9 @@ async def run(
         server = await tg.start(serve_https, settings, registry, observer, name="https")
         retained = await restoring.retained_allocations(settings)
         plugins = await tg.start(
-            serve_plugins, settings, sink.publish, retained, name="device-plugins"
-        )
+            serve_plugins, settings, sink.publish, retained, mig_control(backends),
+            name="device-plugins",
+        )  # fmt: skip
         observer.plugins = plugins
         await tg.start(observer.observe, name="observer")
         for nvml in observer.nvml_adapters():
@@ -196,15 +198,27 @@ async def serve_https(
         await anyio.sleep_forever()
 
 
+def mig_control(backends: Sequence[detection.Backend]) -> partitioning.NvmlMig | None:
+    """MIG actuation through the NVIDIA backend's own NVML adapter (a simulated run included).
+
+    The same adapter, so the instances a ``--simulate`` run creates are the ones it detects.
+    """
+    for backend in backends:
+        if isinstance(backend, nvidia.NvidiaBackend):
+            return partitioning.NvmlMig(backend.nvml)
+    return None
+
+
 async def serve_plugins(
     settings: ServeSettings,
     publish: Callable[[events.Event], None],
     initial_allocations: Sequence[events.AllocationEvent] = (),
+    mig: partitioning.MigControl | None = None,
     *,
     task_status: anyio.abc.TaskStatus[Plugins],
 ) -> None:
     async with device_plugins(
-        settings.deviceplugin, publish=publish, initial_allocations=initial_allocations
+        settings.deviceplugin, publish=publish, initial_allocations=initial_allocations, mig=mig
     ) as plugins:
         task_status.started(plugins)
         await anyio.sleep_forever()

@@ -6,7 +6,8 @@ what share of which card), :mod:`allocation` (Allocate and GetPreferredAllocatio
 :mod:`injection`, which one-shots such as ``dm preflight`` import without grpclib). The async
 layer only does I/O: :mod:`server` serves one resource on its socket (its hot replies written to
 the wire by :mod:`encoding`, which also turns an injection into kubelet's message),
-:mod:`registration` keeps every server registered with kubelet across kubelet restarts,
+:mod:`partitions` decides MIG profiles, placements and reclaim (pure) and :mod:`partitioning`
+creates and destroys the instances through NVML in worker threads, :mod:`registration` keeps every server registered with kubelet across kubelet restarts,
 :mod:`podresources` asks kubelet who holds which device, and :mod:`running` wires them into one
 async context manager, :func:`running.device_plugins`.
 """

@@ -14,7 +14,14 @@ from dataclasses import dataclass
 
 from agent.deviceplugin import errors
 from agent.deviceplugin.ledger import Holding, Ledger, allocation_id
-from agent.deviceplugin.resources import Card, Mode, Token, is_well_formed, units_per_token
+from agent.deviceplugin.resources import (
+    UNITS_PER_CARD,
+    Card,
+    Mode,
+    Token,
+    is_well_formed,
+    units_per_token,
+)
 
 
 @dataclass(frozen=True)
@@ -75,6 +82,29 @@ def decide(view: View, device_ids: Sequence[str], ledger: Ledger, *, now: float)
         since=now,
     )
     return Grant(mode=view.mode, cards=grants, holding=holding, stale=stale)
+
+
+def partition_request(view: View, device_ids: Sequence[str]) -> int:
+    """Validate a partitioned request; its token count (the tokens are fungible: their cards
+    do not say where the instance goes, see :mod:`partitions`).
+
+    :raises errors.BadRequest: an id is malformed, repeated or not one of this server's tokens.
+    """
+    per_card = _tokens_per_card(view, device_ids)
+    return sum(len(indexes) for indexes in per_card.values())
+
+
+def partition_holding(view: View, device_ids: Sequence[str], card: Card, *, now: float) -> Holding:
+    """The holding of a partitioned allocation whose instance lives on ``card``."""
+    units = min(len(device_ids) * units_per_token(card, view.mode), UNITS_PER_CARD)
+    return Holding(
+        allocation_id=allocation_id(view.resource, device_ids),
+        resource=view.resource,
+        mode=view.mode,
+        device_ids=tuple(sorted(device_ids)),
+        charges=((card.id, units),),
+        since=now,
+    )
 
 
 def _tokens_per_card(view: View, device_ids: Sequence[str]) -> dict[str, list[int]]:

@@ -37,3 +37,10 @@ class CannotInject(DevicePluginError):
 
     Raised when, for example, an AMD card lacks its device-node numbers. Nothing is charged.
     """
+
+
+class ActuationFailed(DevicePluginError):
+    """Hardware refused to set up a grant, e.g. NVML could not create a MIG instance (``Internal``).
+
+    Whatever was reserved for the request is released first, so the ledger is unchanged.
+    """

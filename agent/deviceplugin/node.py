@@ -21,8 +21,9 @@ import shutil
 import time
 from collections.abc import Callable, Sequence
 
-from agent.deviceplugin import allocation, errors, ledger, resources, responders
+from agent.deviceplugin import allocation, errors, ledger, partitioning, resources, responders
 from agent.deviceplugin.injection import Injection
+from agent.deviceplugin.partitioning import Partitions
 from agent.deviceplugin.server import Key, ResourceServicer
 from agent.deviceplugin.settings import DevicePluginSettings
 from bus import devices, events
@@ -41,10 +42,14 @@ class Node:
         publish: Callable[[events.Event], None],
         initial_allocations: Sequence[events.AllocationEvent] = (),
         clock: Callable[[], float] = time.monotonic,
+        partitions: Partitions | None = None,
     ) -> None:
         self._settings = settings
         self._publish = publish
         self._clock = clock
+        self.partitions = partitions
+        """Creates and reclaims MIG instances; None: partitioned grants name ``<GPU>:<MIG>``
+        indexes of instances made by someone else (no actuation)."""
         self._retained: Sequence[events.AllocationEvent] | None = tuple(initial_allocations)
         self._cards: dict[str, resources.Card] = {}
         self._views: dict[str, allocation.View] = {}
@@ -111,13 +116,29 @@ class Node:
     def _resolve(
         self, resource: str, device_ids: Sequence[str]
     ) -> tuple[resources.Mode, tuple[tuple[str, int], ...]] | None:
+        """(mode, charges) of an allocation; a partitioned one is charged on the card its
+        recorded instance lives on, not on its tokens' cards."""
+        record = self._record(resource, device_ids)
+        view = self._views.get(resource)
+        card = self._cards.get(record.card_id) if record is not None else None
+        if view is not None and card is not None:
+            holding = allocation.partition_holding(view, device_ids, card, now=0.0)
+            return view.mode, holding.charges
         return allocation.resolve(self._views, resource, device_ids)
+
+    def _record(self, resource: str, device_ids: Sequence[str]) -> partitioning.Record | None:
+        if self.partitions is None or not device_ids:
+            return None
+        record = self.partitions.records.get(ledger.allocation_id(resource, device_ids))
+        return record if record and set(record.device_ids) == set(device_ids) else None
 
     def _apply(self, changes: Sequence[ledger.Change]) -> None:
         for change in changes:
             self._publish(change.event(self._settings.node_name))
             if change.action == "released":
                 self._remove_work_dir(change.holding.allocation_id)
+                if self.partitions is not None and change.holding.mode == "partitioned":
+                    self.partitions.note_released(change.holding.allocation_id)
         if changes:
             self._refresh()
 
@@ -141,6 +162,39 @@ class Node:
             self._apply(self.ledger.charge(grant.holding))
         self.on_allocate()
         return injection
+
+    async def allocate_partitioned(self, key: Key, device_ids: Sequence[str]) -> Injection:
+        """Give the container its own MIG instance: reuse the one recorded for this allocation
+        (a kubelet retry, or an allocation adopted after a restart), else create one. The ledger
+        is charged only once the instance and its record exist, so a failure changes nothing.
+        """
+        if self.partitions is None:
+            return self.allocate(key, device_ids)
+        view = self._view(key)
+        allocation.partition_request(view, device_ids)
+        record = self._record(view.resource, device_ids)
+        if record is None:
+            alloc = ledger.allocation_id(view.resource, device_ids)
+            if self.partitions.pending(alloc):
+                raise errors.Conflict(f"the instance of {alloc} is being created; retry")
+            cards = [
+                c
+                for c in self._cards.values()
+                if c.manufacturer == key[0] and c.partition_count > 0
+            ]
+            record = await self.partitions.create(alloc, view.resource, device_ids, cards)
+        card = self._cards.get(record.card_id)
+        if card is not None and self.ledger.holder(view.resource, device_ids) is None:
+            holding = allocation.partition_holding(view, device_ids, card, now=self._clock())
+            self._apply(self.ledger.charge(holding))
+        self.on_allocate()
+        return Injection(envs={"NVIDIA_VISIBLE_DEVICES": record.mig_uuid})
+
+    def held_partitions(self) -> set[str]:
+        return {h.allocation_id for h in self.ledger.holdings() if h.mode == "partitioned"}
+
+    def partitioned_cards(self) -> list[str]:
+        return [c.id for c in self._cards.values() if c.partition_count > 0]
 
     def _remove_work_dir(self, allocation_id: str) -> None:
         path = responders.work_dir(self._settings.host_work_dir, allocation_id)

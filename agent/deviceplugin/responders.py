@@ -5,8 +5,10 @@ layer encodes it). Per-card keys (``CUDA_DEVICE_MEMORY_LIMIT_<i>``, ``VROCM_DEVI
 the ``<i>:`` sets of ``HSA_CU_MASK``) are positional in ascending accelerator index, the order
 of the visible-devices list, because that is the order the runtimes number the cards in.
 
-- NVIDIA: ``NVIDIA_VISIBLE_DEVICES=<UUIDs>``; partitioned names MIG devices as
-  ``<GPU index>:<MIG index>`` (the instance must already exist: this plugin creates none).
+- NVIDIA: ``NVIDIA_VISIBLE_DEVICES=<UUIDs>``. Partitioned grants are answered by
+  :meth:`node.Node.allocate_partitioned`, which creates the MIG instance and names its
+  ``MIG-`` UUID; this module's ``<GPU index>:<MIG index>`` form is only the fallback of a node
+  run without MIG control (instances made by someone else).
   Sliced adds HAMi-core: the preload library from the host library directory, the memory and SM
   caps, HAMi's lock directory, ``/dev/shm``, and a per-allocation work directory at
   ``/tmp/vgpu`` holding the shared usage cache (:func:`work_dir`).

@@ -17,6 +17,7 @@ import anyio
 from agent.deviceplugin import podresources
 from agent.deviceplugin.ledger import Ledger
 from agent.deviceplugin.node import Node
+from agent.deviceplugin.partitioning import MigControl, Partitions
 from agent.deviceplugin.registration import Registrar
 from agent.deviceplugin.server import Key, ResourceServicer
 from agent.deviceplugin.settings import DevicePluginSettings
@@ -69,14 +70,32 @@ async def device_plugins(
     *,
     publish: Callable[[events.Event], None],
     initial_allocations: Sequence[events.AllocationEvent] = (),
+    mig: MigControl | None = None,
 ) -> AsyncIterator[Plugins]:
     """Serve and register the node's device plugins while the context is open.
 
     ``publish`` gets an :class:`events.AllocationEvent` for every ledger change; it must not
     block (the bus publisher's outbox). ``initial_allocations`` are the retained ``allocated``
-    events of this node, re-charged on the first update.
+    events of this node, re-charged on the first update. ``mig`` (NVIDIA:
+    ``partitioning.NvmlMig(nvml_adapter)``) makes ``<base>.partitioned`` create and reclaim MIG
+    instances; without it partitioned grants name instances someone else made.
     """
-    node = Node(settings, publish=publish, initial_allocations=initial_allocations)
+    partitions = None
+    if mig is not None:
+        partitions = Partitions(
+            mig,
+            settings.host_work_dir,
+            destroy_attempts=settings.partition_destroy_attempts,
+            destroy_backoff_s=settings.partition_destroy_backoff_s,
+            debounce_s=settings.partition_orphan_debounce_s,
+        )
+        await partitions.load()  # before the first update restores retained allocations
+    node = Node(
+        settings,
+        publish=publish,
+        initial_allocations=initial_allocations,
+        partitions=partitions,
+    )
     registrar = Registrar(settings, lambda: node.servicers, ready=lambda: node.updated)
     plugins = Plugins(node, registrar)
     node.on_allocate = plugins.note_allocated
@@ -84,6 +103,8 @@ async def device_plugins(
         tg.start_soon(registrar.run, name="deviceplugin-registration")
         if settings.pod_resources_socket is not None:
             tg.start_soon(_resync, settings, node, plugins, name="deviceplugin-podresources")
+        if partitions is not None:
+            tg.start_soon(_reclaim, settings, node, partitions, name="deviceplugin-mig-reclaim")
         try:
             yield plugins
         finally:
@@ -106,3 +127,18 @@ async def _resync(settings: DevicePluginSettings, node: Node, plugins: Plugins) 
             log.debug("%s", e)
             continue
         node.reconcile(live)
+
+
+async def _reclaim(settings: DevicePluginSettings, node: Node, partitions: Partitions) -> None:
+    """Level-based MIG reclaim: every period, and soon after a partitioned release."""
+    while True:
+        with anyio.move_on_after(settings.partition_resync_s):
+            await partitions.wake.wait()
+        if not node.updated:
+            continue
+        try:
+            await partitions.reclaim(
+                node.partitioned_cards(), node.held_partitions(), anyio.current_time()
+            )
+        except Exception:  # one bad pass must not end reclaim for the process's life
+            log.exception("MIG reclaim pass failed")

@@ -39,6 +39,8 @@ class Allocator(Protocol):
 
     def allocate(self, key: Key, device_ids: Sequence[str]) -> Injection: ...
 
+    async def allocate_partitioned(self, key: Key, device_ids: Sequence[str]) -> Injection: ...
+
     def prefer(
         self, key: Key, available: Sequence[str], must_include: Sequence[str], size: int
     ) -> list[str]: ...
@@ -49,6 +51,7 @@ _STATUS: dict[type[errors.DevicePluginError], Status] = {
     errors.Conflict: Status.FAILED_PRECONDITION,
     errors.CannotInject: Status.FAILED_PRECONDITION,
     errors.Exhausted: Status.RESOURCE_EXHAUSTED,
+    errors.ActuationFailed: Status.INTERNAL,
 }
 
 
@@ -149,10 +152,16 @@ class ResourceServicer(dp.DevicePluginBase):
 
     async def allocate(self, request: dp.AllocateRequest) -> dp.AllocateResponse:
         with _grpc_errors(self.spec.resource):
-            injections = [
-                self._allocator.allocate(self.spec.key, c.devices_ids)
-                for c in request.container_requests
-            ]
+            if self.spec.mode == "partitioned":  # NVML actuation: awaits worker threads
+                injections = [
+                    await self._allocator.allocate_partitioned(self.spec.key, c.devices_ids)
+                    for c in request.container_requests
+                ]
+            else:
+                injections = [
+                    self._allocator.allocate(self.spec.key, c.devices_ids)
+                    for c in request.container_requests
+                ]
         responses = [encoding.container_response(i) for i in injections]
         return dp.AllocateResponse(container_responses=responses)
 

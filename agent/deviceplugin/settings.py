@@ -36,6 +36,14 @@ class DevicePluginSettings:
     kubelet records a container's devices only after Allocate returns."""
     register_timeout_s: float = 5.0
     """Deadline of one Register call."""
+    partition_resync_s: float = 10.0
+    """Seconds between MIG reclaim passes (one also follows every release)."""
+    partition_orphan_debounce_s: float = 60.0
+    """A MIG instance no allocation accounts for is destroyed once unaccounted this long."""
+    partition_destroy_attempts: int = 5
+    """Tries to destroy a MIG instance that answers IN_USE, per reclaim pass."""
+    partition_destroy_backoff_s: float = 0.2
+    """Seconds between those tries."""
 
     @property
     def socket_dir(self) -> str:
@@ -53,5 +61,7 @@ class DevicePluginSettings:
             register_retry_s=0.1,
             shutdown_timeout_s=2.0,
             register_timeout_s=2.0,
+            partition_resync_s=0.2,
+            partition_destroy_backoff_s=0.01,
         )
         return replace(base, **kw)

@@ -8,6 +8,15 @@ maps NVML's return codes to our own errors, named for what the caller should do:
 - :class:`NvmlGpuLost`: the card fell off the bus. Stop asking it anything; report it unhealthy.
 - :class:`NvmlUnavailable`: no NVML here at all (library absent, driver not loaded).
 - :class:`NvmlCallFailed`: anything else, with the call and the code name.
+- MIG management adds three refinements: :class:`NvmlNoRoom` (``INSUFFICIENT_RESOURCES``: the
+  placement is taken or the card is full), :class:`NvmlInUse` (``IN_USE``: a process still uses
+  the instance; retry later) and :class:`NvmlNotPermitted` (``NO_PERMISSION``: MIG management
+  needs root; a subclass of :class:`NvmlUnsupported`, so detection still just drops the field).
+
+MIG instances (GPU instance + compute instance) are created, listed and destroyed by the
+``*_instance*`` methods; a MIG device is named by its ``MIG-`` UUID, found by walking the card's
+MIG device slots (:meth:`Nvml.mig_devices`) and matching the GI and CI ids, because slot numbers
+shift when a sibling is destroyed.
 
 The library is the real ``pynvml`` module (imported on first construction, so importing this
 module costs nothing) or a pynvml-compatible simulator. Only ``library.NVMLError`` and its int
@@ -47,6 +56,8 @@ TIMEOUT = 10
 LIBRARY_NOT_FOUND = 12
 FUNCTION_NOT_FOUND = 13
 GPU_IS_LOST = 15
+IN_USE = 19
+INSUFFICIENT_RESOURCES = 23
 UNKNOWN = 999
 
 CODE_NAMES: dict[int, str] = {
@@ -68,9 +79,11 @@ CODE_NAMES: dict[int, str] = {
     16: "RESET_REQUIRED",
     17: "OPERATING_SYSTEM",
     18: "LIB_RM_VERSION_MISMATCH",
-    19: "IN_USE",
+    IN_USE: "IN_USE",
     20: "MEMORY",
     21: "NO_DATA",
+    22: "VGPU_ECC_NOT_SUPPORTED",
+    INSUFFICIENT_RESOURCES: "INSUFFICIENT_RESOURCES",
     UNKNOWN: "UNKNOWN",
 }
 
@@ -78,6 +91,9 @@ _UNSUPPORTED_CODES = frozenset({NOT_SUPPORTED, NO_PERMISSION, FUNCTION_NOT_FOUND
 _UNAVAILABLE_CODES = frozenset({LIBRARY_NOT_FOUND, DRIVER_NOT_LOADED})
 _PROFILE_ABSENT_CODES = frozenset({NOT_SUPPORTED, INVALID_ARGUMENT, NOT_FOUND})
 """What a GI-profile scan gets for a profile index this card does not have: skip it, silently."""
+
+_ABSENT: Any = object()
+"""What :meth:`Nvml._call_unless` returns for an expected "nothing here" code."""
 
 EVENT_TYPE_XID_CRITICAL_ERROR = 0x0000000000000008
 """``nvmlEventTypeXidCriticalError``: the only event type the health watcher registers."""
@@ -115,10 +131,28 @@ class NvmlCallFailed(NvmlError):
     """Any other NVML failure."""
 
 
+class NvmlNotPermitted(NvmlUnsupported):
+    """The caller lacks the privilege (MIG management needs root); detection drops the field."""
+
+
+class NvmlNoRoom(NvmlCallFailed):
+    """``INSUFFICIENT_RESOURCES``: the placement overlaps an instance, or the card is full."""
+
+
+class NvmlInUse(NvmlCallFailed):
+    """``IN_USE``: the instance is busy (a process, or compute instances inside); retry later."""
+
+
 def map_error(call: str, code: int, detail: str) -> NvmlError:
     """Choose the error type for an NVML return code (pure, so tests can pin the table)."""
+    if code == NO_PERMISSION:
+        return NvmlNotPermitted(call, code, detail)
     if code in _UNSUPPORTED_CODES:
         return NvmlUnsupported(call, code, detail)
+    if code == INSUFFICIENT_RESOURCES:
+        return NvmlNoRoom(call, code, detail)
+    if code == IN_USE:
+        return NvmlInUse(call, code, detail)
     if code == GPU_IS_LOST:
         return NvmlGpuLost(call, code, detail)
     if code in _UNAVAILABLE_CODES:
@@ -140,6 +174,36 @@ class GpuInstanceProfile:
     multiprocessor_count: int
     placements: tuple[tuple[int, int], ...]
     """Legal ``(start, size)`` placements in memory slices; empty when there are none."""
+
+
+@dataclass(frozen=True)
+class GpuInstance:
+    """One existing MIG GPU instance of a card."""
+
+    handle: Handle
+    id: int
+    profile_id: int
+    start: int
+    size: int
+    """Memory slices ``[start, start + size)`` it occupies."""
+
+
+@dataclass(frozen=True)
+class ComputeInstance:
+    """One compute instance inside a GPU instance."""
+
+    handle: Handle
+    id: int
+    profile_id: int
+
+
+@dataclass(frozen=True)
+class MigDevice:
+    """One MIG device (a compute instance as CUDA sees it), named by its ``MIG-`` UUID."""
+
+    uuid: str
+    gpu_instance_id: int
+    compute_instance_id: int
 
 
 @dataclass(frozen=True)
@@ -183,6 +247,20 @@ class Nvml:
         try:
             return fn(*args, **kwargs)
         except self.library.NVMLError as e:
+            self.errors_by_call[name] += 1
+            raise map_error(name, int(e.value), str(e)) from e
+
+    def _call_unless(self, absent: frozenset[int], name: str, *args: Any) -> Any:
+        """Like :meth:`_call`, but a code in ``absent`` returns :data:`_ABSENT`, uncounted."""
+        fn: Callable[..., Any] | None = getattr(self.library, name, None)
+        if fn is None:
+            self.errors_by_call[name] += 1
+            raise NvmlUnsupported(name, FUNCTION_NOT_FOUND, "not found in the NVML binding")
+        try:
+            return fn(*args)
+        except self.library.NVMLError as e:
+            if int(e.value) in absent:
+                return _ABSENT
             self.errors_by_call[name] += 1
             raise map_error(name, int(e.value), str(e)) from e
 
@@ -326,6 +404,106 @@ class Nvml:
         array = (self.library.c_nvmlGpuInstancePlacement_t * count.value)()
         self._call(name, h, profile_id, array, ctypes.pointer(count))
         return tuple((int(p.start), int(p.size)) for p in array[: count.value])
+
+    # -- MIG management (needs root on real hardware) -----------------------------------------
+
+    def handle_by_uuid(self, uuid: str) -> Handle:
+        return self._call("nvmlDeviceGetHandleByUUID", uuid.encode())
+
+    def create_gpu_instance(self, h: Handle, profile_id: int, start: int, size: int) -> GpuInstance:
+        """Create a GI of ``profile_id`` at memory slices ``[start, start + size)``.
+
+        :raises NvmlNoRoom: the placement overlaps an instance or the card has no room left.
+        :raises NvmlNotPermitted: not root.
+        """
+        placement = self.library.c_nvmlGpuInstancePlacement_t(start, size)
+        gi = self._call(
+            "nvmlDeviceCreateGpuInstanceWithPlacement", h, profile_id, ctypes.pointer(placement)
+        )
+        return self.gpu_instance_info(gi)
+
+    def gpu_instance_info(self, gi: Handle) -> GpuInstance:
+        info = self._call("nvmlGpuInstanceGetInfo", gi)
+        return GpuInstance(
+            handle=gi,
+            id=int(info.id),
+            profile_id=int(info.profileId),
+            start=int(info.placement.start),
+            size=int(info.placement.size),
+        )
+
+    def gpu_instances(self, h: Handle, profile_id: int, capacity: int) -> tuple[GpuInstance, ...]:
+        """The existing GIs of one profile; ``capacity`` is the profile's ``instance_count``."""
+        if capacity <= 0:
+            return ()
+        array = (self.library.c_nvmlGpuInstance_t * capacity)()
+        count = ctypes.c_uint(0)
+        self._call("nvmlDeviceGetGpuInstances", h, profile_id, array, ctypes.pointer(count))
+        return tuple(self.gpu_instance_info(array[i]) for i in range(count.value))
+
+    def create_compute_instance(self, gi: Handle, slice_count: int) -> ComputeInstance:
+        """One compute instance spanning the whole GI (the CI profile with its slice count)."""
+        profile_id = self._whole_ci_profile(gi, slice_count)
+        ci = self._call("nvmlGpuInstanceCreateComputeInstance", gi, profile_id)
+        return self.compute_instance_info(ci)
+
+    def _whole_ci_profile(self, gi: Handle, slice_count: int) -> int:
+        """The CI profile id whose slice count is the GI's (else the largest that fits)."""
+        name = "nvmlGpuInstanceGetComputeInstanceProfileInfo"
+        best: tuple[int, int] | None = None
+        shared = int(getattr(self.library, "NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED", 0))
+        for index in range(int(self.library.NVML_COMPUTE_INSTANCE_PROFILE_COUNT)):
+            info = self._call_unless(_PROFILE_ABSENT_CODES, name, gi, index, shared)
+            if info is _ABSENT:
+                continue
+            slices = int(info.sliceCount)
+            if slices <= slice_count and (best is None or slices > best[0]):
+                best = (slices, int(info.id))
+        if best is None:
+            raise NvmlCallFailed(name, NOT_FOUND, f"no compute profile fits {slice_count} slices")
+        return best[1]
+
+    def compute_instance_info(self, ci: Handle) -> ComputeInstance:
+        info = self._call("nvmlComputeInstanceGetInfo", ci)
+        return ComputeInstance(handle=ci, id=int(info.id), profile_id=int(info.profileId))
+
+    def compute_instances(self, gi: Handle) -> tuple[ComputeInstance, ...]:
+        """Every compute instance inside ``gi``, of any CI profile."""
+        found: list[ComputeInstance] = []
+        for profile_id in range(int(self.library.NVML_COMPUTE_INSTANCE_PROFILE_COUNT)):
+            array = (self.library.c_nvmlComputeInstance_t * 8)()
+            count = ctypes.c_uint(0)
+            name = "nvmlGpuInstanceGetComputeInstances"
+            args = (gi, profile_id, array, ctypes.pointer(count))
+            if self._call_unless(_PROFILE_ABSENT_CODES, name, *args) is _ABSENT:
+                continue  # a CI profile this GI does not offer
+            found.extend(self.compute_instance_info(array[i]) for i in range(count.value))
+        return tuple(found)
+
+    def destroy_compute_instance(self, ci: Handle) -> None:
+        """:raises NvmlInUse: a process still runs on it."""
+        self._call("nvmlComputeInstanceDestroy", ci)
+
+    def destroy_gpu_instance(self, gi: Handle) -> None:
+        """:raises NvmlInUse: compute instances (or processes) remain inside it."""
+        self._call("nvmlGpuInstanceDestroy", gi)
+
+    def mig_devices(self, h: Handle) -> tuple[MigDevice, ...]:
+        """Every MIG device of a card, by walking its slots (an empty slot is skipped)."""
+        found: list[MigDevice] = []
+        for slot in range(int(self._call("nvmlDeviceGetMaxMigDeviceCount", h))):
+            absent = frozenset({NOT_FOUND, INVALID_ARGUMENT})
+            mig = self._call_unless(absent, "nvmlDeviceGetMigDeviceHandleByIndex", h, slot)
+            if mig is _ABSENT:
+                continue  # an empty slot
+            found.append(
+                MigDevice(
+                    uuid=self.uuid(mig),
+                    gpu_instance_id=int(self._call("nvmlDeviceGetGpuInstanceId", mig)),
+                    compute_instance_id=int(self._call("nvmlDeviceGetComputeInstanceId", mig)),
+                )
+            )
+        return tuple(found)
 
     # -- locality -----------------------------------------------------------------------------
 

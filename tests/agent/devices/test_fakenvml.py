@@ -176,3 +176,49 @@ def test_constants_and_signatures_match_the_real_binding() -> None:
         if name.startswith("nvml"):
             real = list(inspect.signature(getattr(pynvml, name)).parameters)
             assert list(inspect.signature(method).parameters)[1:] == real, name
+
+
+# ------------------------------------------------------------------ MIG management
+
+
+def _mig_started() -> SimulatedNvml:
+    return _started(_host("nvidia-h100x8-mig"))
+
+
+def _placement(start: int, size: int) -> object:
+    return ctypes.pointer(SimulatedNvml.c_nvmlGpuInstancePlacement_t(start, size))
+
+
+def test_mig_refuses_what_nvml_refuses() -> None:
+    sim = _mig_started()
+    card, off = SimulatedHandle(0), SimulatedHandle(4)
+    create = sim.nvmlDeviceCreateGpuInstanceWithPlacement
+    gi = create(card, 2, _placement(0, 4))  # 3g.40gb on slices 0-3
+    assert _code(create, card, 0, _placement(2, 1)) == 23  # overlaps: INSUFFICIENT_RESOURCES
+    assert _code(create, card, 4, _placement(0, 8)) == 23  # 7g.80gb: the card is not empty
+    assert _code(create, card, 0, _placement(7, 1)) == 2  # not a legal start: INVALID_ARGUMENT
+    assert _code(create, off, 0, _placement(0, 1)) == 3  # MIG off: NOT_SUPPORTED
+    ci = sim.nvmlGpuInstanceCreateComputeInstance(gi, 2)
+    assert _code(sim.nvmlGpuInstanceCreateComputeInstance, gi, 0) == 23  # GI full
+    assert _code(sim.nvmlGpuInstanceDestroy, gi) == 19  # CIs inside: IN_USE
+    sim.nvmlComputeInstanceDestroy(ci)
+    sim.nvmlGpuInstanceDestroy(gi)
+    assert _code(sim.nvmlGpuInstanceGetInfo, gi) == 2  # a destroyed handle
+    assert sim.instances(0) == []
+
+
+def test_mig_devices_have_uuids_and_slots() -> None:
+    sim = _mig_started()
+    card = SimulatedHandle(0)
+    gi = sim.nvmlDeviceCreateGpuInstanceWithPlacement(card, 0, _placement(5, 1))
+    sim.nvmlGpuInstanceCreateComputeInstance(gi, 0)
+    mig = sim.nvmlDeviceGetMigDeviceHandleByIndex(card, 0)
+    uuid = sim.nvmlDeviceGetUUID(mig)
+    assert uuid.startswith("MIG-") and uuid != sim.nvmlDeviceGetUUID(card)
+    assert sim.nvmlDeviceGetGpuInstanceId(mig) == sim.nvmlGpuInstanceGetInfo(gi).id
+    assert _code(sim.nvmlDeviceGetMigDeviceHandleByIndex, card, 1) == 6  # empty slot
+    assert sim.instances(0) == [("1g.10gb", 5, 1, (uuid,))]
+    sim.make_busy(uuid, 1)
+    (ci,) = [h for h, t in sim._handles.items() if t[2] is not None]
+    assert _code(sim.nvmlComputeInstanceDestroy, ci) == 19
+    sim.nvmlComputeInstanceDestroy(ci)

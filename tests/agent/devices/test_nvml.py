@@ -228,3 +228,35 @@ def test_mig_mode_is_the_current_mode() -> None:
     adapter.init()
     assert adapter.mig_mode(adapter.handle(0)) is True
     assert adapter.mig_mode(adapter.handle(4)) is False
+
+
+def test_mig_codes_map_to_their_errors() -> None:
+    from agent.devices.nvml import NvmlInUse, NvmlNoRoom, NvmlNotPermitted, map_error
+
+    assert isinstance(map_error("x", 23, ""), NvmlNoRoom)
+    assert isinstance(map_error("x", 19, ""), NvmlInUse)
+    assert isinstance(map_error("x", 4, ""), NvmlNotPermitted)
+    assert isinstance(map_error("x", 4, ""), NvmlUnsupported)  # detection still drops the field
+
+
+def test_mig_instances_round_trip_through_the_adapter() -> None:
+    from agent.devices.nvml import NvmlInUse, NvmlNoRoom
+    from agent.devices.simulation import profiles
+
+    host = profiles.load("nvidia-h100x8-mig").nvidia
+    adapter = Nvml(SimulatedNvml(host))
+    with adapter.session():
+        h = adapter.handle_by_uuid(host.cards[0].uuid) if host else None
+        gi = adapter.create_gpu_instance(h, 1, 2, 2)  # 2g.20gb at slices 2-3
+        ci = adapter.create_compute_instance(gi.handle, 2)
+        (mig,) = adapter.mig_devices(h)
+        assert (mig.gpu_instance_id, mig.compute_instance_id) == (gi.id, ci.id)
+        assert adapter.gpu_instances(h, 1, 3) == (gi,)
+        assert adapter.compute_instances(gi.handle) == (ci,)
+        with pytest.raises(NvmlNoRoom):
+            adapter.create_gpu_instance(h, 3, 0, 4)
+        with pytest.raises(NvmlInUse):
+            adapter.destroy_gpu_instance(gi.handle)
+        adapter.destroy_compute_instance(ci.handle)
+        adapter.destroy_gpu_instance(gi.handle)
+        assert adapter.mig_devices(h) == ()
