@@ -77,8 +77,12 @@ class Connection:
         url = self._nc.connected_url
         return None if url is None else url.geturl()
 
-    async def publish(self, subject: str, payload: bytes) -> None:
-        """Fire-and-forget publish (at most once).
+    def new_inbox(self) -> str:
+        """A unique subject prefix for replies to this client (``_INBOX.<nuid>``)."""
+        return self._nc.new_inbox()
+
+    async def publish(self, subject: str, payload: bytes, *, reply: str = "") -> None:
+        """Fire-and-forget publish (at most once); ``reply`` asks the receiver to answer there.
 
         :raises NotConnected: while reconnecting or after close.
         :raises PublishFailed: for any other client-side refusal (e.g. payload too large).
@@ -86,7 +90,7 @@ class Connection:
         if not self._nc.is_connected:
             raise NotConnected("publish: not connected")
         with _mapped(PublishFailed, f"publish {subject}"):
-            await self._nc.publish(subject, payload)
+            await self._nc.publish(subject, payload, reply=reply)
 
     async def publish_acked(self, subject: str, payload: bytes) -> None:
         """Publish and wait for the stream's acknowledgement (stored, or raise).

@@ -168,10 +168,14 @@ class ServerProcess:
                 stdout=logf,
                 stderr=subprocess.STDOUT,
             )
-        with anyio.move_on_after(timeout_s) as scope:
-            await self._read_ports()
-            if wait_healthy:
-                await self.wait_healthy()
+        try:
+            with anyio.move_on_after(timeout_s) as scope:
+                await self._read_ports()
+                if wait_healthy:
+                    await self.wait_healthy()
+        except BaseException:  # cancelled (or failed) while starting: no process left behind
+            await self.stop()
+            raise
         if scope.cancelled_caught:
             await self.stop()
             raise ServerFailed(f"nats-server {self.name} not ready in {timeout_s}s; {self._tail()}")

@@ -15,6 +15,7 @@ __all__ = [
     "KeyConflict",
     "NotConnected",
     "PublishFailed",
+    "PublisherClosed",
     "ServerFailed",
     "StateUnavailable",
 ]
@@ -36,6 +37,13 @@ class PublishFailed(BusError):
 
     Temporary for acknowledgement timeouts and missing streams during failover; the publisher
     keeps the event and retries.
+    """
+
+
+class PublisherClosed(BusError):
+    """Raised by ``Publisher.publish`` after the publisher shut down (its context was left).
+
+    Permanent for that publisher: the event was not accepted; open a new publisher to send it.
     """
 
 

@@ -34,6 +34,8 @@ class BusSettings(msgspec.Struct, frozen=True, kw_only=True):
     """Bound on flushing the outbox and draining subscriptions at shutdown."""
     request_timeout_s: float = 2.0
     """Bound on one JetStream acknowledgement or API request."""
+    publish_window: int = 64
+    """State events whose JetStream acknowledgement may be awaited at once (at most one per key)."""
     outbox_size: int = 1024
     """Samples kept while disconnected; the oldest are dropped (and counted) beyond it."""
     max_payload_bytes: int = 1024 * 1024
