@@ -16,7 +16,7 @@ import msgspec
 from agent import oneshots
 from agent.deviceplugin.settings import DevicePluginSettings
 from agent.settings import DetectSettings
-from bus import cli as bus_cli
+from bus import settings as bus_settings
 from bus.serving import HttpsSettings
 from bus.settings import BusSettings
 
@@ -97,7 +97,7 @@ def settings_from(
         node_name=node,
         version=version,
         detect=detect,
-        bus=bus_cli.settings_from(values, env),
+        bus=bus_settings.from_flags(values, env),
         https=HttpsSettings(
             bind_address=cast(str, values.get("bind_address") or "0.0.0.0"),
             port=cast(int, values.get("secure_port", 32443)),

@@ -6,6 +6,9 @@ seconds (``_s``) and sizes bytes, so the units are in the names.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import cast
+
 import msgspec
 
 __all__ = ["BusSettings"]
@@ -65,3 +68,27 @@ class BusSettings(msgspec.Struct, frozen=True, kw_only=True):
             request_timeout_s=1.0,
         )
         return msgspec.structs.replace(base, **overrides)
+
+
+def from_flags(values: Mapping[str, object], env: Mapping[str, str]) -> BusSettings:
+    """Build the bus settings from the parsed ``--nats-*`` flags (dashes as underscores).
+
+    ``NATS_URL`` fills an unset URL, as the nats tools do. Every process that speaks NATS
+    builds its :class:`BusSettings` here, at its command-line edge.
+    """
+
+    def text(name: str) -> str | None:
+        return cast(str, values.get(name) or "") or None
+
+    return BusSettings(
+        url=text("nats_url") or env.get("NATS_URL") or BusSettings().url,
+        user=text("nats_user"),
+        password=text("nats_password"),
+        token=text("nats_token"),
+        nkey_seed_file=text("nats_nkey_seed"),
+        creds_file=text("nats_creds"),
+        tls_ca_file=text("nats_tls_ca"),
+        tls_cert_file=text("nats_tls_cert"),
+        tls_key_file=text("nats_tls_key"),
+        state_replicas=int(cast(int, values.get("nats_state_replicas") or 1)),
+    )

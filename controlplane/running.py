@@ -25,6 +25,7 @@ from anyio.abc import TaskStatus
 from prometheus_client import CollectorRegistry
 
 from bus import connection, kv, serving, state, subscribing
+from bus import settings as bus_settings
 from bus.errors import BusError
 from bus.metrics import BusMetrics
 from bus.settings import BusSettings
@@ -68,8 +69,6 @@ class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
 
 def settings_from(values: Mapping[str, object], env: Mapping[str, str]) -> WorkerSettings:
     """Build the settings from parsed flags (``--kubeconfig=none``: no cluster)."""
-    from bus.cli import settings_from as bus_settings_from  # the --nats-* flags, shared
-
     kubeconfig = cast(str, values.get("kubeconfig") or "") or env.get("KUBECONFIG") or None
     kube = None
     if kubeconfig != "none":
@@ -80,7 +79,7 @@ def settings_from(values: Mapping[str, object], env: Mapping[str, str]) -> Worke
             timeout_s=float(cast(float, values.get("kube_conn_timeout", 300.0))),
         )
     return WorkerSettings(
-        bus=bus_settings_from(values, env),
+        bus=bus_settings.from_flags(values, env),
         kube=kube,
         https=serving.HttpsSettings(
             bind_address=cast(str, values.get("bind_address") or "0.0.0.0"),

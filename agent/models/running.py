@@ -36,7 +36,8 @@ from agent.models.metrics import ModelMetrics
 from agent.models.policy import MemoryPolicy, Policy
 from agent.models.settings import ModelManagerSettings
 from agent.models.volumes import Volumes
-from bus import cli, connection, kv, publishing, serving
+from bus import connection, kv, publishing, serving
+from bus import settings as bus_settings
 from bus.errors import BusError
 from bus.hub import client as hub_client
 from bus.hub.records import StoreSpec
@@ -220,7 +221,7 @@ def settings_from(values: Mapping[str, object], env: Mapping[str, str]) -> Model
             port=int(cast(int, values.get("secure_port") or 32444)),
             cert_dir=paths["cert_dir"] or None,
         ),
-        bus=cli.settings_from(values, env) if has_bus else None,
+        bus=bus_settings.from_flags(values, env) if has_bus else None,
         hub_endpoint=env.get("HF_ENDPOINT") or "https://huggingface.co",
         hub_token=env.get("HF_TOKEN") or None,
     )
