@@ -63,14 +63,20 @@ def normalize_bdf(bus_id: str) -> str:
 
 def scan(host: HostFS, vendor: int) -> list[PciFunction]:
     """Return the vendor's accelerator-class functions, ordered by PCI address."""
-    found = []
+    return scan_vendors(host, {vendor}).get(vendor, [])
+
+
+def scan_vendors(host: HostFS, vendors: set[int]) -> dict[int, list[PciFunction]]:
+    """One pass over the PCI tree for several vendors: vendor id → its accelerator functions."""
+    found: dict[int, list[PciFunction]] = {}
     for bdf in host.list_dir(PCI_DEVICES):
-        if host.read_int(f"{PCI_DEVICES}/{bdf}/vendor") != vendor:
+        vendor = host.read_int(f"{PCI_DEVICES}/{bdf}/vendor")
+        if vendor not in vendors:
             continue
         pci_class = host.read_int(f"{PCI_DEVICES}/{bdf}/class")
         if pci_class is None or not is_accelerator_class(pci_class):
             continue
-        found.append(read_function(host, bdf))
+        found.setdefault(vendor, []).append(read_function(host, bdf))
     return found
 
 

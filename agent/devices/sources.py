@@ -61,6 +61,7 @@ def _backends(
     settings: DetectSettings, host: HostFS, nvml_adapter: nvml.Nvml, *, simulated: bool
 ) -> list[detection.Backend]:
     backends: list[detection.Backend] = []
+    missing: list[str] = []
     for key in settings.manufacturers:
         if key == "nvidia":
             backends.append(
@@ -73,23 +74,31 @@ def _backends(
                 amd.AmdBackend(host=host, pci_check=settings.pci_check, simulated=simulated)
             )
         else:
-            _note_missing_backend(settings, host, key)
+            missing.append(key)
+    if missing:
+        _note_missing_backends(settings, host, missing)
     return backends
 
 
-def _note_missing_backend(settings: DetectSettings, host: HostFS, key: str) -> None:
-    """Say on stderr when a manufacturer we cannot detect may be present, instead of hiding it."""
+def _note_missing_backends(settings: DetectSettings, host: HostFS, keys: list[str]) -> None:
+    """Say on stderr when a manufacturer we cannot detect may be present, instead of hiding it.
+
+    One pass over the PCI tree covers every such manufacturer.
+    """
     supported = ", ".join(WITH_BACKEND)
     if settings.explicit_manufacturers:
-        log.warning("detection of %s is not available in this build (only %s)", key, supported)
+        for key in keys:
+            log.warning("detection of %s is not available in this build (only %s)", key, supported)
         return
-    found = pci.scan(host, MANUFACTURERS[key].pci_vendor)
-    if found:
-        log.warning(
-            "%d %s accelerator(s) on PCI (%s) but this build cannot detect %s (only %s)",
-            len(found),
-            key,
-            ", ".join(f.bdf for f in found),
-            key,
-            supported,
-        )
+    found = pci.scan_vendors(host, {MANUFACTURERS[k].pci_vendor for k in keys})
+    for key in keys:
+        functions = found.get(MANUFACTURERS[key].pci_vendor, [])
+        if functions:
+            log.warning(
+                "%d %s accelerator(s) on PCI (%s) but this build cannot detect %s (only %s)",
+                len(functions),
+                key,
+                ", ".join(f.bdf for f in functions),
+                key,
+                supported,
+            )

@@ -188,3 +188,18 @@ def test_detect_imports_none_of_the_service_stacks() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert "LOADED []" in result.stderr
+
+
+def test_an_accelerator_this_build_cannot_detect_is_named_not_hidden(tmp_path: Path) -> None:
+    device = tmp_path / "sys/devices/pci0000:00/0000:05:00.0"
+    device.mkdir(parents=True)
+    (device / "vendor").write_text("0x19e5\n")
+    (device / "class").write_text("0x120000\n")
+    links = tmp_path / "sys/bus/pci/devices"
+    links.mkdir(parents=True)
+    (links / "0000:05:00.0").symlink_to("../../../devices/pci0000:00/0000:05:00.0")
+    result = run("dm", "detect", env={"GPUSTACK_HOST_ROOT": str(tmp_path)})
+    assert (result.returncode, result.stdout) == (0, "[]\n")
+    assert "1 ascend accelerator(s) on PCI (0000:05:00.0) but this build cannot detect" in (
+        result.stderr
+    )

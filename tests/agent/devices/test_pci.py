@@ -128,3 +128,14 @@ def test_hostfs_reads_under_its_root(tmp_path: Path) -> None:
     assert host.read_int("/junk") is None
     assert host.list_dir("/proc/sys") == ["kernel"]
     assert host.list_dir("/nothing") == []
+
+
+def test_scan_vendors_covers_several_vendors_in_one_pass(tmp_path: Path) -> None:
+    _function(tmp_path, ["0000:05:00.0"], "0x19e5", "0x120000")  # an Ascend NPU
+    _function(tmp_path, ["0000:06:00.0"], "0x1d94", "0x038000")  # a Hygon DCU
+    _function(tmp_path, ["0000:07:00.0"], "0x19e5", "0x020000")  # the same vendor's NIC
+    found = pci.scan_vendors(HostFS(tmp_path), {0x19E5, 0x1D94, 0xCABC})
+    assert {v: [f.bdf for f in fs] for v, fs in found.items()} == {
+        0x19E5: ["0000:05:00.0"],
+        0x1D94: ["0000:06:00.0"],
+    }
