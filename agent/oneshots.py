@@ -11,8 +11,8 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from collections.abc import Mapping
-from typing import Any, TypeVar, cast
+from collections.abc import Callable, Mapping
+from typing import Any, cast
 
 from agent.devices import detection, sources
 from agent.devices.manufacturers import UnknownManufacturer, parse_manufacturers
@@ -24,8 +24,6 @@ log = logging.getLogger(__name__)
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
-
-T = TypeVar("T")
 
 
 def settings_from(values: Mapping[str, object], env: Mapping[str, str]) -> DetectSettings:
@@ -74,7 +72,7 @@ def _monitor(settings: DetectSettings) -> detection.PassResult[Any]:
 def _one_pass(
     values: dict[str, object],
     positionals: list[str],
-    run_pass: Any,
+    run_pass: Callable[[DetectSettings], detection.PassResult[Any]],
 ) -> int:
     if positionals:
         print(f"unexpected arguments: {' '.join(positionals)}", file=sys.stderr)
