@@ -18,7 +18,7 @@ from agent.devices import detection, sources
 from agent.devices.manufacturers import UnknownManufacturer, parse_manufacturers
 from agent.errors import ProfileError
 from agent.settings import DetectSettings
-from bus import rendering
+from kit import rendering
 
 log = logging.getLogger(__name__)
 

@@ -46,11 +46,12 @@ from agent.devices.manufacturers import UnknownManufacturer
 from agent.devices.nvml import Nvml
 from agent.errors import AgentError
 from agent.serve_settings import ServeSettings
-from bus import devices, events, serving
+from bus import devices, events
 from bus.connection import connect
 from bus.errors import BusError
 from bus.metrics import BusMetrics
 from bus.publishing import Publisher, publisher
+from kit import serving
 
 log = logging.getLogger(__name__)
 

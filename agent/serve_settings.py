@@ -17,8 +17,8 @@ from agent import oneshots
 from agent.deviceplugin.settings import DevicePluginSettings
 from agent.settings import DetectSettings
 from bus import settings as bus_settings
-from bus.serving import HttpsSettings
 from bus.settings import BusSettings
+from kit.serving import HttpsSettings
 
 
 class ServeSettings(msgspec.Struct, frozen=True, kw_only=True):

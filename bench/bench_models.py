@@ -4,7 +4,7 @@ Run: ``.venv/bin/python bench/bench_models.py [--size-mib 256] [--files 4]`` (ne
 ``pip install huggingface_hub`` for the second contender; it is skipped otherwise).
 
 A synthetic repository (``--files`` LFS files sharing ``--size-mib``, plus two small regular
-files) is served by :mod:`bus.hub.testing` (hub + CDN redirect, ``sendfile``, ranges) in its own
+files) is served by :mod:`hub.testing` (hub + CDN redirect, ``sendfile``, ranges) in its own
 process. Each contender runs in a fresh child process so its peak RSS (``ru_maxrss``) is its own:
 
 - **ours**: :class:`agent.models.materializing.Materializer` from empty cache to a published,
@@ -44,7 +44,7 @@ def serve(root: str, size_mib: int, files: int) -> None:
     """Child: serve the synthetic repo; print endpoint and commit; run until stdin closes."""
     import anyio
 
-    from bus.hub import testing
+    from hub import testing
 
     async def main() -> None:
         hub = testing.FakeHub(Path(root))
@@ -66,8 +66,8 @@ def ours(endpoint: str, commit: str, dest: str) -> None:
     from agent.models.errors import Materializing
     from agent.models.metrics import ModelMetrics
     from agent.models.settings import Tuning
-    from bus.hub import client as hub_client
-    from bus.hub import resolving
+    from hub import client as hub_client
+    from hub import resolving
 
     async def main() -> None:
         async with hub_client.client(hub_client.HubSettings(endpoint=endpoint)) as hub:

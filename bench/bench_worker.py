@@ -61,8 +61,8 @@ from bus.devices import (
     DeviceGroup,
     MonitorSample,
 )
-from bus.serving import HttpsSettings
 from bus.settings import BusSettings
+from kit.serving import HttpsSettings
 
 Metrics = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 LATENCY = "gpustack_worker_event_to_object_seconds"

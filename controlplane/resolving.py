@@ -1,7 +1,7 @@
 """The seam between ModelArtifact reconciling and the Hub: :class:`Resolver` and its adapter.
 
 Reconcilers depend on the :class:`Resolver` Protocol only; :class:`HubResolver` implements it
-with :mod:`bus.hub` (the same manifest code the node plugin verifies downloads with, so both
+with :mod:`hub` (the same manifest code the node plugin verifies downloads with, so both
 sides compute one digest) and maps every Hub error to :class:`controlplane.errors.ResolveFailed`
 carrying the status reason and whether retrying soon can help.
 """
@@ -14,10 +14,10 @@ from typing import Protocol
 
 import msgspec
 
-from bus import hub
-from bus.hub import client as hub_client
-from bus.hub import errors as hub_errors
+import hub
 from controlplane import errors
+from hub import client as hub_client
+from hub import errors as hub_errors
 
 __all__ = ["HubResolver", "Resolved", "Resolver", "hub_resolver"]
 

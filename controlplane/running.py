@@ -24,7 +24,7 @@ import msgspec
 from anyio.abc import TaskStatus
 from prometheus_client import CollectorRegistry
 
-from bus import connection, kv, serving, state, subscribing
+from bus import connection, kv, state, subscribing
 from bus import settings as bus_settings
 from bus.errors import BusError
 from bus.metrics import BusMetrics
@@ -38,6 +38,7 @@ from controlplane.reconciling.nodes import NodeReconciler
 from controlplane.reconciling.processing import Processor
 from controlplane.resolving import Resolver
 from controlplane.sinks import KubeSink, KvSink, Sink
+from kit import serving
 
 __all__ = ["Worker", "WorkerSettings", "run", "settings_from", "worker_command"]
 

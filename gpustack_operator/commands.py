@@ -366,13 +366,13 @@ COMMANDS = (
         ("bus", "watch"),
         "Print the retained state of every matching node, then live bus events.",
         _BUS_WATCH,
-        target="bus.cli:watch_command",
+        target="gpustack_operator.buscli:watch_command",
     ),
     Command(
         ("bus", "schema"),
         "Print the JSON Schema of every bus event.",
         (),
-        target="bus.cli:schema_command",
+        target="gpustack_operator.buscli:schema_command",
     ),
 )
 

@@ -32,9 +32,10 @@ from agent import serve_settings
 from agent.models import running as models_running
 from agent.models.policy import MemoryPolicy
 from agent.models.settings import ModelManagerSettings
-from bus import embedded, serving
+from bus import embedded
 from bus.errors import BusError
 from controlplane import running as worker_running
+from kit import serving
 
 log = logging.getLogger(__name__)
 

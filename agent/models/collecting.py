@@ -20,7 +20,7 @@ import anyio.to_thread
 from agent.models import layout
 from agent.models.errors import NoSpace
 from agent.models.metrics import ModelMetrics
-from bus.hub.records import StoreSpec
+from bus.records import StoreSpec
 
 __all__ = ["Candidate", "Collector", "plan"]
 

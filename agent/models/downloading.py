@@ -34,9 +34,9 @@ import msgspec
 
 from agent.models.errors import NoSpace
 from agent.models.settings import Tuning
-from bus.hub import client as hub_client
-from bus.hub.errors import IntegrityMismatch, SourceUnavailable
-from bus.hub.manifest import Entry
+from hub import client as hub_client
+from hub.errors import IntegrityMismatch, SourceUnavailable
+from hub.manifest import Entry
 
 __all__ = ["Limits", "Origin", "fetch"]
 

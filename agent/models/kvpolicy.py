@@ -16,10 +16,9 @@ import msgspec
 from anyio.abc import TaskStatus
 
 from agent.models.policy import MemoryPolicy
-from bus import kv
+from bus import kv, records
 from bus.connection import Connection
 from bus.errors import BusError
-from bus.hub import records
 
 __all__ = ["artifact_from", "follow", "read_once"]
 

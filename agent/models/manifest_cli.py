@@ -16,9 +16,9 @@ from typing import cast
 
 import anyio
 
-from bus.hub import resolving
-from bus.hub.errors import HubError
-from bus.hub.manifest import Manifest
+from hub import resolving
+from hub.errors import HubError
+from hub.manifest import Manifest
 
 __all__ = ["manifest_command", "render"]
 

@@ -33,10 +33,10 @@ from agent.models import downloading, layout
 from agent.models.errors import BackingOff, Materializing, NoSpace
 from agent.models.metrics import ModelMetrics
 from agent.models.settings import Tuning
-from bus.hub import client as hub_client
-from bus.hub import resolving
-from bus.hub.errors import AccessDenied, HubError, IntegrityMismatch
-from bus.hub.manifest import Manifest
+from hub import client as hub_client
+from hub import resolving
+from hub.errors import AccessDenied, HubError, IntegrityMismatch
+from hub.manifest import Manifest
 
 __all__ = ["Job", "Materializer", "Source", "backoff_delay"]
 

@@ -1,8 +1,8 @@
 """Who may mount what: the control plane's records behind a Protocol, and the rules.
 
 The plugin never talks to the Kubernetes API. The control plane publishes, per namespace, the
-ModelArtifacts it resolved (:class:`bus.hub.records.ArtifactRecord`) and, per node, the
-NodeModelStore spec (:class:`bus.hub.records.StoreSpec`); a :class:`Policy` is how the plugin
+ModelArtifacts it resolved (:class:`bus.records.ArtifactRecord`) and, per node, the
+NodeModelStore spec (:class:`bus.records.StoreSpec`); a :class:`Policy` is how the plugin
 reads them. :func:`authorize` is pure: the rules, in order, each failure naming its rule.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from agent.models.errors import Denied
-from bus.hub.records import ArtifactRecord, StoreSpec
+from bus.records import ArtifactRecord, StoreSpec
 
 __all__ = ["MemoryPolicy", "Policy", "VolumeAsk", "authorize"]
 

@@ -36,12 +36,13 @@ from agent.models.metrics import ModelMetrics
 from agent.models.policy import MemoryPolicy, Policy
 from agent.models.settings import ModelManagerSettings
 from agent.models.volumes import Volumes
-from bus import connection, kv, publishing, serving
+from bus import connection, kv, publishing
 from bus import settings as bus_settings
 from bus.errors import BusError
-from bus.hub import client as hub_client
-from bus.hub.records import StoreSpec
 from bus.metrics import BusMetrics
+from bus.records import StoreSpec
+from hub import client as hub_client
+from kit import serving
 
 __all__ = ["Plugin", "model_manager_command", "plugin", "settings_from"]
 

@@ -10,8 +10,8 @@ from typing import Final
 
 import msgspec
 
-from bus.serving import HttpsSettings
 from bus.settings import BusSettings
+from kit.serving import HttpsSettings
 
 __all__ = ["DRIVER", "ModelManagerSettings", "Tuning"]
 

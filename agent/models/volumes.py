@@ -31,7 +31,7 @@ from agent.models.errors import AlreadyPublished, InvalidVolume, MountFailed, No
 from agent.models.materializing import Materializer, Source
 from agent.models.metrics import ModelMetrics
 from agent.models.policy import Policy, VolumeAsk, authorize
-from bus.hub.manifest import is_digest
+from hub.manifest import is_digest
 
 __all__ = ["PublishRequest", "Volumes", "kubelet_volume_id", "validate"]
 

@@ -14,7 +14,7 @@ from typing import Literal
 
 import msgspec
 
-from bus import rendering
+from kit import rendering
 
 State = Literal["ok", "not-declared", "unavailable"]
 Depth = Literal["declared", "simulated", "measured"]

@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from bus import connection, embedded, errors, serving, testing
+from bus import connection, embedded, errors, testing
 from bus.settings import BusSettings
+from kit import serving
 
 pytestmark = pytest.mark.anyio
 

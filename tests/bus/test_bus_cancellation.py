@@ -28,11 +28,11 @@ from bus import (
     subjects,
     subscribing,
     testing,
-    watching,
 )
 from bus.errors import PublisherClosed
 from bus.metrics import BusMetrics
 from bus.settings import BusSettings
+from gpustack_operator import buswatching
 
 pytestmark = pytest.mark.anyio
 
@@ -187,7 +187,7 @@ async def test_cancel_watch(settings: BusSettings, many: list[events.Event], del
     base = Baseline()
     out = io.StringIO()
     with anyio.move_on_after(delay):
-        await watching.watch(settings=settings, node=None, subject=None, fmt="json", out=out)
+        await buswatching.watch(settings=settings, node=None, subject=None, fmt="json", out=out)
     # Whatever was printed is whole lines (a cancelled write never leaves half a document).
     text = out.getvalue()
     assert text == "" or text.endswith("\n")

@@ -8,7 +8,8 @@ import msgspec
 import pytest
 import yaml
 
-from bus import devices, rendering
+from bus import devices
+from kit import rendering
 
 
 def _accelerator(index: int) -> devices.Accelerator:

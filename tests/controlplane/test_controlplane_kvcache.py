@@ -18,7 +18,6 @@ from controlplane_fakeapi import fake_api, node
 
 from bus import codec, connection, events, kv, subjects
 from bus.devices import DeviceGroup
-from bus.serving import HttpsSettings
 from bus.testing import eventually, nats_server, settings_for
 from controlplane import errors, leading, running
 from controlplane.k8s.client import KubeSettings
@@ -29,6 +28,7 @@ from controlplane.reconciling.nodes import NodeReconciler
 from controlplane.reconciling.planning import plan
 from controlplane.resources import DEVICES, NODEMODELSTORES, Observed, Ref
 from controlplane.sinks import KvSink, ledger_key
+from kit.serving import HttpsSettings
 
 pytestmark = pytest.mark.anyio
 HERE = Path(__file__).parent

@@ -25,11 +25,11 @@ from controlplane_fakeapi import FakeApi, fake_api, node
 
 from bus import codec, connection, events, state, subjects
 from bus.devices import DeviceGroup
-from bus.serving import HttpsSettings
 from bus.settings import BusSettings
 from bus.testing import eventually, nats_server, settings_for
 from controlplane import leading, running
 from controlplane.k8s.client import KubeSettings
+from kit.serving import HttpsSettings
 
 pytestmark = pytest.mark.anyio
 HERE = Path(__file__).parent

@@ -1,4 +1,4 @@
-"""ModelArtifacts end to end: a real HTTP Hub (bus.hub.testing), the fake API, a real nats-server."""
+"""ModelArtifacts end to end: a real HTTP Hub (hub.testing), the fake API, a real nats-server."""
 
 from __future__ import annotations
 
@@ -15,13 +15,14 @@ import msgspec
 import pytest
 from controlplane_fakeapi import FakeApi, fake_api, node
 
-from bus import codec, connection, events, hub, kv, subjects
-from bus.hub import testing as hub_testing
-from bus.serving import HttpsSettings
+import hub
+from bus import codec, connection, events, kv, subjects
 from bus.settings import BusSettings
 from bus.testing import eventually, nats_server, settings_for
 from controlplane import errors, leading, resolving, running
 from controlplane.k8s.client import KubeSettings
+from hub import testing as hub_testing
+from kit.serving import HttpsSettings
 
 pytestmark = pytest.mark.anyio
 ARTIFACTS = "apis/worker.gpustack.ai/v1alpha1/modelartifacts"

@@ -14,10 +14,10 @@ from controlplane_fakeapi import FakeApi, fake_api, node
 from test_controlplane_nms_status import VALIDATOR
 
 from bus import codec, connection, events, subjects
-from bus.serving import HttpsSettings
 from bus.testing import eventually, nats_server, settings_for
 from controlplane import leading, running
 from controlplane.k8s.client import KubeSettings
+from kit.serving import HttpsSettings
 
 pytestmark = pytest.mark.anyio
 T0 = datetime(2026, 1, 1, tzinfo=UTC)

@@ -18,12 +18,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from bus import codec, connection, events, kv, publishing, subjects
 from bus.devices import DeviceGroup
 from bus.metrics import BusMetrics
-from bus.serving import HttpsSettings
 from bus.testing import eventually, nats_server, settings_for
 from controlplane import leading, running
 from controlplane.k8s.client import KubeSettings
 from controlplane.resources import DEVICES, Ref
 from controlplane.sinks import KvSink
+from kit.serving import HttpsSettings
 
 pytestmark = pytest.mark.anyio
 HERE = Path(__file__).parent

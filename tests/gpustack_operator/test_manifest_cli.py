@@ -10,7 +10,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from bus.hub import testing as hub_testing
+from hub import testing as hub_testing
 
 pytestmark = pytest.mark.anyio
 CLI = os.path.join(os.path.dirname(sys.executable), "gpustack-operator")

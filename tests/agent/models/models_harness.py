@@ -23,9 +23,9 @@ from agent.models.policy import MemoryPolicy
 from agent.models.settings import ModelManagerSettings, Tuning
 from bus import events
 from bus import testing as bus_testing
-from bus.hub import testing
-from bus.hub.manifest import Entry, Manifest
-from bus.hub.records import ArtifactRecord, Source
+from bus.records import ArtifactRecord, Source
+from hub import testing
+from hub.manifest import Entry, Manifest
 from proto.csi import v1 as csi
 
 T = TypeVar("T")

@@ -22,7 +22,7 @@ from models_harness import (
 )
 
 from agent.models import mounting
-from bus.hub.records import ArtifactRecord
+from bus.records import ArtifactRecord
 from proto.csi import v1 as csi
 
 pytestmark = pytest.mark.anyio

@@ -10,7 +10,7 @@ import pytest
 from agent.models import collecting, layout, mounting, reporting, volumes
 from agent.models.errors import CacheCorrupt, InvalidVolume
 from agent.models.materializing import backoff_delay, human
-from bus.hub.records import StoreSpec, Watermarks
+from bus.records import StoreSpec, Watermarks
 
 H = [c * 64 for c in "abcdef"]
 

@@ -16,10 +16,10 @@ from models_harness import FILES, TUNING, Rig, code_of, content, publish_request
 
 from agent.models import downloading
 from agent.models.errors import NoSpace
-from bus.hub import client as hub_client
-from bus.hub import testing
-from bus.hub.errors import IntegrityMismatch
-from bus.hub.manifest import Entry
+from hub import client as hub_client
+from hub import testing
+from hub.errors import IntegrityMismatch
+from hub.manifest import Entry
 
 pytestmark = pytest.mark.anyio
 

@@ -14,9 +14,10 @@ from models_harness import FILES, code_of, manager_settings, manifest_of, publis
 
 from agent.models import running
 from agent.models.policy import MemoryPolicy
-from bus import codec, connection, events, kv, serving, state, testing
-from bus.hub import testing as hub_testing
-from bus.hub.records import ArtifactRecord, Source
+from bus import codec, connection, events, kv, state, testing
+from bus.records import ArtifactRecord, Source
+from hub import testing as hub_testing
+from kit import serving
 
 pytestmark = pytest.mark.anyio
 

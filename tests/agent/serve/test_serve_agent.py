@@ -26,12 +26,13 @@ from agent.devices.simulation.fakenvml import SimulatedNvml
 from agent.running import Running, run
 from agent.serve_settings import ServeSettings
 from agent.testing import FakeKubelet, Watch
-from bus import events, serving
+from bus import events
 from bus.connection import connect
 from bus.metrics import BusMetrics
 from bus.settings import BusSettings
 from bus.subscribing import subscribe
 from bus.testing import eventually, nats_server, settings_for
+from kit import serving
 
 pytestmark = pytest.mark.anyio
 

@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bus.hub import manifest
-from bus.hub.errors import InvalidManifest
-from bus.hub.manifest import Entry, Manifest
+from hub import manifest
+from hub.errors import InvalidManifest
+from hub.manifest import Entry, Manifest
 
 SHA = "a" * 64
 GIT = "b" * 40

@@ -14,11 +14,10 @@ Field names are camelCase on the wire, like the CRDs they mirror.
 
 from __future__ import annotations
 
-from typing import Literal
+import re
+from typing import Final, Literal
 
 import msgspec
-
-from bus.hub.manifest import is_digest
 
 __all__ = [
     "ArtifactRecord",
@@ -28,6 +27,14 @@ __all__ = [
     "StoreSpec",
     "Watermarks",
 ]
+
+
+_DIGEST: Final = re.compile(r"sha256:[0-9a-f]{64}")
+
+
+def is_digest(value: str) -> bool:
+    """Whether ``value`` is ``sha256:`` and 64 lowercase hex digits (a manifest digest)."""
+    return _DIGEST.fullmatch(value) is not None
 
 
 class _Record(

@@ -1,7 +1,7 @@
 """A small Hugging Face Hub HTTP client: revision, paged tree listing and file bytes.
 
 Only what the manifest and the downloads need, on one aiohttp session per process. Every aiohttp
-error is mapped here to :mod:`bus.hub.errors` (``raise ... from e``) so callers see only reasons.
+error is mapped here to :mod:`hub.errors` (``raise ... from e``) so callers see only reasons.
 
 Credentials: a token is sent only to the endpoint's own origin. Redirects are followed by hand
 (at most :data:`MAX_REDIRECTS`) and the ``Authorization`` header is dropped as soon as a hop
@@ -21,14 +21,14 @@ import aiohttp
 import msgspec
 from yarl import URL
 
-from bus.hub.errors import (
+from hub.errors import (
     AccessDenied,
     HubError,
     IntegrityMismatch,
     RevisionNotFound,
     SourceUnavailable,
 )
-from bus.hub.manifest import Entry
+from hub.manifest import Entry
 
 __all__ = ["Body", "HubClient", "HubSettings", "client"]
 

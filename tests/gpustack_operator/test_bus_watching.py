@@ -10,9 +10,10 @@ import msgspec
 import pytest
 import yaml
 
-from bus import connection, events, publishing, testing, watching
+from bus import connection, events, publishing, testing
 from bus.metrics import BusMetrics
 from bus.settings import BusSettings
+from gpustack_operator import buswatching
 
 pytestmark = pytest.mark.anyio
 
@@ -40,7 +41,7 @@ async def _run_watch(settings: BusSettings, fmt: str, until: int, **kw: str | No
         await conn.flush()
         async with anyio.create_task_group() as tg:
             tg.start_soon(
-                lambda: watching.watch(
+                lambda: buswatching.watch(
                     settings=settings,
                     node=kw.get("node"),
                     subject=kw.get("subject"),
@@ -87,6 +88,6 @@ async def test_watch_yaml_with_a_subject_filter(settings: BusSettings) -> None:
 
 async def test_watch_refuses_unknown_format(settings: BusSettings) -> None:
     with pytest.raises(ValueError, match="unknown format"):
-        await watching.watch(
+        await buswatching.watch(
             settings=settings, node=None, subject=None, fmt="xml", out=io.StringIO()
         )

@@ -14,8 +14,9 @@ from typing import cast
 
 import anyio
 
-from bus import codec, errors, watching
+from bus import codec, errors
 from bus.settings import from_flags
+from gpustack_operator import buswatching
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +35,9 @@ def watch_command(values: dict[str, object], positionals: list[str]) -> int:
     fmt = cast(str, values["output"])
 
     async def main() -> None:
-        await watching.watch(settings=settings, node=node, subject=subject, fmt=fmt, out=sys.stdout)
+        await buswatching.watch(
+            settings=settings, node=node, subject=subject, fmt=fmt, out=sys.stdout
+        )
 
     try:
         anyio.run(main)

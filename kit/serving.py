@@ -28,10 +28,8 @@ import msgspec
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from bus.errors import BusError
 
-
-class ServingFailed(BusError):
+class ServingFailed(Exception):
     """The HTTPS endpoint could not start (port taken, unreadable certificate)."""
 
 

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from bus.errors import BusError
-
 __all__ = [
     "AccessDenied",
     "HubError",
@@ -21,7 +19,7 @@ __all__ = [
 ]
 
 
-class HubError(BusError):
+class HubError(Exception):
     """Base of every Hub failure; ``reason`` is the status reason it maps to."""
 
     reason: ClassVar[str] = "SourceUnavailable"

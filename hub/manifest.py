@@ -24,7 +24,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Final, Literal
 
-from bus.hub.errors import InvalidManifest
+from hub.errors import InvalidManifest
 
 __all__ = [
     "HEADER",

@@ -1,4 +1,4 @@
-"""The Hub client against a real HTTP server on loopback (bus.hub.testing.FakeHub)."""
+"""The Hub client against a real HTTP server on loopback (hub.testing.FakeHub)."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from bus import hub
-from bus.hub import client as hub_client
-from bus.hub import testing
-from bus.hub.errors import AccessDenied, InvalidManifest, RevisionNotFound, SourceUnavailable
-from bus.hub.manifest import Entry, Manifest
+import hub
+from hub import client as hub_client
+from hub import testing
+from hub.errors import AccessDenied, InvalidManifest, RevisionNotFound, SourceUnavailable
+from hub.manifest import Entry, Manifest
 
 pytestmark = pytest.mark.anyio
 

@@ -11,7 +11,7 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.parser import text_string_to_metric_families
 
-from bus import serving
+from kit import serving
 
 pytestmark = pytest.mark.anyio
 

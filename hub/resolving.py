@@ -1,4 +1,4 @@
-"""Resolve a repository at a revision into its canonical :class:`~bus.hub.manifest.Manifest`.
+"""Resolve a repository at a revision into its canonical :class:`~hub.manifest.Manifest`.
 
 Shared by the control plane (which pins ``status.resolved.manifestDigest``) and the node plugin
 (which re-lists the pinned commit before downloading and refuses a listing whose digest differs).
@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from bus.hub import client as hub_client
-from bus.hub.manifest import Manifest, filtered
+from hub import client as hub_client
+from hub.manifest import Manifest, filtered
 
 __all__ = ["listing", "resolve"]
 
@@ -44,7 +44,7 @@ async def resolve(
     """Resolve ``revision`` to a commit, list its files and build the manifest.
 
     Pass ``hub`` to reuse a session (its endpoint wins over ``endpoint``); otherwise one is
-    opened for this call. :raises HubError: see :mod:`bus.hub.errors`.
+    opened for this call. :raises HubError: see :mod:`hub.errors`.
     """
     if hub is not None:
         commit = await hub.commit(repository, revision, token=token)

@@ -1,0 +1,14 @@
+"""The Hugging Face Hub as both sides of the system use it: client, manifest, records.
+
+A package of its own, beside ``bus``, because the control plane resolves ModelArtifacts with the
+same code the node plugin verifies downloads with: one implementation means one digest. It knows
+nothing of the bus; the records the control plane pushes to nodes are in :mod:`bus.records`.
+"""
+
+from __future__ import annotations
+
+from hub.errors import HubError
+from hub.manifest import Entry, Manifest
+from hub.resolving import resolve
+
+__all__ = ["Entry", "HubError", "Manifest", "resolve"]

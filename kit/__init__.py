@@ -1,0 +1,9 @@
+"""Small pieces every process shares that are neither the bus nor a process of their own.
+
+- :mod:`kit.serving`: the HTTPS endpoint (``/metrics``, ``/readyz``, ``/livez`` and extras)
+  that ``dm serve``, ``model-manager`` and ``worker`` expose the same way;
+- :mod:`kit.rendering`: wire shapes rendered as the YAML or JSON documents people pipe.
+
+Nothing here knows the bus or Kubernetes; ``agent`` and ``controlplane`` both build on it,
+which is why it lives beside ``bus`` rather than inside either of them.
+"""
