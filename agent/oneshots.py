@@ -9,13 +9,11 @@ failure; "nothing found" is an empty list and exit 0.
 from __future__ import annotations
 
 import logging
-import os
 import sys
-from collections.abc import Callable, Mapping
-from typing import Any, cast
+from collections.abc import Callable
+from typing import Any
 
 from agent.devices import detection, sources
-from agent.devices.manufacturers import UnknownManufacturer, parse_manufacturers
 from agent.errors import ProfileError
 from agent.settings import DetectSettings
 from kit import rendering
@@ -26,32 +24,14 @@ EXIT_FAILED = 1
 EXIT_USAGE = 2
 
 
-def settings_from(values: Mapping[str, object], env: Mapping[str, str]) -> DetectSettings:
-    """Build the settings from parsed flags and the environment (the process edge).
-
-    :raises UnknownManufacturer: for a bad ``--manufacturer``.
-    """
-    manufacturer = cast(str, values["manufacturer"])
-    simulate = cast(str, values.get("simulate") or "") or None
-    return DetectSettings(
-        manufacturers=parse_manufacturers(manufacturer),
-        explicit_manufacturers=bool(manufacturer.strip()),
-        pci_check=not values["no_pci_check"],
-        fast_failed=not values["no_fast_failed"],
-        host_root=env.get("GPUSTACK_HOST_ROOT") or "/",
-        simulate=simulate,
-        output=cast(Any, values["output"]),
-    )
-
-
-def detect_command(values: dict[str, object], positionals: list[str]) -> int:
+def detect_command(settings: DetectSettings) -> int:
     """Print ``Devices.spec.groups`` for this node."""
-    return _one_pass(values, positionals, _detect)
+    return _one_pass(settings, _detect)
 
 
-def monitor_command(values: dict[str, object], positionals: list[str]) -> int:
+def monitor_command(settings: DetectSettings) -> int:
     """Print one utilization sample per manufacturer found."""
-    return _one_pass(values, positionals, _monitor)
+    return _one_pass(settings, _monitor)
 
 
 def _detect(settings: DetectSettings) -> detection.PassResult[Any]:
@@ -70,18 +50,8 @@ def _monitor(settings: DetectSettings) -> detection.PassResult[Any]:
 
 
 def _one_pass(
-    values: dict[str, object],
-    positionals: list[str],
-    run_pass: Callable[[DetectSettings], detection.PassResult[Any]],
+    settings: DetectSettings, run_pass: Callable[[DetectSettings], detection.PassResult[Any]]
 ) -> int:
-    if positionals:
-        print(f"unexpected arguments: {' '.join(positionals)}", file=sys.stderr)
-        return EXIT_USAGE
-    try:
-        settings = settings_from(values, os.environ)
-    except UnknownManufacturer as e:
-        print(f"--manufacturer: {e}", file=sys.stderr)
-        return EXIT_USAGE
     try:
         result = run_pass(settings)
     except ProfileError as e:

@@ -22,14 +22,11 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
-import signal
 import time
 from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import ExitStack, asynccontextmanager
 from dataclasses import dataclass
-from importlib import metadata
 from typing import TypeVar
 
 import anyio
@@ -38,13 +35,11 @@ import anyio.to_thread
 import msgspec
 from prometheus_client import CollectorRegistry, Histogram
 
-from agent import health, metrics, restoring, serve_settings, watching
+from agent import health, metrics, restoring, watching
 from agent.deviceplugin import partitioning
 from agent.deviceplugin.running import Plugins, device_plugins
 from agent.devices import detection, nvidia, sources
-from agent.devices.manufacturers import UnknownManufacturer
 from agent.devices.nvml import Nvml
-from agent.errors import AgentError
 from agent.serve_settings import ServeSettings
 from bus import devices, events
 from bus.connection import connect
@@ -56,47 +51,6 @@ from kit import serving
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-
-EXIT_FAILED = 1
-EXIT_USAGE = 2
-
-
-def serve_command(values: dict[str, object], positionals: list[str]) -> int:
-    """The ``device-manager serve`` target: build the settings, run until SIGTERM/SIGINT."""
-    if positionals:
-        log.error("unexpected arguments: %s", " ".join(positionals))
-        return EXIT_USAGE
-    try:
-        settings = serve_settings.settings_from(values, os.environ, version=_version())
-    except (UnknownManufacturer, ValueError) as e:
-        log.error("dm serve: %s", e)
-        return EXIT_USAGE
-    try:
-        anyio.run(main, settings, backend_options={"use_uvloop": True})
-    except (AgentError, BusError) as e:
-        log.error("dm serve: %s", e)
-        return EXIT_FAILED
-    return 0
-
-
-def _version() -> str:
-    try:
-        return metadata.version("gpustack-operator")
-    except metadata.PackageNotFoundError:
-        return "0.0.0"
-
-
-async def main(settings: ServeSettings) -> None:
-    """Run the agent until SIGTERM or SIGINT, then stop within ``shutdown_timeout_s``."""
-    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(functools.partial(run, settings), name="agent")
-            async for signum in signals:
-                log.info("%s received; stopping", signal.Signals(signum).name)
-                # Every part bounds its own cleanup; this deadline bounds the sum.
-                tg.cancel_scope.deadline = anyio.current_time() + settings.shutdown_timeout_s
-                tg.cancel_scope.cancel()
-                break
 
 
 @dataclass

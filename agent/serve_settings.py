@@ -7,18 +7,15 @@ Durations are seconds and say so in their names.
 
 from __future__ import annotations
 
-import socket
-from collections.abc import Mapping
-from typing import cast
-
 import msgspec
 
-from agent import oneshots
 from agent.deviceplugin.settings import DevicePluginSettings
-from agent.settings import DetectSettings
+from agent.settings import DetectSettings, detect_settings_from, node_name_from
 from bus import settings as bus_settings
 from bus.settings import BusSettings
-from kit.serving import HttpsSettings
+from kit.options import Options
+from kit.serving import HttpsSettings, https_from
+from kit.version import package_version
 
 
 class ServeSettings(msgspec.Struct, frozen=True, kw_only=True):
@@ -31,18 +28,16 @@ class ServeSettings(msgspec.Struct, frozen=True, kw_only=True):
     bus: BusSettings
     https: HttpsSettings
     deviceplugin: DevicePluginSettings
-    monitor_period_s: float = 15.0
+    monitor_period_s: float
     """Seconds between passes: detection, sampling and the health re-check."""
-    resync_period_s: float = 300.0
+    resync_period_s: float
     """Seconds after which an unchanged Devices spec is published again."""
-    heartbeat_s: float = 30.0
+    heartbeat_s: float
     """Seconds between AgentEvents."""
-    health_quarantine_s: float = 300.0
+    health_quarantine_s: float
     """Seconds a card down for a transient reason stays Unhealthy before it is re-checked."""
     xid_wait_s: float = 1.0
     """Seconds one NVML event wait may block a worker thread (bounds shutdown, not latency)."""
-    shutdown_timeout_s: float = 10.0
-    """Seconds the whole process may take to stop after SIGTERM before it is abandoned."""
 
     def __post_init__(self) -> None:
         for name in ("monitor_period_s", "resync_period_s", "heartbeat_s", "xid_wait_s"):
@@ -70,54 +65,44 @@ class ServeSettings(msgspec.Struct, frozen=True, kw_only=True):
             heartbeat_s=0.5,
             health_quarantine_s=0.5,
             xid_wait_s=0.05,
-            shutdown_timeout_s=5.0,
         )
         return msgspec.structs.replace(base, **kw)
 
 
-def node_name_from(values: Mapping[str, object], env: Mapping[str, str]) -> str:
-    return (
-        cast(str, values.get("node_name") or "")
-        or env.get("KUBERNETES_NODE_NAME", "")
-        or socket.gethostname()
+def settings_from(options: Options) -> ServeSettings:
+    """Build the settings of ``dm serve`` from its flags and the environment.
+
+    :raises SettingsError: a bad ``--manufacturer``.
+    """
+    return assemble(
+        options,
+        kube_socket=options.text("kube-socket"),
+        https=https_from(options),
+        bus=bus_settings.from_options(options),
     )
 
 
-def settings_from(
-    values: Mapping[str, object], env: Mapping[str, str], *, version: str
+def assemble(
+    options: Options, *, kube_socket: str, https: HttpsSettings, bus: BusSettings
 ) -> ServeSettings:
-    """Build the settings from parsed flags (``values``) and the environment.
-
-    :raises UnknownManufacturer: for a bad ``--manufacturer``.
-    """
-    node = node_name_from(values, env)
-    detect = oneshots.settings_from({**values, "output": "yaml"}, env)
-    cert_dir = cast(str, values.get("cert_dir") or "") or None
+    """The device agent's settings with the parts a composing command decides itself
+    (``standalone`` puts the socket under its state directory and the bus on its own server)."""
+    node = node_name_from(options)
     return ServeSettings(
         node_name=node,
-        version=version,
-        detect=detect,
-        bus=bus_settings.from_flags(values, env),
-        https=HttpsSettings(
-            bind_address=cast(str, values.get("bind_address") or "0.0.0.0"),
-            port=cast(int, values.get("secure_port", 32443)),
-            cert_dir=cert_dir,
-        ),
+        version=package_version(),
+        detect=detect_settings_from(options),
+        bus=bus,
+        https=https,
         deviceplugin=DevicePluginSettings(
-            kube_socket=cast(str, values["kube_socket"]),
+            kube_socket=kube_socket,
             node_name=node,
-            no_shared=bool(values.get("no_shared")),
-            no_sliced=bool(values.get("no_sliced")),
-            no_partitioned=bool(values.get("no_partitioned")),
+            no_shared=options.switch("no-shared"),
+            no_sliced=options.switch("no-sliced"),
+            no_partitioned=options.switch("no-partitioned"),
         ),
-        monitor_period_s=_seconds(values, "monitor_period", 15.0),
-        resync_period_s=_seconds(values, "resync_period", 300.0),
-        heartbeat_s=_seconds(values, "heartbeat_period", 30.0),
-        health_quarantine_s=_seconds(values, "health_quarantine", 300.0),
+        monitor_period_s=options.seconds("monitor-period"),
+        resync_period_s=options.seconds("resync-period"),
+        heartbeat_s=options.seconds("heartbeat-period"),
+        health_quarantine_s=options.seconds("health-quarantine"),
     )
-
-
-def _seconds(values: Mapping[str, object], name: str, default: float) -> float:
-    """A duration flag, or ``default`` while the flag is not in the command table yet."""
-    value = values.get(name)
-    return float(cast(float, value)) if value is not None else default

@@ -6,9 +6,13 @@ of these objects.
 
 from __future__ import annotations
 
-from typing import Literal
+import socket
+from typing import Literal, cast
 
 import msgspec
+
+from agent.devices.manufacturers import UnknownManufacturer, parse_manufacturers
+from kit.options import Options, SettingsError
 
 
 class DetectSettings(msgspec.Struct, frozen=True, kw_only=True):
@@ -28,3 +32,40 @@ class DetectSettings(msgspec.Struct, frozen=True, kw_only=True):
     simulate: str | None = None
     """A simulated-hardware profile name or path; None for real hardware."""
     output: Literal["yaml", "json"] = "yaml"
+
+
+def node_name_from(options: Options) -> str:
+    """The node an agent runs on: ``--node-name``, else ``KUBERNETES_NODE_NAME``, else the host.
+
+    The one rule for every agent (``dm serve``, ``model-manager``, ``standalone``); the
+    DaemonSets set ``KUBERNETES_NODE_NAME`` from the downward API.
+    """
+    return (
+        options.optional_text("node-name")
+        or options.env.get("KUBERNETES_NODE_NAME")
+        or socket.gethostname()
+    )
+
+
+def manufacturers_from(options: Options) -> tuple[tuple[str, ...], bool]:
+    """``--manufacturer`` as sorted keys, and whether it named any (else: all of them)."""
+    text = options.text("manufacturer")
+    try:
+        return tuple(parse_manufacturers(text)), bool(text.strip())
+    except UnknownManufacturer as e:
+        raise SettingsError(f"--manufacturer: {e}") from e
+
+
+def detect_settings_from(options: Options) -> DetectSettings:
+    """``dm detect`` and ``dm monitor`` (and the detection part of ``dm serve``)."""
+    manufacturers, explicit = manufacturers_from(options)
+    output = options.text("output") if "output" in options else "yaml"
+    return DetectSettings(
+        manufacturers=manufacturers,
+        explicit_manufacturers=explicit,
+        pci_check=not options.switch("no-pci-check"),
+        fast_failed=not options.switch("no-fast-failed"),
+        host_root=options.env.get("GPUSTACK_HOST_ROOT") or "/",
+        simulate=options.optional_text("simulate"),
+        output=cast(Literal["yaml", "json"], output),
+    )

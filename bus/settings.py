@@ -1,23 +1,28 @@
 """How to reach the bus: one frozen settings Struct, built at the edge and passed explicitly.
 
-Only the CLI reads the environment; this module never touches ``os.environ``. Durations are
+Only the command-line edge reads the environment (handed in through :class:`Options`); this
+module never touches ``os.environ``. Durations are
 seconds (``_s``) and sizes bytes, so the units are in the names.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import cast
+from typing import Final
 
 import msgspec
 
-__all__ = ["BusSettings"]
+from kit.options import Options
+
+__all__ = ["DEFAULT_URL", "BusSettings", "from_options"]
+
+DEFAULT_URL: Final = "nats://127.0.0.1:4222"
+"""Where a process looks for the bus when neither ``--nats-url`` nor ``NATS_URL`` says."""
 
 
 class BusSettings(msgspec.Struct, frozen=True, kw_only=True):
     """Connection, outbox and retention settings shared by agents, control plane and ``watch``."""
 
-    url: str = "nats://127.0.0.1:4222"
+    url: str = DEFAULT_URL
     """One server URL or a comma-separated list; the client picks another one on failure."""
     user: str | None = None
     password: str | None = None
@@ -70,25 +75,20 @@ class BusSettings(msgspec.Struct, frozen=True, kw_only=True):
         return msgspec.structs.replace(base, **overrides)
 
 
-def from_flags(values: Mapping[str, object], env: Mapping[str, str]) -> BusSettings:
-    """Build the bus settings from the parsed ``--nats-*`` flags (dashes as underscores).
+def from_options(options: Options) -> BusSettings:
+    """Build the bus settings from the ``--nats-*`` flags: every NATS-speaking process's edge.
 
-    ``NATS_URL`` fills an unset URL, as the nats tools do. Every process that speaks NATS
-    builds its :class:`BusSettings` here, at its command-line edge.
+    ``NATS_URL`` fills an unset URL, as the nats tools do.
     """
-
-    def text(name: str) -> str | None:
-        return cast(str, values.get(name) or "") or None
-
     return BusSettings(
-        url=text("nats_url") or env.get("NATS_URL") or BusSettings().url,
-        user=text("nats_user"),
-        password=text("nats_password"),
-        token=text("nats_token"),
-        nkey_seed_file=text("nats_nkey_seed"),
-        creds_file=text("nats_creds"),
-        tls_ca_file=text("nats_tls_ca"),
-        tls_cert_file=text("nats_tls_cert"),
-        tls_key_file=text("nats_tls_key"),
-        state_replicas=int(cast(int, values.get("nats_state_replicas") or 1)),
+        url=options.optional_text("nats-url") or options.env.get("NATS_URL") or DEFAULT_URL,
+        user=options.optional_text("nats-user"),
+        password=options.optional_text("nats-password"),
+        token=options.optional_text("nats-token"),
+        nkey_seed_file=options.optional_text("nats-nkey-seed"),
+        creds_file=options.optional_text("nats-creds"),
+        tls_ca_file=options.optional_text("nats-tls-ca"),
+        tls_cert_file=options.optional_text("nats-tls-cert"),
+        tls_key_file=options.optional_text("nats-tls-key"),
+        state_replicas=options.integer("nats-state-replicas"),
     )

@@ -12,24 +12,17 @@ Samples are never written to the API: they stay on the bus (retained) and in met
 from __future__ import annotations
 
 import logging
-import os
-import socket
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
-from typing import cast
 
 import anyio
-import msgspec
 from anyio.abc import TaskStatus
 from prometheus_client import CollectorRegistry
 
 from bus import connection, kv, state, subscribing
-from bus import settings as bus_settings
-from bus.errors import BusError
 from bus.metrics import BusMetrics
-from bus.settings import BusSettings
-from controlplane import crds, errors, leading, resolving
+from controlplane import crds, leading, resolving
 from controlplane.k8s import client
 from controlplane.metrics import WorkerMetrics
 from controlplane.reconciling.artifacting import ArtifactReconciler
@@ -37,68 +30,13 @@ from controlplane.reconciling.ledger import Ledger
 from controlplane.reconciling.nodes import NodeReconciler
 from controlplane.reconciling.processing import Processor
 from controlplane.resolving import Resolver
+from controlplane.settings import WorkerSettings
 from controlplane.sinks import KubeSink, KvSink, Sink
 from kit import serving
 
-__all__ = ["Worker", "WorkerSettings", "run", "settings_from", "worker_command"]
+__all__ = ["Worker", "WorkerSettings", "run"]
 
 log = logging.getLogger(__name__)
-
-EXIT_FAILED = 1
-EXIT_USAGE = 2
-
-
-class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
-    """Everything the worker needs, built once at the edge."""
-
-    bus: BusSettings
-    kube: client.KubeSettings | None
-    """None: no cluster, keep the ledger in the bus (KV sink)."""
-    https: serving.HttpsSettings
-    leader_election: bool = True
-    leader: leading.LeaderSettings = leading.LeaderSettings()
-    identity: str = ""
-    concurrency: int = 16
-    resync_s: float = 60.0
-    crd_check_s: float = 60.0
-    max_nodes: int = 20_000
-    hub_endpoint: str = "https://huggingface.co"
-    """Where ModelArtifacts are resolved (``--hf-endpoint``, else ``$HF_ENDPOINT``)."""
-    artifact_retry_base_s: float = 1.0
-    artifact_retry_cap_s: float = 300.0
-
-
-def settings_from(values: Mapping[str, object], env: Mapping[str, str]) -> WorkerSettings:
-    """Build the settings from parsed flags (``--kubeconfig=none``: no cluster)."""
-    kubeconfig = cast(str, values.get("kubeconfig") or "") or env.get("KUBECONFIG") or None
-    kube = None
-    if kubeconfig != "none":
-        kube = client.KubeSettings(
-            kubeconfig=kubeconfig,
-            qps=float(cast(float, values.get("kube_conn_qps", 200.0))),
-            burst=int(cast(int, values.get("kube_conn_burst", 400))),
-            timeout_s=float(cast(float, values.get("kube_conn_timeout", 300.0))),
-        )
-    return WorkerSettings(
-        bus=bus_settings.from_flags(values, env),
-        kube=kube,
-        https=serving.HttpsSettings(
-            bind_address=cast(str, values.get("bind_address") or "0.0.0.0"),
-            port=int(cast(int, values.get("secure_port", 31443))),
-            cert_dir=cast(str, values.get("cert_dir") or "") or None,
-        ),
-        leader_election=bool(values.get("kube_leader_election", True)),
-        leader=leading.LeaderSettings(
-            name=cast(str, values.get("kube_leader_election_id") or "worker.gpustack.ai"),
-            namespace=env.get("KUBERNETES_POD_NAMESPACE", "gpustack-system"),
-            lease_s=float(cast(float, values.get("kube_leader_lease", 15.0))),
-            renew_timeout_s=float(cast(float, values.get("kube_leader_renew_timeout", 10.0))),
-        ),
-        identity=env.get("POD_NAME") or f"{socket.gethostname()}_{os.getpid()}",
-        hub_endpoint=cast(str, values.get("hf_endpoint") or "")
-        or env.get("HF_ENDPOINT")
-        or "https://huggingface.co",
-    )
 
 
 @dataclass
@@ -212,23 +150,3 @@ async def _elected(
 async def _ingest(sub: subscribing.Subscription, processor: Processor) -> None:
     async for event in sub:
         processor.ingest(event)
-
-
-def worker_command(values: dict[str, object], positionals: list[str]) -> int:
-    """``gpustack-operator worker``: run the control plane until interrupted."""
-    if positionals:
-        log.error("unexpected arguments: %s", " ".join(positionals))
-        return EXIT_USAGE
-    settings = settings_from(values, os.environ)
-
-    async def main() -> None:
-        await run(settings)
-
-    try:
-        anyio.run(main)
-    except KeyboardInterrupt:
-        return 0
-    except (errors.ControlPlaneError, BusError, serving.ServingFailed) as e:
-        log.error("worker: %s", e)
-        return EXIT_FAILED
-    return 0

@@ -1,58 +1,60 @@
 """``bus watch`` and ``bus schema``: the operator's and dashboard author's view of the bus.
 
-The process edge for the bus tools: builds :class:`BusSettings` from the parsed flags (the
-``--nats-*`` family, with ``NATS_URL`` honoured as nats tools do) and runs one tool.
+The process edge for the bus tools: their settings from the parsed flags (the ``--nats-*``
+family, with ``NATS_URL`` honoured as the nats tools do). ``bus watch`` runs as a service under
+the process runner (:func:`gpustack_operator.buswatching.main`); ``bus schema`` is a one-shot.
 """
 
 from __future__ import annotations
 
 import json
-import logging
-import os
 import sys
-from typing import cast
+from typing import Literal, cast
 
-import anyio
+import msgspec
 
-from bus import codec, errors
-from bus.settings import from_flags
-from gpustack_operator import buswatching
+from bus import codec, subscribing
+from bus.errors import BusError
+from bus.settings import BusSettings, from_options
+from kit.options import Options, SettingsError
 
-log = logging.getLogger(__name__)
-
-EXIT_FAILED = 1
-EXIT_USAGE = 2
+__all__ = ["SchemaSettings", "WatchSettings", "schema_command", "schema_settings", "watch_settings"]
 
 
-def watch_command(values: dict[str, object], positionals: list[str]) -> int:
-    """Print the retained state of matching nodes, then live events, until interrupted."""
-    if positionals:
-        print(f"unexpected arguments: {' '.join(positionals)}", file=sys.stderr)
-        return EXIT_USAGE
-    settings = from_flags(values, os.environ)
-    node = cast(str, values["node"]) or None
-    subject = cast(str, values["subject"]) or None
-    fmt = cast(str, values["output"])
-
-    async def main() -> None:
-        await buswatching.watch(
-            settings=settings, node=node, subject=subject, fmt=fmt, out=sys.stdout
-        )
-
-    try:
-        anyio.run(main)
-    except KeyboardInterrupt:
-        return 0
-    except (errors.BusError, ValueError) as e:
-        log.error("bus watch: %s", e)
-        return EXIT_FAILED
-    return 0
+class WatchSettings(msgspec.Struct, frozen=True, kw_only=True):
+    bus: BusSettings
+    node: str | None
+    """Only this node; combined with ``subject`` when both are given."""
+    subject: str | None
+    """A filter such as ``gpustack.v1.node.*.health``."""
+    output: Literal["json", "yaml"]
 
 
-def schema_command(values: dict[str, object], positionals: list[str]) -> int:
+class SchemaSettings(msgspec.Struct, frozen=True):
+    """``bus schema`` has no flags of its own."""
+
+
+def watch_settings(options: Options) -> WatchSettings:
+    """:raises SettingsError: a ``--subject`` outside the bus's subject space."""
+    subject = options.optional_text("subject")
+    if subject is not None:
+        try:
+            subscribing.parse_filter(subject)
+        except BusError as e:
+            raise SettingsError(f"--subject: {e}") from e
+    return WatchSettings(
+        bus=from_options(options),
+        node=options.optional_text("node"),
+        subject=subject,
+        output=cast(Literal["json", "yaml"], options.text("output")),
+    )
+
+
+def schema_settings(options: Options) -> SchemaSettings:
+    return SchemaSettings()
+
+
+def schema_command(settings: SchemaSettings) -> int:
     """Print the JSON Schema of every bus event (one document)."""
-    if positionals:
-        print(f"unexpected arguments: {' '.join(positionals)}", file=sys.stderr)
-        return EXIT_USAGE
     sys.stdout.write(json.dumps(codec.json_schema(), indent=2, sort_keys=True) + "\n")
     return 0

@@ -7,6 +7,7 @@ One document per event, flushed per line so ``watch … | jq`` and ``| head`` wo
 
 from __future__ import annotations
 
+import sys
 from typing import Final, TextIO
 
 import msgspec
@@ -15,8 +16,9 @@ import yaml
 from bus import codec, connection, events, subscribing
 from bus.metrics import BusMetrics
 from bus.settings import BusSettings
+from gpustack_operator.buscli import WatchSettings
 
-__all__ = ["FORMATS", "format_event", "watch"]
+__all__ = ["FORMATS", "format_event", "main", "watch"]
 
 FORMATS: Final = ("json", "yaml")
 
@@ -70,3 +72,14 @@ async def watch(
         async for event in sub:
             out.write(format_event(event, fmt))
             out.flush()
+
+
+async def main(settings: WatchSettings) -> None:
+    """The ``bus watch`` service: print to standard output until stopped."""
+    await watch(
+        settings=settings.bus,
+        node=settings.node,
+        subject=settings.subject,
+        fmt=settings.output,
+        out=sys.stdout,
+    )

@@ -1,15 +1,21 @@
 """The command table of ``../shared/seed/commands.md``: names, aliases, flags, defaults, targets.
 
-This module is data only. A target is a ``"module:function"`` string that the launcher imports
-after parsing, so choosing ``dm detect`` never imports the service stacks of ``worker`` or
-``dm serve``. A service not built yet has no target and says so instead of pretending.
+This module is data only, and the one place a flag's default is written. Targets are
+``"module:function"`` strings the launcher imports after parsing, so choosing ``dm detect`` never
+imports the service stacks of ``worker`` or ``dm serve``. Every command names how its settings
+are built from its flags (``settings``) and either the service the process runner runs
+(``service``) or the one-shot that returns an exit code (``oneshot``). A command not built yet
+has neither and says so instead of pretending.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from gpustack_operator.flags import Flag
+
+PORT = (0.0, 65535.0)
 
 
 @dataclass(frozen=True)
@@ -17,11 +23,23 @@ class Command:
     path: tuple[str, ...]
     summary: str
     flags: tuple[Flag, ...]
-    target: str | None = None
-    """``module:function`` taking ``(values, positionals)`` and returning an exit code."""
+    settings: str | None = None
+    """``module:function`` building the command's settings from :class:`kit.options.Options`;
+    raises :class:`kit.options.SettingsError` (exit 2) for a configuration that cannot work."""
+    service: str | None = None
+    """``module:function``: an async function of the settings, run until stopped by
+    :mod:`gpustack_operator.process`."""
+    oneshot: str | None = None
+    """``module:function``: a function of the settings returning the exit code."""
     pending: str | None = None
     """For a service not built yet: which issue delivers it."""
     usage: str = ""
+    """Positional arguments, for the usage line; empty: the command takes none."""
+
+
+def inert(*flags: Flag) -> tuple[Flag, ...]:
+    """The same flags, accepted for compatibility and marked in ``--help`` as having no effect."""
+    return tuple(dataclasses.replace(f, inert=True) for f in flags)
 
 
 GLOBAL_FLAGS = (
@@ -50,15 +68,28 @@ GLOBAL_FLAGS = (
     Flag("version", "false", "print the binary's version and exit", kind="bool"),
 )
 
-_SERVING = (
+_HTTPS = (
     Flag("bind-address", "0.0.0.0", "the address to serve on"),
     Flag("cert-dir", "", "where tls.crt and tls.key are; self-signed when empty"),
-    Flag("kube-conn-qps", "200", "Kubernetes API client queries per second", kind="float"),
-    Flag("kube-conn-burst", "400", "Kubernetes API client burst", kind="int"),
+)
+_KUBE_CLIENT = (
+    Flag(
+        "kube-conn-qps",
+        "200",
+        "Kubernetes API client queries per second",
+        kind="float",
+        bounds=(0.001, 1e6),
+    ),
+    Flag("kube-conn-burst", "400", "Kubernetes API client burst", kind="int", bounds=(1, 1e6)),
     Flag("kube-conn-timeout", "5m", "Kubernetes API client timeout", kind="duration"),
+)
+_POOLS = (
     Flag("informer-cache-resync-period", "1h", "informer resync period", kind="duration"),
     Flag("gopool-worker-factor", "100", "worker pool size per CPU core", kind="int"),
 )
+_SERVING = (*_HTTPS, *_KUBE_CLIENT, *_POOLS)
+_AGENT_SERVING = (*_HTTPS, *inert(*_KUBE_CLIENT, *_POOLS))
+"""The agents hold no Kubernetes client: the client flags are accepted and have no effect."""
 
 _MANUFACTURER = Flag(
     "manufacturer", "", "which manufacturers to detect, comma separated; all if empty"
@@ -97,20 +128,25 @@ NATS_FLAGS = (
         "1",
         "copies of the retained bus state (streams, key-value buckets); 3 on a 3-server cluster",
         kind="int",
+        bounds=(1, 5),
     ),
 )
 
 _WORKER = (
-    _MANUFACTURER,
+    *inert(_MANUFACTURER),
     Flag(
         "kubeconfig",
         "",
         "kubeconfig path (default: in-cluster, else $KUBECONFIG); 'none' keeps the ledger "
         "in the bus instead of a cluster",
     ),
-    Flag("disable-applications", "", "applications to skip installing, or * for all", kind="list"),
-    Flag("secure-port", "31443", "the HTTPS port", kind="int"),
-    Flag("disable-auths", "false", "skip authentication and authorization", kind="bool"),
+    *inert(
+        Flag(
+            "disable-applications", "", "applications to skip installing, or * for all", kind="list"
+        )
+    ),
+    Flag("secure-port", "31443", "the HTTPS port", kind="int", bounds=PORT),
+    *inert(Flag("disable-auths", "false", "skip authentication and authorization", kind="bool")),
     Flag(
         "kube-leader-election",
         "true",
@@ -120,19 +156,21 @@ _WORKER = (
     Flag("kube-leader-election-id", "worker.gpustack.ai", "the election's unique ID"),
     Flag("kube-leader-lease", "15s", "how long leadership is held", kind="duration"),
     Flag("kube-leader-renew-timeout", "10s", "how long renewing may take", kind="duration"),
-    Flag("audit-log-path", "", "request audit log path"),
-    Flag("audit-policy-file", "", "request audit policy file"),
-    Flag("audit-webhook-config-file", "", "request audit webhook configuration"),
-    Flag(
-        "cors-allowed-origins",
-        "",
-        "allowed cross-domain origins (anchored regular expressions)",
-        kind="list",
-    ),
-    Flag(
-        "model-manager-service-account",
-        "gpustack-operator-model-manager",
-        "the ServiceAccount the model-manager plugin runs as",
+    *inert(
+        Flag("audit-log-path", "", "request audit log path"),
+        Flag("audit-policy-file", "", "request audit policy file"),
+        Flag("audit-webhook-config-file", "", "request audit webhook configuration"),
+        Flag(
+            "cors-allowed-origins",
+            "",
+            "allowed cross-domain origins (anchored regular expressions)",
+            kind="list",
+        ),
+        Flag(
+            "model-manager-service-account",
+            "gpustack-operator-model-manager",
+            "the ServiceAccount the model-manager plugin runs as",
+        ),
     ),
     Flag(
         "hf-endpoint",
@@ -140,7 +178,9 @@ _WORKER = (
         "the Hub ModelArtifacts are resolved against (default $HF_ENDPOINT, else "
         "https://huggingface.co)",
     ),
-    *_SERVING,
+    *_HTTPS,
+    *_KUBE_CLIENT,
+    *inert(*_POOLS),
     *NATS_FLAGS,
 )
 
@@ -156,7 +196,13 @@ _WORKER_GATEWAY = (
         "how the worker is reached",
         choices=("gpustack-api", "loopback"),
     ),
-    Flag("worker-conn-gpustack-api-port", "30080", "the GPUStack server's port", kind="int"),
+    Flag(
+        "worker-conn-gpustack-api-port",
+        "30080",
+        "the GPUStack server's port",
+        kind="int",
+        bounds=PORT,
+    ),
     Flag("worker-conn-gpustack-api-scheme", "", "http or https; derived from the port if empty"),
     Flag(
         "worker-readiness-check-timeout",
@@ -164,7 +210,7 @@ _WORKER_GATEWAY = (
         "one readiness check of a worker's API services",
         kind="duration",
     ),
-    Flag("secure-port", "0", "the HTTPS port, when not on a socket", kind="int"),
+    Flag("secure-port", "0", "the HTTPS port, when not on a socket", kind="int", bounds=PORT),
     *_SERVING,
 )
 
@@ -181,7 +227,7 @@ _DM_SERVE = (
         "/var/lib/kubelet/device-plugins/kubelet.sock",
         "the kubelet socket to register on",
     ),
-    Flag("secure-port", "32443", "the HTTPS port", kind="int"),
+    Flag("secure-port", "32443", "the HTTPS port", kind="int", bounds=PORT),
     Flag(
         "node-name", "", "the node it runs on (default $KUBERNETES_NODE_NAME, else the host name)"
     ),
@@ -204,12 +250,17 @@ _DM_SERVE = (
         kind="duration",
     ),
     _SIMULATE,
-    *_SERVING,
+    *_AGENT_SERVING,
     *NATS_FLAGS,
 )
 
 _MODEL_MANAGER = (
-    Flag("node-name", "", "the node it runs on, also its NodeModelStore's name"),
+    Flag(
+        "node-name",
+        "",
+        "the node it runs on, also its NodeModelStore's name "
+        "(default $KUBERNETES_NODE_NAME, else the host name)",
+    ),
     Flag("kubelet-dir", "/var/lib/kubelet", "kubelet's root directory"),
     Flag("cache-root", "/var/lib/gpustack/models", "the node's cache directory"),
     Flag(
@@ -217,8 +268,14 @@ _MODEL_MANAGER = (
         "",
         "the CSI socket (default <kubelet-dir>/plugins/model.csi.gpustack.ai/csi.sock)",
     ),
-    Flag("secure-port", "32444", "the HTTPS port: metrics, readiness and liveness", kind="int"),
-    *_SERVING,
+    Flag(
+        "secure-port",
+        "32444",
+        "the HTTPS port: metrics, readiness and liveness",
+        kind="int",
+        bounds=PORT,
+    ),
+    *_AGENT_SERVING,
     *NATS_FLAGS,
 )
 
@@ -269,19 +326,28 @@ _STANDALONE = (
         "4222",
         "the embedded NATS server's client port (0 picks a free one)",
         kind="int",
+        bounds=PORT,
     ),
-    Flag("worker-port", "31443", "the worker's HTTPS port (0 picks a free one)", kind="int"),
+    Flag(
+        "worker-port",
+        "31443",
+        "the worker's HTTPS port (0 picks a free one)",
+        kind="int",
+        bounds=PORT,
+    ),
     Flag(
         "device-manager-port",
         "32443",
         "the device agent's HTTPS port (0 picks a free one)",
         kind="int",
+        bounds=PORT,
     ),
     Flag(
         "model-manager-port",
         "32444",
         "the model agent's HTTPS port (0 picks a free one)",
         kind="int",
+        bounds=PORT,
     ),
     Flag("run-for", "0s", "stop after this long (0 runs until interrupted)", kind="duration"),
     *(
@@ -296,7 +362,8 @@ COMMANDS = (
         ("worker",),
         "The control plane: reconciles node events into CRDs.",
         _WORKER,
-        target="controlplane.running:worker_command",
+        settings="controlplane.settings:settings_from",
+        service="controlplane.running:run",
     ),
     Command(
         ("worker-gateway",),
@@ -308,13 +375,15 @@ COMMANDS = (
         ("device-manager", "serve"),
         "The per-node device agent (kubelet device plugin).",
         _DM_SERVE,
-        target="agent.running:serve_command",
+        settings="agent.serve_settings:settings_from",
+        service="agent.running:run",
     ),
     Command(
         ("model-manager",),
         "The per-node model cache (CSI node plugin).",
         _MODEL_MANAGER,
-        target="agent.models.running:model_manager_command",
+        settings="agent.models.settings:settings_from",
+        service="agent.models.running:run",
     ),
     Command(
         ("model-manager", "manifest"),
@@ -335,44 +404,51 @@ COMMANDS = (
             ),
             Flag("hf-endpoint", "", "the Hub (default $HF_ENDPOINT, else https://huggingface.co)"),
         ),
-        target="agent.models.manifest_cli:manifest_command",
+        settings="agent.models.manifest_cli:settings_from",
+        oneshot="agent.models.manifest_cli:manifest_command",
         usage=" REPOSITORY",
     ),
     Command(
         ("device-manager", "detect"),
         "Run one detect pass and print the Devices spec.groups (a pure read).",
         _ONE_SHOT,
-        target="agent.oneshots:detect_command",
+        settings="agent.settings:detect_settings_from",
+        oneshot="agent.oneshots:detect_command",
     ),
     Command(
         ("device-manager", "monitor"),
         "Take one utilization sample per manufacturer and print it (a pure read).",
         _ONE_SHOT,
-        target="agent.oneshots:monitor_command",
+        settings="agent.settings:detect_settings_from",
+        oneshot="agent.oneshots:monitor_command",
     ),
     Command(
         ("device-manager", "preflight"),
         "Prove that the allocation modes work on this node (acts on the node).",
         _PREFLIGHT,
-        target="agent.preflight.running:preflight_command",
+        settings="agent.preflight.running:settings_from",
+        oneshot="agent.preflight.running:preflight_command",
     ),
     Command(
         ("standalone",),
         "Everything on one machine without a cluster: embedded NATS, device and model agents, worker.",
         _STANDALONE,
-        target="gpustack_operator.standalone:standalone_command",
+        settings="gpustack_operator.standalone:settings_from",
+        service="gpustack_operator.standalone:main",
     ),
     Command(
         ("bus", "watch"),
         "Print the retained state of every matching node, then live bus events.",
         _BUS_WATCH,
-        target="gpustack_operator.buscli:watch_command",
+        settings="gpustack_operator.buscli:watch_settings",
+        service="gpustack_operator.buswatching:main",
     ),
     Command(
         ("bus", "schema"),
         "Print the JSON Schema of every bus event.",
         (),
-        target="gpustack_operator.buscli:schema_command",
+        settings="gpustack_operator.buscli:schema_settings",
+        oneshot="gpustack_operator.buscli:schema_command",
     ),
 )
 

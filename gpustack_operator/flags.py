@@ -11,6 +11,7 @@ underscores); the command line wins. :func:`parse` returns where each value came
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from collections.abc import Mapping, Sequence
@@ -37,6 +38,11 @@ class Flag:
     kind: Kind = "str"
     short: str | None = None
     choices: tuple[str, ...] = ()
+    bounds: tuple[float, float] | None = None
+    """Inclusive range of an ``int``, ``float`` or ``duration`` value (durations in seconds)."""
+    inert: bool = False
+    """Accepted for compatibility with the reference command line and read by nothing here;
+    ``--help`` says so. Every other flag is read by its command's settings (a test checks)."""
 
     @property
     def env(self) -> str:
@@ -89,17 +95,35 @@ def convert(flag: Flag, text: str) -> object:
             raise FlagError(f"must be one of {', '.join(flag.choices)}")
         if flag.kind == "bool":
             return parse_bool(text)
-        if flag.kind == "int":
-            return int(text)
-        if flag.kind == "float":
-            return float(text)
-        if flag.kind == "duration":
-            return parse_duration(text)
         if flag.kind == "list":
             return tuple(part.strip() for part in text.split(",") if part.strip())
-        return text
+        if flag.kind == "str":
+            return text
+        return _in_bounds(flag, _number(flag, text))
     except (ValueError, FlagError) as e:
         raise FlagError(f"invalid value {text!r} for --{flag.name}: {e}") from e
+
+
+def _number(flag: Flag, text: str) -> float:
+    if flag.kind == "int":
+        return int(text)
+    value = parse_duration(text) if flag.kind == "duration" else float(text)
+    if not math.isfinite(value):
+        raise FlagError("must be a finite number")
+    if flag.kind == "duration" and value < 0:
+        raise FlagError("must not be negative")
+    return value
+
+
+def _in_bounds(flag: Flag, value: float) -> float:
+    if flag.bounds is not None and not flag.bounds[0] <= value <= flag.bounds[1]:
+        low, high = (_plain(b) for b in flag.bounds)
+        raise FlagError(f"must be between {low} and {high}")
+    return value
+
+
+def _plain(number: float) -> str:
+    return str(int(number)) if float(number).is_integer() else str(number)
 
 
 def parse(
@@ -179,5 +203,6 @@ def render_help(usage: str, summary: str, flags: Sequence[Flag]) -> str:
         long = f"-{flag.name}" if len(flag.name) == 1 else f"--{flag.name}"
         names = f"-{flag.short}, {long}" if flag.short else f"    {long}"
         default = f" (default {flag.default!r})" if flag.default not in ("", "false") else ""
-        lines.append(f"  {names:<36} {flag.help}{default} [${flag.env}]")
+        inert = " (accepted for compatibility; has no effect yet)" if flag.inert else ""
+        lines.append(f"  {names:<36} {flag.help}{default}{inert} [${flag.env}]")
     return "\n".join(lines) + "\n"

@@ -4,26 +4,27 @@ Only the chosen command's module is imported (by its ``module:function`` target)
 flags are parsed and logging is configured, so ``dm detect`` starts in a few tens of
 milliseconds and never loads kubernetes_asyncio, nats, grpclib or prometheus_client.
 
-Exit codes: 0 success, 1 the command failed, 2 the command line was wrong, 3 the command is
-not implemented yet.
+Services run under :mod:`gpustack_operator.process`, which owns the loop, the signals and the
+exit codes of a long-lived process. Exit codes: 0 success, 1 the command failed, 2 the command
+line (or the configuration it makes) was wrong, 3 the command is not implemented yet.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 import sys
-from collections.abc import Callable, Sequence
-from typing import cast
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, cast
 
 from gpustack_operator import __version__, logs
 from gpustack_operator.commands import ALIASES, COMMANDS, GLOBAL_FLAGS, Command
 from gpustack_operator.flags import FlagError, Parsed, effective_cmdline, parse, render_help
+from kit.options import Options, SettingsError
 
 EXIT_USAGE = 2
 EXIT_PENDING = 3
-
-Target = Callable[[dict[str, object], list[str]], int]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -61,19 +62,58 @@ def run(command: Command, parsed: Parsed) -> int:
         return EXIT_USAGE
     if parsed.values["print_cmdline"]:
         print(effective_cmdline(command.path, parsed), file=sys.stderr)
-    if command.target is None:
+    if command.settings is None:
         print(f"gpustack-operator {name}: not implemented yet ({command.pending})", file=sys.stderr)
         return EXIT_PENDING
-    module_name, _, function = command.target.partition(":")
-    target = cast(Target, getattr(importlib.import_module(module_name), function))
+    if parsed.positionals and not command.usage:
+        unexpected = " ".join(parsed.positionals)
+        print(f"gpustack-operator {name}: unexpected arguments: {unexpected}", file=sys.stderr)
+        return EXIT_USAGE
+    options = Options(parsed.values, positionals=parsed.positionals, env=os.environ)
     try:
-        return target(parsed.values, parsed.positionals)
+        settings = _load(command.settings)(options)
+    except SettingsError as e:
+        print(f"gpustack-operator {name}: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    if command.service is not None:
+        return _serve(name, _load(command.service), settings)
+    assert command.oneshot is not None
+    return _once(_load(command.oneshot), settings)
+
+
+def _serve(name: str, service: Callable[[Any], Awaitable[object]], settings: object) -> int:
+    from gpustack_operator import process  # loads the service stacks' error types
+
+    return process.run_service(process.Service(name, functools.partial(service, settings)))
+
+
+def _once(oneshot: Callable[[Any], int], settings: object) -> int:
+    try:
+        return oneshot(settings)
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:
         # The reader of stdout went away (``| head``); that is not our failure.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+
+
+def _load(target: str) -> Callable[..., Any]:
+    module_name, _, function = target.partition(":")
+    return cast(Callable[..., Any], getattr(importlib.import_module(module_name), function))
+
+
+def options_for(
+    path: Sequence[str], argv: Sequence[str] = (), env: Mapping[str, str] | None = None
+) -> Options:
+    """The options the launcher would hand ``path``'s settings builder (tests, benchmarks).
+
+    :raises FlagError: as the command line would be refused.
+    """
+    command = next(c for c in COMMANDS if c.path == tuple(path))
+    environment = {} if env is None else env
+    parsed = parse(argv, (*command.flags, *GLOBAL_FLAGS), environment)
+    return Options(parsed.values, positionals=parsed.positionals, env=environment)
 
 
 def find_command(args: list[str]) -> tuple[Command, list[str]]:

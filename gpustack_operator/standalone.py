@@ -16,12 +16,11 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import os
-import signal
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import cast
 
 import anyio
 import anyio.abc
@@ -33,14 +32,14 @@ from agent.models import running as models_running
 from agent.models.policy import MemoryPolicy
 from agent.models.settings import ModelManagerSettings
 from bus import embedded
-from bus.errors import BusError
+from bus.settings import BusSettings
 from controlplane import running as worker_running
-from kit import serving
+from controlplane.settings import WorkerSettings
+from hub import endpoints
+from kit.options import Options, SettingsError
+from kit.serving import HttpsSettings
 
 log = logging.getLogger(__name__)
-
-EXIT_FAILED = 1
-EXIT_USAGE = 2
 
 
 class StandaloneSettings(msgspec.Struct, frozen=True, kw_only=True):
@@ -48,49 +47,55 @@ class StandaloneSettings(msgspec.Struct, frozen=True, kw_only=True):
     nats_port: int
     agent: serve_settings.ServeSettings
     models: ModelManagerSettings
-    worker: worker_running.WorkerSettings
-    run_for_s: float = 0.0
+    worker: WorkerSettings
+    run_for_s: float
     """Stop after this many seconds (demos, smoke tests); 0 runs until interrupted."""
 
 
-def settings_from(
-    values: Mapping[str, object], env: Mapping[str, str], *, version: str
-) -> StandaloneSettings:
-    """Build every component's settings from the standalone flags (the process edge)."""
-    state_dir = cast(str, values.get("state_dir") or "") or _default_state_dir(env)
-    device_values = {
-        **values,
-        "kube_socket": os.path.join(state_dir, "device-plugins", "kubelet.sock"),
-        "secure_port": values.get("device_manager_port", 32443),
-    }
-    agent = serve_settings.settings_from(device_values, env, version=version)
-    worker_values = {
-        **values,
-        "kubeconfig": "none",
-        "secure_port": values.get("worker_port", 31443),
-        "kube_leader_election": False,
-    }
-    worker = worker_running.settings_from(worker_values, env)
+def settings_from(options: Options) -> StandaloneSettings:
+    """Build every component's settings from the standalone flags (the process edge).
+
+    The bus URL is a placeholder until the embedded server has a port; :func:`run` fills it.
+    """
+    state_dir = options.text("state-dir") or _default_state_dir(options.env)
+    bus = BusSettings()
+
+    def https(port_flag: str) -> HttpsSettings:
+        return msgspec.structs.replace(https_from_flags, port=options.integer(port_flag))
+
+    https_from_flags = HttpsSettings(
+        bind_address=options.text("bind-address"), cert_dir=options.optional_text("cert-dir")
+    )
+    kube_socket = os.path.join(state_dir, "device-plugins", "kubelet.sock")
+    agent = serve_settings.assemble(
+        options, kube_socket=kube_socket, https=https("device-manager-port"), bus=bus
+    )
+    try:
+        hub_endpoint = endpoints.endpoint_from(None, options.env)
+    except endpoints.InvalidName as e:
+        raise SettingsError(f"HF_ENDPOINT: {e}") from e
+    worker = WorkerSettings(
+        bus=bus, kube=None, https=https("worker-port"), leader_election=False,
+        hub_endpoint=hub_endpoint,
+    )  # fmt: skip
     models = ModelManagerSettings(
         node_name=agent.node_name,
         kubelet_dir=Path(state_dir, "kubelet"),
         cache_root=Path(state_dir, "models"),
         csi_socket=Path(state_dir, "csi", "csi.sock"),
-        https=msgspec.structs.replace(
-            agent.https, port=int(cast(int, values.get("model_manager_port", 32444)))
-        ),
-        bus=agent.bus,
-        hub_endpoint=env.get("HF_ENDPOINT") or "https://huggingface.co",
-        hub_token=env.get("HF_TOKEN") or None,
-        version=version,
+        https=https("model-manager-port"),
+        bus=bus,
+        hub_endpoint=hub_endpoint,
+        hub_token=options.env.get("HF_TOKEN") or None,
+        version=agent.version,
     )
     return StandaloneSettings(
         state_dir=state_dir,
-        nats_port=int(cast(int, values.get("nats_port", 4222))),
+        nats_port=options.integer("nats-port"),
         agent=agent,
         models=models,
         worker=worker,
-        run_for_s=float(cast(float, values.get("run_for", 0.0))),
+        run_for_s=options.seconds("run-for"),
     )
 
 
@@ -127,9 +132,6 @@ async def run(
         else:
             sys.stderr.write(banner)
         task_status.started(server.url)
-        if settings.run_for_s > 0:
-            await anyio.sleep(settings.run_for_s)
-            tg.cancel_scope.cancel()
 
 
 def _banner(nats_url: str, agent_url: str, worker_url: str, settings: StandaloneSettings) -> str:
@@ -147,38 +149,8 @@ def _banner(nats_url: str, agent_url: str, worker_url: str, settings: Standalone
     return "\n".join(lines) + "\n"
 
 
-async def main(settings: StandaloneSettings) -> None:
-    """Run until SIGTERM/SIGINT (or ``--run-for``), then stop within a bounded time."""
-    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-        async with anyio.create_task_group() as tg:
-
-            async def stack() -> None:
-                await run(settings)
-                tg.cancel_scope.cancel()
-
-            tg.start_soon(stack, name="standalone")
-            async for signum in signals:
-                log.info("%s received; stopping", signal.Signals(signum).name)
-                tg.cancel_scope.deadline = anyio.current_time() + 15.0
-                tg.cancel_scope.cancel()
-                break
-
-
-def standalone_command(values: dict[str, object], positionals: list[str]) -> int:
-    """The ``standalone`` target."""
-    from gpustack_operator import __version__
-
-    if positionals:
-        log.error("unexpected arguments: %s", " ".join(positionals))
-        return EXIT_USAGE
-    try:
-        settings = settings_from(values, os.environ, version=__version__)
-    except ValueError as e:
-        log.error("standalone: %s", e)
-        return EXIT_USAGE
-    try:
-        anyio.run(main, settings, backend_options={"use_uvloop": True})
-    except (BusError, serving.ServingFailed, OSError) as e:
-        log.error("standalone: %s", e)
-        return EXIT_FAILED
+async def main(settings: StandaloneSettings) -> int:
+    """The ``standalone`` service: every component until stopped, or for ``--run-for``."""
+    with anyio.move_on_after(settings.run_for_s or math.inf):
+        await run(settings)
     return 0

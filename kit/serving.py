@@ -28,6 +28,8 @@ import msgspec
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from kit.options import Options
+
 
 class ServingFailed(Exception):
     """The HTTPS endpoint could not start (port taken, unreadable certificate)."""
@@ -39,7 +41,17 @@ class HttpsSettings(msgspec.Struct, frozen=True, kw_only=True):
     """0 picks a free port (tests); services pass ``--secure-port``."""
     cert_dir: str | None = None
     """Directory holding ``tls.crt`` and ``tls.key``; None means self-signed."""
-    shutdown_timeout_s: float = 5.0
+    shutdown_timeout_s: float = 2.0
+    """Bound on closing connections when the block exits (inside the process runner's)."""
+
+
+def https_from(options: Options) -> HttpsSettings:
+    """``--bind-address``, ``--secure-port`` and ``--cert-dir`` of a serving command."""
+    return HttpsSettings(
+        bind_address=options.text("bind-address"),
+        port=options.integer("secure-port"),
+        cert_dir=options.optional_text("cert-dir"),
+    )
 
 
 @dataclass(frozen=True)

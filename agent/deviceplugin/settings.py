@@ -27,7 +27,7 @@ class DevicePluginSettings:
     register_retry_s: float = 1.0
     """Seconds between Register attempts while kubelet is absent or refuses, and between the
     level checks (our sockets present, kubelet.sock unchanged) that back up inotify."""
-    shutdown_timeout_s: float = 5.0
+    shutdown_timeout_s: float = 2.0
     """Seconds cleanup (closing servers, removing sockets) may take when cancelled."""
     pod_resources_period_s: float = 30.0
     """Seconds between pod-resources resyncs (one also follows every Allocate)."""

@@ -2,35 +2,26 @@
 
 Standard output: the resolved commit, the canonical manifest text and the digest, so a person
 can set ``expectedDigest``. ``HF_ENDPOINT`` and ``HF_TOKEN`` come from the environment. Patterns
-are comma separated (``--allow-pattern '*.json,*.safetensors'``) because the launcher keeps only
-the last value of a repeated flag.
+are comma separated or repeated (``--allow-pattern '*.json' --allow-pattern '*.safetensors'``).
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import sys
-from collections.abc import Mapping
-from typing import cast
 
 import anyio
+import msgspec
 
-from hub import resolving
+from hub import endpoints, resolving
 from hub.errors import HubError
 from hub.manifest import Manifest
+from kit.options import Options, SettingsError
 
-__all__ = ["manifest_command", "render"]
+__all__ = ["ManifestSettings", "manifest_command", "render", "settings_from"]
 
 log = logging.getLogger(__name__)
 EXIT_FAILED = 1
-EXIT_USAGE = 2
-
-
-def _patterns(values: Mapping[str, object], name: str) -> tuple[str, ...]:
-    raw = values.get(name) or ""
-    items = raw if isinstance(raw, list | tuple) else str(raw).split(",")
-    return tuple(p.strip() for p in items if str(p).strip())
 
 
 def render(manifest: Manifest) -> str:
@@ -38,26 +29,41 @@ def render(manifest: Manifest) -> str:
     return f"commit: {manifest.commit}\n{manifest.text()}digest: {manifest.digest}\n"
 
 
-def manifest_command(values: dict[str, object], positionals: list[str]) -> int:
-    if len(positionals) != 1:
-        log.error("usage: model-manager manifest REPOSITORY [--revision REV] [--allow-pattern P]")
-        return EXIT_USAGE
-    revision = cast(str, values.get("revision") or "") or "main"
-    endpoint = (
-        cast(str, values.get("hf_endpoint") or "")
-        or os.environ.get("HF_ENDPOINT")
-        or "https://huggingface.co"
-    )
-    token = os.environ.get("HF_TOKEN") or None
+class ManifestSettings(msgspec.Struct, frozen=True, kw_only=True):
+    repository: str
+    revision: str
+    endpoint: str
+    token: str | None
+    allow: tuple[str, ...]
+    ignore: tuple[str, ...]
 
+
+def settings_from(options: Options) -> ManifestSettings:
+    """:raises SettingsError: no single repository id, or an endpoint that is not a URL."""
+    if len(options.positionals) != 1:
+        raise SettingsError("needs exactly one REPOSITORY (owner/name)")
+    try:
+        return ManifestSettings(
+            repository=endpoints.repository(options.positionals[0]),
+            revision=options.text("revision") or "main",
+            endpoint=endpoints.endpoint_from(options.optional_text("hf-endpoint"), options.env),
+            token=options.env.get("HF_TOKEN") or None,
+            allow=options.items("allow-pattern"),
+            ignore=options.items("ignore-pattern"),
+        )
+    except endpoints.InvalidName as e:
+        raise SettingsError(str(e)) from e
+
+
+def manifest_command(settings: ManifestSettings) -> int:
     async def main() -> Manifest:
         return await resolving.resolve(
-            positionals[0],
-            revision,
-            endpoint=endpoint,
-            token=token,
-            allow=_patterns(values, "allow_pattern"),
-            ignore=_patterns(values, "ignore_pattern"),
+            settings.repository,
+            settings.revision,
+            endpoint=settings.endpoint,
+            token=settings.token,
+            allow=settings.allow,
+            ignore=settings.ignore,
         )
 
     try:

@@ -10,13 +10,11 @@ stay for the next start), closes the socket and the Hub session.
 from __future__ import annotations
 
 import logging
-import os
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import cast
 
 import anyio
 import anyio.to_thread
@@ -31,24 +29,19 @@ from agent.models import (
     reporting,
     server,
 )
-from agent.models.errors import ModelsError
 from agent.models.metrics import ModelMetrics
 from agent.models.policy import MemoryPolicy, Policy
 from agent.models.settings import ModelManagerSettings
 from agent.models.volumes import Volumes
 from bus import connection, kv, publishing
-from bus import settings as bus_settings
-from bus.errors import BusError
 from bus.metrics import BusMetrics
 from bus.records import StoreSpec
 from hub import client as hub_client
 from kit import serving
 
-__all__ = ["Plugin", "model_manager_command", "plugin", "settings_from"]
+__all__ = ["Plugin", "plugin", "run", "serve"]
 
 log = logging.getLogger(__name__)
-EXIT_FAILED = 1
-EXIT_USAGE = 2
 
 
 @dataclass
@@ -198,52 +191,6 @@ async def _serve_plugin(
             await anyio.sleep_forever()
 
 
-def settings_from(values: Mapping[str, object], env: Mapping[str, str]) -> ModelManagerSettings:
-    """Build the settings from flags and the environment. :raises ValueError: bad flags."""
-
-    def text(name: str) -> str:
-        return cast(str, values.get(name) or "")
-
-    node = text("node_name") or env.get("NODE_NAME", "")
-    if not node:
-        raise ValueError("--node-name is required")
-    paths = {k: text(k) for k in ("kubelet_dir", "cache_root", "csi_socket", "cert_dir")}
-    for flag, value in paths.items():
-        if value and not os.path.isabs(value):
-            raise ValueError(f"--{flag.replace('_', '-')} must be an absolute path, not {value!r}")
-    has_bus = bool(text("nats_url") or env.get("NATS_URL"))
-    return ModelManagerSettings(
-        node_name=node,
-        kubelet_dir=Path(paths["kubelet_dir"] or "/var/lib/kubelet"),
-        cache_root=Path(paths["cache_root"] or "/var/lib/gpustack/models"),
-        csi_socket=Path(paths["csi_socket"]) if paths["csi_socket"] else None,
-        https=serving.HttpsSettings(
-            bind_address=text("bind_address") or "0.0.0.0",
-            port=int(cast(int, values.get("secure_port") or 32444)),
-            cert_dir=paths["cert_dir"] or None,
-        ),
-        bus=bus_settings.from_flags(values, env) if has_bus else None,
-        hub_endpoint=env.get("HF_ENDPOINT") or "https://huggingface.co",
-        hub_token=env.get("HF_TOKEN") or None,
-    )
-
-
-def model_manager_command(values: dict[str, object], positionals: list[str]) -> int:
-    """``gpustack-operator model-manager``: serve until interrupted."""
-    if positionals:
-        log.error("model-manager: unexpected arguments: %s", " ".join(positionals))
-        return EXIT_USAGE
-    try:
-        settings = settings_from(values, os.environ)
-    except ValueError as e:
-        log.error("model-manager: %s", e)
-        return EXIT_USAGE
-    policy = MemoryPolicy()  # filled from the bus KV bucket by kvpolicy.follow
-    try:
-        anyio.run(serve, settings, policy)
-    except KeyboardInterrupt:
-        return 0
-    except (ModelsError, BusError, OSError) as e:
-        log.error("model-manager: %s", e)
-        return EXIT_FAILED
-    return 0
+async def run(settings: ModelManagerSettings) -> None:
+    """The ``model-manager`` service: :func:`serve` with a policy the bus fills."""
+    await serve(settings, MemoryPolicy())  # filled from the bus KV bucket by kvpolicy.follow

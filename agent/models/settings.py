@@ -10,10 +10,15 @@ from typing import Final
 
 import msgspec
 
+from agent.settings import node_name_from
+from bus import settings as bus_settings
 from bus.settings import BusSettings
-from kit.serving import HttpsSettings
+from hub import endpoints
+from kit.options import Options, SettingsError
+from kit.serving import HttpsSettings, https_from
+from kit.version import package_version
 
-__all__ = ["DRIVER", "ModelManagerSettings", "Tuning"]
+__all__ = ["DRIVER", "ModelManagerSettings", "Tuning", "settings_from"]
 
 DRIVER: Final = "model.csi.gpustack.ai"
 MiB: Final = 1024 * 1024
@@ -57,7 +62,7 @@ class ModelManagerSettings(msgspec.Struct, frozen=True, kw_only=True):
     https: HttpsSettings = HttpsSettings(port=32444)
     bus: BusSettings | None = None
     """None: no bus (status stays local; used by tests and air-gapped debugging)."""
-    hub_endpoint: str = "https://huggingface.co"
+    hub_endpoint: str = endpoints.DEFAULT_ENDPOINT
     """``HF_ENDPOINT``; the NodeModelStore spec overrides it once synced."""
     hub_token: str | None = None
     """``HF_TOKEN``: used when a volume brings no ``token`` secret."""
@@ -73,3 +78,32 @@ class ModelManagerSettings(msgspec.Struct, frozen=True, kw_only=True):
     @property
     def pods_dir(self) -> Path:
         return self.kubelet_dir / "pods"
+
+
+def settings_from(options: Options) -> ModelManagerSettings:
+    """Build the settings of ``model-manager`` from its flags and the environment.
+
+    Without ``--nats-url`` or ``NATS_URL`` the plugin runs with no bus (its status stays local).
+    :raises SettingsError: a relative path, or a Hub endpoint that is not a URL.
+    """
+    paths = {name: options.text(name) for name in ("kubelet-dir", "cache-root", "csi-socket")}
+    for name, value in paths.items():
+        if value and not value.startswith("/"):
+            raise SettingsError(f"--{name} must be an absolute path, not {value!r}")
+    has_bus = bool(options.text("nats-url") or options.env.get("NATS_URL"))
+    bus = bus_settings.from_options(options)
+    try:
+        hub_endpoint = endpoints.endpoint_from(None, options.env)
+    except endpoints.InvalidName as e:
+        raise SettingsError(f"HF_ENDPOINT: {e}") from e
+    return ModelManagerSettings(
+        node_name=node_name_from(options),
+        kubelet_dir=Path(paths["kubelet-dir"]),
+        cache_root=Path(paths["cache-root"]),
+        csi_socket=Path(paths["csi-socket"]) if paths["csi-socket"] else None,
+        https=https_from(options),
+        bus=bus if has_bus else None,
+        hub_endpoint=hub_endpoint,
+        hub_token=options.env.get("HF_TOKEN") or None,
+        version=package_version(),
+    )

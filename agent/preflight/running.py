@@ -11,12 +11,11 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
 
 from agent.devices import detection, sources
-from agent.devices.manufacturers import WITH_BACKEND, UnknownManufacturer, parse_manufacturers
+from agent.devices.manufacturers import WITH_BACKEND
 from agent.errors import DetectionError, ProfileError
 from agent.preflight import checking, invocations, judging, resolving, staging
 from agent.preflight.checking import Plan, Result
@@ -33,8 +32,9 @@ from agent.preflight.model import (
     render,
 )
 from agent.preflight.settings import HOST_LIB_DIR, PreflightSettings
-from agent.settings import DetectSettings
+from agent.settings import DetectSettings, manufacturers_from
 from bus import devices
+from kit.options import Options
 
 log = logging.getLogger(__name__)
 
@@ -50,36 +50,28 @@ _ORDER = (
 )
 
 
-def settings_from(values: Mapping[str, object], env: Mapping[str, str]) -> PreflightSettings:
-    """:raises UnknownManufacturer: for a bad ``--manufacturer``."""
-    manufacturer = cast(str, values.get("manufacturer") or "")
+def settings_from(options: Options) -> PreflightSettings:
+    """The settings of ``dm preflight``, from its flags (the process edge)."""
+    manufacturers, explicit = manufacturers_from(options)
     optional: dict[str, Any] = {}
-    if env.get("GPUSTACK_PREFLIGHT_LIB_SOURCE"):
-        optional["lib_source"] = env["GPUSTACK_PREFLIGHT_LIB_SOURCE"]
+    if options.env.get("GPUSTACK_PREFLIGHT_LIB_SOURCE"):
+        optional["lib_source"] = options.env["GPUSTACK_PREFLIGHT_LIB_SOURCE"]
     return PreflightSettings(
-        manufacturers=parse_manufacturers(manufacturer),
-        explicit_manufacturers=bool(manufacturer.strip()),
-        dry_run=bool(values.get("dry_run")),
-        probe_image=cast(str, values.get("probe_image") or ""),
-        host_root=cast(str, values.get("host_root") or "/host"),
-        runtime=cast(Any, values.get("runtime") or ""),
-        pci_check=not values.get("no_pci_check"),
-        simulate=cast(str, values.get("simulate") or "") or None,
-        output=cast(Any, values.get("output") or "yaml"),
+        manufacturers=manufacturers,
+        explicit_manufacturers=explicit,
+        dry_run=options.switch("dry-run"),
+        probe_image=options.text("probe-image"),
+        host_root=options.text("host-root"),
+        runtime=cast(Any, options.text("runtime")),
+        pci_check=not options.switch("no-pci-check"),
+        simulate=options.optional_text("simulate"),
+        output=cast(Any, options.text("output")),
         **optional,
     )
 
 
-def preflight_command(values: dict[str, object], positionals: list[str]) -> int:
+def preflight_command(settings: PreflightSettings) -> int:
     """Print the preflight document for this node; non-zero iff some row is unavailable."""
-    if positionals:
-        sys.stderr.write(f"unexpected arguments: {' '.join(positionals)}\n")
-        return EXIT_USAGE
-    try:
-        settings = settings_from(values, os.environ)
-    except UnknownManufacturer as e:
-        sys.stderr.write(f"--manufacturer: {e}\n")
-        return EXIT_USAGE
     try:
         document = run(settings)
     except ProfileError as e:

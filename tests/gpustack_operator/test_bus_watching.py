@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import io
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 
 import anyio
 import msgspec
@@ -27,6 +28,12 @@ class _Lines(io.StringIO):
         self.flushes += 1
         super().flush()
 
+
+
+@pytest.fixture
+async def settings(tmp_path: Path) -> AsyncIterator[BusSettings]:
+    async with testing.nats_server(tmp_path) as server:
+        yield testing.settings_for(server)
 
 async def _run_watch(settings: BusSettings, fmt: str, until: int, **kw: str | None) -> _Lines:
     out = _Lines()

@@ -16,6 +16,7 @@ import pytest
 from bus import connection, kv, state, testing
 from bus.settings import BusSettings
 from gpustack_operator import standalone
+from gpustack_operator.main import options_for
 
 pytestmark = pytest.mark.anyio
 
@@ -26,21 +27,11 @@ def anyio_backend() -> str:
 
 
 def _settings(tmp_path: Path) -> standalone.StandaloneSettings:
-    values: dict[str, object] = {
-        "state_dir": str(tmp_path / "state"),
-        "nats_port": 0,
-        "worker_port": 0,
-        "device_manager_port": 0,
-        "model_manager_port": 0,
-        "simulate": "nvidia-h200x8",
-        "node_name": "laptop.example",
-        "monitor_period": 0.5,
-        "manufacturer": "",
-        "no_pci_check": False,
-        "no_fast_failed": True,
-        "bind_address": "127.0.0.1",
-    }
-    return standalone.settings_from(values, {}, version="0.0.0-test")
+    argv = [f"--state-dir={tmp_path / 'state'}", "--nats-port=0", "--worker-port=0",
+            "--device-manager-port=0", "--model-manager-port=0", "--simulate=nvidia-h200x8",
+            "--node-name=laptop.example", "--monitor-period=0.5s", "--no-fast-failed",
+            "--bind-address=127.0.0.1"]  # fmt: skip
+    return standalone.settings_from(options_for(("standalone",), argv))
 
 
 async def test_devices_reach_the_kv_ledger_through_the_worker(tmp_path: Path) -> None:

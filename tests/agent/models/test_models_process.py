@@ -14,10 +14,13 @@ from models_harness import FILES, code_of, manager_settings, manifest_of, publis
 
 from agent.models import running
 from agent.models.policy import MemoryPolicy
+from agent.models.settings import ModelManagerSettings, settings_from
 from bus import codec, connection, events, kv, state, testing
 from bus.records import ArtifactRecord, Source
+from gpustack_operator.main import options_for
 from hub import testing as hub_testing
 from kit import serving
+from kit.options import SettingsError
 
 pytestmark = pytest.mark.anyio
 
@@ -151,21 +154,18 @@ async def _downloads(plugin: running.Plugin) -> serving.Response:
 
 
 def test_settings_from_flags() -> None:
-    values: dict[str, object] = {
-        "node_name": "n1",
-        "kubelet_dir": "/k",
-        "cache_root": "/c",
-        "csi_socket": "",
-        "secure_port": 32444,
-        "bind_address": "0.0.0.0",
-        "cert_dir": "",
-    }
-    s = running.settings_from(values, {"HF_TOKEN": "t", "HF_ENDPOINT": "http://mirror"})
+    def built(*argv: str, **env: str) -> ModelManagerSettings:
+        return settings_from(options_for(("model-manager",), argv, env))
 
+    s = built("--node-name=n1", "--kubelet-dir=/k", "--cache-root=/c",
+              HF_TOKEN="t", HF_ENDPOINT="http://mirror")  # fmt: skip
     assert s.socket_path == Path("/k/plugins/model.csi.gpustack.ai/csi.sock")
     assert (s.hub_token, s.hub_endpoint, s.bus) == ("t", "http://mirror", None)
-    with pytest.raises(ValueError, match="absolute"):
-        running.settings_from({**values, "cache_root": "rel"}, {})
-    with pytest.raises(ValueError, match="node-name"):
-        running.settings_from({**values, "node_name": ""}, {})
     assert msgspec.structs.asdict(s.https)["port"] == 32444
+    with pytest.raises(SettingsError, match="absolute"):
+        built("--cache-root=rel")
+    with pytest.raises(SettingsError, match="HF_ENDPOINT"):
+        built(HF_ENDPOINT="not a url")
+    assert built(KUBERNETES_NODE_NAME="from-env").node_name == "from-env"
+    assert built("--node-name=flag", KUBERNETES_NODE_NAME="from-env").node_name == "flag"
+    assert built("--nats-url=nats://bus:4222").bus is not None

@@ -16,6 +16,7 @@ from agent.deviceplugin import responders
 from agent.preflight import model, running
 from agent.preflight.injection import WORK_DIR
 from agent.preflight.settings import PreflightSettings
+from gpustack_operator import main as launcher
 
 CARD0 = "GPU-6f1c2b9e-3a47-5d81-9c0e-1b2a3c4d5e60"
 
@@ -404,17 +405,9 @@ def test_the_command_prints_json_and_reports_every_manufacturer(
 ) -> None:
     docker_host(host)
     monkeypatch.setenv("GPUSTACK_PREFLIGHT_LIB_SOURCE", str(lib_source))
-    values: dict[str, object] = {
-        "manufacturer": "nvidia,ascend",
-        "dry_run": True,
-        "probe_image": "",
-        "host_root": str(host.root),
-        "runtime": "",
-        "no_pci_check": False,
-        "output": "json",
-        "simulate": "nvidia-h100x8-mig",
-    }
-    assert running.preflight_command(values, []) == 0
+    argv = ["dm", "preflight", "--manufacturer=nvidia,ascend", "--dry-run", "-o", "json",
+            f"--host-root={host.root}", "--simulate=nvidia-h100x8-mig"]  # fmt: skip
+    assert launcher.main(argv) == 0
     printed = json.loads(capsys.readouterr().out)
     groups = {g["manufacturer"]: g for g in printed["accelerators"]}
     assert groups["ascend"]["detection"]["reason"] == "no-backend"
@@ -424,7 +417,7 @@ def test_the_command_prints_json_and_reports_every_manufacturer(
 
 
 def test_bad_input_is_refused_with_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
-    assert running.preflight_command({"manufacturer": "nvidai"}, []) == 2
-    assert running.preflight_command({"manufacturer": ""}, ["extra"]) == 2
-    assert running.preflight_command({"manufacturer": "nvidia", "simulate": "no-such"}, []) == 2
+    assert launcher.main(["dm", "preflight", "--manufacturer=nvidai"]) == 2
+    assert launcher.main(["dm", "preflight", "extra"]) == 2
+    assert launcher.main(["dm", "preflight", "--manufacturer=nvidia", "--simulate=no-such"]) == 2
     assert capsys.readouterr().out == ""

@@ -1,0 +1,74 @@
+"""The worker's settings: one frozen object, built from its flags and the environment.
+
+:func:`settings_from` is the only place the worker reads either; everything below receives its
+part (``bus``, ``kube``, ``https``, ``leader``) explicitly.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import msgspec
+
+from bus import settings as bus_settings
+from bus.settings import BusSettings
+from controlplane import leading
+from controlplane.k8s import client
+from hub import endpoints
+from kit.options import Options, SettingsError
+from kit.serving import HttpsSettings, https_from
+
+__all__ = ["WorkerSettings", "settings_from"]
+
+
+class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
+    """Everything the worker needs, built once at the edge."""
+
+    bus: BusSettings
+    kube: client.KubeSettings | None
+    """None: no cluster, keep the ledger in the bus (KV sink)."""
+    https: HttpsSettings
+    leader_election: bool = True
+    leader: leading.LeaderSettings = leading.LeaderSettings()
+    identity: str = ""
+    concurrency: int = 16
+    resync_s: float = 60.0
+    crd_check_s: float = 60.0
+    max_nodes: int = 20_000
+    hub_endpoint: str = endpoints.DEFAULT_ENDPOINT
+    """Where ModelArtifacts are resolved (``--hf-endpoint``, else ``$HF_ENDPOINT``)."""
+    artifact_retry_base_s: float = 1.0
+    artifact_retry_cap_s: float = 300.0
+
+
+def settings_from(options: Options) -> WorkerSettings:
+    """Build the settings from parsed flags (``--kubeconfig=none``: no cluster, bus KV ledger)."""
+    env = options.env
+    kubeconfig = options.optional_text("kubeconfig") or env.get("KUBECONFIG") or None
+    kube = None
+    if kubeconfig != "none":
+        kube = client.KubeSettings(
+            kubeconfig=kubeconfig,
+            qps=options.number("kube-conn-qps"),
+            burst=options.integer("kube-conn-burst"),
+            timeout_s=options.seconds("kube-conn-timeout"),
+        )
+    try:
+        hub_endpoint = endpoints.endpoint_from(options.optional_text("hf-endpoint"), env)
+    except endpoints.InvalidName as e:
+        raise SettingsError(f"--hf-endpoint: {e}") from e
+    return WorkerSettings(
+        bus=bus_settings.from_options(options),
+        kube=kube,
+        https=https_from(options),
+        leader_election=options.switch("kube-leader-election"),
+        leader=leading.LeaderSettings(
+            name=options.text("kube-leader-election-id"),
+            namespace=env.get("KUBERNETES_POD_NAMESPACE", "gpustack-system"),
+            lease_s=options.seconds("kube-leader-lease"),
+            renew_timeout_s=options.seconds("kube-leader-renew-timeout"),
+        ),
+        identity=env.get("POD_NAME") or f"{socket.gethostname()}_{os.getpid()}",
+        hub_endpoint=hub_endpoint,
+    )

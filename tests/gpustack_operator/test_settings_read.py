@@ -1,0 +1,85 @@
+"""Every flag a command accepts is read by its settings builder, or says it has no effect.
+
+The builders read flags through :class:`kit.options.Options`, which records each read; a flag
+that nothing reads and that ``--help`` does not mark as inert would be silently ignored.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from gpustack_operator.commands import COMMANDS, GLOBAL_FLAGS, Command
+from gpustack_operator.main import main, options_for
+
+BUILT = [c for c in COMMANDS if c.settings is not None]
+
+
+def _builder(command: Command) -> Callable[..., Any]:
+    assert command.settings is not None
+    module, _, name = command.settings.partition(":")
+    return getattr(importlib.import_module(module), name)  # type: ignore[no-any-return]
+
+
+def _positionals(command: Command) -> list[str]:
+    return ["org/model"] if command.usage else []
+
+
+@pytest.mark.parametrize("command", BUILT, ids=lambda c: " ".join(c.path))
+def test_every_live_flag_is_read(command: Command) -> None:
+    options = options_for(command.path, _positionals(command), {})
+    _builder(command)(options)
+    live = {f.name for f in command.flags if not f.inert}
+    assert live - options.read == set(), "flags nothing reads: mark them inert or read them"
+    inert = {f.name for f in command.flags if f.inert}
+    assert inert & options.read == set(), "a flag marked inert is read after all"
+
+
+@pytest.mark.parametrize("command", BUILT, ids=lambda c: " ".join(c.path))
+def test_the_launcher_handles_the_global_flags(command: Command) -> None:
+    names = {f.name for f in command.flags}
+    assert names.isdisjoint(f.name for f in GLOBAL_FLAGS)
+
+
+def test_every_command_is_built_or_pending() -> None:
+    for command in COMMANDS:
+        runs = (command.service is not None) + (command.oneshot is not None)
+        if command.settings is None:
+            assert command.pending and runs == 0
+        else:
+            assert runs == 1, command.path
+
+
+def test_inert_flags_say_so_in_help(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["worker", "--help"]) == 0
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if "--audit-log-path" in ln]
+    assert len(lines) == 1 and "has no effect" in lines[0]
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["worker", "--secure-port=-1"], "--secure-port"),
+        (["worker", "--secure-port=70000"], "--secure-port"),
+        (["standalone", "--nats-port=99999"], "--nats-port"),
+        (["standalone", "--worker-port=-3"], "--worker-port"),
+        (["worker", "--nats-state-replicas=0"], "--nats-state-replicas"),
+        (["dm", "serve", "--monitor-period=-5s"], "--monitor-period"),
+        (["worker", "--kube-conn-qps=nan"], "--kube-conn-qps"),
+        (["mm", "manifest", "../../etc"], "repository"),
+        (["mm", "manifest", "org/m", "--hf-endpoint=not-a-url"], "http(s) URL"),
+        (["dm", "serve", "stray"], "unexpected arguments"),
+        (["dm", "detect", "--manufacturer=nvidai"], "--manufacturer"),
+    ],
+)
+def test_bad_values_exit_2_with_one_line_naming_the_problem(
+    argv: list[str], needle: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0], captured.err
