@@ -135,6 +135,8 @@ async def run(
             else:
                 on_change(True)
                 tg.start_soon(lead)
+            ledger_in = "the bus KV" if api is None else "Kubernetes"
+            log.info("worker ready (HTTPS %s, ledger in %s)", worker.url, ledger_in)
             task_status.started(worker)
 
 

@@ -35,16 +35,20 @@ class SchemaSettings(msgspec.Struct, frozen=True):
 
 
 def watch_settings(options: Options) -> WatchSettings:
-    """:raises SettingsError: a ``--subject`` outside the bus's subject space."""
+    """:raises SettingsError: a ``--subject`` outside the bus's subject space, or one that
+    excludes ``--node``."""
     subject = options.optional_text("subject")
+    node = options.optional_text("node")
     if subject is not None:
         try:
-            subscribing.parse_filter(subject)
+            sub_node, _ = subscribing.parse_filter(subject)
         except BusError as e:
             raise SettingsError(f"--subject: {e}") from e
+        if node is not None and sub_node is not None and sub_node != node:
+            raise SettingsError(f"--node {node} and --subject {subject} exclude each other")
     return WatchSettings(
         bus=from_options(options),
-        node=options.optional_text("node"),
+        node=node,
         subject=subject,
         output=cast(Literal["json", "yaml"], options.text("output")),
     )

@@ -7,20 +7,26 @@ One document per event, flushed per line so ``watch … | jq`` and ``| head`` wo
 
 from __future__ import annotations
 
+import logging
 import sys
 from typing import Final, TextIO
 
+import anyio
 import msgspec
 import yaml
 
-from bus import codec, connection, events, subscribing
+from bus import codec, connection, events, subjects, subscribing
+from bus.errors import StateUnavailable
 from bus.metrics import BusMetrics
 from bus.settings import BusSettings
 from gpustack_operator.buscli import WatchSettings
 
 __all__ = ["FORMATS", "format_event", "main", "watch"]
 
+log = logging.getLogger(__name__)
+
 FORMATS: Final = ("json", "yaml")
+STATE_RETRY_S: Final = 1.0
 
 
 def format_event(event: events.Event, fmt: str) -> str:
@@ -48,7 +54,8 @@ async def watch(
     :raises InvalidSubject: ``subject`` is outside the bus's subject space.
     :raises InvalidNodeName: ``node`` cannot be put in a subject.
     :raises NotConnected: no server answered.
-    :raises StateUnavailable: the retention streams cannot be read.
+
+    Until the retention streams exist (no agent or worker has run yet) it waits for them.
     """
     if fmt not in FORMATS:
         raise ValueError(f"unknown format {fmt!r}; expected one of {', '.join(FORMATS)}")
@@ -58,17 +65,27 @@ async def watch(
         node = node or sub_node
         if sub_node is not None and sub_node != node:
             return  # the two filters exclude each other
-    async with (
-        connection.connect(settings, name="bus-watch", retry=False) as conn,
-        subscribing.subscribe(
-            conn,
-            settings=settings,
-            metrics=BusMetrics(),
-            node=node,
-            kind=kind,
-            include_state=True,
-        ) as sub,
-    ):
+    async with connection.connect(settings, name="bus-watch", retry=False) as conn:
+        while True:
+            try:
+                await _follow(conn, settings, node, kind, fmt, out)
+            except StateUnavailable as e:
+                # A dashboard may start before any agent: wait for the state to appear.
+                log.warning("waiting for the bus's retained state: %s", e)
+                await anyio.sleep(STATE_RETRY_S)
+
+
+async def _follow(
+    conn: connection.Connection,
+    settings: BusSettings,
+    node: str | None,
+    kind: subjects.Kind | None,
+    fmt: str,
+    out: TextIO,
+) -> None:
+    async with subscribing.subscribe(
+        conn, settings=settings, metrics=BusMetrics(), node=node, kind=kind, include_state=True
+    ) as sub:
         async for event in sub:
             out.write(format_event(event, fmt))
             out.flush()

@@ -29,11 +29,11 @@ class _Lines(io.StringIO):
         super().flush()
 
 
-
 @pytest.fixture
 async def settings(tmp_path: Path) -> AsyncIterator[BusSettings]:
     async with testing.nats_server(tmp_path) as server:
         yield testing.settings_for(server)
+
 
 async def _run_watch(settings: BusSettings, fmt: str, until: int, **kw: str | None) -> _Lines:
     out = _Lines()
