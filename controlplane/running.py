@@ -33,6 +33,7 @@ from controlplane.resolving import Resolver
 from controlplane.settings import WorkerSettings
 from controlplane.sinks import KubeSink, KvSink, Sink
 from kit import serving
+from kit.tasks import start_forever
 
 __all__ = ["Worker", "WorkerSettings", "run"]
 
@@ -115,13 +116,15 @@ async def run(
 
         async def lead() -> None:
             async with anyio.create_task_group() as tg:
-                tg.start_soon(processor.resync_every, settings.resync_s)
-                tg.start_soon(artifacts.resync_every, settings.resync_s)
+                start_forever(tg, "node-resync", processor.resync_every, settings.resync_s)
+                start_forever(tg, "artifact-resync", artifacts.resync_every, settings.resync_s)
                 if api is not None:
-                    tg.start_soon(crds.keep_present, api, settings.crd_check_s)
-                    tg.start_soon(processor.watch_nodes, api)
-                    tg.start_soon(artifacts.watch, api)
-                tg.start_soon(artifacts.work, max(1, settings.concurrency // 4))
+                    start_forever(tg, "crd-check", crds.keep_present, api, settings.crd_check_s)
+                    start_forever(tg, "node-watch", processor.watch_nodes, api)
+                    start_forever(tg, "artifact-watch", artifacts.watch, api)
+                start_forever(
+                    tg, "artifact-workers", artifacts.work, max(1, settings.concurrency // 4)
+                )
                 await processor.work(settings.concurrency)
 
         def on_change(now_leading: bool) -> None:
@@ -129,12 +132,12 @@ async def run(
             metrics.leader.set(1 if now_leading else 0)
 
         async with anyio.create_task_group() as tg:
-            tg.start_soon(_ingest, sub, processor)
+            start_forever(tg, "ingest", _ingest, sub, processor)
             if api is not None and settings.leader_election:
-                tg.start_soon(_elected, api, settings, lead, on_change)
+                tg.start_soon(_elected, api, settings, lead, on_change, name="election")
             else:
                 on_change(True)
-                tg.start_soon(lead)
+                tg.start_soon(lead, name="leader")
             ledger_in = "the bus KV" if api is None else "Kubernetes"
             log.info("worker ready (HTTPS %s, ledger in %s)", worker.url, ledger_in)
             task_status.started(worker)

@@ -121,8 +121,12 @@ async def run(
         bus = msgspec.structs.replace(settings.agent.bus, url=server.url)
         worker_settings = msgspec.structs.replace(settings.worker, bus=bus)
         agent_settings = msgspec.structs.replace(settings.agent, bus=bus)
-        worker = await tg.start(functools.partial(worker_running.run, worker_settings))
-        agent = await tg.start(functools.partial(agent_running.run, agent_settings))
+        worker = await tg.start(
+            functools.partial(worker_running.run, worker_settings), name="worker"
+        )
+        agent = await tg.start(
+            functools.partial(agent_running.run, agent_settings), name="device-agent"
+        )
         models_settings = msgspec.structs.replace(settings.models, bus=bus)
         # The model agent follows the worker's KV records (store spec, artifacts) like on a node.
         tg.start_soon(models_running.serve, models_settings, MemoryPolicy(), name="model-agent")
