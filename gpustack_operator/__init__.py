@@ -1,6 +1,10 @@
-"""The ``gpustack-operator`` launcher: parses the command line and hands off to one command.
+"""The ``gpustack-operator`` launcher: the command line, the process, and ``standalone``.
 
-It sits above ``agent`` and ``controlplane`` and imports only the chosen command's module.
+What lives here: the command table and Go-style flags (``commands``, ``flags``), klog-style
+logging (``logs``), the entry point (``main``), the one process runner that owns the event loop,
+signals and exit codes of every service (``process``), the bus tools (``buscli``,
+``buswatching``) and ``standalone``, the one place that composes ``agent`` and ``controlplane``.
+It sits above both and imports only the chosen command's modules.
 """
 
 __version__ = "0.1.0"
