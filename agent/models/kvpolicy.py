@@ -20,28 +20,9 @@ from bus import kv, records
 from bus.connection import Connection
 from bus.errors import BusError
 
-__all__ = ["artifact_from", "follow", "read_once"]
+__all__ = ["follow", "read_once"]
 
 log = logging.getLogger(__name__)
-
-
-def artifact_from(record: kv.ArtifactRecord) -> records.ArtifactRecord:
-    """The control plane's KV record as the plugin's authorization record."""
-    resolved = record.manifest_digest is not None and record.revision is not None
-    return records.ArtifactRecord(
-        namespace=record.namespace,
-        name=record.name,
-        uid=record.uid,
-        source=records.Source(
-            hub="huggingFace", repository=record.source.repository, revision=record.source.revision
-        ),
-        resolved=resolved,
-        manifest_digest=record.manifest_digest,
-        commit=record.revision,
-        allow_patterns=tuple(getattr(record, "allow_patterns", ()) or ()),
-        ignore_patterns=tuple(getattr(record, "ignore_patterns", ()) or ()),
-        secret_name=record.token_secret.name if record.token_secret else None,
-    )
 
 
 async def read_once(conn: Connection, bucket: kv.Bucket, node: str) -> MemoryPolicy:
@@ -56,14 +37,14 @@ async def read_once(conn: Connection, bucket: kv.Bucket, node: str) -> MemoryPol
         if not data:
             continue
         try:
-            artifacts.append(artifact_from(msgspec.json.decode(data, type=kv.ArtifactRecord)))
+            artifacts.append(msgspec.json.decode(data, type=records.ArtifactRecord))
         except (msgspec.DecodeError, msgspec.ValidationError) as e:
             log.warning("skipping malformed artifact record %s: %s", subject, e)
     spec = None
     got = await bucket.get(kv.nms_key(node))
     if got is not None:
         try:
-            raw = msgspec.json.decode(got[0], type=kv.StoreSpecRecord)
+            raw = msgspec.json.decode(got[0], type=records.StoreSpecRecord)
             spec = msgspec.convert(raw.spec, records.StoreSpec)
         except (msgspec.DecodeError, msgspec.ValidationError) as e:
             log.warning("malformed NodeModelStore spec for %s: %s", node, e)
