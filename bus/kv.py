@@ -84,8 +84,8 @@ def artifact_key(namespace: str, name: str) -> str:
 
 Observer = Callable[[str, str], None]
 """Called with ``(verb, result)`` after every bucket operation: verbs ``kv_get``, ``kv_put``,
-``kv_delete``, ``kv_keys``; results ``ok``, ``conflict`` (a failed ``last`` precondition) or
-``error``."""
+``kv_delete``, ``kv_keys``, ``kv_last``; results ``ok``, ``conflict`` (a failed ``last``
+precondition) or ``error``."""
 
 
 def _ignore(verb: str, result: str) -> None:
@@ -112,6 +112,11 @@ class Bucket:
 
     async def keys(self, prefix: str = ">") -> list[str]:
         return await self._counted("kv_keys", self._conn.kv_keys(self.name, prefix))
+
+    async def last_values(self, prefix: str = ">") -> list[tuple[str, bytes]]:
+        """``(key, value)`` of every live key matching ``prefix`` (``a.b.>`` style), deleted
+        keys skipped: one request however many keys, for readers that want the whole bucket."""
+        return await self._counted("kv_last", self._conn.kv_last_values(self.name, prefix))
 
     async def put_record(self, key: str, record: msgspec.Struct) -> int:
         """Write one of the :mod:`bus.records` records as its JSON."""

@@ -17,7 +17,6 @@ from anyio.abc import TaskStatus
 
 from agent.models.policy import MemoryPolicy
 from bus import kv, records
-from bus.connection import Connection
 from bus.errors import BusError
 
 __all__ = ["follow", "read_once"]
@@ -25,21 +24,18 @@ __all__ = ["follow", "read_once"]
 log = logging.getLogger(__name__)
 
 
-async def read_once(conn: Connection, bucket: kv.Bucket, node: str) -> MemoryPolicy:
+async def read_once(bucket: kv.Bucket, node: str) -> MemoryPolicy:
     """Read every artifact and this node's spec. :raises BusError: the bucket is unreachable.
 
-    Artifacts are read as the last message per key of the bucket's stream (one request for all
-    of them; a deleted key's last message is an empty tombstone and is skipped).
+    All artifacts come from one read of the bucket (:meth:`bus.kv.Bucket.last_values`), not a
+    request per key: a cluster with many artifacts does not multiply the cost of a sync.
     """
     artifacts: list[records.ArtifactRecord] = []
-    stream, prefix = f"KV_{bucket.name}", f"$KV.{bucket.name}."
-    for subject, data in await conn.last_per_subject(stream, prefix + "artifacts.>"):
-        if not data:
-            continue
+    for key, data in await bucket.last_values("artifacts.>"):
         try:
             artifacts.append(msgspec.json.decode(data, type=records.ArtifactRecord))
         except (msgspec.DecodeError, msgspec.ValidationError) as e:
-            log.warning("skipping malformed artifact record %s: %s", subject, e)
+            log.warning("skipping malformed artifact record %s: %s", key, e)
     spec = None
     got = await bucket.get(kv.nms_key(node))
     if got is not None:
@@ -52,7 +48,6 @@ async def read_once(conn: Connection, bucket: kv.Bucket, node: str) -> MemoryPol
 
 
 async def follow(
-    conn: Connection,
     bucket: kv.Bucket,
     node: str,
     policy: MemoryPolicy,
@@ -64,7 +59,7 @@ async def follow(
     started = False
     while True:
         try:
-            fresh = await read_once(conn, bucket, node)
+            fresh = await read_once(bucket, node)
             policy.replace(fresh)
         except BusError as e:
             log.warning("cannot read artifacts from the bus (keeping the last view): %s", e)
