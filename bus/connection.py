@@ -180,6 +180,9 @@ class Connection:
     async def _retained(
         self, stream: str, filter_subject: str, policy: api.DeliverPolicy
     ) -> list[RawMessage]:
+        return [(m.subject, m.data) for m in await self._pull(stream, filter_subject, policy)]
+
+    async def _pull(self, stream: str, filter_subject: str, policy: api.DeliverPolicy) -> list[Msg]:
         config = api.ConsumerConfig(
             deliver_policy=policy,
             ack_policy=api.AckPolicy.NONE,
@@ -254,23 +257,44 @@ class Connection:
                 return []
         return [k for k in keys if subject_matches(prefix, k)]
 
+    async def kv_last_values(self, bucket: str, prefix: str = ">") -> list[tuple[str, bytes]]:
+        """``(key, value)`` of every live key matching the filter, in one request.
+
+        One consumer on the bucket's stream delivering the last message per key, instead of
+        :meth:`kv_keys` and a :meth:`kv_get` per key: a reader of thousands of keys costs one
+        round trip. A deleted or purged key's last message is its tombstone and is skipped.
+
+        :raises StateUnavailable: the bucket does not exist or does not answer.
+        """
+        subjects = f"$KV.{bucket}."
+        msgs = await self._pull(
+            f"KV_{bucket}", subjects + prefix, api.DeliverPolicy.LAST_PER_SUBJECT
+        )
+        return [(m.subject.removeprefix(subjects), m.data) for m in msgs if not _tombstone(m)]
+
     def _bucket(self, bucket: str) -> Any:
         try:
             return self._kv[bucket]
         except KeyError:
             raise StateUnavailable(f"bucket {bucket} not opened (call kv_ensure)") from None
 
-    async def _drain_pull(self, psub: Any) -> list[RawMessage]:
+    async def _drain_pull(self, psub: Any) -> list[Msg]:
         info = await psub.consumer_info()
         remaining = int(info.num_pending)
-        out: list[RawMessage] = []
+        out: list[Msg] = []
         while remaining > 0:
             msgs = await psub.fetch(
                 batch=min(remaining, 256), timeout=self._settings.request_timeout_s
             )
-            out.extend((m.subject, m.data) for m in msgs)
+            out.extend(msgs)
             remaining = int(msgs[-1].metadata.num_pending) if msgs else remaining
         return out
+
+
+def _tombstone(msg: Msg) -> bool:
+    """A key-value delete or purge (the client's header), or a server-placed delete marker."""
+    headers = msg.headers or {}
+    return headers.get("KV-Operation") in ("DEL", "PURGE") or "Nats-Marker-Reason" in headers
 
 
 def subject_matches(pattern: str, subject: str) -> bool:

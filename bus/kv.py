@@ -9,10 +9,11 @@ Two buckets, both history 1 (last value per key), created idempotently by :func:
 ``GPUSTACK_V1_AGENTS``
     What agents need and must not fetch from Kubernetes themselves:
 
-    - ``nms.<node>``: that node's ``NodeModelStore`` spec (:class:`StoreSpecRecord`);
-    - ``artifacts.<namespace>.<name>``: a ``ModelArtifact`` a Pod in ``namespace`` may mount
-      (:class:`ArtifactRecord`). A pull token is never on the bus: the record names the Secret
-      (:class:`SecretRef`) and only the node that mounts the artifact reads it.
+    - ``nms.<node>``: that node's ``NodeModelStore`` spec;
+    - ``artifacts.<namespace>.<name>``: a ``ModelArtifact`` a Pod in ``namespace`` may mount.
+
+    The values are the records of :mod:`bus.records`, the one definition both sides encode and
+    decode; this module holds only buckets, keys and their escaping.
 
 Keys may only hold ``A-Z a-z 0-9 _ -`` per token here: every other character of a name
 (``.`` in node names, ``=`` itself) becomes ``=XX`` (uppercase hex of each UTF-8 byte), which is
@@ -23,7 +24,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Awaitable, Callable
-from typing import Any, Final, TypeVar
+from typing import Final, TypeVar
 
 import msgspec
 
@@ -33,12 +34,8 @@ from bus.errors import BusError, KeyConflict
 __all__ = [
     "AGENTS_BUCKET",
     "LEDGER_BUCKET",
-    "ArtifactRecord",
     "Bucket",
-    "HuggingFaceSource",
     "Observer",
-    "SecretRef",
-    "StoreSpecRecord",
     "artifact_key",
     "escape",
     "nms_key",
@@ -85,51 +82,10 @@ def artifact_key(namespace: str, name: str) -> str:
     return f"artifacts.{escape(namespace)}.{escape(name)}"
 
 
-class _Record(msgspec.Struct, frozen=True, kw_only=True, rename="camel", omit_defaults=True):
-    pass
-
-
-class SecretRef(_Record, frozen=True, kw_only=True):
-    """Where a pull token is kept; the token itself never travels on the bus."""
-
-    namespace: str
-    name: str
-    key: str = "token"
-
-
-class HuggingFaceSource(_Record, frozen=True, kw_only=True):
-    repository: str
-    revision: str = "main"
-
-
-class ArtifactRecord(_Record, frozen=True, kw_only=True):
-    """One ``ModelArtifact`` as the node agents see it."""
-
-    namespace: str
-    name: str
-    uid: str
-    source: HuggingFaceSource
-    manifest_digest: str | None = None
-    """The resolved manifest digest; absent until the artifact is resolved."""
-    revision: str | None = None
-    """The resolved commit."""
-    token_secret: SecretRef | None = None
-    allow_patterns: tuple[str, ...] = ()
-    """``spec.allowPatterns``: the files the manifest was listed with."""
-    ignore_patterns: tuple[str, ...] = ()
-
-
-class StoreSpecRecord(_Record, frozen=True, kw_only=True):
-    """A node's ``NodeModelStore`` spec, as the model agent applies it."""
-
-    node: str
-    spec: dict[str, Any]
-
-
 Observer = Callable[[str, str], None]
 """Called with ``(verb, result)`` after every bucket operation: verbs ``kv_get``, ``kv_put``,
-``kv_delete``, ``kv_keys``; results ``ok``, ``conflict`` (a failed ``last`` precondition) or
-``error``."""
+``kv_delete``, ``kv_keys``, ``kv_last``; results ``ok``, ``conflict`` (a failed ``last``
+precondition) or ``error``."""
 
 
 def _ignore(verb: str, result: str) -> None:
@@ -157,7 +113,13 @@ class Bucket:
     async def keys(self, prefix: str = ">") -> list[str]:
         return await self._counted("kv_keys", self._conn.kv_keys(self.name, prefix))
 
-    async def put_record(self, key: str, record: _Record) -> int:
+    async def last_values(self, prefix: str = ">") -> list[tuple[str, bytes]]:
+        """``(key, value)`` of every live key matching ``prefix`` (``a.b.>`` style), deleted
+        keys skipped: one request however many keys, for readers that want the whole bucket."""
+        return await self._counted("kv_last", self._conn.kv_last_values(self.name, prefix))
+
+    async def put_record(self, key: str, record: msgspec.Struct) -> int:
+        """Write one of the :mod:`bus.records` records as its JSON."""
         return await self.put(key, msgspec.json.encode(record))
 
     async def _counted(self, verb: str, operation: Awaitable[T]) -> T:

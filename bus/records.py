@@ -1,21 +1,25 @@
-"""What the control plane pushes to a node's model plugin, as typed records on the bus KV.
+"""Every record the control plane pushes to agents through :data:`bus.kv.AGENTS_BUCKET`.
 
-Two records, both written only by the control plane and read by the plugin:
+One module, one shape per record: the control plane encodes these and the node agents decode
+the very same classes, so the two sides cannot drift apart. Keys and buckets are in
+:mod:`bus.kv`; this module knows nothing of JetStream.
 
-- :class:`StoreSpec`, one per node: the NodeModelStore ``spec`` the plugin must follow
-  (watermarks, download limits, Hub endpoint). Invalid values are refused by :meth:`validate`,
-  and a plugin holding an invalid spec downloads and collects nothing.
-- :class:`ArtifactRecord`, one per namespace and ModelArtifact: what authorizes a volume. Only
-  resolved hub artifacts are useful; the record says so explicitly rather than by absence, so
-  the plugin can name the rule a volume broke.
+- :class:`StoreSpecRecord` (key ``nms.<node>``): a node's NodeModelStore ``spec`` as the API
+  holds it; the plugin reads it as a :class:`StoreSpec`, whose :meth:`StoreSpec.problems` refuse
+  invalid values (a plugin holding an invalid spec downloads and collects nothing).
+- :class:`ArtifactRecord` (key ``artifacts.<namespace>.<name>``): a ModelArtifact a Pod in
+  ``namespace`` may mount, what authorizes a volume. A pull token is never on the bus: the record
+  names the Secret (:class:`SecretRef`) and only the node that mounts the artifact reads it.
 
-Field names are camelCase on the wire, like the CRDs they mirror.
+The wire format is a public contract between control planes and agents of different versions:
+field names are camelCase like the CRDs they mirror, defaults are omitted, and unknown fields are
+ignored so an older reader accepts a newer writer. Change a field only by adding an optional one.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Final, Literal
+from typing import Any, Final
 
 import msgspec
 
@@ -23,9 +27,12 @@ __all__ = [
     "ArtifactRecord",
     "Download",
     "HubEndpoint",
-    "Source",
+    "HuggingFaceSource",
+    "SecretRef",
     "StoreSpec",
+    "StoreSpecRecord",
     "Watermarks",
+    "is_digest",
 ]
 
 
@@ -38,7 +45,12 @@ def is_digest(value: str) -> bool:
 
 
 class _Record(
-    msgspec.Struct, frozen=True, kw_only=True, rename="camel", forbid_unknown_fields=False
+    msgspec.Struct,
+    frozen=True,
+    kw_only=True,
+    rename="camel",
+    omit_defaults=True,
+    forbid_unknown_fields=False,
 ):
     pass
 
@@ -67,7 +79,7 @@ class HubEndpoint(_Record, frozen=True, kw_only=True):
 
 
 class StoreSpec(_Record, frozen=True, kw_only=True):
-    """A node's NodeModelStore ``spec`` as the worker computed it."""
+    """A node's NodeModelStore ``spec`` as the plugin follows it (from :class:`StoreSpecRecord`)."""
 
     watermarks: Watermarks = Watermarks()
     download: Download = Download()
@@ -96,27 +108,55 @@ class StoreSpec(_Record, frozen=True, kw_only=True):
         return found
 
 
-class Source(_Record, frozen=True, kw_only=True):
-    hub: Literal["huggingFace", "modelScope", "persistentVolumeClaim", "image"] = "huggingFace"
-    repository: str = ""
+class StoreSpecRecord(_Record, frozen=True, kw_only=True):
+    """A node's NodeModelStore spec as the control plane pushes it.
+
+    ``spec`` stays the API's untyped object, so a control plane that knows a newer field passes
+    it through; the plugin converts it to a :class:`StoreSpec` and checks it itself.
+    """
+
+    node: str
+    spec: dict[str, Any]
+
+
+class SecretRef(_Record, frozen=True, kw_only=True):
+    """Where a pull token is kept; the token itself never travels on the bus."""
+
+    namespace: str
+    name: str
+    key: str = "token"
+
+
+class HuggingFaceSource(_Record, frozen=True, kw_only=True):
+    """``spec.source.huggingFace``: the only source a ModelArtifact can have today."""
+
+    repository: str
     revision: str = "main"
+    """The ref the artifact asked for (a branch, tag or commit); the commit it resolved to is
+    :attr:`ArtifactRecord.revision`."""
 
 
 class ArtifactRecord(_Record, frozen=True, kw_only=True):
-    """A ModelArtifact as the node plugin needs it to authorize and materialize a volume."""
+    """One ``ModelArtifact`` as the node agents see it: what authorizes and fills a volume."""
 
     namespace: str
     name: str
     uid: str
-    source: Source
-    resolved: bool = False
-    """The ``Resolved`` condition is True and ``status.resolved`` is set."""
+    source: HuggingFaceSource
     manifest_digest: str | None = None
-    """``status.resolved.manifestDigest``."""
-    commit: str | None = None
+    """``status.resolved.manifestDigest``; absent until the artifact is resolved."""
+    revision: str | None = None
     """``status.resolved.revision``: the 40-hex commit the digest was listed at."""
+    token_secret: SecretRef | None = None
     allow_patterns: tuple[str, ...] = ()
+    """``spec.allowPatterns``: the files the manifest was listed with."""
     ignore_patterns: tuple[str, ...] = ()
-    secret_name: str | None = None
-    """``spec.source.*.secretRef.name``; the token itself reaches the plugin through the CSI
-    ``nodePublishSecretRef`` (the Pod's namespace), never through the bus."""
+
+    @property
+    def resolved(self) -> bool:
+        """Pinned to a digest and a commit: only then may a volume mount it.
+
+        Derived, not sent: the control plane only writes what it pinned in ``status.resolved``,
+        so a separate flag could only disagree with it.
+        """
+        return self.manifest_digest is not None and self.revision is not None

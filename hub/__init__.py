@@ -1,8 +1,9 @@
 """The Hugging Face Hub as both sides of the system use it: client, manifest, records.
 
 A package of its own, beside ``bus``, because the control plane resolves ModelArtifacts with the
-same code the node plugin verifies downloads with: one implementation means one digest. It knows
-nothing of the bus; the records the control plane pushes to nodes are in :mod:`bus.records`.
+same code the node plugin verifies downloads with: one implementation means one digest. Of the
+bus it uses only :func:`bus.records.is_digest` (the records the control plane pushes to nodes
+carry digests, and the bus may not import the hub).
 """
 
 from __future__ import annotations

@@ -11,7 +11,9 @@ and the digest is ``"sha256:" + sha256(text)``. The control plane pins this dige
 ModelArtifact's status and the node plugin refuses any content that does not hash to it, so the
 encoding must stay byte-for-byte stable: changing it is a new header version, never an edit.
 
-Everything here is pure: no I/O, no clock.
+Everything here is pure: no I/O, no clock. What a digest looks like (:func:`is_digest`) is
+written once, in :mod:`bus.records`, because the records on the bus carry it and the bus may not
+import the hub; it is re-exported here beside the code that makes digests.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Final, Literal
 
+from bus.records import is_digest
 from hub.errors import InvalidManifest
 
 __all__ = [
@@ -31,6 +34,7 @@ __all__ = [
     "Entry",
     "Manifest",
     "filtered",
+    "is_digest",
     "parse",
     "validate_path",
 ]
@@ -39,7 +43,6 @@ HEADER: Final = "gpustack-manifest v1"
 Algorithm = Literal["sha256", "gitsha1"]
 _HEX_LENGTH: Final[dict[str, int]] = {"sha256": 64, "gitsha1": 40}
 _HEX = re.compile(r"[0-9a-f]+")
-_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 MAX_PATH_BYTES: Final = 4096
 
 
@@ -148,11 +151,6 @@ def parse(text: str) -> Manifest:
     if manifest.text() != text:
         raise InvalidManifest("the manifest is not in canonical order")
     return manifest
-
-
-def is_digest(value: str) -> bool:
-    """Whether ``value`` is ``sha256:`` and 64 lowercase hex digits."""
-    return _DIGEST.fullmatch(value) is not None
 
 
 def _pattern(p: str) -> str:

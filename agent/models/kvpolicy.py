@@ -17,53 +17,30 @@ from anyio.abc import TaskStatus
 
 from agent.models.policy import MemoryPolicy
 from bus import kv, records
-from bus.connection import Connection
 from bus.errors import BusError
 
-__all__ = ["artifact_from", "follow", "read_once"]
+__all__ = ["follow", "read_once"]
 
 log = logging.getLogger(__name__)
 
 
-def artifact_from(record: kv.ArtifactRecord) -> records.ArtifactRecord:
-    """The control plane's KV record as the plugin's authorization record."""
-    resolved = record.manifest_digest is not None and record.revision is not None
-    return records.ArtifactRecord(
-        namespace=record.namespace,
-        name=record.name,
-        uid=record.uid,
-        source=records.Source(
-            hub="huggingFace", repository=record.source.repository, revision=record.source.revision
-        ),
-        resolved=resolved,
-        manifest_digest=record.manifest_digest,
-        commit=record.revision,
-        allow_patterns=tuple(getattr(record, "allow_patterns", ()) or ()),
-        ignore_patterns=tuple(getattr(record, "ignore_patterns", ()) or ()),
-        secret_name=record.token_secret.name if record.token_secret else None,
-    )
-
-
-async def read_once(conn: Connection, bucket: kv.Bucket, node: str) -> MemoryPolicy:
+async def read_once(bucket: kv.Bucket, node: str) -> MemoryPolicy:
     """Read every artifact and this node's spec. :raises BusError: the bucket is unreachable.
 
-    Artifacts are read as the last message per key of the bucket's stream (one request for all
-    of them; a deleted key's last message is an empty tombstone and is skipped).
+    All artifacts come from one read of the bucket (:meth:`bus.kv.Bucket.last_values`), not a
+    request per key: a cluster with many artifacts does not multiply the cost of a sync.
     """
     artifacts: list[records.ArtifactRecord] = []
-    stream, prefix = f"KV_{bucket.name}", f"$KV.{bucket.name}."
-    for subject, data in await conn.last_per_subject(stream, prefix + "artifacts.>"):
-        if not data:
-            continue
+    for key, data in await bucket.last_values("artifacts.>"):
         try:
-            artifacts.append(artifact_from(msgspec.json.decode(data, type=kv.ArtifactRecord)))
+            artifacts.append(msgspec.json.decode(data, type=records.ArtifactRecord))
         except (msgspec.DecodeError, msgspec.ValidationError) as e:
-            log.warning("skipping malformed artifact record %s: %s", subject, e)
+            log.warning("skipping malformed artifact record %s: %s", key, e)
     spec = None
     got = await bucket.get(kv.nms_key(node))
     if got is not None:
         try:
-            raw = msgspec.json.decode(got[0], type=kv.StoreSpecRecord)
+            raw = msgspec.json.decode(got[0], type=records.StoreSpecRecord)
             spec = msgspec.convert(raw.spec, records.StoreSpec)
         except (msgspec.DecodeError, msgspec.ValidationError) as e:
             log.warning("malformed NodeModelStore spec for %s: %s", node, e)
@@ -71,7 +48,6 @@ async def read_once(conn: Connection, bucket: kv.Bucket, node: str) -> MemoryPol
 
 
 async def follow(
-    conn: Connection,
     bucket: kv.Bucket,
     node: str,
     policy: MemoryPolicy,
@@ -83,7 +59,7 @@ async def follow(
     started = False
     while True:
         try:
-            fresh = await read_once(conn, bucket, node)
+            fresh = await read_once(bucket, node)
             policy.replace(fresh)
         except BusError as e:
             log.warning("cannot read artifacts from the bus (keeping the last view): %s", e)

@@ -88,9 +88,7 @@ def authorize(ask: VolumeAsk, record: ArtifactRecord | None) -> ArtifactRecord:
             f"the ModelArtifact is not the one the volume names: {who}: uid {record.uid}, "
             f"the volume says {ask.artifact_uid}"
         )
-    if record.source.hub not in ("huggingFace",):
-        raise Denied(f"the ModelArtifact is not on a model hub: {who}: {record.source.hub}")
-    if not record.resolved or record.manifest_digest is None or record.commit is None:
+    if not record.resolved:
         raise Denied(f"the ModelArtifact is not resolved: {who}")
     if record.manifest_digest != ask.digest:
         raise Denied(

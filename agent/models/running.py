@@ -163,7 +163,7 @@ async def serve(settings: ModelManagerSettings, policy: MemoryPolicy) -> None:
         anyio.create_task_group() as tg,
     ):
         bucket = await kv.open_bucket(conn, kv.AGENTS_BUCKET)
-        await tg.start(kvpolicy.follow, conn, bucket, settings.node_name, policy)
+        await tg.start(kvpolicy.follow, bucket, settings.node_name, policy)
         await _serve_plugin(settings, policy, sink, registry)
 
 

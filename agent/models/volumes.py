@@ -210,7 +210,7 @@ class Volumes:
                 hex_,
                 Source(
                     record.source.repository,
-                    record.commit or "",
+                    record.revision or "",
                     token,
                     record.allow_patterns,
                     record.ignore_patterns,

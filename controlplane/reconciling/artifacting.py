@@ -28,7 +28,7 @@ import anyio
 import msgspec
 from anyio.abc import TaskGroup
 
-from bus import kv
+from bus import kv, records
 from bus.errors import BusError
 from controlplane import errors
 from controlplane.k8s.client import KubeClient
@@ -247,7 +247,7 @@ class ArtifactReconciler:
         now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         return artifacts.status(body, resolved=resolved, failure=failure, counts=counts, now=now)
 
-    async def _push(self, key: Key, record: kv.ArtifactRecord | None) -> None:
+    async def _push(self, key: Key, record: records.ArtifactRecord | None) -> None:
         if self._agents is None or record is None:
             return
         data = msgspec.json.encode(record)

@@ -31,7 +31,7 @@ from typing import Any, Final
 
 import msgspec
 
-from bus import events, kv
+from bus import events, records
 from controlplane.resolving import Resolved
 
 __all__ = [
@@ -178,7 +178,7 @@ def status(
     return out
 
 
-def record(body: Mapping[str, Any], spec: Spec | None) -> kv.ArtifactRecord | None:
+def record(body: Mapping[str, Any], spec: Spec | None) -> records.ArtifactRecord | None:
     """What node agents need about this artifact (never the token: only where it is kept)."""
     meta = body.get("metadata") or {}
     namespace, name = meta.get("namespace") or "", meta.get("name") or ""
@@ -187,15 +187,15 @@ def record(body: Mapping[str, Any], spec: Spec | None) -> kv.ArtifactRecord | No
     hf = spec.source.hugging_face
     pinned = (body.get("status") or {}).get("resolved") or {}
     secret = (
-        kv.SecretRef(namespace=namespace, name=hf.secret_ref.name)
+        records.SecretRef(namespace=namespace, name=hf.secret_ref.name)
         if hf.secret_ref is not None
         else None
     )
-    return kv.ArtifactRecord(
+    return records.ArtifactRecord(
         namespace=namespace,
         name=name,
         uid=meta.get("uid") or "",
-        source=kv.HuggingFaceSource(repository=hf.repository, revision=hf.revision),
+        source=records.HuggingFaceSource(repository=hf.repository, revision=hf.revision),
         manifest_digest=pinned.get("manifestDigest"),
         revision=pinned.get("revision"),
         token_secret=secret,

@@ -27,7 +27,7 @@ from typing import Any, Final
 import anyio
 import msgspec
 
-from bus import events, kv
+from bus import events, kv, records
 from controlplane import errors
 from controlplane.metrics import WorkerMetrics
 from controlplane.reconciling import labeling, objects
@@ -230,7 +230,7 @@ class NodeReconciler:
     async def _push_store_spec(self, node: str, store: Desired) -> None:
         if self._agents is None:
             return
-        data = msgspec.json.encode(kv.StoreSpecRecord(node=node, spec=store.spec or {}))
+        data = msgspec.json.encode(records.StoreSpecRecord(node=node, spec=store.spec or {}))
         if self._pushed.get(node) != data:
             with errors.mapped_bus_errors("push the store spec"):
                 await self._agents.put(kv.nms_key(node), data)

@@ -6,7 +6,7 @@ from typing import Any
 
 import msgspec
 
-from bus import events, kv
+from bus import events, records
 from controlplane.reconciling import artifacts
 from controlplane.reconciling.artifacts import Failure, Spec
 from controlplane.resolving import Resolved
@@ -84,11 +84,11 @@ def test_record_names_the_secret_never_the_token() -> None:
     spec = artifacts.parse_spec(b)
     assert isinstance(spec, Spec)
     rec = artifacts.record(b, spec)
-    assert rec == kv.ArtifactRecord(
+    assert rec == records.ArtifactRecord(
         namespace="team", name="m", uid="u-1",
-        source=kv.HuggingFaceSource(repository="org/m"),
+        source=records.HuggingFaceSource(repository="org/m"),
         manifest_digest=DIGEST, revision="c" * 40,
-        token_secret=kv.SecretRef(namespace="team", name="hf"),
+        token_secret=records.SecretRef(namespace="team", name="hf"),
         allow_patterns=("*.json",),
     )  # fmt: skip
     wire = msgspec.json.decode(msgspec.json.encode(rec))

@@ -16,7 +16,7 @@ import pytest
 from controlplane_fakeapi import FakeApi, fake_api, node
 
 import hub
-from bus import codec, connection, events, kv, subjects
+from bus import codec, connection, events, kv, records, subjects
 from bus.settings import BusSettings
 from bus.testing import eventually, nats_server, settings_for
 from controlplane import errors, leading, resolving, running
@@ -155,8 +155,8 @@ async def test_public_and_private_artifacts_resolve_and_reach_the_agents(tmp_pat
         await eventually(pushed)
         raw = await record_of(e.bus, "priv")
         assert raw is not None and TOKEN.encode() not in raw and secret.encode() not in raw
-        rec = msgspec.json.decode(raw, type=kv.ArtifactRecord)
-        assert rec.token_secret == kv.SecretRef(namespace="team", name="hf")
+        rec = msgspec.json.decode(raw, type=records.ArtifactRecord)
+        assert rec.token_secret == records.SecretRef(namespace="team", name="hf")
         assert rec.manifest_digest == priv["status"]["resolved"]["manifestDigest"]
         assert rec.uid == priv["metadata"]["uid"] and rec.revision == commit
 

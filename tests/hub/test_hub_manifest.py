@@ -50,6 +50,16 @@ def test_commit_is_not_part_of_the_digest() -> None:
     assert Manifest.of(entries, commit="1" * 40).digest == Manifest.of(entries).digest
 
 
+@given(st.lists(st.sampled_from(["a", "b/c", "é.txt"]), unique=True))
+def test_every_manifest_digest_is_one_the_bus_records_accept(paths: list[str]) -> None:
+    """The node plugin refuses a volume whose manifestDigest fails ``is_digest``: the digests
+    this module makes must all pass it."""
+    m = Manifest.of(Entry("sha256", SHA, 1, p) for p in paths)
+
+    assert manifest.is_digest(m.digest)
+    assert not manifest.is_digest(m.digest.upper())
+
+
 @pytest.mark.parametrize(
     "path",
     ["", "/etc/passwd", "../x", "a/../b", "a//b", "a/./b", "a/", ".", "a\nb", "a\tb", "a\x7fb"],

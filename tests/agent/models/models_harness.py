@@ -23,7 +23,7 @@ from agent.models.policy import MemoryPolicy
 from agent.models.settings import ModelManagerSettings, Tuning
 from bus import events
 from bus import testing as bus_testing
-from bus.records import ArtifactRecord, Source
+from bus.records import ArtifactRecord, HuggingFaceSource
 from hub import testing
 from hub.manifest import Entry, Manifest
 from proto.csi import v1 as csi
@@ -125,10 +125,9 @@ class Rig:
             namespace=namespace,
             name=name,
             uid=str(uuid.uuid4()),
-            source=Source(repository=repository),
-            resolved=True,
+            source=HuggingFaceSource(repository=repository),
             manifest_digest=manifest_of(files).digest,
-            commit=commit,
+            revision=commit,
         )
         self.policy.put(record)
         return record

@@ -176,6 +176,7 @@ def _other(record: ArtifactRecord, **changes: object) -> ArtifactRecord:
         ("missing", "the Pod's namespace has no such ModelArtifact"),
         ("uid", "the ModelArtifact is not the one the volume names"),
         ("unresolved", "the ModelArtifact is not resolved"),
+        ("undigested", "the ModelArtifact is not resolved"),
         ("digest", "the ModelArtifact resolves to another digest"),
         ("namespace", "the Pod's namespace has no such ModelArtifact"),
     ],
@@ -188,7 +189,9 @@ async def test_authorization_failures_name_their_rule(rig: Rig, change: str, rul
     elif change == "uid":
         request.volume_context["artifactUID"] = "another"
     elif change == "unresolved":
-        rig.policy.put(_other(record, resolved=False))
+        rig.policy.put(_other(record, revision=None))
+    elif change == "undigested":
+        rig.policy.put(_other(record, manifest_digest=None))
     elif change == "digest":
         rig.policy.put(_other(record, manifest_digest="sha256:" + "0" * 64))
     else:

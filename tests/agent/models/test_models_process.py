@@ -16,7 +16,7 @@ from agent.models import running
 from agent.models.policy import MemoryPolicy
 from agent.models.settings import ModelManagerSettings, settings_from
 from bus import codec, connection, events, kv, state, testing
-from bus.records import ArtifactRecord, Source
+from bus.records import ArtifactRecord, HuggingFaceSource, StoreSpecRecord
 from gpustack_operator.main import options_for
 from hub import testing as hub_testing
 from kit import serving
@@ -47,27 +47,21 @@ async def test_serve_reads_artifacts_from_kv_and_publishes_models(tmp_path: Path
         )
         async with connection.connect(bus_settings, retry=False) as conn:
             bucket = await kv.open_bucket(conn, kv.AGENTS_BUCKET)
-            record = kv.ArtifactRecord(
+            record = ArtifactRecord(
                 namespace="team-a",
                 name="llm",
                 uid="u-1",
-                source=kv.HuggingFaceSource(repository="org/model"),
+                source=HuggingFaceSource(repository="org/model"),
                 manifest_digest=digest,
                 revision=commit,
             )
             await bucket.put_record(kv.artifact_key("team-a", "llm"), record)
             await bucket.put_record(
                 kv.nms_key("node-1"),
-                kv.StoreSpecRecord(node="node-1", spec={"download": {"concurrency": 4}}),
+                StoreSpecRecord(node="node-1", spec={"download": {"concurrency": 4}}),
             )
             policy = MemoryPolicy()
-            ask = ArtifactRecord(
-                namespace="team-a",
-                name="llm",
-                uid="u-1",
-                source=Source(repository="org/model"),
-                manifest_digest=digest,
-            )
+            ask = record
             target = settings.pods_dir / "p" / "volumes" / "kubernetes.io~csi" / "m" / "mount"
             target.parent.mkdir(parents=True)
             async with anyio.create_task_group() as tg:
@@ -112,10 +106,9 @@ async def test_https_endpoints(tmp_path: Path) -> None:
             namespace="team-a",
             name="llm",
             uid="u-1",
-            source=Source(repository="org/model"),
-            resolved=True,
+            source=HuggingFaceSource(repository="org/model"),
             manifest_digest=digest,
-            commit=commit,
+            revision=commit,
         )
         policy = MemoryPolicy([ask])
         target = settings.pods_dir / "p" / "volumes" / "kubernetes.io~csi" / "m" / "mount"
