@@ -6,6 +6,7 @@ of these objects.
 
 from __future__ import annotations
 
+import re
 import socket
 from typing import Literal, cast
 
@@ -13,6 +14,9 @@ import msgspec
 
 from agent.devices.manufacturers import UnknownManufacturer, parse_manufacturers
 from kit.options import Options, SettingsError
+
+_LABEL = r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?"
+_DNS_SUBDOMAIN = re.compile(rf"{_LABEL}(\.{_LABEL})*")
 
 
 class DetectSettings(msgspec.Struct, frozen=True, kw_only=True):
@@ -38,13 +42,21 @@ def node_name_from(options: Options) -> str:
     """The node an agent runs on: ``--node-name``, else ``KUBERNETES_NODE_NAME``, else the host.
 
     The one rule for every agent (``dm serve``, ``model-manager``, ``standalone``); the
-    DaemonSets set ``KUBERNETES_NODE_NAME`` from the downward API.
+    DaemonSets set ``KUBERNETES_NODE_NAME`` from the downward API. The host name is lowercased
+    as kubelet does. :raises SettingsError: not a Kubernetes node name (a DNS subdomain), so
+    nothing such as ``a*b`` ever reaches a bus subject.
     """
-    return (
+    name = (
         options.optional_text("node-name")
         or options.env.get("KUBERNETES_NODE_NAME")
-        or socket.gethostname()
+        or socket.gethostname().lower()
     )
+    if len(name) > 253 or not _DNS_SUBDOMAIN.fullmatch(name):
+        raise SettingsError(
+            f"node name {name!r} is not a Kubernetes node name (lowercase letters, digits, "
+            "'-' and '.'); set --node-name or KUBERNETES_NODE_NAME"
+        )
+    return name
 
 
 def manufacturers_from(options: Options) -> tuple[tuple[str, ...], bool]:

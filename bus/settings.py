@@ -8,14 +8,16 @@ seconds (``_s``) and sizes bytes, so the units are in the names.
 from __future__ import annotations
 
 from typing import Final
+from urllib.parse import urlsplit
 
 import msgspec
 
-from kit.options import Options
+from kit.options import Options, SettingsError
 
 __all__ = ["DEFAULT_URL", "BusSettings", "from_options"]
 
 DEFAULT_URL: Final = "nats://127.0.0.1:4222"
+_SCHEMES: Final = frozenset({"nats", "tls", "ws", "wss"})
 """Where a process looks for the bus when neither ``--nats-url`` nor ``NATS_URL`` says."""
 
 
@@ -75,13 +77,45 @@ class BusSettings(msgspec.Struct, frozen=True, kw_only=True):
         return msgspec.structs.replace(base, **overrides)
 
 
+def server_urls(text: str) -> str:
+    """``text`` if every comma-separated entry is a NATS server URL, else :class:`SettingsError`.
+
+    The schemes nats-py speaks: ``nats``, ``tls``, ``ws``, ``wss``; each needs a host.
+    """
+    urls = [u.strip() for u in text.split(",") if u.strip()]
+    if not urls:
+        raise SettingsError("--nats-url: no server URL")
+    for url in urls:
+        try:
+            parts = urlsplit(url)
+            parts.port  # noqa: B018 - raises ValueError for a port out of range
+        except ValueError as e:
+            raise SettingsError(f"--nats-url: {redacted(url)!r}: {e}") from e
+        if parts.scheme not in _SCHEMES or not parts.hostname:
+            raise SettingsError(
+                f"--nats-url: {redacted(url)!r} is not a NATS server URL "
+                "(nats://host:4222; also tls://, ws://, wss://)"
+            )
+    return text
+
+
+def redacted(url: str) -> str:
+    """``url`` with any password replaced, for messages and logs."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":REDACTED@", 1)
+    return parts._replace(netloc=netloc).geturl()
+
+
 def from_options(options: Options) -> BusSettings:
     """Build the bus settings from the ``--nats-*`` flags: every NATS-speaking process's edge.
 
     ``NATS_URL`` fills an unset URL, as the nats tools do.
     """
+    url = options.optional_text("nats-url") or options.env.get("NATS_URL") or DEFAULT_URL
     return BusSettings(
-        url=options.optional_text("nats-url") or options.env.get("NATS_URL") or DEFAULT_URL,
+        url=server_urls(url),
         user=options.optional_text("nats-user"),
         password=options.optional_text("nats-password"),
         token=options.optional_text("nats-token"),

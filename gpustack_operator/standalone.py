@@ -37,7 +37,7 @@ from controlplane import running as worker_running
 from controlplane.settings import WorkerSettings
 from hub import endpoints
 from kit.options import Options, SettingsError
-from kit.serving import HttpsSettings
+from kit.serving import HttpsSettings, https_from
 
 log = logging.getLogger(__name__)
 
@@ -61,11 +61,8 @@ def settings_from(options: Options) -> StandaloneSettings:
     bus = BusSettings()
 
     def https(port_flag: str) -> HttpsSettings:
-        return msgspec.structs.replace(https_from_flags, port=options.integer(port_flag))
+        return https_from(options, port_flag=port_flag)
 
-    https_from_flags = HttpsSettings(
-        bind_address=options.text("bind-address"), cert_dir=options.optional_text("cert-dir")
-    )
     kube_socket = os.path.join(state_dir, "device-plugins", "kubelet.sock")
     agent = serve_settings.assemble(
         options, kube_socket=kube_socket, https=https("device-manager-port"), bus=bus

@@ -28,7 +28,7 @@ import msgspec
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from kit.options import Options
+from kit.options import Options, SettingsError
 
 
 class ServingFailed(Exception):
@@ -45,13 +45,34 @@ class HttpsSettings(msgspec.Struct, frozen=True, kw_only=True):
     """Bound on closing connections when the block exits (inside the process runner's)."""
 
 
-def https_from(options: Options) -> HttpsSettings:
-    """``--bind-address``, ``--secure-port`` and ``--cert-dir`` of a serving command."""
+def https_from(options: Options, *, port_flag: str = "secure-port") -> HttpsSettings:
+    """``--bind-address``, the port flag and ``--cert-dir`` of a serving command.
+
+    :raises SettingsError: the address is not an IP address, or the certificate directory
+        lacks ``tls.crt`` or ``tls.key``, so the mistake is one line at start-up.
+    """
     return HttpsSettings(
-        bind_address=options.text("bind-address"),
-        port=options.integer("secure-port"),
-        cert_dir=options.optional_text("cert-dir"),
+        bind_address=bind_address(options.text("bind-address")),
+        port=options.integer(port_flag),
+        cert_dir=cert_dir(options.optional_text("cert-dir")),
     )
+
+
+def bind_address(text: str) -> str:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError as e:
+        raise SettingsError(f"--bind-address {text!r} is not an IP address") from e
+    return text
+
+
+def cert_dir(path: str | None) -> str | None:
+    if path is None:
+        return None
+    missing = [name for name in ("tls.crt", "tls.key") if not os.path.isfile(Path(path, name))]
+    if missing:
+        raise SettingsError(f"--cert-dir {path}: no {' or '.join(missing)} there")
+    return path
 
 
 @dataclass(frozen=True)

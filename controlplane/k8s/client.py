@@ -268,7 +268,15 @@ async def _configuration(settings: KubeSettings) -> k8s.Configuration:
             except ConfigException:
                 await k8s_config.load_kube_config(client_configuration=conf)
     except (ConfigException, OSError, TypeError, ValueError) as e:
-        raise errors.SinkUnavailable(f"no usable Kubernetes configuration: {e}") from e
+        tried = (
+            f"the kubeconfig {settings.kubeconfig}"
+            if settings.kubeconfig
+            else "in-cluster service account, then ~/.kube/config"
+        )
+        raise errors.SinkUnavailable(
+            f"no usable Kubernetes configuration ({tried}: {e}); set --kubeconfig or "
+            "KUBECONFIG, or run with --kubeconfig=none to keep the ledger in the bus"
+        ) from e
     return conf
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,13 +25,17 @@ def _builder(command: Command) -> Callable[..., Any]:
     return getattr(importlib.import_module(module), name)  # type: ignore[no-any-return]
 
 
-def _positionals(command: Command) -> list[str]:
-    return ["org/model"] if command.usage else []
+def _argv(command: Command, tmp_path: Path) -> list[str]:
+    """The least a command needs to build its settings on a machine with no kubelet."""
+    argv = ["org/model"] if command.usage else []
+    if "kube-socket" in {f.name for f in command.flags}:
+        argv.append(f"--kube-socket={tmp_path}/kubelet.sock")
+    return argv
 
 
 @pytest.mark.parametrize("command", BUILT, ids=lambda c: " ".join(c.path))
-def test_every_live_flag_is_read(command: Command) -> None:
-    options = options_for(command.path, _positionals(command), {})
+def test_every_live_flag_is_read(command: Command, tmp_path: Path) -> None:
+    options = options_for(command.path, _argv(command, tmp_path), {})
     _builder(command)(options)
     live = {f.name for f in command.flags if not f.inert}
     assert live - options.read == set(), "flags nothing reads: mark them inert or read them"
@@ -73,6 +78,16 @@ def test_inert_flags_say_so_in_help(capsys: pytest.CaptureFixture[str]) -> None:
         (["mm", "manifest", "org/m", "--hf-endpoint=not-a-url"], "http(s) URL"),
         (["dm", "serve", "stray"], "unexpected arguments"),
         (["dm", "detect", "--manufacturer=nvidai"], "--manufacturer"),
+        (["dm", "serve", "--kube-socket=/nonexistent/dir/kubelet.sock"], "does not exist"),
+        (["mm", "--node-name=a*b"], "not a Kubernetes node name"),
+        (["mm", "--node-name=bad node>"], "not a Kubernetes node name"),
+        (["worker", "--bind-address=not-an-ip"], "--bind-address"),
+        (["mm", "--cert-dir=/nonexistent"], "--cert-dir"),
+        (["worker", "--nats-url=not a url"], "--nats-url"),
+        (["worker", "--nats-url=http://bus:4222"], "--nats-url"),
+        (["bus", "watch", "--nats-url=nats://bus:99999"], "--nats-url"),
+        (["bus", "watch", "--node=a", "--subject=gpustack.v1.node.b.health"], "exclude"),
+        (["bus", "watch", "--subject=other.subject"], "--subject"),
     ],
 )
 def test_bad_values_exit_2_with_one_line_naming_the_problem(
