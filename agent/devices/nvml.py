@@ -247,7 +247,8 @@ class Nvml:
         try:
             return fn(*args, **kwargs)
         except self.library.NVMLError as e:
-            self.errors_by_call[name] += 1
+            if int(e.value) != NOT_SUPPORTED:  # "this card has no such value": not an error
+                self.errors_by_call[name] += 1
             raise map_error(name, int(e.value), str(e)) from e
 
     def _call_unless(self, absent: frozenset[int], name: str, *args: Any) -> Any:
@@ -347,8 +348,14 @@ class Nvml:
         return int(self._call("nvmlDeviceGetArchitecture", h))
 
     def mig_mode(self, h: Handle) -> bool:
-        """The *current* MIG mode (a pending change takes effect only after a reset)."""
-        current, _pending = self._call("nvmlDeviceGetMigMode", h)
+        """The *current* MIG mode (a pending change takes effect only after a reset).
+
+        A card that is not MIG-capable answers NOT_SUPPORTED: that is "off", not a failure.
+        """
+        got = self._call_unless(frozenset({NOT_SUPPORTED}), "nvmlDeviceGetMigMode", h)
+        if got is _ABSENT:
+            return False
+        current, _pending = got
         return bool(current)
 
     def gpu_instance_profiles(self, h: Handle) -> tuple[GpuInstanceProfile, ...]:

@@ -64,7 +64,9 @@ def test_every_code_class_maps_to_its_error(code: int, error: type[Exception]) -
     assert isinstance(info.value.__cause__, NVMLError)
     assert info.value.call == "nvmlDeviceGetName"
     assert info.value.code == code
-    assert adapter.errors_by_call == {"nvmlDeviceGetName": 1}
+    # NOT_SUPPORTED says the card has no such value; it is raised but not counted as an error.
+    expected = {} if code == 3 else {"nvmlDeviceGetName": 1}
+    assert adapter.errors_by_call == expected
 
 
 def test_call_failed_names_the_call_and_code() -> None:
@@ -216,8 +218,8 @@ def test_system_and_usage_values() -> None:
     assert adapter.device_count() == 8
     assert (adapter.minor_number(h), adapter.compute_capability(h)) == (2, (9, 0))
     assert adapter.architecture(h) == 9
-    with pytest.raises(NvmlUnsupported):
-        adapter.mig_mode(h)  # the simulated H200 is not MIG-capable
+    assert adapter.mig_mode(h) is False  # the simulated H200 is not MIG-capable
+    assert "nvmlDeviceGetMigMode" not in adapter.errors_by_call
     assert adapter.utilization(h) == 100
     assert adapter.temperature(h) == 64
     assert adapter.power_usage(h) == 689999
@@ -260,3 +262,10 @@ def test_mig_instances_round_trip_through_the_adapter() -> None:
         adapter.destroy_compute_instance(ci.handle)
         adapter.destroy_gpu_instance(gi.handle)
         assert adapter.mig_devices(h) == ()
+
+
+def test_a_card_without_mig_reads_as_mig_off_without_counting_an_error() -> None:
+    adapter = Nvml(_Library(nvmlDeviceGetMigMode=_raise(3)))
+    for _ in range(8):
+        assert adapter.mig_mode(object()) is False
+    assert adapter.errors_by_call == {}
