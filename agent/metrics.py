@@ -66,9 +66,13 @@ class Sources:
 
 
 class AgentMetrics:
-    """The agent's metrics on ``registry`` (one instance per registry)."""
+    """The agent's own counters and histograms on ``registry`` (one instance per registry).
 
-    def __init__(self, registry: CollectorRegistry, sources: Sources) -> None:
+    The scrape-time families (per accelerator, NVML errors, outbox depth, registrations) read
+    the observer, which writes these: :func:`register_view` adds them once it exists.
+    """
+
+    def __init__(self, registry: CollectorRegistry) -> None:
         self.detection_seconds = Histogram(
             "gpustack_agent_detection_pass_seconds",
             "Duration of one detection pass.",
@@ -87,7 +91,11 @@ class AgentMetrics:
             ["manufacturer"],
             registry=registry,
         )
-        registry.register(_Collector(sources))
+
+
+def register_view(registry: CollectorRegistry, sources: Sources) -> None:
+    """Produce the scrape-time families from ``sources`` on ``registry`` (once per registry)."""
+    registry.register(_Collector(sources))
 
 
 class _Collector(Collector):

@@ -4,14 +4,19 @@ The process is one task group (:func:`run`); each long-lived part is a child tha
 readiness with ``tg.start``, and shutdown is the same tree unwound (every cleanup shielded and
 time-bounded by its owner):
 
-1. the backends (real NVML/sysfs, or a simulated tree and NVML), open for the whole process;
-2. the bus link (not awaited: with NATS unreachable the agent still serves kubelet and metrics,
-   and :class:`EventSink` keeps the latest state until the publisher exists);
-3. HTTPS (``/metrics``, ``/readyz``, ``/livez``, ``/monitor/snapshot``);
-4. the device plugins (bound and registered on the first :meth:`Plugins.update`);
-5. the observer: one pass every monitor period (detection, sampling, health re-check), started
-   once the first pass is published;
-6. the XID watcher (NVIDIA only) and the heartbeat.
+1. the bus publisher, created before any connection: its outbox keeps the latest state (and a
+   bounded number of samples) until NATS answers;
+2. the backends (real NVML/sysfs, or a simulated tree and NVML), open for the whole process;
+3. the bus link (not awaited: with NATS unreachable the agent still serves kubelet and metrics;
+   :func:`bus.publishing.link` attaches the publisher whenever the connection comes up);
+4. HTTPS (``/metrics``, ``/readyz``, ``/livez``, ``/monitor/snapshot``);
+5. the device plugins (bound and registered on the first :meth:`Plugins.update`);
+6. the observer: one pass every monitor period (detection, sampling, health re-check), started
+   with the plugins it pushes to, once the first pass is published;
+7. the XID watcher (NVIDIA only) and the heartbeat.
+
+Objects are built in dependency order: the metrics the observer writes exist before it, the
+scrape-time view that reads it is registered after it (:func:`agent.metrics.register_view`).
 
 Every decision is made synchronously by :class:`agent.health.HealthBook` and
 :func:`agent.health.overlay`; this module only moves data between the threads, the bus, kubelet
@@ -23,7 +28,6 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import ExitStack, asynccontextmanager
 from dataclasses import dataclass
@@ -42,10 +46,9 @@ from agent.devices import detection, nvidia, sources
 from agent.devices.nvml import Nvml
 from agent.serve_settings import ServeSettings
 from bus import devices, events
-from bus.connection import connect
 from bus.errors import BusError
 from bus.metrics import BusMetrics
-from bus.publishing import Publisher, publisher
+from bus.publishing import Publisher, link, publisher
 from kit import serving
 
 log = logging.getLogger(__name__)
@@ -61,7 +64,7 @@ class Running:
     server: serving.Server
     plugins: Plugins
     backends: Sequence[detection.Backend]
-    sink: EventSink
+    publisher: Publisher
 
 
 async def run(
@@ -71,20 +74,25 @@ async def run(
 ) -> None:
     """The whole agent; ``task_status.started`` once the first pass is published."""
     registry = CollectorRegistry(auto_describe=True)
-    bus_metrics = BusMetrics(registry)
-    sink = EventSink(max_samples=settings.bus.outbox_size, metrics=bus_metrics)
-    async with opened_backends(settings) as backends, anyio.create_task_group() as tg:
-        observer = Observer(settings, backends, sink)
-        observer.metrics = metrics.AgentMetrics(registry, observer.metric_sources())
-        tg.start_soon(link_bus, settings, sink, bus_metrics, name="bus-link")
+    async with (
+        publisher(settings=settings.bus, metrics=BusMetrics(registry)) as pub,
+        opened_backends(settings) as backends,
+        anyio.create_task_group() as tg,
+    ):
+        publish = functools.partial(publish_logged, pub)
+        observer = Observer(settings, backends, publish, metrics.AgentMetrics(registry))
+        metrics.register_view(registry, observer.metric_sources(outbox_depth=lambda: pub.pending))
+        tg.start_soon(
+            functools.partial(link, pub, settings.bus, name=f"agent/{settings.node_name}"),
+            name="bus-link",
+        )
         server = await tg.start(serve_https, settings, registry, observer, name="https")
         retained = await restoring.retained_allocations(settings)
         plugins = await tg.start(
-            serve_plugins, settings, sink.publish, retained, mig_control(backends),
+            serve_plugins, settings, publish, retained, mig_control(backends),
             name="device-plugins",
         )  # fmt: skip
-        observer.plugins = plugins
-        await tg.start(observer.observe, name="observer")
+        await tg.start(observer.observe, plugins, name="observer")
         for nvml in observer.nvml_adapters():
             tg.start_soon(
                 functools.partial(
@@ -99,7 +107,7 @@ async def run(
             )
         tg.start_soon(observer.heartbeat, name="heartbeat")
         log.info("device agent ready on node %s (HTTPS %s)", settings.node_name, server.url)
-        task_status.started(Running(observer, server, plugins, backends, sink))
+        task_status.started(Running(observer, server, plugins, backends, pub))
 
 
 # -- the parts --------------------------------------------------------------------------------
@@ -123,17 +131,17 @@ async def opened_backends(settings: ServeSettings) -> AsyncIterator[list[detecti
             await anyio.to_thread.run_sync(stack.close)
 
 
-async def link_bus(settings: ServeSettings, sink: EventSink, bus_metrics: BusMetrics) -> None:
-    """Connect (retrying forever), then hand the sink a publisher until cancelled."""
-    async with (
-        connect(settings.bus, name=f"agent/{settings.node_name}") as conn,
-        publisher(conn, settings=settings.bus, metrics=bus_metrics) as pub,
-    ):
-        sink.attach(pub)
-        try:
-            await anyio.sleep_forever()
-        finally:
-            sink.detach()
+def publish_logged(pub: Publisher, event: events.Event) -> None:
+    """``pub.publish`` for the agent's parts, which must not fail because the bus refuses.
+
+    The refusals are permanent (a node name that cannot be a subject; a publish after shutdown):
+    say so and keep serving kubelet and metrics. Connectivity is never a refusal: the
+    publisher's outbox holds events until its link is up.
+    """
+    try:
+        pub.publish(event)
+    except BusError as e:
+        log.error("cannot publish %s event: %s", events.kind_of(event), e)
 
 
 async def serve_https(
@@ -179,64 +187,6 @@ async def serve_plugins(
         await anyio.sleep_forever()
 
 
-# -- the bus before it is reachable ------------------------------------------------------------
-
-
-class EventSink:
-    """The agent's one ``publish``: to the bus publisher once it exists, held until then.
-
-    While no publisher is attached, state events are coalesced per (kind, key) like the
-    publisher's own outbox, and samples are kept up to ``max_samples`` (the oldest dropped and
-    counted), so a NATS outage at start loses no spec, health or allocation change.
-    """
-
-    def __init__(self, *, max_samples: int, metrics: BusMetrics) -> None:
-        self._target: Publisher | None = None
-        self._states: OrderedDict[tuple[str, str], events.Event] = OrderedDict()
-        self._samples: deque[events.Event] = deque()
-        self._max_samples = max_samples
-        self._metrics = metrics
-
-    @property
-    def pending(self) -> int:
-        held = len(self._states) + len(self._samples)
-        return held + (self._target.pending if self._target is not None else 0)
-
-    def publish(self, event: events.Event) -> None:
-        if self._target is not None:
-            self._send(self._target, event)
-            return
-        kind = events.kind_of(event)
-        if kind == "samples":
-            self._samples.append(event)
-            if len(self._samples) > self._max_samples:
-                self._samples.popleft()
-                self._metrics.outbox_dropped.labels(kind="samples").inc()
-            return
-        key = (kind, events.state_key(event))
-        self._states.pop(key, None)
-        self._states[key] = event
-
-    def attach(self, target: Publisher) -> None:
-        """Send what was held (state first, then samples, each oldest first), then forward."""
-        held = [*self._states.values(), *self._samples]
-        self._states.clear()
-        self._samples.clear()
-        for event in held:
-            self._send(target, event)
-        self._target = target
-
-    def detach(self) -> None:
-        self._target = None
-
-    @staticmethod
-    def _send(target: Publisher, event: events.Event) -> None:
-        try:
-            target.publish(event)
-        except BusError as e:  # a node name that cannot be a subject: say so, keep running
-            log.error("cannot publish %s event: %s", events.kind_of(event), e)
-
-
 # -- the observer -------------------------------------------------------------------------------
 
 
@@ -244,18 +194,24 @@ class Observer:
     """Detection, sampling and health for the node; owns the published view.
 
     Mutated only on the event loop thread: passes run in a worker thread and hand back plain
-    values; XIDs arrive through :meth:`on_xid` on the loop.
+    values; XIDs arrive through :meth:`on_xid` on the loop. Every event goes to ``publish``
+    (the bus publisher's, which never blocks); the device plugins to push the view to are given
+    to :meth:`observe`, the loop that feeds them (:attr:`plugins` is None until it starts).
     """
 
     def __init__(
-        self, settings: ServeSettings, backends: Sequence[detection.Backend], sink: EventSink
+        self,
+        settings: ServeSettings,
+        backends: Sequence[detection.Backend],
+        publish: Callable[[events.Event], None],
+        agent_metrics: metrics.AgentMetrics,
     ) -> None:
         self.settings = settings
         self.backends = backends
-        self.sink = sink
+        self.publish = publish
+        self.metrics = agent_metrics
         self.book = health.HealthBook(quarantine_s=settings.health_quarantine_s)
         self.plugins: Plugins | None = None
-        self.metrics: metrics.AgentMetrics | None = None
         self.detected: list[devices.DeviceGroup] = []
         self.published: list[devices.DeviceGroup] = []
         self.samples: list[devices.MonitorSample] = []
@@ -280,7 +236,7 @@ class Observer:
     def nvml_adapters(self) -> list[Nvml]:
         return [b.nvml for b in self.backends if isinstance(b, nvidia.NvidiaBackend)]
 
-    def metric_sources(self) -> metrics.Sources:
+    def metric_sources(self, *, outbox_depth: Callable[[], int]) -> metrics.Sources:
         def nvml_errors() -> dict[str, int]:
             total: dict[str, int] = {}
             for nvml in self.nvml_adapters():
@@ -292,14 +248,18 @@ class Observer:
             node=self.settings.node_name,
             view=lambda: (self.published, self.samples),
             nvml_errors=nvml_errors,
-            outbox_depth=lambda: self.sink.pending,
+            outbox_depth=outbox_depth,
             registrations=lambda: self.plugins.registrations if self.plugins else 0,
         )
 
     # -- loops ----------------------------------------------------------------------------------
 
-    async def observe(self, *, task_status: anyio.abc.TaskStatus[None]) -> None:
-        """A pass now, ready, then a pass every monitor period (sooner when woken)."""
+    async def observe(self, plugins: Plugins, *, task_status: anyio.abc.TaskStatus[None]) -> None:
+        """A pass now, ready, then a pass every monitor period (sooner when woken).
+
+        Every pass and health transition from now on is pushed to ``plugins``.
+        """
+        self.plugins = plugins
         await self.pass_once(first=True)
         task_status.started()
         while True:
@@ -315,7 +275,7 @@ class Observer:
     async def heartbeat(self) -> None:
         capabilities = tuple(sorted(b.manufacturer for b in self.backends))
         while True:
-            self.sink.publish(
+            self.publish(
                 events.AgentEvent(
                     node=self.settings.node_name,
                     version=self.settings.version,
@@ -336,15 +296,14 @@ class Observer:
             retries=self.settings.detect.retries,
             retry_delay_s=self.settings.detect.retry_delay_s,
         )
-        found = await self._timed(detect, _detection_histogram)
+        found = await self._timed(detect, self.metrics.detection_seconds)
         sampled = await self._timed(
-            functools.partial(detection.sample, self.backends), _monitor_histogram
+            functools.partial(detection.sample, self.backends), self.metrics.monitor_seconds
         )
         failed = {e.manufacturer for e in (*found.errors, *sampled.errors)}
         for error in (*found.errors, *sampled.errors):
             log.warning("pass failed: %s", error)
-            if self.metrics is not None:
-                self.metrics.pass_failures.labels(manufacturer=error.manufacturer).inc()
+            self.metrics.pass_failures.labels(manufacturer=error.manufacturer).inc()
         self.detected = keep_failed(found.items, self.published, failed)
         now = anyio.current_time()
         expected = health.expected_ids([*self.published, *self.detected])
@@ -356,19 +315,16 @@ class Observer:
             period_s=self.settings.monitor_period_s,
             samples=tuple(self.samples),
         )
-        self.sink.publish(self.last_samples)
+        self.publish(self.last_samples)
         self.passes += 1
 
-    async def _timed(
-        self, call: Callable[[], T], histogram: Callable[[metrics.AgentMetrics], Histogram]
-    ) -> T:
+    async def _timed(self, call: Callable[[], T], histogram: Histogram) -> T:
         """Run one pass in the worker thread (one at a time), timing it into ``histogram``."""
         started = time.perf_counter()
         try:
             return await anyio.to_thread.run_sync(call, limiter=self._limiter)
         finally:
-            if self.metrics is not None:
-                histogram(self.metrics).observe(time.perf_counter() - started)
+            histogram.observe(time.perf_counter() - started)
 
     def on_xid(self, accelerator_id: str, xid: int) -> None:
         """An XID from the watcher: decide, and on a transition publish and push at once."""
@@ -385,7 +341,7 @@ class Observer:
             level = logging.INFO if change.healthy else logging.WARNING
             log.log(level, "%s is %s: %s", change.accelerator_id,
                     "Healthy" if change.healthy else "Unhealthy", change.message)  # fmt: skip
-            self.sink.publish(change.event(self.settings.node_name))
+            self.publish(change.event(self.settings.node_name))
 
     def _refresh(self, now: float) -> None:
         """Recompute the published groups; push them to kubelet; publish on change or resync."""
@@ -400,18 +356,8 @@ class Observer:
             or now - self._devices_sent_at >= self.settings.resync_period_s
         )
         if changed or due:
-            self.sink.publish(
-                events.DevicesEvent(node=self.settings.node_name, groups=tuple(groups))
-            )
+            self.publish(events.DevicesEvent(node=self.settings.node_name, groups=tuple(groups)))
             self._devices_sent_at = now
-
-
-def _detection_histogram(m: metrics.AgentMetrics) -> Histogram:
-    return m.detection_seconds
-
-
-def _monitor_histogram(m: metrics.AgentMetrics) -> Histogram:
-    return m.monitor_seconds
 
 
 def keep_failed(

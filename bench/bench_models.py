@@ -77,19 +77,18 @@ def ours(endpoint: str, commit: str, dest: str) -> None:
             async def reserve(_: str, __: int) -> None:
                 return None
 
+            hex_ = manifest.digest.removeprefix("sha256:")
+            done = anyio.Event()
             m = materializing.Materializer(
                 cache,
                 hub,
                 downloading.Limits(8, 0),
                 tuning=Tuning(),
                 metrics=ModelMetrics(),
-                reserve=reserve,
+                changed=lambda: None if hex_ in m.jobs else done.set(),
             )
-            hex_ = manifest.digest.removeprefix("sha256:")
-            done = anyio.Event()
-            m.changed = lambda: None if hex_ in m.jobs else done.set()
             async with anyio.create_task_group() as tg:
-                await tg.start(m.run)
+                await tg.start(m.run, reserve)
                 try:
                     m.ensure(hex_, materializing.Source("bench/model", commit, None))
                 except Materializing:

@@ -102,10 +102,15 @@ class Job:
 
 
 Reserve = Callable[[str, int], Awaitable[None]]
+"""Make room for ``(hex, bytes)`` more, or raise :class:`NoSpace` (the collector's reserve)."""
 
 
 class Materializer:
-    """Owns the jobs; :meth:`run` is the task group they live in."""
+    """Owns the jobs; :meth:`run` is the task group they live in.
+
+    The room a job needs is reserved through the ``reserve`` given to :meth:`run`, not to the
+    constructor: the collector that reserves must see the jobs, so it is built after this.
+    """
 
     def __init__(
         self,
@@ -115,7 +120,6 @@ class Materializer:
         *,
         tuning: Tuning,
         metrics: ModelMetrics,
-        reserve: Reserve,
         changed: Callable[[], None] = lambda: None,
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -124,16 +128,18 @@ class Materializer:
         self.limits = limits
         self.tuning = tuning
         self.metrics = metrics
-        self._reserve = reserve
         self.changed = changed
         self._clock = clock
         self.jobs: dict[str, Job] = {}
-        self._tg: TaskGroup | None = None
+        self._host: tuple[TaskGroup, Reserve] | None = None
+        """Where jobs run and how they reserve room: set while :meth:`run` runs."""
 
-    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+    async def run(
+        self, reserve: Reserve, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
         """Host the jobs until cancelled; cancels attempts nobody asked about for too long."""
         async with anyio.create_task_group() as tg:
-            self._tg = tg
+            self._host = (tg, reserve)
             task_status.started()
             try:
                 while True:
@@ -144,7 +150,7 @@ class Materializer:
                             log.info("sha256:%s: nobody waits for it, cancelling", job.hex[:12])
                             job.scope.cancel()
             finally:
-                self._tg = None
+                self._host = None
                 tg.cancel_scope.cancel()
 
     def remaining(self, hex_: str) -> int:
@@ -170,19 +176,20 @@ class Materializer:
                 f"the next attempt starts at {when}",
                 reason=record.reason or "SourceUnavailable",
             )
-        if self._tg is None:
+        if self._host is None:
             raise BackingOff.of("the materializer is not running", reason="SourceUnavailable")
+        tg, reserve = self._host
         job = Job(hex_, [source], started=now, asked=now)
         self.jobs[hex_] = job
-        self._tg.start_soon(self._run_job, job, name=f"materialize-{hex_[:12]}")
+        tg.start_soon(self._run_job, job, reserve, name=f"materialize-{hex_[:12]}")
         self.changed()
         raise Materializing(job.progress())
 
-    async def _run_job(self, job: Job) -> None:
+    async def _run_job(self, job: Job, reserve: Reserve) -> None:
         reason, message = "Canceled", "nobody asked for it any more"
         try:
             with job.scope:
-                await self._attempt(job)
+                await self._attempt(job, reserve)
                 reason = ""
         except HubError as e:
             reason, message = e.reason, str(e)
@@ -191,9 +198,10 @@ class Materializer:
         except OSError as e:
             reason, message = "SourceUnavailable", f"cache I/O failed: {e}"
         finally:
-            self.jobs.pop(job.hex, None)
+            # The outcome is on disk before the job leaves ``jobs``: "no job" means "settled".
             with anyio.CancelScope(shield=True):
                 await anyio.to_thread.run_sync(self._record, job.hex, reason, message)
+            self.jobs.pop(job.hex, None)
             self.changed()
 
     def _record(self, hex_: str, reason: str, message: str) -> None:
@@ -220,7 +228,7 @@ class Materializer:
             )
         self.cache.save_digest(hex_, record)
 
-    async def _attempt(self, job: Job) -> None:
+    async def _attempt(self, job: Job, reserve: Reserve) -> None:
         record = await anyio.to_thread.run_sync(self.cache.load_digest, job.hex)
         number = record.last_attempt + 1
         await anyio.to_thread.run_sync(
@@ -231,7 +239,7 @@ class Materializer:
         while tried < len(job.sources):
             source = job.sources[tried]
             try:
-                manifest = await self._download(job, source, attempt)
+                manifest = await self._download(job, source, attempt, reserve)
                 break
             except AccessDenied:
                 tried += 1
@@ -241,7 +249,9 @@ class Materializer:
         await anyio.to_thread.run_sync(_publish, self.cache, job.hex, number, attempt, manifest)
         self.metrics.publish_duration.observe(self._clock() - job.started)
 
-    async def _download(self, job: Job, source: Source, attempt: Path) -> Manifest:
+    async def _download(
+        self, job: Job, source: Source, attempt: Path, reserve: Reserve
+    ) -> Manifest:
         job.phase = "listing the files"
         manifest = await resolving.listing(
             self.hub,
@@ -258,7 +268,7 @@ class Materializer:
             )
         on_disk = await anyio.to_thread.run_sync(self.cache.partial_bytes, job.hex)
         job.size, job.done = manifest.size, 0
-        await self._reserve(job.hex, max(0, manifest.size - on_disk))
+        await reserve(job.hex, max(0, manifest.size - on_disk))
         job.phase = "downloading"
         origin = downloading.Origin(self.hub, source.repository, source.commit, source.token)
         files = anyio.CapacityLimiter(self.tuning.files_per_attempt)

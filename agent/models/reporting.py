@@ -27,7 +27,7 @@ from agent.models.metrics import ModelMetrics
 from agent.models.settings import Tuning
 from bus import events
 
-__all__ = ["Facts", "Reporter", "Sink", "downloads_json", "snapshot"]
+__all__ = ["Changes", "Facts", "Reporter", "Sink", "downloads_json", "snapshot"]
 
 log = logging.getLogger(__name__)
 
@@ -134,6 +134,26 @@ def downloads_json(jobs: Mapping[str, Job]) -> bytes:
     )
 
 
+class Changes:
+    """Tells the reporter that what it reports changed, so it reports at once.
+
+    Created before both sides: whatever changes the cache's state (the materializer, the
+    volumes) is built with :meth:`changed`, the :class:`Reporter` that waits is built with this.
+    """
+
+    def __init__(self) -> None:
+        self._event = anyio.Event()
+
+    def changed(self) -> None:
+        self._event.set()
+
+    async def wait(self, timeout_s: float) -> None:
+        """Until :meth:`changed` was called (since the last wait) or ``timeout_s`` passed."""
+        with anyio.move_on_after(timeout_s):
+            await self._event.wait()
+        self._event = anyio.Event()
+
+
 class Reporter:
     def __init__(
         self,
@@ -142,27 +162,23 @@ class Reporter:
         materializer: Materializer,
         sink: Sink | None,
         *,
+        changes: Changes,
+        references: Callable[[], Mapping[str, int]],
         metrics: ModelMetrics,
         tuning: Tuning,
-        clock: Callable[[], float] = time.monotonic,
-        references: Callable[[], Mapping[str, int]] = dict,
     ) -> None:
         self.node = node
         self.references = references
-        """hex -> mounts using it; wired to :meth:`Volumes.reference_counts` once those exist."""
+        """hex -> mounts using it (:meth:`Volumes.reference_counts`)."""
+        self.changes = changes
         self.cache = cache
         self.materializer = materializer
         self.sink = sink
         self.metrics = metrics
         self.tuning = tuning
-        self._clock = clock
-        self._wake = anyio.Event()
         self._last: events.ModelsEvent | None = None
         self._last_at = 0.0
         self.last: events.ModelsEvent | None = None
-
-    def changed(self) -> None:
-        self._wake.set()
 
     def _facts(self, references: dict[str, int], jobs: dict[str, tuple[int, int]]) -> Facts:
         """Read the cache (in a thread): published trees, failures, last uses, usage.
@@ -207,7 +223,7 @@ class Reporter:
         facts = await anyio.to_thread.run_sync(self._facts, references, jobs)
         event = snapshot(self.node, facts)
         self.last = event
-        now = self._clock()
+        now = time.monotonic()
         due = now - self._last_at >= self.tuning.report_every_s and self._moved_enough(event)
         if self._last is None or _shape(event) != _shape(self._last) or due:
             self._last, self._last_at = event, now
@@ -221,6 +237,4 @@ class Reporter:
                 await self.report_once()
             except OSError as e:
                 log.warning("cannot read the cache for a report: %s", e)
-            with anyio.move_on_after(tick_s):
-                await self._wake.wait()
-            self._wake = anyio.Event()
+            await self.changes.wait(tick_s)

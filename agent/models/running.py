@@ -5,6 +5,9 @@ collector (periodic), the spec follower, the CSI server on its unix socket and t
 endpoint. :func:`plugin` is the async context manager tests use directly; it is ready when
 it yields (references rebuilt, socket listening). Leaving it cancels downloads (partial files
 stay for the next start), closes the socket and the Hub session.
+
+With a bus, :func:`serve` creates the publisher first and connects beside the plugin, so CSI
+and HTTPS never wait for NATS; the KV policy follower starts once the connection is up.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from agent.models.volumes import Volumes
 from bus import connection, kv, publishing
 from bus.metrics import BusMetrics
 from bus.records import StoreSpec
+from bus.settings import BusSettings
 from hub import client as hub_client
 from kit import serving
 
@@ -74,6 +78,57 @@ async def _follow_spec(policy: Policy, limits: downloading.Limits, every_s: floa
         await anyio.sleep(every_s)
 
 
+@dataclass
+class _Parts:
+    volumes: Volumes
+    materializer: materializing.Materializer
+    collector: collecting.Collector
+    reporter: reporting.Reporter
+
+
+def _assemble(
+    settings: ModelManagerSettings,
+    cache: layout.Cache,
+    hub: hub_client.HubClient,
+    limits: downloading.Limits,
+    policy: Policy,
+    sink: reporting.Sink | None,
+    metrics: ModelMetrics,
+    clock: Callable[[], float],
+) -> _Parts:
+    """Build the parts in dependency order; each gets what it uses in its constructor.
+
+    ``changes`` comes first (the materializer and the volumes signal it, the reporter waits on
+    it); the collector comes after what it must not collect (mounted, downloading); the
+    materializer reserves room through it once running (:meth:`Materializer.run`).
+    """
+    tuning = settings.tuning
+    claim = anyio.Lock()
+    changes = reporting.Changes()
+    materializer = materializing.Materializer(
+        cache, hub, limits, tuning=tuning, metrics=metrics, changed=changes.changed, clock=clock
+    )
+    volumes = Volumes(
+        cache, policy, materializer, pods_dir=settings.pods_dir, metrics=metrics, claim=claim,
+        default_token=settings.hub_token, changed=changes.changed,
+    )  # fmt: skip
+    collector = collecting.Collector(
+        cache,
+        claim=claim,
+        busy=lambda: volumes.referenced() | set(materializer.jobs),
+        remaining=materializer.remaining,
+        spec=policy.spec,
+        metrics=metrics,
+        idle_s=tuning.collect_idle_s,
+        clock=clock,
+    )
+    reporter = reporting.Reporter(
+        settings.node_name, cache, materializer, sink, changes=changes,
+        references=volumes.reference_counts, metrics=metrics, tuning=tuning,
+    )  # fmt: skip
+    return _Parts(volumes, materializer, collector, reporter)
+
+
 @asynccontextmanager
 async def plugin(
     settings: ModelManagerSettings,
@@ -84,87 +139,65 @@ async def plugin(
     clock: Callable[[], float] = time.time,
 ) -> AsyncIterator[Plugin]:
     """Run the plugin until the block exits. :raises CacheCorrupt: foreign cache root."""
-    tuning = settings.tuning
     cache = await anyio.to_thread.run_sync(layout.Cache.open, settings.cache_root)
     metrics = ModelMetrics(registry)
     spec = policy.spec()
     spec_now = spec if spec is not None and not spec.problems() else StoreSpec()
     limits = downloading.Limits(spec_now.download.concurrency, spec_now.download.bytes_per_second)
-    claim = anyio.Lock()
     async with hub_client.client(_hub_settings(settings, spec)) as hub:
-        volumes_box: list[Volumes] = []
-        materializer_box: list[materializing.Materializer] = []
-        collector = collecting.Collector(
-            cache,
-            claim=claim,
-            busy=lambda: volumes_box[0].referenced() | set(materializer_box[0].jobs),
-            remaining=lambda h: materializer_box[0].remaining(h),
-            spec=policy.spec,
-            metrics=metrics,
-            idle_s=tuning.collect_idle_s,
-            clock=clock,
-        )
-        materializer = materializing.Materializer(
-            cache,
-            hub,
-            limits,
-            tuning=tuning,
-            metrics=metrics,
-            reserve=collector.reserve,
-            clock=clock,
-        )
-        materializer_box.append(materializer)
-        reporter = reporting.Reporter(
-            settings.node_name, cache, materializer, sink, metrics=metrics, tuning=tuning
-        )
-        materializer.changed = reporter.changed
-        volumes = Volumes(
-            cache,
-            policy,
-            materializer,
-            pods_dir=settings.pods_dir,
-            metrics=metrics,
-            claim=claim,
-            default_token=settings.hub_token,
-        )
-        volumes_box.append(volumes)
-        volumes.changed = reporter.changed
-        reporter.references = volumes.reference_counts
-        await volumes.rebuild()
+        p = _assemble(settings, cache, hub, limits, policy, sink, metrics, clock)
+        await p.volumes.rebuild()
         async with anyio.create_task_group() as tg:
-            await tg.start(materializer.run)
-            tg.start_soon(reporter.run)
-            tg.start_soon(collector.run, tuning.collect_every_s)
+            await tg.start(p.materializer.run, p.collector.reserve)
+            tg.start_soon(p.reporter.run)
+            tg.start_soon(p.collector.run, settings.tuning.collect_every_s)
             tg.start_soon(_follow_spec, policy, limits, 5.0)
             handlers = [
-                server.Identity(settings.version, lambda: volumes.ready and policy.synced()),
-                server.Node(settings.node_name, volumes),
+                server.Identity(settings.version, lambda: p.volumes.ready and policy.synced()),
+                server.Node(settings.node_name, p.volumes),
             ]
             async with server.serving(settings.socket_path, handlers) as socket:
                 yield Plugin(
-                    settings, cache, volumes, materializer, collector, reporter, metrics, socket
-                )
+                    settings, cache, p.volumes, p.materializer, p.collector, p.reporter,
+                    metrics, socket,
+                )  # fmt: skip
             tg.cancel_scope.cancel()
 
 
 async def serve(settings: ModelManagerSettings, policy: MemoryPolicy) -> None:
     """The whole process: bus (publisher and the artifacts it carries), plugin and HTTPS.
 
-    With a bus, ``policy`` follows the control plane's KV bucket; without one it stays as given
-    (empty and unsynced in production: every publish answers UNAVAILABLE).
+    The publisher exists before the connection, so CSI and HTTPS serve at once, NATS reachable
+    or not; models events wait in its outbox. With a bus, ``policy`` follows the control
+    plane's KV bucket once connected (unsynced until then: every publish answers UNAVAILABLE);
+    without one it stays as given (empty and unsynced in production).
     """
     registry = CollectorRegistry()
     if settings.bus is None:
         await _serve_plugin(settings, policy, None, registry)
         return
     async with (
-        connection.connect(settings.bus, name=f"model-manager/{settings.node_name}") as conn,
-        publishing.publisher(conn, settings=settings.bus, metrics=BusMetrics(registry)) as sink,
+        publishing.publisher(settings=settings.bus, metrics=BusMetrics(registry)) as pub,
+        anyio.create_task_group() as tg,
+    ):
+        tg.start_soon(_follow_bus, settings.bus, settings.node_name, pub, policy, name="bus")
+        await _serve_plugin(settings, policy, pub, registry)
+
+
+async def _follow_bus(
+    bus: BusSettings, node: str, pub: publishing.Publisher, policy: MemoryPolicy
+) -> None:
+    """Connect (retrying forever), then publish through the connection and follow the policy.
+
+    Runs until cancelled; leaving flushes the outbox within ``drain_timeout_s``, then closes.
+    """
+    async with (
+        connection.connect(bus, name=f"model-manager/{node}") as conn,
+        pub.attach(conn),
         anyio.create_task_group() as tg,
     ):
         bucket = await kv.open_bucket(conn, kv.AGENTS_BUCKET)
-        await tg.start(kvpolicy.follow, bucket, settings.node_name, policy)
-        await _serve_plugin(settings, policy, sink, registry)
+        tg.start_soon(kvpolicy.follow, bucket, node, policy, name="policy-follower")
 
 
 async def _serve_plugin(

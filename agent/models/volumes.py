@@ -112,6 +112,7 @@ class Volumes:
         metrics: ModelMetrics,
         claim: anyio.Lock,
         default_token: str | None = None,
+        changed: Callable[[], None] = lambda: None,
     ) -> None:
         self.default_token = default_token
         self.cache = cache
@@ -124,7 +125,7 @@ class Volumes:
         self.ready = False
         self._locks: dict[str, anyio.Lock] = {}
         self._waited: set[str] = set()
-        self.changed: Callable[[], None] = lambda: None
+        self.changed = changed
         """Called when the references change (the reporter publishes at once)."""
 
     def referenced(self) -> set[str]:

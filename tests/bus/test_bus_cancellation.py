@@ -12,6 +12,7 @@ import asyncio
 import gc
 import io
 import os
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import anyio
@@ -159,6 +160,59 @@ async def test_cancel_publisher_keeps_every_accepted_state_event(
                 == ev
             )
     await base.check()
+
+
+@pytest.mark.parametrize("delay", DELAYS)
+async def test_cancel_link_flushes_every_accepted_state_event(
+    settings: BusSettings, many: list[events.Event], delay: float
+) -> None:
+    base = Baseline()
+    accepted: list[events.Event] = []
+    async with publishing.publisher(settings=settings, metrics=BusMetrics()) as pub:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(publishing.link, pub, settings)
+            await testing.eventually(_attached(pub))
+            with anyio.move_on_after(delay):
+                for ev in many:
+                    pub.publish(ev)
+                    accepted.append(ev)
+                    await anyio.lowlevel.checkpoint()
+                await anyio.sleep(5)
+            tg.cancel_scope.cancel()
+        assert not pub.attached
+        assert pub.pending == 0  # flushed on the way out of the link
+    async with connection.connect(settings, retry=False) as conn:
+        stored = dict(await state.snapshot(conn, settings))
+    assert accepted
+    for ev in accepted:
+        if isinstance(ev, events.DevicesEvent):
+            subject = subjects.subject(ev.node, "devices")
+            raw = stored[subject]
+            assert codec.decode(raw, kind="devices", node=ev.node, max_bytes=1 << 20) == ev
+    await base.check()
+
+
+@pytest.mark.parametrize("delay", [0.0, 0.05, 0.3])
+async def test_cancel_link_to_a_dead_server_keeps_the_outbox(
+    many: list[events.Event], delay: float
+) -> None:
+    dead = BusSettings.for_tests(f"nats://127.0.0.1:{embedded.free_port()}")
+    base = Baseline()
+    async with publishing.publisher(settings=dead, metrics=BusMetrics()) as pub:
+        for ev in many:
+            pub.publish(ev)
+        queued = pub.pending
+        with anyio.move_on_after(delay):
+            await publishing.link(pub, dead)
+        assert (pub.pending, pub.attached) == (queued, False)
+    await base.check()
+
+
+def _attached(pub: publishing.Publisher) -> Callable[[], Awaitable[bool]]:
+    async def check() -> bool:
+        return pub.attached
+
+    return check
 
 
 @pytest.mark.parametrize("delay", DELAYS)

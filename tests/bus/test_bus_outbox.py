@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from bus import events, testing
-from bus.publishing import Key, Outbox, Pending
+from bus.outbox import Key, Outbox, Pending
 
 
 def _sample(node: str, seq: int) -> events.SamplesEvent:

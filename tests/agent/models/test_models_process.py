@@ -4,23 +4,27 @@ from __future__ import annotations
 
 import json
 import ssl
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import aiohttp
 import anyio
 import msgspec
 import pytest
-from models_harness import FILES, code_of, manager_settings, manifest_of, publish_request
+from models_harness import FILES, call, code_of, manager_settings, manifest_of, publish_request
 
 from agent.models import running
 from agent.models.policy import MemoryPolicy
 from agent.models.settings import ModelManagerSettings, settings_from
-from bus import codec, connection, events, kv, state, testing
+from bus import codec, connection, embedded, events, kv, state, testing
+from bus.errors import StateUnavailable
 from bus.records import ArtifactRecord, HuggingFaceSource, StoreSpecRecord
+from bus.settings import BusSettings
 from gpustack_operator.main import options_for
 from hub import testing as hub_testing
 from kit import serving
 from kit.options import SettingsError
+from proto.csi import v1 as csi
 
 pytestmark = pytest.mark.anyio
 
@@ -91,6 +95,63 @@ async def test_serve_reads_artifacts_from_kv_and_publishes_models(tmp_path: Path
     assert code.name == "ABORTED", message
     assert "materializing" in message
     assert policy.spec() is not None and policy.spec().download.concurrency == 4  # type: ignore[union-attr]
+
+
+async def test_serves_csi_and_https_while_nats_is_down_and_publishes_once_it_is_up(
+    tmp_path: Path,
+) -> None:
+    port = embedded.free_port()
+    bus_settings = BusSettings.for_tests(f"nats://127.0.0.1:{port}")  # nothing listens yet
+    https = serving.HttpsSettings(bind_address="127.0.0.1", port=embedded.free_port())
+    async with hub_testing.serving(hub_testing.FakeHub(tmp_path / "hub")) as ep:
+        settings = manager_settings(tmp_path, ep.hub, https=https, bus=bus_settings)
+        policy = MemoryPolicy()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(running.serve, settings, policy)
+            livez = f"https://127.0.0.1:{https.port}/livez"
+            await testing.eventually(_answers(livez))
+            assert not policy.synced()
+            assert await _probe(settings.socket_path) is False  # no policy from the bus yet
+            async with (
+                embedded.embedded_server(tmp_path / "nats", port=port),
+                connection.connect(bus_settings, retry=False) as conn,
+            ):
+
+                async def models_on_bus() -> bool:
+                    try:
+                        raw = await state.snapshot(conn, bus_settings, node="node-1", kind="models")
+                    except StateUnavailable:  # the manager has not created the streams yet
+                        return False
+                    return len(raw) == 1
+
+                await testing.eventually(models_on_bus, timeout_s=20)
+                await testing.eventually(_synced(policy))
+                assert await _probe(settings.socket_path) is True
+            tg.cancel_scope.cancel()
+
+
+def _answers(url: str) -> Callable[[], Awaitable[bool]]:
+    async def check() -> bool:
+        try:
+            return (await _get(url))[0] == 200
+        except aiohttp.ClientError:
+            return False
+
+    return check
+
+
+def _synced(policy: MemoryPolicy) -> Callable[[], Awaitable[bool]]:
+    async def check() -> bool:
+        return policy.synced()
+
+    return check
+
+
+async def _probe(socket: Path) -> bool | None:
+    reply = await call(
+        socket, "/csi.v1.Identity/Probe", csi.ProbeRequest(), csi.ProbeResponse.FromString
+    )
+    return reply.ready
 
 
 async def test_https_endpoints(tmp_path: Path) -> None:

@@ -23,15 +23,19 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from agent.devices import nvidia
 from agent.devices.simulation.fakenvml import SimulatedNvml
-from agent.running import Running, run
+from agent.running import Running, publish_logged, run
 from agent.serve_settings import ServeSettings
 from agent.testing import FakeKubelet, Watch
-from bus import events
+from bus import events, state
 from bus.connection import connect
+from bus.embedded import embedded_server, free_port
+from bus.errors import StateUnavailable
 from bus.metrics import BusMetrics
+from bus.publishing import publisher
 from bus.settings import BusSettings
+from bus.subjects import parse
 from bus.subscribing import subscribe
-from bus.testing import eventually, nats_server, settings_for
+from bus.testing import eventually, example_events, nats_server, settings_for
 from kit import serving
 
 pytestmark = pytest.mark.anyio
@@ -177,18 +181,42 @@ async def _scrape(running: Running) -> None:
     assert len(snapshot["samples"][0]["accelerators"]) == 8
 
 
-async def test_agent_serves_without_the_bus_and_holds_its_events(
+async def test_agent_serves_without_the_bus_and_publishes_once_it_is_up(
     tmp_path: Path, kubelet: FakeKubelet
 ) -> None:
-    bus = BusSettings.for_tests("nats://127.0.0.1:1")  # nothing listens there
+    port = free_port()
+    bus = BusSettings.for_tests(f"nats://127.0.0.1:{port}")  # nothing listens there yet
     settings = ServeSettings.for_tests(str(tmp_path), bus=bus)
     async with anyio.create_task_group() as tg:
         running: Running = await tg.start(run, settings)
         await _endpoint(kubelet, "nvidia.com/gpu")
 
         assert (await _get(running.server, "/readyz"))[0] == 200
-        assert running.sink.pending >= 3  # devices, agent, samples: held, not lost
-        tg.cancel_scope.cancel()
+        assert not running.publisher.attached
+        assert running.publisher.pending >= 3  # devices, agent, samples: held, not lost
+        async with embedded_server(tmp_path / "nats", port=port), connect(bus) as conn:
+
+            async def published() -> bool:
+                try:
+                    stored = await state.snapshot(conn, bus, node=settings.node_name)
+                except StateUnavailable:  # the agent has not created the streams yet
+                    return False
+                return {parse(subject)[1] for subject, _ in stored} >= {"devices", "agent"}
+
+            await eventually(published, timeout_s=20)
+            tg.cancel_scope.cancel()
+
+
+async def test_an_event_the_bus_refuses_is_logged_not_raised(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    bad = example_events("no spaces allowed")[5]  # an AgentEvent whose node is no subject token
+    bus = BusSettings.for_tests("nats://127.0.0.1:1")
+    async with publisher(settings=bus, metrics=BusMetrics()) as pub:
+        publish_logged(pub, bad)
+        assert pub.pending == 0
+    publish_logged(pub, example_events("test-node")[5])  # closed: refused, logged
+    assert caplog.text.count("cannot publish agent event") == 2
 
 
 def _sockets(directory: Path) -> list[str]:

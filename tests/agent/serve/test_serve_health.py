@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import msgspec
 import pytest
 
 from agent import health
-from agent.running import EventSink, keep_failed
-from bus import devices, events
-from bus.metrics import BusMetrics
+from agent.running import keep_failed
+from bus import devices
 
 Q = 60.0
 
@@ -194,37 +192,3 @@ def test_keep_failed_carries_the_failed_manufacturers_groups() -> None:
     merged = keep_failed([nvidia_now], [amd, _group("GPU-0")], {"amd"})
 
     assert merged == [amd, nvidia_now]
-
-
-def test_sink_holds_latest_state_and_bounded_samples_until_attached() -> None:
-    metrics = BusMetrics()
-    sink = EventSink(max_samples=2, metrics=metrics)
-    h = [
-        events.HealthEvent(node="n", accelerator_id="GPU-0", healthy=b, reason="XID")
-        for b in (False, True)
-    ]
-    s = [events.SamplesEvent(node="n", period_s=1.0) for _ in range(3)]
-    held: list[events.Event] = [h[0], *s, h[1]]
-    for e in held:
-        sink.publish(e)
-
-    sent: list[events.Event] = []
-
-    class Target:
-        pending = 0
-
-        def publish(self, event: events.Event) -> None:
-            sent.append(event)
-
-    assert sink.pending == 3
-    sink.attach(Target())  # type: ignore[arg-type]
-    sink.publish(h[0])
-
-    assert sent == [h[1], s[1], s[2], h[0]]
-    assert (
-        metrics.registry.get_sample_value(
-            "gpustack_bus_outbox_dropped_events_total", {"kind": "samples"}
-        )
-        == 1.0
-    )
-    assert msgspec.json.decode(msgspec.json.encode(sent[0]), type=events.HealthEvent) == h[1]
