@@ -49,7 +49,12 @@ GLOBAL_FLAGS = (
         "log verbosity; -v=2 is the DaemonSet's level, -v=3 adds per-decision lines",
         kind="int",
     ),
-    Flag("vmodule", "", "per-file verbosity, pattern=N comma separated (e.g. nvidia*=3)"),
+    Flag(
+        "vmodule",
+        "",
+        "per-file or per-logger verbosity, pattern=N comma separated (e.g. nvidia*=3); other "
+        "libraries' loggers stay at WARNING unless a pattern names them (e.g. hpack*=2)",
+    ),
     Flag("logtostderr", "true", "log to standard error rather than files", kind="bool"),
     Flag(
         "add_dir_header",

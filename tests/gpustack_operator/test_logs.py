@@ -27,7 +27,7 @@ def _restore_root_logger() -> Iterator[None]:
 
 def test_header_shape_and_stderr_only(capsys: pytest.CaptureFixture[str]) -> None:
     logs.configure(logs.LogSettings())
-    logging.getLogger("x").warning("card %d lost", 3)
+    logging.getLogger("agent.x").warning("card %d lost", 3)
     out, err = capsys.readouterr()
     assert out == ""
     assert re.fullmatch(r"W\d{4} \d\d:\d\d:\d\d\.\d{6} +\d+ test_logs\.py:\d+\] card 3 lost\n", err)
@@ -35,19 +35,19 @@ def test_header_shape_and_stderr_only(capsys: pytest.CaptureFixture[str]) -> Non
 
 def test_skip_headers(capsys: pytest.CaptureFixture[str]) -> None:
     logs.configure(logs.LogSettings(skip_headers=True))
-    logging.getLogger("x").info("plain")
+    logging.getLogger("agent.x").info("plain")
     assert capsys.readouterr().err == "plain\n"
 
 
 def test_add_dir_header_shows_the_path(capsys: pytest.CaptureFixture[str]) -> None:
     logs.configure(logs.LogSettings(add_dir_header=True))
-    logging.getLogger("x").info("where")
+    logging.getLogger("agent.x").info("where")
     assert "/tests/gpustack_operator/test_logs.py:" in capsys.readouterr().err
 
 
 def test_verbosity_levels(capsys: pytest.CaptureFixture[str]) -> None:
     logs.configure(logs.LogSettings(verbosity=0))
-    log = logging.getLogger("x")
+    log = logging.getLogger("agent.x")
     log.debug("hidden at v0")
     log.info("shown at v0")
     logs.configure(logs.LogSettings(verbosity=2))
@@ -62,10 +62,10 @@ def test_verbosity_levels(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_vmodule_raises_one_file(capsys: pytest.CaptureFixture[str]) -> None:
     logs.configure(logs.LogSettings(vmodule=logs.parse_vmodule("test_l*=3")))
-    logging.getLogger("x").log(logs.V3, "decision")
+    logging.getLogger("agent.x").log(logs.V3, "decision")
     assert "decision" in capsys.readouterr().err
     logs.configure(logs.LogSettings(vmodule=logs.parse_vmodule("other=3")))
-    logging.getLogger("x").log(logs.V3, "decision")
+    logging.getLogger("agent.x").log(logs.V3, "decision")
     assert capsys.readouterr().err == ""
 
 
@@ -77,7 +77,7 @@ def test_bad_vmodule(text: str) -> None:
 
 def test_backtrace_at(capsys: pytest.CaptureFixture[str]) -> None:
     def here() -> int:
-        logging.getLogger("x").info("marked")
+        logging.getLogger("agent.x").info("marked")
         return here.__code__.co_firstlineno + 1
 
     line = here.__code__.co_firstlineno + 1
@@ -94,10 +94,34 @@ def test_log_to_file_when_not_to_stderr(
 ) -> None:
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     logs.configure(logs.LogSettings(to_stderr=False))
-    logging.getLogger("x").info("to a file")
+    logging.getLogger("agent.x").info("to a file")
     for handler in logging.getLogger().handlers:
         handler.flush()
     assert capsys.readouterr().err == ""
     path = logs.log_file_path()
     assert path.startswith(str(tmp_path))
     assert any("to a file" in p.read_text() for p in tmp_path.iterdir())
+
+
+def test_verbosity_applies_to_our_loggers_only(capsys: pytest.CaptureFixture[str]) -> None:
+    logs.configure(logs.LogSettings(verbosity=2))
+    logging.getLogger("hpack.hpack").debug("header dump")
+    logging.getLogger("kubernetes_asyncio.client.rest").info("response body")
+    logging.getLogger("agent.x").debug("ours at v2")
+    logging.getLogger("aiohttp.client").warning("theirs at warning")
+    err = capsys.readouterr().err
+    assert "ours at v2" in err and "theirs at warning" in err
+    assert "header dump" not in err and "response body" not in err
+
+
+@pytest.mark.parametrize("vmodule", ["hpack*=2", "hpack=2", "hpack.hpack=2"])
+def test_vmodule_names_a_third_party_logger(
+    vmodule: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    logs.configure(logs.LogSettings(verbosity=2, vmodule=logs.parse_vmodule(vmodule)))
+    logging.getLogger("hpack.hpack").debug("header dump")
+    logging.getLogger("h2.connection").debug("frame")
+    logging.getLogger("agent.x").debug("ours at v2")
+    err = capsys.readouterr().err
+    assert "header dump" in err and "ours at v2" in err
+    assert "frame" not in err
