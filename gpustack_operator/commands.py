@@ -65,6 +65,12 @@ GLOBAL_FLAGS = (
     Flag("skip_headers", "false", "omit the header prefix of log lines", kind="bool"),
     Flag("log_backtrace_at", "", "when logging hits file:N, also print a stack trace"),
     Flag(
+        "logging-format",
+        "text",
+        "log line format: klog's text, or one JSON object per line as Kubernetes components write",
+        choices=("text", "json"),
+    ),
+    Flag(
         "print-cmdline",
         "false",
         "print the effective command line, including what was read from the environment",

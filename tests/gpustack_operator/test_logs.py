@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import inspect
+import json
 import logging
 import re
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import anyio
 import pytest
 
 from gpustack_operator import logs
@@ -125,3 +129,53 @@ def test_vmodule_names_a_third_party_logger(
     err = capsys.readouterr().err
     assert "header dump" in err and "ours at v2" in err
     assert "frame" not in err
+
+
+def _json_lines(err: str) -> list[dict[str, object]]:
+    return [json.loads(line) for line in err.splitlines()]
+
+
+def test_json_format_has_kubernetes_fields(capsys: pytest.CaptureFixture[str]) -> None:
+    logs.configure(logs.LogSettings(verbosity=3, logging_format="json"))
+    log = logging.getLogger("agent.x")
+    before = time.time()
+    log.info("card %d found", 3, extra={"node": "n1", "card": {"index": 3}})
+    log.debug("detail")
+    log.log(logs.V3, "decision")
+    line = inspect.currentframe().f_lineno  # type: ignore[union-attr]
+    try:
+        raise ValueError("bad value")
+    except ValueError:
+        log.exception("failed")
+    info, debug, decision, error = _json_lines(capsys.readouterr().err)
+    assert before <= info["ts"] <= time.time()  # type: ignore[operator]
+    assert info["msg"] == "card 3 found" and info["v"] == 0
+    assert info["node"] == "n1" and info["card"] == {"index": 3}
+    assert info["caller"] == f"test_logs.py:{line - 3}"
+    assert (debug["v"], decision["v"]) == (2, 3)
+    assert error["msg"] == "failed" and "v" not in error
+    assert error["err"] == "ValueError: bad value"
+    assert "Traceback" in error["stacktrace"]  # type: ignore[operator]
+
+
+def test_json_format_keeps_newlines_inside_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    logs.configure(logs.LogSettings(logging_format="json"))
+    logging.getLogger("bus.x").warning('two\nlines "quoted"', extra={"obj": object()})
+    (entry,) = _json_lines(capsys.readouterr().err)
+    assert entry["msg"] == 'two\nlines "quoted"' and entry["v"] == 0
+    assert str(entry["obj"]).startswith("<object object")
+
+
+def test_standalone_banner_is_one_entry_when_logs_are_json(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from gpustack_operator import standalone
+
+    banner = "\ngpustack-operator standalone is running.\n  bus: nats://127.0.0.1:4222\n"
+    logs.configure(logs.LogSettings(logging_format="json"))
+    anyio.run(standalone._show, banner, None)
+    (entry,) = _json_lines(capsys.readouterr().err)
+    assert entry["msg"] == banner.strip("\n")
+    logs.configure(logs.LogSettings())
+    anyio.run(standalone._show, banner, None)
+    assert capsys.readouterr().err == banner
