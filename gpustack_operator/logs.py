@@ -9,7 +9,9 @@ logged at :data:`V3`. ``--vmodule`` raises verbosity for matching source files a
 ``-v`` applies to our own packages only; other libraries' loggers stay at WARNING unless a
 ``--vmodule`` pattern names them (see :class:`_VerbosityFilter`).
 
-Invariant: logs never go to standard output, which carries only the command's document.
+Invariants: logs never go to standard output, which carries only the command's document; no
+line shows a password inside a URL (every formatted line passes :func:`kit.redaction.redact_urls`,
+behind the redaction at the points that log URLs, for lines from libraries that do not know).
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ import threading
 import time
 from dataclasses import dataclass
 from typing import Literal
+
+from kit.redaction import redact_urls
 
 V3 = 5
 """Level of the per-decision lines shown from ``-v=3``."""
@@ -128,14 +132,17 @@ class KlogFormatter(logging.Formatter):
         if _backtrace_wanted(self._settings, record):
             message += "\n" + _caller_stack()
         if self._settings.skip_headers:
-            return message
+            return redact_urls(message)
         letter = _LETTER.get(record.levelno, "I")
         if record.levelno >= logging.CRITICAL:
             letter = "F"
         stamp = time.strftime("%m%d %H:%M:%S", time.localtime(record.created))
         micros = int(record.created % 1 * 1_000_000)
         where = record.pathname if self._settings.add_dir_header else record.filename
-        return f"{letter}{stamp}.{micros:06d} {threading.get_native_id():7d} {where}:{record.lineno}] {message}"
+        header = (
+            f"{letter}{stamp}.{micros:06d} {threading.get_native_id():7d} {where}:{record.lineno}]"
+        )
+        return redact_urls(f"{header} {message}")
 
 
 class JsonFormatter(logging.Formatter):
@@ -171,7 +178,9 @@ class JsonFormatter(logging.Formatter):
         for key, value in vars(record).items():
             if key not in _RECORD_FIELDS and not key.startswith("_"):
                 entry.setdefault(key, value)
-        return json.dumps(entry, default=repr, ensure_ascii=False, separators=(",", ":"))
+        return redact_urls(
+            json.dumps(entry, default=repr, ensure_ascii=False, separators=(",", ":"))
+        )
 
 
 _RECORD_FIELDS = frozenset(

@@ -38,6 +38,7 @@ from controlplane.settings import WorkerSettings
 from gpustack_operator import logs
 from hub import endpoints
 from kit.options import Options, SettingsError
+from kit.redaction import redact_urls
 from kit.serving import HttpsSettings
 
 log = logging.getLogger(__name__)
@@ -147,6 +148,7 @@ async def _show(banner: str, out: anyio.abc.ObjectSendStream[str] | None) -> Non
 
 
 def _banner(nats_url: str, agent_url: str, worker_url: str, settings: StandaloneSettings) -> str:
+    nats_url = redact_urls(nats_url)  # people copy the banner into chats and tickets
     lines = [
         "",
         f"gpustack-operator standalone is running on node {settings.agent.node_name!r}.",
