@@ -178,8 +178,17 @@ class JsonFormatter(logging.Formatter):
         for key, value in vars(record).items():
             if key not in _RECORD_FIELDS and not key.startswith("_"):
                 entry.setdefault(key, value)
-        return redact_urls(
-            json.dumps(entry, default=repr, ensure_ascii=False, separators=(",", ":"))
+        return redact_urls(_dumps(entry))
+
+
+def _dumps(entry: dict[str, object]) -> str:
+    """The entry as one JSON line; an extra JSON cannot hold (tuple keys, a cycle) as its repr,
+    rather than the line lost to a "Logging error" dump on stderr."""
+    try:
+        return json.dumps(entry, default=repr, ensure_ascii=False, separators=(",", ":"))
+    except (TypeError, ValueError):
+        return _dumps(
+            {k: v if isinstance(v, str | int | float) else repr(v) for k, v in entry.items()}
         )
 
 

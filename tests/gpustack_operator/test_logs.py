@@ -179,3 +179,15 @@ def test_standalone_banner_is_one_entry_when_logs_are_json(
     logs.configure(logs.LogSettings())
     anyio.run(standalone._show, banner, None)
     assert capsys.readouterr().err == banner
+
+
+def test_json_format_shows_an_unserializable_extra_as_text(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    logs.configure(logs.LogSettings(logging_format="json"))
+    looped: list[object] = []
+    looped.append(looped)
+    logging.getLogger("kit.x").info("odd", extra={"pairs": {(1, 2): "x"}, "looped": looped})
+    (entry,) = _json_lines(capsys.readouterr().err)
+    assert entry["msg"] == "odd"
+    assert entry["pairs"] == "{(1, 2): 'x'}" and entry["looped"] == "[[...]]"
