@@ -27,6 +27,7 @@ from nats.js import api
 
 from bus.errors import BusError, KeyConflict, NotConnected, PublishFailed, StateUnavailable
 from bus.settings import BusSettings
+from kit.redaction import redact_urls
 
 __all__ = ["Connection", "RawMessage", "connect"]
 
@@ -366,6 +367,7 @@ def _options(
 
 async def _open(settings: BusSettings, name: str | None, retry: bool) -> Client:
     attempt = 0
+    shown = redact_urls(settings.url)  # warned on every round: never with its password
     while True:
         nc = Client()
         # nats-py can wait forever on a failed TLS handshake: bound each round ourselves.
@@ -379,9 +381,9 @@ async def _open(settings: BusSettings, name: str | None, retry: bool) -> Client:
                 await _quietly(nc.close())
             if not retry:
                 cause = seen[-1] if seen else e  # the client's own error says more than a timeout
-                raise NotConnected(f"cannot connect to {settings.url}: {cause!r}") from e
+                raise NotConnected(f"cannot connect to {shown}: {cause!r}") from e
             delay = min(settings.reconnect_wait_s * 2**attempt, _MAX_CONNECT_BACKOFF_S)
-            log.warning("cannot connect to %s (%r); retrying in %.1fs", settings.url, e, delay)
+            log.warning("cannot connect to %s (%r); retrying in %.1fs", shown, e, delay)
             attempt += 1
             await anyio.sleep(delay)
         except BaseException:  # cancelled mid-connect: close the half-open client, then go

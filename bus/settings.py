@@ -13,6 +13,7 @@ from urllib.parse import urlsplit
 import msgspec
 
 from kit.options import Options, SettingsError
+from kit.redaction import redact_urls
 
 __all__ = ["DEFAULT_URL", "BusSettings", "from_options"]
 
@@ -90,22 +91,13 @@ def server_urls(text: str) -> str:
             parts = urlsplit(url)
             parts.port  # noqa: B018 - raises ValueError for a port out of range
         except ValueError as e:
-            raise SettingsError(f"--nats-url: {redacted(url)!r}: {e}") from e
+            raise SettingsError(f"--nats-url: {redact_urls(url)!r}: {e}") from e
         if parts.scheme not in _SCHEMES or not parts.hostname:
             raise SettingsError(
-                f"--nats-url: {redacted(url)!r} is not a NATS server URL "
+                f"--nats-url: {redact_urls(url)!r} is not a NATS server URL "
                 "(nats://host:4222; also tls://, ws://, wss://)"
             )
     return text
-
-
-def redacted(url: str) -> str:
-    """``url`` with any password replaced, for messages and logs."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.replace(f":{parts.password}@", ":REDACTED@", 1)
-    return parts._replace(netloc=netloc).geturl()
 
 
 def from_options(options: Options) -> BusSettings:

@@ -49,7 +49,12 @@ GLOBAL_FLAGS = (
         "log verbosity; -v=2 is the DaemonSet's level, -v=3 adds per-decision lines",
         kind="int",
     ),
-    Flag("vmodule", "", "per-file verbosity, pattern=N comma separated (e.g. nvidia*=3)"),
+    Flag(
+        "vmodule",
+        "",
+        "per-file or per-logger verbosity, pattern=N comma separated (e.g. nvidia*=3); other "
+        "libraries' loggers stay at WARNING unless a pattern names them (e.g. hpack*=2)",
+    ),
     Flag("logtostderr", "true", "log to standard error rather than files", kind="bool"),
     Flag(
         "add_dir_header",
@@ -59,6 +64,12 @@ GLOBAL_FLAGS = (
     ),
     Flag("skip_headers", "false", "omit the header prefix of log lines", kind="bool"),
     Flag("log_backtrace_at", "", "when logging hits file:N, also print a stack trace"),
+    Flag(
+        "logging-format",
+        "text",
+        "log line format: klog's text, or one JSON object per line as Kubernetes components write",
+        choices=("text", "json"),
+    ),
     Flag(
         "print-cmdline",
         "false",
@@ -116,8 +127,8 @@ NATS_FLAGS = (
         "NATS server URL(s), comma separated (default $NATS_URL, else nats://127.0.0.1:4222)",
     ),
     Flag("nats-user", "", "NATS user name"),
-    Flag("nats-password", "", "NATS password"),
-    Flag("nats-token", "", "NATS authentication token"),
+    Flag("nats-password", "", "NATS password", secret=True),
+    Flag("nats-token", "", "NATS authentication token", secret=True),
     Flag("nats-nkey-seed", "", "file holding an NKey seed"),
     Flag("nats-creds", "", "NATS credentials file (JWT and NKey seed)"),
     Flag("nats-tls-ca", "", "CA bundle that verifies the NATS servers"),

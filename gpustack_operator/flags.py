@@ -18,6 +18,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from kit.redaction import REDACTED, redact_urls
+
 Kind = Literal["bool", "str", "int", "float", "duration", "list"]
 
 _DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
@@ -43,6 +45,8 @@ class Flag:
     inert: bool = False
     """Accepted for compatibility with the reference command line and read by nothing here;
     ``--help`` says so. Every other flag is read by its command's settings (a test checks)."""
+    secret: bool = False
+    """A password or token: its value is never printed (``--print-cmdline`` shows REDACTED)."""
 
     @property
     def env(self) -> str:
@@ -58,6 +62,8 @@ class Parsed:
     explicit: dict[str, str] = field(default_factory=dict)
     """Flag name → raw text, for flags given on the command line or in the environment."""
     from_env: set[str] = field(default_factory=set)
+    secret: set[str] = field(default_factory=set)
+    """Names of the flags marked :attr:`Flag.secret`, whose values are never shown."""
     help: bool = False
 
 
@@ -101,7 +107,8 @@ def convert(flag: Flag, text: str) -> object:
             return text
         return _in_bounds(flag, _number(flag, text))
     except (ValueError, FlagError) as e:
-        raise FlagError(f"invalid value {text!r} for --{flag.name}: {e}") from e
+        shown = REDACTED if flag.secret else repr(redact_urls(text))
+        raise FlagError(f"invalid value {shown} for --{flag.name}: {e}") from e
 
 
 def _number(flag: Flag, text: str) -> float:
@@ -167,6 +174,7 @@ def parse(
 def _fill(
     parsed: Parsed, flags: Sequence[Flag], raw: dict[str, str], env: Mapping[str, str]
 ) -> None:
+    parsed.secret.update(flag.name for flag in flags if flag.secret)
     for flag in flags:
         text = raw.get(flag.name)
         if text is None and flag.env in env:
@@ -180,12 +188,17 @@ def _fill(
 
 
 def effective_cmdline(command: Sequence[str], parsed: Parsed) -> str:
-    """The command line that reproduces this run without the environment's help."""
+    """The command line that reproduces this run without the environment's help.
+
+    It goes to logs, so secrets stay out: a secret flag's value is REDACTED, and so is a
+    password inside any URL (``nats://user:REDACTED@host``), wherever the value came from.
+    """
     parts = ["gpustack-operator", *command]
     for name in sorted(parsed.explicit):
         if name == "print-cmdline":
             continue
-        parts.append(f"--{name}={parsed.explicit[name]}")
+        value = REDACTED if name in parsed.secret else redact_urls(parsed.explicit[name])
+        parts.append(f"--{name}={value}")
     parts.extend(parsed.positionals)
     return " ".join(_quote(p) for p in parts)
 

@@ -13,15 +13,18 @@ from __future__ import annotations
 
 import functools
 import importlib
+import logging
 import os
 import sys
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any, cast
+from typing import Any, Literal, cast
 
 from gpustack_operator import __version__, logs
 from gpustack_operator.commands import ALIASES, COMMANDS, GLOBAL_FLAGS, Command
 from gpustack_operator.flags import FlagError, Parsed, effective_cmdline, parse, render_help
 from kit.options import Options, SettingsError
+
+log = logging.getLogger(__name__)
 
 EXIT_USAGE = 2
 EXIT_PENDING = 3
@@ -61,24 +64,33 @@ def run(command: Command, parsed: Parsed) -> int:
         print(f"gpustack-operator {name}: {e}", file=sys.stderr)
         return EXIT_USAGE
     if parsed.values["print_cmdline"]:
-        print(effective_cmdline(command.path, parsed), file=sys.stderr)
+        _tell(logging.INFO, effective_cmdline(command.path, parsed))
     if command.settings is None:
-        print(f"gpustack-operator {name}: not implemented yet ({command.pending})", file=sys.stderr)
+        _tell(logging.ERROR, f"gpustack-operator {name}: not implemented yet ({command.pending})")
         return EXIT_PENDING
     if parsed.positionals and not command.usage:
         unexpected = " ".join(parsed.positionals)
-        print(f"gpustack-operator {name}: unexpected arguments: {unexpected}", file=sys.stderr)
+        _tell(logging.ERROR, f"gpustack-operator {name}: unexpected arguments: {unexpected}")
         return EXIT_USAGE
     options = Options(parsed.values, positionals=parsed.positionals, env=os.environ)
     try:
         settings = _load(command.settings)(options)
     except SettingsError as e:
-        print(f"gpustack-operator {name}: {e}", file=sys.stderr)
+        _tell(logging.ERROR, f"gpustack-operator {name}: {e}")
         return EXIT_USAGE
     if command.service is not None:
         return _serve(name, _load(command.service), settings)
     assert command.oneshot is not None
     return _once(_load(command.oneshot), settings)
+
+
+def _tell(level: int, text: str) -> None:
+    """A line for the person at the terminal, on stderr: as written in the text format; as a
+    log entry in the JSON format, where a collector must be able to parse every line."""
+    if logs.json_lines():
+        log.log(level, "%s", text)
+    else:
+        print(text, file=sys.stderr)
 
 
 def _serve(name: str, service: Callable[[Any], Awaitable[object]], settings: object) -> int:
@@ -163,6 +175,7 @@ def log_settings(values: dict[str, object]) -> logs.LogSettings:
         add_dir_header=cast(bool, values["add_dir_header"]),
         skip_headers=cast(bool, values["skip_headers"]),
         backtrace_at=logs.parse_backtrace_at(cast(str, values["log_backtrace_at"])),
+        logging_format=cast(Literal["text", "json"], values["logging_format"]),
     )
 
 

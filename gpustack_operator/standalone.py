@@ -35,8 +35,10 @@ from bus import embedded
 from bus.settings import BusSettings
 from controlplane import running as worker_running
 from controlplane.settings import WorkerSettings
+from gpustack_operator import logs
 from hub import endpoints
 from kit.options import Options, SettingsError
+from kit.redaction import redact_urls
 from kit.serving import HttpsSettings, https_from
 
 log = logging.getLogger(__name__)
@@ -127,15 +129,23 @@ async def run(
         models_settings = msgspec.structs.replace(settings.models, bus=bus)
         # The model agent follows the worker's KV records (store spec, artifacts) like on a node.
         tg.start_soon(models_running.serve, models_settings, MemoryPolicy(), name="model-agent")
-        banner = _banner(server.url, agent.server.url, worker.url, settings)
-        if out is not None:
-            await out.send(banner)
-        else:
-            sys.stderr.write(banner)
+        await _show(_banner(server.url, agent.server.url, worker.url, settings), out)
         task_status.started(server.url)
 
 
+async def _show(banner: str, out: anyio.abc.ObjectSendStream[str] | None) -> None:
+    """To ``out`` (tests), else to stderr as it reads; one log entry when logs are JSON, so
+    that every stderr line a collector reads still parses."""
+    if out is not None:
+        await out.send(banner)
+    elif logs.json_lines():
+        log.info("%s", banner.strip("\n"))
+    else:
+        sys.stderr.write(banner)
+
+
 def _banner(nats_url: str, agent_url: str, worker_url: str, settings: StandaloneSettings) -> str:
+    nats_url = redact_urls(nats_url)  # people copy the banner into chats and tickets
     lines = [
         "",
         f"gpustack-operator standalone is running on node {settings.agent.node_name!r}.",

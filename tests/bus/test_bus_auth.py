@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
+import anyio
 import pytest
 
 from bus import connection, embedded, errors, testing
@@ -34,6 +36,21 @@ async def test_token(tmp_path: Path) -> None:
         await _round_trip(testing.settings_for(server, token="t0ken"))
         with pytest.raises(errors.NotConnected):
             await _round_trip(testing.settings_for(server))
+
+
+async def test_a_password_in_the_url_is_in_no_warning_or_error(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    settings = BusSettings.for_tests(f"nats://agent:s3cret-pw@127.0.0.1:{embedded.free_port()}")
+    with caplog.at_level(logging.DEBUG):
+        with anyio.move_on_after(1.0):  # the agents' way: retry, warning each round
+            async with connection.connect(settings, retry=True):
+                pytest.fail("connected to a closed port")
+        with pytest.raises(errors.NotConnected) as refused:  # the CLI tools' way: fail
+            await _round_trip(settings)
+    assert "cannot connect to nats://agent:REDACTED@127.0.0.1" in caplog.text
+    assert "cannot connect to nats://agent:REDACTED@127.0.0.1" in str(refused.value)
+    assert "s3cret-pw" not in caplog.text + str(refused.value)
 
 
 async def test_tls_with_a_private_ca(tmp_path: Path) -> None:

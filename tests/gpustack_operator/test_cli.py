@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -203,3 +205,24 @@ def test_an_accelerator_this_build_cannot_detect_is_named_not_hidden(tmp_path: P
     assert "1 ascend accelerator(s) on PCI (0000:05:00.0) but this build cannot detect" in (
         result.stderr
     )
+
+
+def test_json_logging_format_writes_one_object_per_stderr_line() -> None:
+    result = run(
+        "dm", "detect", "--simulate", "nvidia-h200x8", "--logging-format=json", "-v=2",
+        "--print-cmdline", "-o", "json",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert len(json.loads(result.stdout)) == 1
+    entries = [json.loads(line) for line in result.stderr.splitlines()]
+    assert any("simulating accelerators" in e["msg"] for e in entries)
+    assert any("--logging-format=json" in e["msg"] for e in entries)
+    for entry in entries:
+        assert isinstance(entry["ts"], float) and abs(entry["ts"] - time.time()) < 600
+        assert re.fullmatch(r"[\w.]+\.py:\d+", entry["caller"])
+        assert entry["v"] == 0
+
+
+def test_unknown_logging_format_is_a_usage_error() -> None:
+    result = run("dm", "detect", "--logging-format=xml")
+    assert result.returncode == 2 and "must be one of text, json" in result.stderr

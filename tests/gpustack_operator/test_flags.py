@@ -122,6 +122,29 @@ def test_effective_cmdline_includes_environment_values() -> None:
     )
 
 
+def test_effective_cmdline_redacts_secret_flags_and_passwords_in_urls() -> None:
+    flags = (
+        Flag("nats-url", "", "servers"),
+        Flag("nats-password", "", "password", secret=True),
+        Flag("nats-token", "", "token", secret=True),
+    )
+    argv = ["--nats-url=nats://u:pw-1@h1:4222,nats://v:pw-2@h2", "--nats-password", "pw-3"]
+    parsed = parse(argv, flags, env={"GPUSTACK_NATS_TOKEN": "pw-4"})
+    assert parsed.values["nats_password"] == "pw-3" and parsed.values["nats_token"] == "pw-4"
+    line = effective_cmdline(("bus", "watch"), parsed)
+    assert line == (
+        "gpustack-operator bus watch --nats-password=REDACTED --nats-token=REDACTED "
+        "--nats-url=nats://u:REDACTED@h1:4222,nats://v:REDACTED@h2"
+    )
+
+
+def test_a_refused_secret_is_not_echoed() -> None:
+    flags = (Flag("mode-token", "", "token", secret=True, choices=("", "on")),)
+    with pytest.raises(FlagError) as refused:
+        parse(["--mode-token=s3cret"], flags, env={})
+    assert "s3cret" not in str(refused.value) and "REDACTED" in str(refused.value)
+
+
 def test_help_lists_defaults_and_environment_names() -> None:
     text = render_help("usage", "summary", FLAGS)
     assert "--monitor-period" in text and "(default '15s')" in text
