@@ -11,7 +11,7 @@ import re
 from typing import Any
 
 import pytest
-from deploy_helpers import REPO, TREES, help_text, pod_spec, render, workloads
+from deploy_helpers import BASE, INSTALLS, build, help_text, pod_spec, workloads
 
 from gpustack_operator import commands
 from gpustack_operator import flags as flagparsing
@@ -31,7 +31,7 @@ def _command(args: list[str]) -> tuple[tuple[str, ...], list[str]]:
 def _operator_containers(tree: str) -> list[tuple[str, dict[str, Any]]]:
     return [
         (f"{obj['metadata']['name']}/{c['name']}", c)
-        for obj in workloads(render.build(REPO / tree))
+        for obj in workloads(build(tree))
         for c in pod_spec(obj).get("containers", [])
         if c["image"].startswith("gpustack/gpustack-operator")
     ]
@@ -54,7 +54,7 @@ def test_help_parsing_finds_flags_and_env() -> None:
     assert "--no-such-flag" not in _flag_names(text)
 
 
-@pytest.mark.parametrize("tree", TREES)
+@pytest.mark.parametrize("tree", INSTALLS)
 def test_every_flag_passed_is_accepted(tree: str) -> None:
     containers = _operator_containers(tree)
     assert containers
@@ -67,7 +67,7 @@ def test_every_flag_passed_is_accepted(tree: str) -> None:
             assert name in accepted, f"{where}: {' '.join(path)} does not accept {name}"
 
 
-@pytest.mark.parametrize("tree", TREES)
+@pytest.mark.parametrize("tree", INSTALLS)
 def test_every_env_var_passed_is_accepted(tree: str) -> None:
     for where, c in _operator_containers(tree):
         path, _ = _command(c["args"])
@@ -76,7 +76,7 @@ def test_every_env_var_passed_is_accepted(tree: str) -> None:
             assert env["name"] in accepted, f"{where}: {' '.join(path)} ignores ${env['name']}"
 
 
-@pytest.mark.parametrize("tree", TREES)
+@pytest.mark.parametrize("tree", INSTALLS)
 def test_flags_and_env_do_not_say_the_same_thing_twice(tree: str) -> None:
     for where, c in _operator_containers(tree):
         _, flags = _command(c["args"])
@@ -92,7 +92,7 @@ def test_flags_and_env_do_not_say_the_same_thing_twice(tree: str) -> None:
 def test_values_parse_as_the_command_expects() -> None:
     """The launcher's own parser accepts each container's flags and literal env values (kinds,
     durations, choices), without running the service."""
-    for where, c in _operator_containers("deploy"):
+    for where, c in _operator_containers(BASE):
         path, flags = _command(c["args"])
         env = {e["name"]: e["value"] for e in c.get("env", []) if "value" in e}
         command, rest = launcher.find_command([*path, *flags])

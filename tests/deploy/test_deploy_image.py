@@ -6,7 +6,7 @@ import json
 import re
 from typing import Any
 
-from deploy_helpers import REPO, TREES, pod_spec, render, workloads
+from deploy_helpers import REPO, TREES, build, lock, pod_spec, workloads
 
 DOCKERFILE = (REPO / "Dockerfile").read_text()
 LOCK = REPO / "deploy/requirements.lock"
@@ -52,7 +52,7 @@ def test_the_lock_pins_every_runtime_dependency_and_nothing_else() -> None:
     pinned = [ln for ln in LOCK.read_text().splitlines() if ln and not ln.startswith("#")]
     assert all(re.fullmatch(r"[a-z0-9-]+==[\w.+-]+", ln) for ln in pinned), pinned
     names = {ln.split("==")[0] for ln in pinned}
-    wanted = {ln.split("==")[0] for ln in render.lock_lines(REPO / "pyproject.toml")}
+    wanted = {ln.split("==")[0] for ln in lock.lock_lines(REPO / "pyproject.toml")}
     assert names == wanted
     assert not names & {"pytest", "ruff", "mypy", "hypothesis", "grpcio"}
 
@@ -60,7 +60,7 @@ def test_the_lock_pins_every_runtime_dependency_and_nothing_else() -> None:
 def test_every_tree_runs_one_operator_image_tag() -> None:
     tags: set[str] = set()
     for tree in TREES:
-        objs: list[dict[str, Any]] = render.build(REPO / tree)
+        objs: list[dict[str, Any]] = build(tree)
         for obj in workloads(objs):
             tags |= {
                 c["image"] for c in pod_spec(obj)["containers"] if "gpustack-operator" in c["image"]
