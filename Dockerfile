@@ -22,6 +22,8 @@ COPY pyproject.toml README.md ./
 COPY gpustack_operator gpustack_operator
 COPY agent agent
 COPY controlplane controlplane
+COPY hub hub
+COPY kit kit
 COPY bus bus
 COPY proto proto
 RUN python -m pip wheel --wheel-dir /wheels --constraint deploy/requirements.lock .

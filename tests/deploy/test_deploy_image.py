@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import tomllib
 from typing import Any
 
 from deploy_helpers import REPO, TREES, build, lock, pod_spec, workloads
@@ -39,6 +40,21 @@ def test_runtime_stage_is_non_root_and_runs_the_binary() -> None:
     assert [json.loads(e) for e in entry] == [["gpustack-operator"]]
     installs = [a for op, a in runtime if op == "RUN" and "pip install" in a]
     assert installs and all("--no-index" in a and "--constraint" in a for a in installs)
+
+
+def test_the_build_stage_copies_every_package_the_wheel_holds() -> None:
+    """``pip wheel .`` packs what ``[tool.setuptools.packages.find]`` finds in the build context:
+    a package the Dockerfile does not copy is silently missing from the image."""
+    include = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "packages"
+    ]["find"]["include"]
+    packages = {pattern.removesuffix("*") for pattern in include}
+    assert packages and all(re.fullmatch(r"\w+", p) for p in packages), packages
+    last_from = max(i for i, (op, _) in enumerate(_instructions()) if op == "FROM")
+    copied = {
+        a.split()[0] for op, a in _instructions()[:last_from] if op == "COPY" and "--from" not in a
+    }
+    assert packages <= copied, f"not copied: {sorted(packages - copied)}"
 
 
 def test_the_build_uses_the_lock() -> None:
