@@ -7,11 +7,12 @@ they are read by something other than the binary.
 
 from __future__ import annotations
 
+import importlib
 import re
 from typing import Any
 
 import pytest
-from deploy_helpers import BASE, INSTALLS, build, help_text, pod_spec, workloads
+from deploy_helpers import BASE, INSTALLS, build, find, help_text, pod_spec, workloads
 
 from gpustack_operator import commands
 from gpustack_operator import flags as flagparsing
@@ -20,6 +21,12 @@ from gpustack_operator import main as launcher
 # Read by the container runtime, not by the binary.
 FOREIGN_ENV = {"NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES"}
 SUBCOMMANDS = {("device-manager",): 2, ("dm",): 2, ("bus",): 2}
+AGENTS = (
+    "gpustack-operator-device-manager-nvidia",
+    "gpustack-operator-device-manager-amd",
+    "gpustack-operator-model-manager",
+)
+NODE = "node-under-test"
 
 
 def _command(args: list[str]) -> tuple[tuple[str, ...], list[str]]:
@@ -102,3 +109,34 @@ def test_values_parse_as_the_command_expects() -> None:
         except flagparsing.FlagError as e:  # pragma: no cover - the failure path
             pytest.fail(f"{where}: {e}")
         assert parsed.positionals == [], where
+
+
+def _resolved(env: list[dict[str, Any]]) -> dict[str, str]:
+    """The container's environment as the kubelet would set it on node ``NODE``."""
+    out: dict[str, str] = {}
+    for e in env:
+        if "value" in e:
+            out[e["name"]] = e["value"]
+        elif e["valueFrom"].get("fieldRef", {}).get("fieldPath") == "spec.nodeName":
+            out[e["name"]] = NODE
+        else:
+            out[e["name"]] = "from-a-secret"
+    return out
+
+
+@pytest.mark.parametrize("tree", INSTALLS)
+@pytest.mark.parametrize("agent", AGENTS)
+def test_agents_take_the_node_name_from_the_downward_api(tree: str, agent: str) -> None:
+    """``KUBERNETES_NODE_NAME`` from ``spec.nodeName``, nothing that overrides it, and the
+    command's own settings builder ends up with that node (not the pod's host name)."""
+    spec = pod_spec(find(build(tree), "DaemonSet", agent))
+    (c,) = [c for c in spec["containers"] if c["image"].startswith("gpustack/gpustack-operator")]
+    env = {e["name"]: e for e in c["env"]}
+    assert env["KUBERNETES_NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    assert not {"NODE_NAME", "GPUSTACK_NODE_NAME"} & set(env)
+    assert not any(a.startswith("--node-name") for a in c["args"])
+    command, rest = launcher.find_command(c["args"])
+    options = launcher.options_for(command.path, rest, _resolved(c["env"]))
+    module, _, function = command.settings.partition(":")
+    settings = getattr(importlib.import_module(module), function)(options)
+    assert settings.node_name == NODE
