@@ -3,8 +3,9 @@
 # worker-gateway). Build: docker build -t gpustack/gpustack-operator:0.1.0 .
 #
 # Stage 1 builds wheels for the project and its runtime dependencies, pinned by
-# deploy/requirements.lock (regenerate with `python scripts/render.py lock`). Stage 2 installs
-# only those wheels into a slim Python 3.11 image, with no compiler and no network.
+# deploy/requirements.lock (regenerate: `python scripts/lock.py > deploy/requirements.lock`).
+# Stage 2 installs only those wheels into a slim Python 3.11 image, with no compiler and no
+# network.
 #
 # The image runs as the unprivileged user 65532. The manifests override it where a component
 # needs root: device-manager (kubelet's root-owned device-plugin socket directory; no
@@ -21,6 +22,8 @@ COPY pyproject.toml README.md ./
 COPY gpustack_operator gpustack_operator
 COPY agent agent
 COPY controlplane controlplane
+COPY hub hub
+COPY kit kit
 COPY bus bus
 COPY proto proto
 RUN python -m pip wheel --wheel-dir /wheels --constraint deploy/requirements.lock .

@@ -10,7 +10,7 @@ check:
     {{python}} -m ruff check .
     {{python}} -m ruff format --check .
     {{python}} -m mypy
-    {{python}} -m mypy scripts/proto.py scripts/render.py
+    {{python}} -m mypy scripts/proto.py scripts/lock.py
     lint-imports
     {{python}} scripts/proto.py --check
 

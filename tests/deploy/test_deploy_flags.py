@@ -7,11 +7,12 @@ they are read by something other than the binary.
 
 from __future__ import annotations
 
+import importlib
 import re
 from typing import Any
 
 import pytest
-from deploy_helpers import REPO, TREES, help_text, pod_spec, render, workloads
+from deploy_helpers import BASE, INSTALLS, build, find, help_text, pod_spec, workloads
 
 from gpustack_operator import commands
 from gpustack_operator import flags as flagparsing
@@ -20,6 +21,12 @@ from gpustack_operator import main as launcher
 # Read by the container runtime, not by the binary.
 FOREIGN_ENV = {"NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES"}
 SUBCOMMANDS = {("device-manager",): 2, ("dm",): 2, ("bus",): 2}
+AGENTS = (
+    "gpustack-operator-device-manager-nvidia",
+    "gpustack-operator-device-manager-amd",
+    "gpustack-operator-model-manager",
+)
+NODE = "node-under-test"
 
 
 def _command(args: list[str]) -> tuple[tuple[str, ...], list[str]]:
@@ -31,7 +38,7 @@ def _command(args: list[str]) -> tuple[tuple[str, ...], list[str]]:
 def _operator_containers(tree: str) -> list[tuple[str, dict[str, Any]]]:
     return [
         (f"{obj['metadata']['name']}/{c['name']}", c)
-        for obj in workloads(render.build(REPO / tree))
+        for obj in workloads(build(tree))
         for c in pod_spec(obj).get("containers", [])
         if c["image"].startswith("gpustack/gpustack-operator")
     ]
@@ -54,7 +61,7 @@ def test_help_parsing_finds_flags_and_env() -> None:
     assert "--no-such-flag" not in _flag_names(text)
 
 
-@pytest.mark.parametrize("tree", TREES)
+@pytest.mark.parametrize("tree", INSTALLS)
 def test_every_flag_passed_is_accepted(tree: str) -> None:
     containers = _operator_containers(tree)
     assert containers
@@ -67,7 +74,7 @@ def test_every_flag_passed_is_accepted(tree: str) -> None:
             assert name in accepted, f"{where}: {' '.join(path)} does not accept {name}"
 
 
-@pytest.mark.parametrize("tree", TREES)
+@pytest.mark.parametrize("tree", INSTALLS)
 def test_every_env_var_passed_is_accepted(tree: str) -> None:
     for where, c in _operator_containers(tree):
         path, _ = _command(c["args"])
@@ -76,7 +83,7 @@ def test_every_env_var_passed_is_accepted(tree: str) -> None:
             assert env["name"] in accepted, f"{where}: {' '.join(path)} ignores ${env['name']}"
 
 
-@pytest.mark.parametrize("tree", TREES)
+@pytest.mark.parametrize("tree", INSTALLS)
 def test_flags_and_env_do_not_say_the_same_thing_twice(tree: str) -> None:
     for where, c in _operator_containers(tree):
         _, flags = _command(c["args"])
@@ -92,7 +99,7 @@ def test_flags_and_env_do_not_say_the_same_thing_twice(tree: str) -> None:
 def test_values_parse_as_the_command_expects() -> None:
     """The launcher's own parser accepts each container's flags and literal env values (kinds,
     durations, choices), without running the service."""
-    for where, c in _operator_containers("deploy"):
+    for where, c in _operator_containers(BASE):
         path, flags = _command(c["args"])
         env = {e["name"]: e["value"] for e in c.get("env", []) if "value" in e}
         command, rest = launcher.find_command([*path, *flags])
@@ -102,3 +109,34 @@ def test_values_parse_as_the_command_expects() -> None:
         except flagparsing.FlagError as e:  # pragma: no cover - the failure path
             pytest.fail(f"{where}: {e}")
         assert parsed.positionals == [], where
+
+
+def _resolved(env: list[dict[str, Any]]) -> dict[str, str]:
+    """The container's environment as the kubelet would set it on node ``NODE``."""
+    out: dict[str, str] = {}
+    for e in env:
+        if "value" in e:
+            out[e["name"]] = e["value"]
+        elif e["valueFrom"].get("fieldRef", {}).get("fieldPath") == "spec.nodeName":
+            out[e["name"]] = NODE
+        else:
+            out[e["name"]] = "from-a-secret"
+    return out
+
+
+@pytest.mark.parametrize("tree", INSTALLS)
+@pytest.mark.parametrize("agent", AGENTS)
+def test_agents_take_the_node_name_from_the_downward_api(tree: str, agent: str) -> None:
+    """``KUBERNETES_NODE_NAME`` from ``spec.nodeName``, nothing that overrides it, and the
+    command's own settings builder ends up with that node (not the pod's host name)."""
+    spec = pod_spec(find(build(tree), "DaemonSet", agent))
+    (c,) = [c for c in spec["containers"] if c["image"].startswith("gpustack/gpustack-operator")]
+    env = {e["name"]: e for e in c["env"]}
+    assert env["KUBERNETES_NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    assert not {"NODE_NAME", "GPUSTACK_NODE_NAME"} & set(env)
+    assert not any(a.startswith("--node-name") for a in c["args"])
+    command, rest = launcher.find_command(c["args"])
+    options = launcher.options_for(command.path, rest, _resolved(c["env"]))
+    module, _, function = command.settings.partition(":")
+    settings = getattr(importlib.import_module(module), function)(options)
+    assert settings.node_name == NODE

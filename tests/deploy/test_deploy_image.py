@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 import re
+import tomllib
 from typing import Any
 
-from deploy_helpers import REPO, TREES, pod_spec, render, workloads
+from deploy_helpers import REPO, TREES, build, lock, pod_spec, workloads
 
 DOCKERFILE = (REPO / "Dockerfile").read_text()
 LOCK = REPO / "deploy/requirements.lock"
@@ -41,6 +42,21 @@ def test_runtime_stage_is_non_root_and_runs_the_binary() -> None:
     assert installs and all("--no-index" in a and "--constraint" in a for a in installs)
 
 
+def test_the_build_stage_copies_every_package_the_wheel_holds() -> None:
+    """``pip wheel .`` packs what ``[tool.setuptools.packages.find]`` finds in the build context:
+    a package the Dockerfile does not copy is silently missing from the image."""
+    include = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "packages"
+    ]["find"]["include"]
+    packages = {pattern.removesuffix("*") for pattern in include}
+    assert packages and all(re.fullmatch(r"\w+", p) for p in packages), packages
+    last_from = max(i for i, (op, _) in enumerate(_instructions()) if op == "FROM")
+    copied = {
+        a.split()[0] for op, a in _instructions()[:last_from] if op == "COPY" and "--from" not in a
+    }
+    assert packages <= copied, f"not copied: {sorted(packages - copied)}"
+
+
 def test_the_build_uses_the_lock() -> None:
     runs = [a for op, a in _instructions() if op == "RUN" and "pip wheel" in a]
     assert runs and all("--constraint deploy/requirements.lock" in a for a in runs)
@@ -52,7 +68,7 @@ def test_the_lock_pins_every_runtime_dependency_and_nothing_else() -> None:
     pinned = [ln for ln in LOCK.read_text().splitlines() if ln and not ln.startswith("#")]
     assert all(re.fullmatch(r"[a-z0-9-]+==[\w.+-]+", ln) for ln in pinned), pinned
     names = {ln.split("==")[0] for ln in pinned}
-    wanted = {ln.split("==")[0] for ln in render.lock_lines(REPO / "pyproject.toml")}
+    wanted = {ln.split("==")[0] for ln in lock.lock_lines(REPO / "pyproject.toml")}
     assert names == wanted
     assert not names & {"pytest", "ruff", "mypy", "hypothesis", "grpcio"}
 
@@ -60,7 +76,7 @@ def test_the_lock_pins_every_runtime_dependency_and_nothing_else() -> None:
 def test_every_tree_runs_one_operator_image_tag() -> None:
     tags: set[str] = set()
     for tree in TREES:
-        objs: list[dict[str, Any]] = render.build(REPO / tree)
+        objs: list[dict[str, Any]] = build(tree)
         for obj in workloads(objs):
             tags |= {
                 c["image"] for c in pod_spec(obj)["containers"] if "gpustack-operator" in c["image"]

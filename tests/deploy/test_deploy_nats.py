@@ -1,6 +1,6 @@
-"""The rendered NATS configuration, run by a real ``nats-server``.
+"""The built NATS configuration, run by a real ``nats-server``.
 
-The cluster block cannot form on loopback, so each test runs one server with the rendered
+The cluster block cannot form on loopback, so each test runs one server with the built
 ``auth.conf`` (exactly as shipped) and checks what each component's user may and may not do
 through the real bus code; the full ``nats.conf`` of every tree is checked by ``nats-server -t``.
 """
@@ -17,7 +17,7 @@ from typing import Any
 import anyio
 import msgspec
 import pytest
-from deploy_helpers import REPO, TREES, find, render
+from deploy_helpers import BASE, INSTALLS, build, find
 
 from bus import codec, connection, errors, events, publishing, state, subjects, testing
 from bus.embedded import ServerProcess, find_binary
@@ -41,14 +41,12 @@ USERS = {
 
 
 def _config(tree: str) -> dict[str, str]:
-    data: dict[str, str] = find(render.build(REPO / tree), "ConfigMap", "gpustack-nats-config")[
-        "data"
-    ]
+    data: dict[str, str] = find(build(tree), "ConfigMap", "gpustack-nats-config")["data"]
     return data
 
 
-@pytest.mark.parametrize("tree", TREES)
-def test_nats_server_accepts_the_rendered_configuration(tree: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("tree", INSTALLS)
+def test_nats_server_accepts_the_built_configuration(tree: str, tmp_path: Path) -> None:
     for name, text in _config(tree).items():
         # The WebSocket TLS files come from a Secret in the cluster; the server loads them.
         (tmp_path / name).write_text(text.replace("/etc/nats-websocket-tls/", f"{tmp_path}/"))
@@ -94,7 +92,7 @@ def _self_signed(where: Path) -> None:
 
 
 class _AuthServer(ServerProcess):
-    """One server: the harness's listener and JetStream, plus the rendered ``auth.conf``."""
+    """One server: the harness's listener and JetStream, plus the built ``auth.conf``."""
 
     auth: str = ""
 
@@ -108,7 +106,7 @@ async def server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterat
     for name, value in PASSWORDS.items():
         monkeypatch.setenv(name, value)  # the server process inherits them
     proc = _AuthServer(tmp_path / "nats")
-    proc.auth = _config("deploy")["auth.conf"]
+    proc.auth = _config(BASE)["auth.conf"]
     try:
         await proc.start()
         yield proc
@@ -189,6 +187,6 @@ async def test_a_wrong_password_is_refused(server: ServerProcess) -> None:
 
 
 def test_only_the_dashboard_may_use_websocket() -> None:
-    auth = _config("deploy")["auth.conf"]
+    auth = _config(BASE)["auth.conf"]
     assert auth.count('allowed_connection_types: ["STANDARD"]') == 3
     assert auth.count('allowed_connection_types: ["STANDARD", "WEBSOCKET"]') == 1

@@ -1,6 +1,6 @@
-"""Every rendered object validates offline: Kubernetes kinds against the bundled OpenAPI schemas
-(``kubernetes-validate``, strict: unknown fields fail), our kinds against our CRDs' schemas; and
-the CRDs accept the documents the agents produce.
+"""Every object kustomize builds validates offline: Kubernetes kinds against the bundled
+OpenAPI schemas (``kubernetes-validate``, strict: unknown fields fail), our kinds against our
+CRDs' schemas; and the CRDs accept the documents the agents produce.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 import jsonschema
 import kubernetes_validate
 import pytest
-from deploy_helpers import K8S_VERSION, REPO, TREES, render
+from deploy_helpers import K8S_VERSION, REPO, TREES, build
 
 CRD_GROUPS = {"worker.gpustack.ai"}
 
@@ -24,7 +24,7 @@ def _is_custom(obj: dict[str, Any]) -> bool:
 
 @pytest.mark.parametrize("tree", TREES)
 def test_kubernetes_objects_validate_strictly(tree: str) -> None:
-    for obj in render.build(REPO / tree):
+    for obj in build(tree):
         if _is_custom(obj):
             continue
         try:
@@ -79,7 +79,7 @@ def crd_validators(base: list[dict[str, Any]]) -> dict[tuple[str, str], jsonsche
 def test_custom_objects_validate_against_our_crds(
     tree: str, crd_validators: dict[tuple[str, str], jsonschema.Validator]
 ) -> None:
-    for obj in render.build(REPO / tree):
+    for obj in build(tree):
         if _is_custom(obj):
             crd_validators[(obj["apiVersion"], obj["kind"])].validate(obj)
 

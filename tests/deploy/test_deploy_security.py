@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from deploy_helpers import REPO, TREES, find, pod_spec, render, workloads
+from deploy_helpers import INSTALLS, build, find, pod_spec, workloads
 
 AGENTS = ("gpustack-operator-device-manager", "gpustack-operator-model-manager")
 DM_HOST_MOUNTS = {
@@ -23,9 +23,9 @@ def _bindings(objs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [o for o in objs if o["kind"] in {"RoleBinding", "ClusterRoleBinding"}]
 
 
-@pytest.mark.parametrize("tree", TREES)
+@pytest.mark.parametrize("tree", INSTALLS)
 def test_agents_have_no_rbac_bindings_and_no_token(tree: str) -> None:
-    objs = render.build(REPO / tree)
+    objs = build(tree)
     bound = {s["name"] for b in _bindings(objs) for s in b.get("subjects", [])}
     assert bound == {"gpustack-operator-worker"}
     for sa in AGENTS:
@@ -100,9 +100,9 @@ def test_csi_driver_object(base: list[dict[str, Any]]) -> None:
     assert spec["volumeLifecycleModes"] == ["Ephemeral"]
 
 
-@pytest.mark.parametrize("tree", TREES)
+@pytest.mark.parametrize("tree", INSTALLS)
 def test_every_container_has_requests_limits_and_no_floating_tag(tree: str) -> None:
-    for obj in workloads(render.build(REPO / tree)):
+    for obj in workloads(build(tree)):
         for c in pod_spec(obj)["containers"] + pod_spec(obj).get("initContainers", []):
             where = f"{obj['metadata']['name']}/{c['name']}"
             assert {"cpu", "memory"} <= set(c["resources"]["requests"]), where
