@@ -35,3 +35,7 @@ class HostReadError(AgentError):
 
 class ProfileError(AgentError):
     """A simulated-hardware profile is missing, malformed or inconsistent; the message says where."""
+
+
+class StartFailed(AgentError):
+    """The agent cannot start on this node as configured (a missing host directory)."""

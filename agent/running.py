@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import ExitStack, asynccontextmanager
@@ -44,6 +45,7 @@ from agent.deviceplugin import partitioning
 from agent.deviceplugin.running import Plugins, device_plugins
 from agent.devices import detection, nvidia, sources
 from agent.devices.nvml import Nvml
+from agent.errors import StartFailed
 from agent.serve_settings import ServeSettings
 from bus import devices, events
 from bus.errors import BusError
@@ -72,7 +74,11 @@ async def run(
     *,
     task_status: anyio.abc.TaskStatus[Running] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
-    """The whole agent; ``task_status.started`` once the first pass is published."""
+    """The whole agent; ``task_status.started`` once the first pass is published.
+
+    :raises StartFailed: kubelet's device-plugins directory is not where ``--kube-socket`` says.
+    """
+    require_plugin_directory(settings.deviceplugin.kube_socket)
     registry = CollectorRegistry(auto_describe=True)
     async with (
         publisher(settings=settings.bus, metrics=BusMetrics(registry)) as pub,
@@ -108,6 +114,16 @@ async def run(
         tg.start_soon(observer.heartbeat, name="heartbeat")
         log.info("device agent ready on node %s (HTTPS %s)", settings.node_name, server.url)
         task_status.started(Running(observer, server, plugins, backends, pub))
+
+
+def require_plugin_directory(kube_socket: str) -> None:
+    """Fail at once, in one line, when there is no directory to put the plugin sockets in."""
+    directory = os.path.dirname(kube_socket) or "."
+    if not os.path.isdir(directory):
+        raise StartFailed(
+            f"--kube-socket {kube_socket}: the directory {directory} does not exist "
+            "(is kubelet's device-plugins directory mounted there?)"
+        )
 
 
 # -- the parts --------------------------------------------------------------------------------

@@ -7,15 +7,13 @@ Durations are seconds and say so in their names.
 
 from __future__ import annotations
 
-import os
-
 import msgspec
 
 from agent.deviceplugin.settings import DevicePluginSettings
 from agent.settings import DetectSettings, detect_settings_from, node_name_from
 from bus import settings as bus_settings
 from bus.settings import BusSettings
-from kit.options import Options, SettingsError
+from kit.options import Options
 from kit.serving import HttpsSettings, https_from
 from kit.version import package_version
 
@@ -74,16 +72,9 @@ class ServeSettings(msgspec.Struct, frozen=True, kw_only=True):
 def settings_from(options: Options) -> ServeSettings:
     """Build the settings of ``dm serve`` from its flags and the environment.
 
-    :raises SettingsError: a bad ``--manufacturer``, or no device-plugins directory where
-        ``--kube-socket`` points.
+    :raises SettingsError: a bad ``--manufacturer`` or node name.
     """
     kube_socket = options.text("kube-socket")
-    directory = os.path.dirname(kube_socket) or "."
-    if not os.path.isdir(directory):
-        raise SettingsError(
-            f"--kube-socket {kube_socket}: the directory {directory} does not exist "
-            "(is kubelet's device-plugins directory mounted there?)"
-        )
     return assemble(
         options,
         kube_socket=kube_socket,

@@ -75,3 +75,16 @@ def test_a_busy_port_in_standalone_is_one_line(tmp_path: Path) -> None:
     assert "Traceback" not in done.stderr
     [line] = _errors(done.stderr)
     assert f"127.0.0.1:{port}" in line and "in use" in line
+
+
+def test_dm_serve_without_a_kubelet_directory_is_one_line(tmp_path: Path) -> None:
+    done = _run(
+        ["dm", "serve", "--simulate=nvidia-h200x8", "--kube-socket=/nonexistent/dir/kubelet.sock",
+         "--secure-port=0", "--bind-address=127.0.0.1", "--node-name=n1",
+         "--nats-url=nats://127.0.0.1:1"],
+        dict(os.environ),
+    )  # fmt: skip
+    assert done.returncode == 1
+    assert "Traceback" not in done.stderr
+    [line] = _errors(done.stderr)
+    assert "/nonexistent/dir does not exist" in line
