@@ -14,8 +14,10 @@
 
 Invariants: a ``published/<hex>`` directory is complete and verified, because it only ever
 appears by one ``rename`` of a finished attempt; records are replaced atomically (write a
-temporary file, fsync, rename, fsync the directory). Everything here is synchronous file I/O;
-the async layer calls it through a thread.
+temporary file of its own name, fsync, rename, fsync the directory), so concurrent writers never
+share a temporary file; a digest record's read-modify-write runs under that digest's lock
+(:meth:`Cache.update_digest`), so concurrent updates never lose one another. Everything here is
+synchronous file I/O; the async layer calls it through a thread.
 """
 
 from __future__ import annotations
@@ -25,7 +27,11 @@ import hashlib
 import os
 import re
 import shutil
+import tempfile
+import threading
 import time
+import weakref
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 from typing import Final
@@ -85,13 +91,23 @@ def fsync_dir(path: Path) -> None:
 
 
 def write_atomically(path: Path, data: bytes) -> None:
-    """Replace ``path`` with ``data``: never a torn file, durable when this returns."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with tmp.open("wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    tmp.replace(path)
+    """Replace ``path`` with ``data``: never a torn file, durable when this returns.
+
+    The temporary file is unique to this call (``mkstemp``), so threads writing one record at
+    once cannot rename each other's file away; it is removed when the write fails.
+    """
+    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    tmp = Path(name)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            os.fchmod(f.fileno(), 0o644)  # mkstemp's 0600 would hide records from readers
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        tmp.replace(path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     fsync_dir(path.parent)
 
 
@@ -105,6 +121,10 @@ class Cache:
         self.trash = root / "trash"
         self.refs = root / "ledger" / "refs"
         self.digests = root / "ledger" / "digests"
+        self._guard = threading.Lock()
+        self._digest_locks: weakref.WeakValueDictionary[str, threading.Lock] = (
+            weakref.WeakValueDictionary()
+        )
 
     @classmethod
     def open(cls, root: Path) -> Cache:
@@ -227,7 +247,30 @@ class Cache:
             return DigestRecord()
 
     def save_digest(self, hex_: str, record: DigestRecord) -> None:
-        write_atomically(self.digests / f"{hex_}.json", msgspec.json.encode(record))
+        with self._digest_lock(hex_):
+            write_atomically(self.digests / f"{hex_}.json", msgspec.json.encode(record))
+
+    def update_digest(
+        self, hex_: str, change: Callable[[DigestRecord], DigestRecord]
+    ) -> DigestRecord:
+        """Load, ``change`` and save ``hex_``'s record as one step; returns what was saved.
+
+        Jobs, mounts and unmounts of one digest update its record from different threads; a
+        plain load-then-save would drop a failure (and its backoff) written in between.
+        """
+        with self._digest_lock(hex_):
+            record = change(self.load_digest(hex_))
+            write_atomically(self.digests / f"{hex_}.json", msgspec.json.encode(record))
+        return record
+
+    def _digest_lock(self, hex_: str) -> threading.Lock:
+        """The lock of ``hex_``'s record; kept only while someone holds a reference to it."""
+        with self._guard:
+            lock = self._digest_locks.get(hex_)
+            if lock is None:
+                lock = threading.Lock()
+                self._digest_locks[hex_] = lock
+            return lock
 
     def drop_digest(self, hex_: str) -> None:
         (self.digests / f"{hex_}.json").unlink(missing_ok=True)
