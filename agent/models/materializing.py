@@ -128,6 +128,8 @@ class Materializer:
         self.changed = changed
         self._clock = clock
         self.jobs: dict[str, Job] = {}
+        self._unsaved: dict[str, layout.DigestRecord] = {}
+        """Outcomes the ledger refused (a broken disk): still answered, never forgotten."""
         self._tg: TaskGroup | None = None
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
@@ -162,7 +164,9 @@ class Materializer:
         if job is not None:
             job.join(source, now)
             raise Materializing(job.progress())
-        record = self.cache.load_digest(hex_)
+        record = self._unsaved.get(hex_)
+        if record is None:
+            record = self.cache.load_digest(hex_)
         if record.retry_at is not None and record.retry_at > now:
             when = datetime.fromtimestamp(record.retry_at, UTC).isoformat(timespec="seconds")
             raise BackingOff.of(
@@ -179,6 +183,13 @@ class Materializer:
         raise Materializing(job.progress())
 
     async def _run_job(self, job: Job) -> None:
+        """Run one attempt, record its outcome, then end the job; never raises.
+
+        The jobs live in the plugin's task group: an error escaping here would stop the whole
+        plugin, so anything unexpected is logged and becomes a failed attempt. The outcome is
+        recorded *before* the job leaves :attr:`jobs`, so no publish can slip in between and
+        start another attempt without seeing this one's backoff.
+        """
         reason, message = "Canceled", "nobody asked for it any more"
         try:
             with job.scope:
@@ -190,17 +201,38 @@ class Materializer:
             reason, message = "InsufficientCapacity", str(e)
         except OSError as e:
             reason, message = "SourceUnavailable", f"cache I/O failed: {e}"
+        except Exception as e:
+            log.exception("sha256:%s: the attempt failed unexpectedly", job.hex[:12])
+            reason, message = "SourceUnavailable", f"internal error ({type(e).__name__})"
         finally:
-            self.jobs.pop(job.hex, None)
             with anyio.CancelScope(shield=True):
-                await anyio.to_thread.run_sync(self._record, job.hex, reason, message)
+                await self._settle(job.hex, reason, message)
+            self.jobs.pop(job.hex, None)
             self.changed()
 
-    def _record(self, hex_: str, reason: str, message: str) -> None:
+    async def _settle(self, hex_: str, reason: str, message: str) -> None:
+        """Record an attempt's outcome; a ledger that cannot be written keeps it in memory."""
         self.metrics.materializations.labels(result=reason or "published").inc()
-        record = self.cache.load_digest(hex_)
+        if reason:
+            log.warning("sha256:%s: %s: %s", hex_[:12], reason, message)
+
+        def change(record: layout.DigestRecord) -> layout.DigestRecord:
+            return self._outcome(record, reason, message)
+
+        try:
+            await anyio.to_thread.run_sync(self.cache.update_digest, hex_, change)
+        except Exception:
+            log.exception("sha256:%s: cannot record the attempt in the ledger", hex_[:12])
+            self._unsaved[hex_] = change(self._unsaved.get(hex_, layout.DigestRecord()))
+        else:
+            self._unsaved.pop(hex_, None)
+
+    def _outcome(
+        self, record: layout.DigestRecord, reason: str, message: str
+    ) -> layout.DigestRecord:
+        """``record`` after an attempt that ended with ``reason`` ("" when it published)."""
         if not reason:
-            record = msgspec.structs.replace(
+            return msgspec.structs.replace(
                 record,
                 failures=0,
                 reason=None,
@@ -208,24 +240,22 @@ class Materializer:
                 retry_at=None,
                 last_used=self._clock(),
             )
-        else:
-            log.warning("sha256:%s: %s: %s", hex_[:12], reason, message)
-            failures = record.failures + (0 if reason in NO_BACKOFF else 1)
-            delay = backoff_delay(
-                failures, first_s=self.tuning.backoff_first_s, max_s=self.tuning.backoff_max_s
-            )
-            retry = None if reason in NO_BACKOFF else self._clock() + delay
-            record = msgspec.structs.replace(
-                record, failures=failures, reason=reason, message=message[:512], retry_at=retry
-            )
-        self.cache.save_digest(hex_, record)
+        failures = record.failures + (0 if reason in NO_BACKOFF else 1)
+        delay = backoff_delay(
+            failures, first_s=self.tuning.backoff_first_s, max_s=self.tuning.backoff_max_s
+        )
+        retry = None if reason in NO_BACKOFF else self._clock() + delay
+        return msgspec.structs.replace(
+            record, failures=failures, reason=reason, message=message[:512], retry_at=retry
+        )
 
     async def _attempt(self, job: Job) -> None:
-        record = await anyio.to_thread.run_sync(self.cache.load_digest, job.hex)
-        number = record.last_attempt + 1
-        await anyio.to_thread.run_sync(
-            self.cache.save_digest, job.hex, msgspec.structs.replace(record, last_attempt=number)
+        record = await anyio.to_thread.run_sync(
+            self.cache.update_digest,
+            job.hex,
+            lambda r: msgspec.structs.replace(r, last_attempt=r.last_attempt + 1),
         )
+        number = record.last_attempt
         attempt = await anyio.to_thread.run_sync(self.cache.new_attempt, job.hex, number)
         tried = 0
         while tried < len(job.sources):
