@@ -40,7 +40,7 @@ import msgspec
 
 from agent.models.errors import CacheCorrupt
 
-__all__ = ["Cache", "DigestRecord", "Marker", "Ref"]
+__all__ = ["Backoff", "Cache", "DigestRecord", "Marker", "Ref"]
 
 LAYOUT: Final = "gpustack-model-store v1"
 VOLUME_ID: Final = re.compile(r"[A-Za-z0-9._-]{1,128}")
@@ -69,8 +69,23 @@ class Ref(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     pod_uid: str | None = None
 
 
+class Backoff(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    """The last failure of one source and credential (see :mod:`agent.models.backoff`)."""
+
+    reason: str
+    message: str = ""
+    failures: int = 1
+    """Consecutive failures: the delay doubles with each."""
+    retry_at: float
+    """Unix time before which no new attempt of this key starts."""
+
+
 class DigestRecord(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
-    """Per-digest history; survives restarts so a backoff does too."""
+    """Per-digest history; survives restarts so a backoff does too.
+
+    ``failures`` to ``retry_at`` are the latest failure, what the node reports; ``backoffs``
+    is what holds back a new attempt, by source and credential.
+    """
 
     last_used: float = 0.0
     """Unix time of the last mount or unmount (collection removes the oldest first)."""
@@ -79,7 +94,9 @@ class DigestRecord(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     reason: str | None = None
     message: str | None = None
     retry_at: float | None = None
-    """Unix time before which no new attempt starts."""
+    """Unix time of the next attempt after the latest failure."""
+    backoffs: dict[str, Backoff] = msgspec.field(default_factory=dict)
+    """``<repository>@<commit>#<credential>`` (or ``*``: any) -> its last failure."""
 
 
 def fsync_dir(path: Path) -> None:

@@ -1,7 +1,8 @@
 """Materialization: turn a manifest digest into a published, verified, read-only tree, once.
 
 One job per digest at a time; every volume asking for that digest while it runs *joins* it
-(its source is added; a token is only ever used for its own repository, the latest one wins).
+(its source is added unless one with the same repository, commit and credential is listed; a
+token is only ever used for its own repository).
 :meth:`Materializer.ensure` never waits for bytes: it starts or joins the job and raises
 :class:`Materializing` with the progress, or :class:`BackingOff` while a failure's backoff runs,
 so NodePublishVolume answers within a kubelet timeout and kubelet retries.
@@ -11,7 +12,9 @@ IntegrityMismatch), reserve capacity, download all files (:mod:`agent.models.dow
 then publish: chmod files 0444 and directories 0555, fsync, write the marker, fsync, and
 ``rename(partial/<hex>/<n>, published/<hex>)`` — one atomic step, so a reader sees either no
 tree or a complete one. A failure is recorded with a backoff (1 min doubling to 1 h, in the
-ledger, so it survives restarts); ``InvalidRequest`` and ``Canceled`` do not back off.
+ledger, so it survives restarts) for the source and credential that got it, or for every
+request when the node itself failed (:mod:`agent.models.backoff`); ``InvalidRequest`` and
+``Canceled`` do not back off.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ import anyio.to_thread
 import msgspec
 from anyio.abc import TaskGroup, TaskStatus
 
-from agent.models import downloading, layout
+from agent.models import backoff, downloading, layout
 from agent.models.errors import BackingOff, Materializing, NoSpace
 from agent.models.metrics import ModelMetrics
 from agent.models.settings import Tuning
@@ -38,17 +41,9 @@ from hub import resolving
 from hub.errors import AccessDenied, HubError, IntegrityMismatch
 from hub.manifest import Manifest
 
-__all__ = ["Job", "Materializer", "Source", "backoff_delay"]
+__all__ = ["Job", "Materializer", "Source"]
 
 log = logging.getLogger(__name__)
-NO_BACKOFF = frozenset({"InvalidRequest", "Canceled"})
-
-
-def backoff_delay(failures: int, *, first_s: float, max_s: float) -> float:
-    """Seconds to wait after ``failures`` consecutive failures: first_s, doubling, capped."""
-    if failures <= 0:
-        return 0.0
-    return float(min(first_s * 2 ** min(failures - 1, 32), max_s))
 
 
 def human(n: float) -> str:
@@ -65,9 +60,14 @@ class Source:
 
     repository: str
     commit: str
-    token: str | None
+    token: str | None = field(repr=False)
     allow: tuple[str, ...] = ()
     ignore: tuple[str, ...] = ()
+
+    @property
+    def key(self) -> str:
+        """What a failure of this source holds back (no token in it: see :mod:`.backoff`)."""
+        return backoff.source_key(self.repository, self.commit, self.token)
 
 
 @dataclass
@@ -82,15 +82,20 @@ class Job:
     size: int = 0
     done: int = 0
     scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
+    trying: Source | None = None
+    """The source being listed or downloaded: a Hub failure is its failure."""
+    denied: dict[str, str] = field(default_factory=dict)
+    """Source key -> AccessDenied message, for sources that refused and were passed over."""
 
     def join(self, source: Source, now: float) -> None:
-        """Add ``source``; a repository already listed only refreshes its token."""
+        """Add ``source`` unless one with its key (repository, commit, credential) is listed.
+
+        Sources are tried in order when one is refused, so a request with another credential
+        joins rather than waits for someone else's refusal.
+        """
         self.asked = now
-        for i, s in enumerate(self.sources):
-            if s.repository == source.repository:
-                self.sources[i] = source
-                return
-        self.sources.append(source)
+        if all(s.key != source.key for s in self.sources):
+            self.sources.append(source)
 
     def progress(self) -> str:
         if self.phase != "downloading":
@@ -167,13 +172,9 @@ class Materializer:
         record = self._unsaved.get(hex_)
         if record is None:
             record = self.cache.load_digest(hex_)
-        if record.retry_at is not None and record.retry_at > now:
-            when = datetime.fromtimestamp(record.retry_at, UTC).isoformat(timespec="seconds")
-            raise BackingOff.of(
-                f"materializing sha256:{hex_[:12]} failed, {record.reason}: {record.message}; "
-                f"the next attempt starts at {when}",
-                reason=record.reason or "SourceUnavailable",
-            )
+        held = backoff.blocking(record, source.key, now)
+        if held is not None:
+            raise backoff.refusal(hex_, held)
         if self._tg is None:
             raise BackingOff.of("the materializer is not running", reason="SourceUnavailable")
         job = Job(hex_, [source], started=now, asked=now)
@@ -190,6 +191,7 @@ class Materializer:
         recorded *before* the job leaves :attr:`jobs`, so no publish can slip in between and
         start another attempt without seeing this one's backoff.
         """
+        key = backoff.ANY  # a failure of the node itself, unless a source's (below)
         reason, message = "Canceled", "nobody asked for it any more"
         try:
             with job.scope:
@@ -197,6 +199,7 @@ class Materializer:
                 reason = ""
         except HubError as e:
             reason, message = e.reason, str(e)
+            key = job.trying.key if job.trying is not None else backoff.ANY
         except NoSpace as e:
             reason, message = "InsufficientCapacity", str(e)
         except OSError as e:
@@ -205,19 +208,27 @@ class Materializer:
             log.exception("sha256:%s: the attempt failed unexpectedly", job.hex[:12])
             reason, message = "SourceUnavailable", f"internal error ({type(e).__name__})"
         finally:
+            failures: dict[str, tuple[str, str]] = {}
+            if reason:  # published: nobody needs to wait, whatever was refused on the way
+                failures = {k: ("AccessDenied", m) for k, m in job.denied.items()}
+                failures[key] = (reason, message)
             with anyio.CancelScope(shield=True):
-                await self._settle(job.hex, reason, message)
+                await self._settle(job.hex, failures)
             self.jobs.pop(job.hex, None)
             self.changed()
 
-    async def _settle(self, hex_: str, reason: str, message: str) -> None:
-        """Record an attempt's outcome; a ledger that cannot be written keeps it in memory."""
-        self.metrics.materializations.labels(result=reason or "published").inc()
-        if reason:
+    async def _settle(self, hex_: str, failures: dict[str, tuple[str, str]]) -> None:
+        """Record an attempt's outcome: what failed by source key (nothing: it published).
+
+        A ledger that cannot be written keeps the outcome in memory, so it is still answered.
+        """
+        for reason, message in failures.values():
             log.warning("sha256:%s: %s: %s", hex_[:12], reason, message)
+        last = next(reversed(failures.values()))[0] if failures else "published"
+        self.metrics.materializations.labels(result=last).inc()
 
         def change(record: layout.DigestRecord) -> layout.DigestRecord:
-            return self._outcome(record, reason, message)
+            return self._outcome(record, failures)
 
         try:
             await anyio.to_thread.run_sync(self.cache.update_digest, hex_, change)
@@ -228,25 +239,17 @@ class Materializer:
             self._unsaved.pop(hex_, None)
 
     def _outcome(
-        self, record: layout.DigestRecord, reason: str, message: str
+        self, record: layout.DigestRecord, failures: dict[str, tuple[str, str]]
     ) -> layout.DigestRecord:
-        """``record`` after an attempt that ended with ``reason`` ("" when it published)."""
-        if not reason:
-            return msgspec.structs.replace(
-                record,
-                failures=0,
-                reason=None,
-                message=None,
-                retry_at=None,
-                last_used=self._clock(),
-            )
-        failures = record.failures + (0 if reason in NO_BACKOFF else 1)
-        delay = backoff_delay(
-            failures, first_s=self.tuning.backoff_first_s, max_s=self.tuning.backoff_max_s
-        )
-        retry = None if reason in NO_BACKOFF else self._clock() + delay
-        return msgspec.structs.replace(
-            record, failures=failures, reason=reason, message=message[:512], retry_at=retry
+        """``record`` after an attempt: source key -> (reason, message) of what failed."""
+        if not failures:
+            return backoff.succeeded(record, self._clock())
+        return backoff.failed(
+            record,
+            failures,
+            now=self._clock(),
+            first_s=self.tuning.backoff_first_s,
+            max_s=self.tuning.backoff_max_s,
         )
 
     async def _attempt(self, job: Job) -> None:
@@ -258,15 +261,16 @@ class Materializer:
         number = record.last_attempt
         attempt = await anyio.to_thread.run_sync(self.cache.new_attempt, job.hex, number)
         tried = 0
-        while tried < len(job.sources):
-            source = job.sources[tried]
+        while tried < len(job.sources):  # sources that join meanwhile are tried too
+            job.trying = source = job.sources[tried]
             try:
                 manifest = await self._download(job, source, attempt)
                 break
-            except AccessDenied:
+            except AccessDenied as e:
                 tried += 1
                 if tried >= len(job.sources):
                     raise
+                job.denied[source.key] = str(e)
         job.phase = "publishing"
         await anyio.to_thread.run_sync(_publish, self.cache, job.hex, number, attempt, manifest)
         self.metrics.publish_duration.observe(self._clock() - job.started)
