@@ -7,6 +7,10 @@ key never holds a token: a credential is named by a truncated SHA-256 of it (``a
 without one), which is what the ledger, logs and memory keys see. A failure of the node itself
 (a full cache, cache I/O) has the key :data:`ANY`: it holds back every request of the digest.
 
+A *permanent* failure (the pinned commit's listing is invalid or is another digest: it lists
+the same files every time) is answered FAILED_PRECONDITION rather than "retry later", and is
+checked again only after the longest backoff, in case the cause was on this side.
+
 What the node *reports* for a digest (``reason``, ``message``, ``retry_at`` of its
 :class:`~agent.models.layout.DigestRecord`) stays the latest failure, by digest only.
 """
@@ -16,28 +20,64 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping
 from datetime import UTC, datetime
+from typing import NamedTuple
 
 import msgspec
 
-from agent.models.errors import BackingOff
+from agent.models.errors import BackingOff, NoSpace
 from agent.models.layout import Backoff, DigestRecord
+from hub.errors import HubError
 
 __all__ = [
     "ANY",
     "NO_BACKOFF",
+    "Failure",
+    "Permanent",
     "backoff_delay",
     "blocking",
     "credential_id",
     "failed",
+    "failure_of",
     "refusal",
     "source_key",
     "succeeded",
 ]
 
-NO_BACKOFF = frozenset({"InvalidRequest", "Canceled"})
+NO_BACKOFF = frozenset({"Canceled"})
 """Reasons that do not hold back the next attempt."""
 ANY = "*"
 """The key of a failure that is the node's, not a source's: it holds back every request."""
+
+
+class Failure(NamedTuple):
+    """How one source (or the node) failed an attempt."""
+
+    reason: str
+    message: str
+    permanent: bool = False
+
+
+class Permanent(Exception):
+    """A Hub error the same source will always give: its pinned commit lists what it lists."""
+
+    def __init__(self, error: HubError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def failure_of(source: str, e: Permanent | HubError | NoSpace | OSError) -> tuple[str, Failure]:
+    """The key and failure an attempt's error is recorded as.
+
+    A Hub error is the failure of ``source``, the key of the source being tried; the others are
+    the node's (key :data:`ANY`: they hold back every request).
+    """
+    if isinstance(e, Permanent):
+        return source, Failure(e.error.reason, str(e.error), permanent=True)
+    if isinstance(e, HubError):
+        return source, Failure(e.reason, str(e))
+    if isinstance(e, NoSpace):
+        return ANY, Failure("InsufficientCapacity", str(e))
+    return ANY, Failure("SourceUnavailable", f"cache I/O failed: {e}")
 
 
 def credential_id(token: str | None) -> str:
@@ -69,6 +109,14 @@ def blocking(record: DigestRecord, key: str, now: float) -> Backoff | None:
 def refusal(hex_: str, backoff: Backoff) -> BackingOff:
     """The answer to a request held back by ``backoff`` (reason and when it retries)."""
     when = datetime.fromtimestamp(backoff.retry_at, UTC).isoformat(timespec="seconds")
+    if backoff.permanent:
+        return BackingOff.of(
+            f"materializing sha256:{hex_[:12]} cannot succeed from this source, "
+            f"{backoff.reason}: {backoff.message}; the pinned commit lists the same files every "
+            f"time (checked again at {when})",
+            reason=backoff.reason,
+            permanent=True,
+        )
     return BackingOff.of(
         f"materializing sha256:{hex_[:12]} failed, {backoff.reason}: {backoff.message}; "
         f"the next attempt starts at {when}",
@@ -85,31 +133,36 @@ def succeeded(record: DigestRecord, now: float) -> DigestRecord:
 
 def failed(
     record: DigestRecord,
-    tried: Mapping[str, tuple[str, str]],
+    tried: Mapping[str, Failure],
     *,
     now: float,
     first_s: float,
     max_s: float,
 ) -> DigestRecord:
-    """``record`` after an attempt whose sources failed: ``tried`` maps key -> (reason, message).
+    """``record`` after an attempt whose sources failed: ``tried`` maps key -> failure.
 
-    Each key backs off on its own count (first_s, doubling to max_s); one quiet for longer than
-    ``max_s`` after its retry time is forgotten, so the ledger does not grow with old tokens.
-    The last failure in ``tried`` is what the node reports.
+    Each key backs off on its own count (first_s, doubling to max_s; a permanent failure at once
+    max_s); one quiet for longer than ``max_s`` after its retry time is forgotten, so the ledger
+    does not grow with old tokens. The last failure in ``tried`` is what the node reports.
     """
     backoffs = {k: b for k, b in record.backoffs.items() if b.retry_at + max_s > now}
     reason = message = None
     retry_at: float | None = None
     failures = record.failures
-    for key, (reason, message) in tried.items():
+    for key, (reason, message, permanent) in tried.items():
         retry_at = None
         if reason in NO_BACKOFF:
             continue
         before = backoffs.get(key)
         failures = (before.failures if before is not None else 0) + 1
-        retry_at = now + backoff_delay(failures, first_s=first_s, max_s=max_s)
+        delay = max_s if permanent else backoff_delay(failures, first_s=first_s, max_s=max_s)
+        retry_at = now + delay
         backoffs[key] = Backoff(
-            reason=reason, message=message[:512], failures=failures, retry_at=retry_at
+            reason=reason,
+            message=message[:512],
+            failures=failures,
+            retry_at=retry_at,
+            permanent=permanent,
         )
     return msgspec.structs.replace(
         record,

@@ -78,6 +78,8 @@ class Backoff(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     """Consecutive failures: the delay doubles with each."""
     retry_at: float
     """Unix time before which no new attempt of this key starts."""
+    permanent: bool = False
+    """The cause does not change for the pinned commit: answered as a terminal failure."""
 
 
 class DigestRecord(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):

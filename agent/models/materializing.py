@@ -13,8 +13,9 @@ then publish: chmod files 0444 and directories 0555, fsync, write the marker, fs
 ``rename(partial/<hex>/<n>, published/<hex>)`` — one atomic step, so a reader sees either no
 tree or a complete one. A failure is recorded with a backoff (1 min doubling to 1 h, in the
 ledger, so it survives restarts) for the source and credential that got it, or for every
-request when the node itself failed (:mod:`agent.models.backoff`); ``InvalidRequest`` and
-``Canceled`` do not back off.
+request when the node itself failed (:mod:`agent.models.backoff`); ``Canceled`` does not back
+off. A listing that is invalid or another digest is permanent for the pinned commit: it is
+answered FAILED_PRECONDITION, not "retry later".
 """
 
 from __future__ import annotations
@@ -33,12 +34,13 @@ import msgspec
 from anyio.abc import TaskGroup, TaskStatus
 
 from agent.models import backoff, downloading, layout
+from agent.models.backoff import Failure
 from agent.models.errors import BackingOff, Materializing, NoSpace
 from agent.models.metrics import ModelMetrics
 from agent.models.settings import Tuning
 from hub import client as hub_client
 from hub import resolving
-from hub.errors import AccessDenied, HubError, IntegrityMismatch
+from hub.errors import AccessDenied, HubError, IntegrityMismatch, InvalidManifest
 from hub.manifest import Manifest
 
 __all__ = ["Job", "Materializer", "Source"]
@@ -84,8 +86,8 @@ class Job:
     scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
     trying: Source | None = None
     """The source being listed or downloaded: a Hub failure is its failure."""
-    denied: dict[str, str] = field(default_factory=dict)
-    """Source key -> AccessDenied message, for sources that refused and were passed over."""
+    denied: dict[str, Failure] = field(default_factory=dict)
+    """Source key -> its refusal, for sources that were passed over for the next one."""
 
     def join(self, source: Source, now: float) -> None:
         """Add ``source`` unless one with its key (repository, commit, credential) is listed.
@@ -191,40 +193,38 @@ class Materializer:
         recorded *before* the job leaves :attr:`jobs`, so no publish can slip in between and
         start another attempt without seeing this one's backoff.
         """
-        key = backoff.ANY  # a failure of the node itself, unless a source's (below)
-        reason, message = "Canceled", "nobody asked for it any more"
+        failure: tuple[str, Failure] | None = (
+            backoff.ANY,
+            Failure("Canceled", "nobody asked for it any more"),
+        )
         try:
             with job.scope:
                 await self._attempt(job)
-                reason = ""
-        except HubError as e:
-            reason, message = e.reason, str(e)
-            key = job.trying.key if job.trying is not None else backoff.ANY
-        except NoSpace as e:
-            reason, message = "InsufficientCapacity", str(e)
-        except OSError as e:
-            reason, message = "SourceUnavailable", f"cache I/O failed: {e}"
+                failure = None
+        except (backoff.Permanent, HubError, NoSpace, OSError) as e:
+            failure = backoff.failure_of(job.trying.key if job.trying else backoff.ANY, e)
         except Exception as e:
             log.exception("sha256:%s: the attempt failed unexpectedly", job.hex[:12])
-            reason, message = "SourceUnavailable", f"internal error ({type(e).__name__})"
+            failure = (
+                backoff.ANY,
+                Failure("SourceUnavailable", f"internal error ({type(e).__name__})"),
+            )
         finally:
-            failures: dict[str, tuple[str, str]] = {}
-            if reason:  # published: nobody needs to wait, whatever was refused on the way
-                failures = {k: ("AccessDenied", m) for k, m in job.denied.items()}
-                failures[key] = (reason, message)
+            # Published: nobody needs to wait, whatever was refused on the way.
+            failures = {} if failure is None else {**job.denied, failure[0]: failure[1]}
             with anyio.CancelScope(shield=True):
                 await self._settle(job.hex, failures)
             self.jobs.pop(job.hex, None)
             self.changed()
 
-    async def _settle(self, hex_: str, failures: dict[str, tuple[str, str]]) -> None:
+    async def _settle(self, hex_: str, failures: dict[str, Failure]) -> None:
         """Record an attempt's outcome: what failed by source key (nothing: it published).
 
         A ledger that cannot be written keeps the outcome in memory, so it is still answered.
         """
-        for reason, message in failures.values():
-            log.warning("sha256:%s: %s: %s", hex_[:12], reason, message)
-        last = next(reversed(failures.values()))[0] if failures else "published"
+        for failure in failures.values():
+            log.warning("sha256:%s: %s: %s", hex_[:12], failure.reason, failure.message)
+        last = next(reversed(failures.values())).reason if failures else "published"
         self.metrics.materializations.labels(result=last).inc()
 
         def change(record: layout.DigestRecord) -> layout.DigestRecord:
@@ -239,9 +239,9 @@ class Materializer:
             self._unsaved.pop(hex_, None)
 
     def _outcome(
-        self, record: layout.DigestRecord, failures: dict[str, tuple[str, str]]
+        self, record: layout.DigestRecord, failures: dict[str, Failure]
     ) -> layout.DigestRecord:
-        """``record`` after an attempt: source key -> (reason, message) of what failed."""
+        """``record`` after an attempt: source key -> how it failed (empty: published)."""
         if not failures:
             return backoff.succeeded(record, self._clock())
         return backoff.failed(
@@ -270,26 +270,40 @@ class Materializer:
                 tried += 1
                 if tried >= len(job.sources):
                     raise
-                job.denied[source.key] = str(e)
+                job.denied[source.key] = Failure(e.reason, str(e))
         job.phase = "publishing"
         await anyio.to_thread.run_sync(_publish, self.cache, job.hex, number, attempt, manifest)
         self.metrics.publish_duration.observe(self._clock() - job.started)
 
-    async def _download(self, job: Job, source: Source, attempt: Path) -> Manifest:
+    async def _list(self, job: Job, source: Source) -> Manifest:
+        """The manifest of ``source``'s pinned commit, which must be ``job``'s digest.
+
+        :raises Permanent: the listing is invalid or another digest; a commit's files never
+            change, so neither will that.
+        """
         job.phase = "listing the files"
-        manifest = await resolving.listing(
-            self.hub,
-            source.repository,
-            source.commit,
-            token=source.token,
-            allow=source.allow,
-            ignore=source.ignore,
-        )
-        if manifest.digest != "sha256:" + job.hex:
-            raise IntegrityMismatch(
-                f"{source.repository}@{source.commit[:12]} lists {manifest.digest}, "
-                f"not sha256:{job.hex}"
+        try:
+            manifest = await resolving.listing(
+                self.hub,
+                source.repository,
+                source.commit,
+                token=source.token,
+                allow=source.allow,
+                ignore=source.ignore,
             )
+        except (InvalidManifest, IntegrityMismatch) as e:
+            raise backoff.Permanent(e) from e
+        if manifest.digest != "sha256:" + job.hex:
+            raise backoff.Permanent(
+                IntegrityMismatch(
+                    f"{source.repository}@{source.commit[:12]} lists {manifest.digest}, "
+                    f"not sha256:{job.hex}"
+                )
+            )
+        return manifest
+
+    async def _download(self, job: Job, source: Source, attempt: Path) -> Manifest:
+        manifest = await self._list(job, source)
         on_disk = await anyio.to_thread.run_sync(self.cache.partial_bytes, job.hex)
         job.size, job.done = manifest.size, 0
         await self._reserve(job.hex, max(0, manifest.size - on_disk))

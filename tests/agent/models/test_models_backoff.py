@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 
 import grpc
 import msgspec
@@ -21,14 +22,18 @@ from agent.models import backoff, mounting
 from agent.models.errors import Materializing
 from agent.models.layout import DigestRecord
 from agent.models.materializing import Source
+from bus.records import ArtifactRecord
 
 pytestmark = pytest.mark.anyio
 A = backoff.source_key("org/m", "c" * 40, None)
 B = backoff.source_key("org/m", "c" * 40, "hf_team_b")
 
 
-def _failed(record: DigestRecord, key: str, reason: str, now: float) -> DigestRecord:
-    return backoff.failed(record, {key: (reason, "why")}, now=now, first_s=60, max_s=3600)
+def _failed(
+    record: DigestRecord, key: str, reason: str, now: float, *, permanent: bool = False
+) -> DigestRecord:
+    failure = backoff.Failure(reason, "why", permanent)
+    return backoff.failed(record, {key: failure}, now=now, first_s=60, max_s=3600)
 
 
 def test_a_backoff_holds_back_only_its_own_source_and_credential() -> None:
@@ -59,6 +64,18 @@ def test_each_key_doubles_on_its_own_and_old_ones_are_forgotten() -> None:
     assert (doubled.failures, doubled.retry_at) == (2, 220)
     assert (fresh.failures, fresh.retry_at) == (1, 160)
     assert list(later.backoffs) == [B]
+
+
+def test_a_permanent_failure_waits_the_longest_and_is_a_terminal_answer() -> None:
+    record = _failed(DigestRecord(), A, "InvalidRequest", 1000, permanent=True)
+    held = backoff.blocking(record, A, 1001)
+    assert held is not None
+
+    answer = backoff.refusal("ab" * 32, held)
+
+    assert held.retry_at == 1000 + 3600
+    assert (answer.code, answer.reason) == ("FAILED_PRECONDITION", "InvalidRequest")
+    assert "cannot succeed" in str(answer)
 
 
 def test_no_backoff_reasons_are_reported_but_hold_nobody_back() -> None:
@@ -139,3 +156,56 @@ async def test_a_refused_source_is_passed_over_for_one_that_joined(rig: Rig) -> 
     assert (ledger.reason, ledger.backoffs) == (None, {})
     denied = [s for s in rig.hub.seen if "/tree/" in s.path and s.authorization is None]
     assert denied  # the tokenless source was tried first, and refused
+
+
+def _extra(*entries: dict[str, object]) -> Callable[[Rig, ArtifactRecord], ArtifactRecord]:
+    def apply(rig: Rig, record: ArtifactRecord) -> ArtifactRecord:
+        rig.hub.repos[record.source.repository].extra_entries = list(entries)
+        return record
+
+    return apply
+
+
+def _other_digest(rig: Rig, record: ArtifactRecord) -> ArtifactRecord:
+    other = msgspec.structs.replace(record, manifest_digest="sha256:" + "0" * 64)
+    rig.policy.put(other)
+    return other
+
+
+LISTING_FAULTS = {
+    "a path leaving the tree": _extra({"type": "file", "path": "../x", "oid": "0" * 40}),
+    "a duplicate path": _extra({"type": "file", "path": "empty.txt", "oid": "0" * 40}),
+    "LFS and file sizes disagree": _extra(
+        {"type": "file", "path": "w.bin", "size": 5, "lfs": {"oid": "a" * 64, "size": 6}}
+    ),
+    "the listing is another digest": _other_digest,
+    "a malformed page": _extra({"type": "file"}),
+}
+
+
+@pytest.mark.parametrize(
+    ("fault", "code", "reason"),
+    [
+        ("a path leaving the tree", grpc.StatusCode.FAILED_PRECONDITION, "InvalidRequest"),
+        ("a duplicate path", grpc.StatusCode.FAILED_PRECONDITION, "InvalidRequest"),
+        ("LFS and file sizes disagree", grpc.StatusCode.FAILED_PRECONDITION, "IntegrityMismatch"),
+        ("the listing is another digest", grpc.StatusCode.FAILED_PRECONDITION, "IntegrityMismatch"),
+        ("a malformed page", grpc.StatusCode.UNAVAILABLE, "SourceUnavailable"),  # may heal
+    ],
+)
+async def test_a_listing_that_cannot_change_is_a_terminal_answer(
+    rig: Rig, fault: str, code: grpc.StatusCode, reason: str
+) -> None:
+    record = LISTING_FAULTS[fault](rig, rig.artifact("org/bad", FILES))
+    target = rig.target()
+
+    async with rig.running() as plugin:
+        first, _ = await code_of(plugin.socket, publish_request(record, target))
+        await settled(plugin)
+        second, message = await code_of(plugin.socket, publish_request(record, target))
+        third, _ = await code_of(plugin.socket, publish_request(record, target))
+
+    assert first == grpc.StatusCode.ABORTED
+    assert (second, third) == (code, code), message
+    assert reason in message
+    assert list((rig.settings.cache_root / "published").iterdir()) == []
