@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 import threading
+from collections import Counter
 from functools import partial
 from pathlib import Path
 
@@ -138,6 +139,28 @@ async def test_a_ledger_that_cannot_be_written_fails_the_job_not_the_plugin(rig:
     assert code == grpc.StatusCode.UNAVAILABLE
     assert "cache I/O failed" in message
     assert still_serving
+
+
+async def test_eight_pods_retrying_a_bad_model_never_stop_the_plugin(rig: Rig) -> None:
+    record = rig.artifact("org/bad", FILES)
+    rig.hub.repos["org/bad"].extra_entries = [{"type": "file", "path": "../x", "oid": "0" * 40}]
+    codes: Counter[grpc.StatusCode] = Counter()
+
+    async def pod(i: int) -> None:
+        request = publish_request(record, rig.target(pod=f"pod-{i}"), volume_id=f"csi-{i}")
+        for _ in range(12):
+            code, _ = await code_of(plugin.socket, request)
+            codes[code] += 1
+
+    async with rig.running() as plugin:
+        async with anyio.create_task_group() as tg:
+            for i in range(8):
+                tg.start_soon(pod, i)
+        ready = plugin.volumes.ready
+
+    assert ready
+    assert set(codes) <= {grpc.StatusCode.ABORTED, grpc.StatusCode.FAILED_PRECONDITION}
+    assert codes[grpc.StatusCode.FAILED_PRECONDITION] > 0
 
 
 async def _burst(rig: Rig, socket: Path, record: ArtifactRecord, n: int, round_: int) -> None:
