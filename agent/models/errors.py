@@ -22,6 +22,7 @@ __all__ = [
     "MountFailed",
     "NoSpace",
     "NotReady",
+    "PermanentFailure",
 ]
 
 
@@ -63,14 +64,26 @@ class BackingOff(ModelsError):
         self.reason = reason
 
     @staticmethod
-    def of(message: str, *, reason: str) -> BackingOff:
-        """The right class for ``reason``: capacity failures are RESOURCE_EXHAUSTED."""
-        cls = BackingOffCapacity if reason == "InsufficientCapacity" else BackingOff
+    def of(message: str, *, reason: str, permanent: bool = False) -> BackingOff:
+        """The right class: capacity failures are RESOURCE_EXHAUSTED, permanent ones
+        FAILED_PRECONDITION."""
+        cls: type[BackingOff] = BackingOff
+        if permanent:
+            cls = PermanentFailure
+        elif reason == "InsufficientCapacity":
+            cls = BackingOffCapacity
         return cls(message, reason=reason)
 
 
 class BackingOffCapacity(BackingOff):
     code = "RESOURCE_EXHAUSTED"
+
+
+class PermanentFailure(BackingOff):
+    """The last attempt failed for a cause the pinned commit never changes (an invalid listing,
+    a listing of another digest): retrying is pointless, so kubelet gets a terminal code."""
+
+    code = "FAILED_PRECONDITION"
 
 
 class NoSpace(ModelsError):

@@ -14,8 +14,10 @@
 
 Invariants: a ``published/<hex>`` directory is complete and verified, because it only ever
 appears by one ``rename`` of a finished attempt; records are replaced atomically (write a
-temporary file, fsync, rename, fsync the directory). Everything here is synchronous file I/O;
-the async layer calls it through a thread.
+temporary file of its own name, fsync, rename, fsync the directory), so concurrent writers never
+share a temporary file; a digest record's read-modify-write runs under that digest's lock
+(:meth:`Cache.update_digest`), so concurrent updates never lose one another. Everything here is
+synchronous file I/O; the async layer calls it through a thread.
 """
 
 from __future__ import annotations
@@ -25,7 +27,11 @@ import hashlib
 import os
 import re
 import shutil
+import tempfile
+import threading
 import time
+import weakref
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 from typing import Final
@@ -34,7 +40,7 @@ import msgspec
 
 from agent.models.errors import CacheCorrupt
 
-__all__ = ["Cache", "DigestRecord", "Marker", "Ref"]
+__all__ = ["Backoff", "Cache", "DigestRecord", "Marker", "Ref"]
 
 LAYOUT: Final = "gpustack-model-store v1"
 VOLUME_ID: Final = re.compile(r"[A-Za-z0-9._-]{1,128}")
@@ -63,8 +69,25 @@ class Ref(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     pod_uid: str | None = None
 
 
+class Backoff(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    """The last failure of one source and credential (see :mod:`agent.models.backoff`)."""
+
+    reason: str
+    message: str = ""
+    failures: int = 1
+    """Consecutive failures: the delay doubles with each."""
+    retry_at: float
+    """Unix time before which no new attempt of this key starts."""
+    permanent: bool = False
+    """The cause does not change for the pinned commit: answered as a terminal failure."""
+
+
 class DigestRecord(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
-    """Per-digest history; survives restarts so a backoff does too."""
+    """Per-digest history; survives restarts so a backoff does too.
+
+    ``failures`` to ``retry_at`` are the latest failure, what the node reports; ``backoffs``
+    is what holds back a new attempt, by source and credential.
+    """
 
     last_used: float = 0.0
     """Unix time of the last mount or unmount (collection removes the oldest first)."""
@@ -73,7 +96,9 @@ class DigestRecord(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     reason: str | None = None
     message: str | None = None
     retry_at: float | None = None
-    """Unix time before which no new attempt starts."""
+    """Unix time of the next attempt after the latest failure."""
+    backoffs: dict[str, Backoff] = msgspec.field(default_factory=dict)
+    """``<repository>@<commit>#<credential>`` (or ``*``: any) -> its last failure."""
 
 
 def fsync_dir(path: Path) -> None:
@@ -85,13 +110,23 @@ def fsync_dir(path: Path) -> None:
 
 
 def write_atomically(path: Path, data: bytes) -> None:
-    """Replace ``path`` with ``data``: never a torn file, durable when this returns."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with tmp.open("wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    tmp.replace(path)
+    """Replace ``path`` with ``data``: never a torn file, durable when this returns.
+
+    The temporary file is unique to this call (``mkstemp``), so threads writing one record at
+    once cannot rename each other's file away; it is removed when the write fails.
+    """
+    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    tmp = Path(name)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            os.fchmod(f.fileno(), 0o644)  # mkstemp's 0600 would hide records from readers
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        tmp.replace(path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     fsync_dir(path.parent)
 
 
@@ -105,6 +140,10 @@ class Cache:
         self.trash = root / "trash"
         self.refs = root / "ledger" / "refs"
         self.digests = root / "ledger" / "digests"
+        self._guard = threading.Lock()
+        self._digest_locks: weakref.WeakValueDictionary[str, threading.Lock] = (
+            weakref.WeakValueDictionary()
+        )
 
     @classmethod
     def open(cls, root: Path) -> Cache:
@@ -227,7 +266,30 @@ class Cache:
             return DigestRecord()
 
     def save_digest(self, hex_: str, record: DigestRecord) -> None:
-        write_atomically(self.digests / f"{hex_}.json", msgspec.json.encode(record))
+        with self._digest_lock(hex_):
+            write_atomically(self.digests / f"{hex_}.json", msgspec.json.encode(record))
+
+    def update_digest(
+        self, hex_: str, change: Callable[[DigestRecord], DigestRecord]
+    ) -> DigestRecord:
+        """Load, ``change`` and save ``hex_``'s record as one step; returns what was saved.
+
+        Jobs, mounts and unmounts of one digest update its record from different threads; a
+        plain load-then-save would drop a failure (and its backoff) written in between.
+        """
+        with self._digest_lock(hex_):
+            record = change(self.load_digest(hex_))
+            write_atomically(self.digests / f"{hex_}.json", msgspec.json.encode(record))
+        return record
+
+    def _digest_lock(self, hex_: str) -> threading.Lock:
+        """The lock of ``hex_``'s record; kept only while someone holds a reference to it."""
+        with self._guard:
+            lock = self._digest_locks.get(hex_)
+            if lock is None:
+                lock = threading.Lock()
+                self._digest_locks[hex_] = lock
+            return lock
 
     def drop_digest(self, hex_: str) -> None:
         (self.digests / f"{hex_}.json").unlink(missing_ok=True)

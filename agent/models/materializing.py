@@ -1,7 +1,8 @@
 """Materialization: turn a manifest digest into a published, verified, read-only tree, once.
 
 One job per digest at a time; every volume asking for that digest while it runs *joins* it
-(its source is added; a token is only ever used for its own repository, the latest one wins).
+(its source is added unless one with the same repository, commit and credential is listed; a
+token is only ever used for its own repository).
 :meth:`Materializer.ensure` never waits for bytes: it starts or joins the job and raises
 :class:`Materializing` with the progress, or :class:`BackingOff` while a failure's backoff runs,
 so NodePublishVolume answers within a kubelet timeout and kubelet retries.
@@ -11,7 +12,10 @@ IntegrityMismatch), reserve capacity, download all files (:mod:`agent.models.dow
 then publish: chmod files 0444 and directories 0555, fsync, write the marker, fsync, and
 ``rename(partial/<hex>/<n>, published/<hex>)`` — one atomic step, so a reader sees either no
 tree or a complete one. A failure is recorded with a backoff (1 min doubling to 1 h, in the
-ledger, so it survives restarts); ``InvalidRequest`` and ``Canceled`` do not back off.
+ledger, so it survives restarts) for the source and credential that got it, or for every
+request when the node itself failed (:mod:`agent.models.backoff`); ``Canceled`` does not back
+off. A listing that is invalid or another digest is permanent for the pinned commit: it is
+answered FAILED_PRECONDITION, not "retry later".
 """
 
 from __future__ import annotations
@@ -29,26 +33,19 @@ import anyio.to_thread
 import msgspec
 from anyio.abc import TaskGroup, TaskStatus
 
-from agent.models import downloading, layout
+from agent.models import backoff, downloading, layout
+from agent.models.backoff import Failure
 from agent.models.errors import BackingOff, Materializing, NoSpace
 from agent.models.metrics import ModelMetrics
 from agent.models.settings import Tuning
 from hub import client as hub_client
 from hub import resolving
-from hub.errors import AccessDenied, HubError, IntegrityMismatch
+from hub.errors import AccessDenied, HubError, IntegrityMismatch, InvalidManifest
 from hub.manifest import Manifest
 
-__all__ = ["Job", "Materializer", "Source", "backoff_delay"]
+__all__ = ["Job", "Materializer", "Source"]
 
 log = logging.getLogger(__name__)
-NO_BACKOFF = frozenset({"InvalidRequest", "Canceled"})
-
-
-def backoff_delay(failures: int, *, first_s: float, max_s: float) -> float:
-    """Seconds to wait after ``failures`` consecutive failures: first_s, doubling, capped."""
-    if failures <= 0:
-        return 0.0
-    return float(min(first_s * 2 ** min(failures - 1, 32), max_s))
 
 
 def human(n: float) -> str:
@@ -65,9 +62,14 @@ class Source:
 
     repository: str
     commit: str
-    token: str | None
+    token: str | None = field(repr=False)
     allow: tuple[str, ...] = ()
     ignore: tuple[str, ...] = ()
+
+    @property
+    def key(self) -> str:
+        """What a failure of this source holds back (no token in it: see :mod:`.backoff`)."""
+        return backoff.source_key(self.repository, self.commit, self.token)
 
 
 @dataclass
@@ -82,15 +84,20 @@ class Job:
     size: int = 0
     done: int = 0
     scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
+    trying: Source | None = None
+    """The source being listed or downloaded: a Hub failure is its failure."""
+    denied: dict[str, Failure] = field(default_factory=dict)
+    """Source key -> its refusal, for sources that were passed over for the next one."""
 
     def join(self, source: Source, now: float) -> None:
-        """Add ``source``; a repository already listed only refreshes its token."""
+        """Add ``source`` unless one with its key (repository, commit, credential) is listed.
+
+        Sources are tried in order when one is refused, so a request with another credential
+        joins rather than waits for someone else's refusal.
+        """
         self.asked = now
-        for i, s in enumerate(self.sources):
-            if s.repository == source.repository:
-                self.sources[i] = source
-                return
-        self.sources.append(source)
+        if all(s.key != source.key for s in self.sources):
+            self.sources.append(source)
 
     def progress(self) -> str:
         if self.phase != "downloading":
@@ -131,6 +138,8 @@ class Materializer:
         self.changed = changed
         self._clock = clock
         self.jobs: dict[str, Job] = {}
+        self._unsaved: dict[str, layout.DigestRecord] = {}
+        """Outcomes the ledger refused (a broken disk): still answered, never forgotten."""
         self._host: tuple[TaskGroup, Reserve] | None = None
         """Where jobs run and how they reserve room: set while :meth:`run` runs."""
 
@@ -168,104 +177,142 @@ class Materializer:
         if job is not None:
             job.join(source, now)
             raise Materializing(job.progress())
-        record = self.cache.load_digest(hex_)
-        if record.retry_at is not None and record.retry_at > now:
-            when = datetime.fromtimestamp(record.retry_at, UTC).isoformat(timespec="seconds")
-            raise BackingOff.of(
-                f"materializing sha256:{hex_[:12]} failed, {record.reason}: {record.message}; "
-                f"the next attempt starts at {when}",
-                reason=record.reason or "SourceUnavailable",
-            )
+        record = self._unsaved.get(hex_)
+        if record is None:
+            record = self.cache.load_digest(hex_)
+        held = backoff.blocking(record, source.key, now)
+        if held is not None:
+            raise backoff.refusal(hex_, held)
         if self._host is None:
             raise BackingOff.of("the materializer is not running", reason="SourceUnavailable")
-        tg, reserve = self._host
         job = Job(hex_, [source], started=now, asked=now)
         self.jobs[hex_] = job
+        tg, reserve = self._host
         tg.start_soon(self._run_job, job, reserve, name=f"materialize-{hex_[:12]}")
         self.changed()
         raise Materializing(job.progress())
 
     async def _run_job(self, job: Job, reserve: Reserve) -> None:
-        reason, message = "Canceled", "nobody asked for it any more"
+        """Run one attempt, record its outcome, then end the job; never raises.
+
+        The jobs live in the plugin's task group: an error escaping here would stop the whole
+        plugin, so anything unexpected is logged and becomes a failed attempt. The outcome is
+        recorded *before* the job leaves :attr:`jobs`, so no publish can slip in between and
+        start another attempt without seeing this one's backoff.
+        """
+        failure: tuple[str, Failure] | None = (
+            backoff.ANY,
+            Failure("Canceled", "nobody asked for it any more"),
+        )
         try:
             with job.scope:
                 await self._attempt(job, reserve)
-                reason = ""
-        except HubError as e:
-            reason, message = e.reason, str(e)
-        except NoSpace as e:
-            reason, message = "InsufficientCapacity", str(e)
-        except OSError as e:
-            reason, message = "SourceUnavailable", f"cache I/O failed: {e}"
+                failure = None
+        except (backoff.Permanent, HubError, NoSpace, OSError) as e:
+            failure = backoff.failure_of(job.trying.key if job.trying else backoff.ANY, e)
+        except Exception as e:
+            log.exception("sha256:%s: the attempt failed unexpectedly", job.hex[:12])
+            failure = (
+                backoff.ANY,
+                Failure("SourceUnavailable", f"internal error ({type(e).__name__})"),
+            )
         finally:
-            # The outcome is on disk before the job leaves ``jobs``: "no job" means "settled".
+            # Published: nobody needs to wait, whatever was refused on the way.
+            failures = {} if failure is None else {**job.denied, failure[0]: failure[1]}
             with anyio.CancelScope(shield=True):
-                await anyio.to_thread.run_sync(self._record, job.hex, reason, message)
+                await self._settle(job.hex, failures)
             self.jobs.pop(job.hex, None)
             self.changed()
 
-    def _record(self, hex_: str, reason: str, message: str) -> None:
-        self.metrics.materializations.labels(result=reason or "published").inc()
-        record = self.cache.load_digest(hex_)
-        if not reason:
-            record = msgspec.structs.replace(
-                record,
-                failures=0,
-                reason=None,
-                message=None,
-                retry_at=None,
-                last_used=self._clock(),
-            )
+    async def _settle(self, hex_: str, failures: dict[str, Failure]) -> None:
+        """Record an attempt's outcome: what failed by source key (nothing: it published).
+
+        A ledger that cannot be written keeps the outcome in memory, so it is still answered.
+        """
+        for failure in failures.values():
+            log.warning("sha256:%s: %s: %s", hex_[:12], failure.reason, failure.message)
+        last = next(reversed(failures.values())).reason if failures else "published"
+        self.metrics.materializations.labels(result=last).inc()
+
+        def change(record: layout.DigestRecord) -> layout.DigestRecord:
+            return self._outcome(record, failures)
+
+        try:
+            await anyio.to_thread.run_sync(self.cache.update_digest, hex_, change)
+        except Exception:
+            log.exception("sha256:%s: cannot record the attempt in the ledger", hex_[:12])
+            self._unsaved[hex_] = change(self._unsaved.get(hex_, layout.DigestRecord()))
         else:
-            log.warning("sha256:%s: %s: %s", hex_[:12], reason, message)
-            failures = record.failures + (0 if reason in NO_BACKOFF else 1)
-            delay = backoff_delay(
-                failures, first_s=self.tuning.backoff_first_s, max_s=self.tuning.backoff_max_s
-            )
-            retry = None if reason in NO_BACKOFF else self._clock() + delay
-            record = msgspec.structs.replace(
-                record, failures=failures, reason=reason, message=message[:512], retry_at=retry
-            )
-        self.cache.save_digest(hex_, record)
+            self._unsaved.pop(hex_, None)
+
+    def _outcome(
+        self, record: layout.DigestRecord, failures: dict[str, Failure]
+    ) -> layout.DigestRecord:
+        """``record`` after an attempt: source key -> how it failed (empty: published)."""
+        if not failures:
+            return backoff.succeeded(record, self._clock())
+        return backoff.failed(
+            record,
+            failures,
+            now=self._clock(),
+            first_s=self.tuning.backoff_first_s,
+            max_s=self.tuning.backoff_max_s,
+        )
 
     async def _attempt(self, job: Job, reserve: Reserve) -> None:
-        record = await anyio.to_thread.run_sync(self.cache.load_digest, job.hex)
-        number = record.last_attempt + 1
-        await anyio.to_thread.run_sync(
-            self.cache.save_digest, job.hex, msgspec.structs.replace(record, last_attempt=number)
+        record = await anyio.to_thread.run_sync(
+            self.cache.update_digest,
+            job.hex,
+            lambda r: msgspec.structs.replace(r, last_attempt=r.last_attempt + 1),
         )
+        number = record.last_attempt
         attempt = await anyio.to_thread.run_sync(self.cache.new_attempt, job.hex, number)
         tried = 0
-        while tried < len(job.sources):
-            source = job.sources[tried]
+        while tried < len(job.sources):  # sources that join meanwhile are tried too
+            job.trying = source = job.sources[tried]
             try:
                 manifest = await self._download(job, source, attempt, reserve)
                 break
-            except AccessDenied:
+            except AccessDenied as e:
                 tried += 1
                 if tried >= len(job.sources):
                     raise
+                job.denied[source.key] = Failure(e.reason, str(e))
         job.phase = "publishing"
         await anyio.to_thread.run_sync(_publish, self.cache, job.hex, number, attempt, manifest)
         self.metrics.publish_duration.observe(self._clock() - job.started)
 
+    async def _list(self, job: Job, source: Source) -> Manifest:
+        """The manifest of ``source``'s pinned commit, which must be ``job``'s digest.
+
+        :raises Permanent: the listing is invalid or another digest; a commit's files never
+            change, so neither will that.
+        """
+        job.phase = "listing the files"
+        try:
+            manifest = await resolving.listing(
+                self.hub,
+                source.repository,
+                source.commit,
+                token=source.token,
+                allow=source.allow,
+                ignore=source.ignore,
+            )
+        except (InvalidManifest, IntegrityMismatch) as e:
+            raise backoff.Permanent(e) from e
+        if manifest.digest != "sha256:" + job.hex:
+            raise backoff.Permanent(
+                IntegrityMismatch(
+                    f"{source.repository}@{source.commit[:12]} lists {manifest.digest}, "
+                    f"not sha256:{job.hex}"
+                )
+            )
+        return manifest
+
     async def _download(
         self, job: Job, source: Source, attempt: Path, reserve: Reserve
     ) -> Manifest:
-        job.phase = "listing the files"
-        manifest = await resolving.listing(
-            self.hub,
-            source.repository,
-            source.commit,
-            token=source.token,
-            allow=source.allow,
-            ignore=source.ignore,
-        )
-        if manifest.digest != "sha256:" + job.hex:
-            raise IntegrityMismatch(
-                f"{source.repository}@{source.commit[:12]} lists {manifest.digest}, "
-                f"not sha256:{job.hex}"
-            )
+        manifest = await self._list(job, source)
         on_disk = await anyio.to_thread.run_sync(self.cache.partial_bytes, job.hex)
         job.size, job.done = manifest.size, 0
         await reserve(job.hex, max(0, manifest.size - on_disk))

@@ -256,11 +256,19 @@ class Volumes:
         mounting.bind_read_only(self.cache.tree(hex_), target)
 
     async def _touch(self, hex_: str) -> None:
-        def touch() -> None:
-            record = self.cache.load_digest(hex_)
-            self.cache.save_digest(hex_, msgspec.structs.replace(record, last_used=time.time()))
+        """Note a use of ``hex_`` for collection; bookkeeping only, so a failure is logged.
 
-        await anyio.to_thread.run_sync(touch)
+        It runs after the mount or unmount happened: raising would tell kubelet a mount that
+        exists failed (and it would never unpublish it).
+        """
+        try:
+            await anyio.to_thread.run_sync(
+                self.cache.update_digest,
+                hex_,
+                lambda r: msgspec.structs.replace(r, last_used=time.time()),
+            )
+        except OSError as e:
+            log.warning("sha256:%s: cannot record its last use: %s", hex_[:12], e)
 
     # ------------------------------------------------------------------ unpublish
 

@@ -203,25 +203,46 @@ def _unary(socket: Path, method: str, request: Any, reply: Callable[[bytes], T])
         return result
 
 
-async def call(socket: Path, method: str, request: Any, reply: Callable[[bytes], T]) -> T:
-    """One unary CSI call from grpcio (C-core), run in a thread."""
-    return await anyio.to_thread.run_sync(_unary, socket, method, request, reply)
+async def call(
+    socket: Path,
+    method: str,
+    request: Any,
+    reply: Callable[[bytes], T],
+    *,
+    limiter: anyio.CapacityLimiter | None = None,
+) -> T:
+    """One unary CSI call from grpcio (C-core), run in a thread.
+
+    Many concurrent calls need their own ``limiter``: blocked in the default thread pool, they
+    would starve the plugin (same event loop) of the threads it needs to answer them.
+    """
+    return await anyio.to_thread.run_sync(_unary, socket, method, request, reply, limiter=limiter)
 
 
 async def publish(
-    socket: Path, request: csi.NodePublishVolumeRequest
+    socket: Path,
+    request: csi.NodePublishVolumeRequest,
+    *,
+    limiter: anyio.CapacityLimiter | None = None,
 ) -> csi.NodePublishVolumeResponse:
     return await call(
-        socket, "/csi.v1.Node/NodePublishVolume", request, csi.NodePublishVolumeResponse.FromString
+        socket,
+        "/csi.v1.Node/NodePublishVolume",
+        request,
+        csi.NodePublishVolumeResponse.FromString,
+        limiter=limiter,
     )
 
 
-async def unpublish(socket: Path, volume_id: str, target: Path) -> None:
+async def unpublish(
+    socket: Path, volume_id: str, target: Path, *, limiter: anyio.CapacityLimiter | None = None
+) -> None:
     await call(
         socket,
         "/csi.v1.Node/NodeUnpublishVolume",
         csi.NodeUnpublishVolumeRequest(volume_id=volume_id, target_path=str(target)),
         csi.NodeUnpublishVolumeResponse.FromString,
+        limiter=limiter,
     )
 
 

@@ -152,20 +152,6 @@ async def test_corrupt_bytes_publish_nothing_and_back_off(rig: Rig) -> None:
     assert not target.exists()
 
 
-async def test_backoff_survives_a_restart(rig: Rig) -> None:
-    record = rig.artifact("org/private", FILES, token="right")
-    target = rig.target()
-
-    async with rig.running() as plugin:
-        await code_of(plugin.socket, publish_request(record, target, token="wrong"))
-        await settled(plugin)
-    async with rig.running() as plugin:
-        code, message = await code_of(plugin.socket, publish_request(record, target, token="right"))
-
-    assert code == grpc.StatusCode.UNAVAILABLE
-    assert "AccessDenied" in message
-
-
 def _other(record: ArtifactRecord, **changes: object) -> ArtifactRecord:
     return msgspec.structs.replace(record, **changes)
 

@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from agent.models import collecting, layout, mounting, reporting, volumes
+from agent.models.backoff import backoff_delay
 from agent.models.errors import CacheCorrupt, InvalidVolume
-from agent.models.materializing import backoff_delay, human
+from agent.models.materializing import human
 from bus.records import StoreSpec, Watermarks
 
 H = [c * 64 for c in "abcdef"]
