@@ -22,8 +22,9 @@ from grpclib.client import Channel
 from grpclib.exceptions import GRPCError, StreamTerminatedError
 
 from agent.deviceplugin import inotify
-from agent.deviceplugin.server import Key, ResourceServicer, SocketServer, socket_identity
+from agent.deviceplugin.server import Key, ResourceServicer, SocketServer
 from agent.deviceplugin.settings import DevicePluginSettings
+from agent.grpcsocket import Identity, socket_identity
 from proto.deviceplugin import v1beta1 as dp
 
 log = logging.getLogger(__name__)
@@ -45,7 +46,7 @@ class Registrar:
         self._desired = desired
         self._ready = ready
         self._served: dict[Key, SocketServer] = {}
-        self._registered: dict[Key, tuple[int, int]] = {}
+        self._registered: dict[Key, Identity] = {}
         """Per server, the kubelet.sock identity it last registered with."""
         self._wake = anyio.Event()
         self.registrations = 0
@@ -53,7 +54,7 @@ class Registrar:
     def wake(self) -> None:
         self._wake.set()
 
-    def registered(self) -> dict[Key, tuple[int, int]]:
+    def registered(self) -> dict[Key, Identity]:
         return dict(self._registered)
 
     async def run(self) -> None:
@@ -103,7 +104,7 @@ class Registrar:
 
     async def _start(self, key: Key, servicer: ResourceServicer) -> None:
         path = os.path.join(self._settings.socket_dir, servicer.spec.socket_name)
-        served = SocketServer(servicer, path)
+        served = SocketServer(servicer, path, close_timeout_s=self._settings.shutdown_timeout_s)
         self._served[key] = served  # before binding, so a cancelled bind is still cleaned up
         await served.start()
         log.info("%s: serving on %s", servicer.spec.resource, path)

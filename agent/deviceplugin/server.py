@@ -2,6 +2,8 @@
 
 The servicer outlives its socket: when kubelet restarts and deletes the socket, :mod:`registration`
 binds a new one around the same servicer, so the advertised list and its change signal carry over.
+Binding, closing and removing the socket is :mod:`agent.grpcsocket`'s; :class:`SocketServer` only
+pairs a servicer with it (and with :class:`_Codec`).
 Decisions are delegated to an :class:`Allocator` (the node state in :mod:`node`); this module only
 translates between gRPC and those calls, and maps our errors to ``GRPCError`` in exactly one
 place, :func:`_grpc_errors`.
@@ -11,19 +13,16 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
-import stat
 from collections.abc import Iterator, Sequence
 from typing import Any, Protocol
 
 import anyio
-import anyio.lowlevel
 from grpclib.const import Cardinality, Handler, Status
 from grpclib.encoding.proto import ProtoCodec
 from grpclib.exceptions import GRPCError
-from grpclib.protocol import H2Protocol
-from grpclib.server import Server, Stream
+from grpclib.server import Stream
 
+from agent import grpcsocket
 from agent.deviceplugin import encoding, errors
 from agent.deviceplugin.injection import Injection
 from agent.deviceplugin.resources import Mode, ServerSpec
@@ -171,67 +170,32 @@ class ResourceServicer(dp.DevicePluginBase):
         return dp.PreStartContainerResponse()
 
 
-class _Server(Server):
-    """grpclib's server, remembering accepted connections so stopping can close them.
+class SocketServer:
+    """A servicer bound to a unix socket path by :func:`agent.grpcsocket.unix_server`.
 
-    ``Server.close()`` cancels handlers but leaves accepted connections for the peer to drop; a
-    connection left open past the event loop is an unclosed transport.
+    :mod:`registration` keeps one per (manufacturer, mode) and, when kubelet deletes the socket,
+    stops it and starts a new one around the same servicer. :meth:`stop` leaves no socket file
+    of ours behind, also after a cancelled :meth:`start`.
     """
 
-    def __init__(self, handlers: Sequence[Any]) -> None:
-        super().__init__(list(handlers), codec=_Codec())
-        self.protocols: list[H2Protocol] = []
-        self.started = False
-
-    def _protocol_factory(self) -> H2Protocol:
-        protocol = super()._protocol_factory()
-        self.protocols.append(protocol)
-        return protocol
-
-
-class SocketServer:
-    """A servicer bound to a unix socket path; :meth:`stop` leaves no socket file behind."""
-
-    def __init__(self, servicer: ResourceServicer, path: str) -> None:
+    def __init__(self, servicer: ResourceServicer, path: str, *, close_timeout_s: float) -> None:
         self.servicer = servicer
         self.path = path
-        self.identity: tuple[int, int] | None = None
-        self._server = _Server([servicer])
+        self._close_timeout_s = close_timeout_s
+        self._bound: grpcsocket.Bound | None = None
+        self._stack = contextlib.AsyncExitStack()
 
     async def start(self) -> None:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.path)  # a leftover of a crashed run would refuse the bind
-        # Shielded: a cancel landing inside asyncio's bind would leave a bound socket that
-        # grpclib never recorded, so stop() could not close it. The bind is local and instant.
-        with anyio.CancelScope(shield=True):
-            await self._server.start(path=self.path)
-        self._server.started = True
-        self.identity = socket_identity(self.path)
+        serving = grpcsocket.unix_server(
+            self.path, [self.servicer], codec=_Codec(), close_timeout_s=self._close_timeout_s
+        )
+        self._bound = await self._stack.enter_async_context(serving)
 
     def intact(self) -> bool:
         """Whether our socket file is still the one we bound (kubelet deletes it on restart)."""
-        return self.identity is not None and socket_identity(self.path) == self.identity
+        return self._bound is not None and self._bound.intact()
 
     async def stop(self) -> None:
         """Close the server and its connections, then remove the socket if it is still ours."""
-        try:
-            if self._server.started:
-                self._server.close()
-                await self._server.wait_closed()
-            for protocol in self._server.protocols:
-                if protocol.connection is not None:
-                    protocol.connection.close()
-            await anyio.lowlevel.checkpoint()  # transports release sockets on the next turn
-        finally:
-            if self.identity is None or socket_identity(self.path) == self.identity:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(self.path)
-
-
-def socket_identity(path: str) -> tuple[int, int] | None:
-    """(inode, change time) of a socket file, or None when there is no socket at ``path``."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return (st.st_ino, st.st_ctime_ns) if stat.S_ISSOCK(st.st_mode) else None
+        self._bound = None
+        await self._stack.aclose()

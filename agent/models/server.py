@@ -7,21 +7,18 @@ anything else is INTERNAL with a generic message (and the traceback in the log),
 
 from __future__ import annotations
 
+import functools
 import logging
-import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
-import anyio
-import anyio.lowlevel
 import anyio.to_thread
 import grpclib.const
 from grpclib import GRPCError
-from grpclib.protocol import H2Protocol
-from grpclib.server import Server
 
+from agent import grpcsocket
 from agent.models.errors import ModelsError
 from agent.models.settings import DRIVER
 from agent.models.volumes import PublishRequest, Volumes
@@ -107,43 +104,14 @@ class Node(csi.NodeBase):
         return csi.NodeUnpublishVolumeResponse()
 
 
-class _Server(Server):
-    """grpclib's server, closing accepted connections on shutdown (it leaves them otherwise)."""
-
-    def __init__(self, handlers: list[Any]) -> None:
-        super().__init__(handlers)
-        self.protocols: list[H2Protocol] = []
-
-    def _protocol_factory(self) -> H2Protocol:
-        protocol = super()._protocol_factory()
-        self.protocols.append(protocol)
-        return protocol
-
-
-def _clear(path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if path.is_socket():
-        path.unlink()
-
-
 @asynccontextmanager
 async def serving(path: Path, handlers: list[Any]) -> AsyncIterator[Path]:
-    """Serve ``handlers`` on the unix socket ``path`` (replacing a stale one) until exit."""
-    await anyio.to_thread.run_sync(_clear, path)
-    server = _Server(handlers)
-    # Shielded: a cancel inside asyncio's bind would leave a bound socket grpclib never
-    # recorded, which the cleanup below could not close. The bind is local and instant.
-    with anyio.CancelScope(shield=True):
-        await server.start(path=str(path))
-    try:
-        os.chmod(path, 0o600)
+    """Serve ``handlers`` on the unix socket ``path`` (replacing a stale one) until exit.
+
+    The socket is :func:`agent.grpcsocket.unix_server`'s; this adds only its directory.
+    """
+    await anyio.to_thread.run_sync(
+        functools.partial(path.parent.mkdir, parents=True, exist_ok=True)
+    )
+    async with grpcsocket.unix_server(path, handlers):
         yield path
-    finally:
-        with anyio.move_on_after(5, shield=True):
-            server.close()
-            await server.wait_closed()
-            for protocol in server.protocols:
-                if protocol.connection is not None:
-                    protocol.connection.close()
-            await anyio.lowlevel.checkpoint()
-        path.unlink(missing_ok=True)  # noqa: ASYNC240 - one unlink at shutdown, must not be cancelled

@@ -14,13 +14,11 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import anyio
-import anyio.lowlevel
 import anyio.to_thread
 import grpc
 import pytest
-from grpclib.protocol import H2Protocol
-from grpclib.server import Server
 
+from agent import grpcsocket
 from proto.csi import v1 as csi
 from proto.deviceplugin import v1beta1 as dp
 from proto.pluginregistration import PluginInfo, RegistrationBase
@@ -219,47 +217,11 @@ class _ServingIdentity(csi.IdentityBase):
         )
 
 
-class _Server(Server):
-    """grpclib's server, remembering its accepted connections so teardown can close them.
-
-    ``Server.close()`` cancels request handlers but leaves accepted connections for the
-    peer to drop, and grpcio drops them from its own threads some time after
-    ``channel.close()``. A connection still open when the event loop ends is an
-    unclosed-transport ResourceWarning, which filterwarnings=error turns into a failure.
-    """
-
-    def __init__(self, handlers: Collection[Any]) -> None:
-        super().__init__(list(handlers))
-        self.protocols: list[H2Protocol] = []
-
-    def _protocol_factory(self) -> H2Protocol:
-        protocol = super()._protocol_factory()
-        self.protocols.append(protocol)
-        return protocol
-
-    async def shut_down(self) -> None:
-        self.close()
-        await self.wait_closed()
-        # A connection accepted just now gets ``connection_made`` on the next loop turn; until
-        # then its protocol has no ``connection`` to close. Let those callbacks run first.
-        await anyio.lowlevel.checkpoint()
-        for protocol in self.protocols:
-            connection = getattr(protocol, "connection", None)
-            if connection is not None:
-                connection.close()
-        # transport.close() releases the socket in a callback on the next loop turn
-        await anyio.lowlevel.checkpoint()
-
-
 @asynccontextmanager
 async def _serving(handlers: Collection[Any], path: Path) -> AsyncIterator[str]:
-    """A grpclib server on a unix socket, shut down (connections included) on exit."""
-    server = _Server(handlers)
-    await server.start(path=str(path))
-    try:
+    """A grpclib server on a unix socket, the agent's way (connections closed on exit)."""
+    async with grpcsocket.unix_server(path, handlers):
         yield f"unix:{path}"
-    finally:
-        await server.shut_down()
 
 
 def _unary(target: str, method: str, request: Any, reply: Callable[[bytes], T]) -> T:
