@@ -241,7 +241,8 @@ class Observer:
     # -- what others read -----------------------------------------------------------------------
 
     def is_ready(self) -> bool:
-        return self.passes > 0 and self.plugins is not None
+        """A pass is published and kubelet holds every plugin's registration."""
+        return self.passes > 0 and self.plugins is not None and self.plugins.connected()
 
     async def snapshot(self) -> serving.Response:
         if self.last_samples is None:

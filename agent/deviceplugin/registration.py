@@ -50,12 +50,24 @@ class Registrar:
         """Per server, the kubelet.sock identity it last registered with."""
         self._wake = anyio.Event()
         self.registrations = 0
+        self._kubelet_seen: bool | None = None
+        """Whether ``kubelet.sock`` was there at the last pass (None before the first)."""
 
     def wake(self) -> None:
         self._wake.set()
 
     def registered(self) -> dict[Key, Identity]:
         return dict(self._registered)
+
+    def connected(self) -> bool:
+        """Every served resource is registered with the kubelet whose socket is there now.
+
+        False while ``kubelet.sock`` is absent, so ``/readyz`` says what kubelet would see.
+        """
+        kubelet = socket_identity(self._settings.kube_socket)
+        if kubelet is None:
+            return False
+        return all(self._registered.get(key) == kubelet for key in self._served)
 
     async def run(self) -> None:
         """Reconcile until cancelled; then close every server, shielded and time-bounded."""
@@ -96,11 +108,24 @@ class Registrar:
             if current is None:
                 await self._start(key, servicer)
         kubelet = socket_identity(self._settings.kube_socket)
+        self._note_kubelet(kubelet is not None)
         if kubelet is None:
             return
         for key, served in list(self._served.items()):
             if self._registered.get(key) != kubelet and await self._register(served):
                 self._registered[key] = kubelet
+
+    def _note_kubelet(self, present: bool) -> None:
+        """Log when kubelet's socket appears or goes, once per change (not every pass)."""
+        if present == self._kubelet_seen:
+            return
+        if not present:
+            log.warning(
+                "waiting for kubelet at %s (no socket there yet)", self._settings.kube_socket
+            )
+        elif self._kubelet_seen is False:
+            log.info("kubelet is at %s; registering", self._settings.kube_socket)
+        self._kubelet_seen = present
 
     async def _start(self, key: Key, servicer: ResourceServicer) -> None:
         path = os.path.join(self._settings.socket_dir, servicer.spec.socket_name)

@@ -56,6 +56,10 @@ class Plugins:
         """Successful Register calls so far (every server, every kubelet generation)."""
         return self._registrar.registrations
 
+    def connected(self) -> bool:
+        """Every resource is registered with the kubelet that is there now."""
+        return self._registrar.connected()
+
     def servicers(self) -> dict[Key, ResourceServicer]:
         return dict(self._node.servicers)
 

@@ -25,7 +25,7 @@ from agent.devices import nvidia
 from agent.devices.simulation.fakenvml import SimulatedNvml
 from agent.running import Running, publish_logged, run
 from agent.serve_settings import ServeSettings
-from agent.testing import FakeKubelet, Watch
+from agent.testing import FakeKubelet, Watch, fake_kubelet
 from bus import events, state
 from bus.connection import connect
 from bus.embedded import embedded_server, free_port
@@ -264,3 +264,30 @@ async def test_cancelled_mid_start_leaves_nothing_behind(
     leftover = [t for t in ours if not t.name.startswith(("AnyIO worker", "fake-kubelet"))]
     assert leftover == []
     assert all(lib.refcount == 0 for lib in libraries)
+
+
+async def test_without_kubelet_the_agent_says_so_and_is_not_ready(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    port = free_port()
+    settings = ServeSettings.for_tests(
+        str(tmp_path), bus=BusSettings.for_tests(f"nats://127.0.0.1:{port}")
+    )
+    async with anyio.create_task_group() as tg:
+        running: Running = await tg.start(run, settings)
+
+        async def waiting_logged() -> bool:
+            return any("waiting for kubelet at" in r.getMessage() for r in caplog.records)
+
+        await eventually(waiting_logged)
+        assert (await _get(running.server, "/readyz"))[0] == 503
+        with fake_kubelet(tmp_path / "kubelet.sock") as kubelet:
+            await _endpoint(kubelet, "nvidia.com/gpu")
+
+            async def ready() -> bool:
+                return (await _get(running.server, "/readyz"))[0] == 200
+
+            await eventually(ready)
+        tg.cancel_scope.cancel()
+    warnings = [r for r in caplog.records if "waiting for kubelet" in r.getMessage()]
+    assert len(warnings) == 1, "logged once per change, not every pass"
