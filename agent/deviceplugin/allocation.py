@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from agent.deviceplugin import errors
 from agent.deviceplugin.ledger import Holding, Ledger, allocation_id
+from agent.deviceplugin.limits import shown
 from agent.deviceplugin.resources import (
     UNITS_PER_CARD,
     Card,
@@ -113,12 +114,12 @@ def _tokens_per_card(view: View, device_ids: Sequence[str]) -> dict[str, list[in
     per_card: dict[str, list[int]] = {}
     for device in device_ids:
         if not is_well_formed(device):
-            raise errors.BadRequest(f"malformed device id {device!r}")
+            raise errors.BadRequest(f"malformed device id {shown(device)}")
         token = view.tokens.get(device)
         if token is None or token.card not in view.cards:
-            raise errors.BadRequest(f"unknown device id {device!r} for {view.resource}")
+            raise errors.BadRequest(f"unknown device id {shown(device)} for {view.resource}")
         if token.index in per_card.get(token.card, []):
-            raise errors.BadRequest(f"device id {device!r} named twice")
+            raise errors.BadRequest(f"device id {shown(device)} named twice")
         per_card.setdefault(token.card, []).append(token.index)
     return per_card
 

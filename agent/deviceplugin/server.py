@@ -25,6 +25,7 @@ from grpclib.server import Stream
 from agent import grpcsocket
 from agent.deviceplugin import encoding, errors
 from agent.deviceplugin.injection import Injection
+from agent.deviceplugin.limits import check_requests
 from agent.deviceplugin.resources import Mode, ServerSpec
 from proto.deviceplugin import v1beta1 as dp
 
@@ -136,6 +137,9 @@ class ResourceServicer(dp.DevicePluginBase):
         self, request: dp.PreferredAllocationRequest
     ) -> dp.PreferredAllocationResponse:
         with _grpc_errors(self.spec.resource):
+            containers = request.container_requests
+            check_requests(self.spec.resource, [c.available_device_i_ds for c in containers])
+            check_requests(self.spec.resource, [c.must_include_device_i_ds for c in containers])
             chosen = [
                 self._allocator.prefer(
                     self.spec.key,
@@ -151,6 +155,7 @@ class ResourceServicer(dp.DevicePluginBase):
 
     async def allocate(self, request: dp.AllocateRequest) -> dp.AllocateResponse:
         with _grpc_errors(self.spec.resource):
+            check_requests(self.spec.resource, [c.devices_ids for c in request.container_requests])
             if self.spec.mode == "partitioned":  # NVML actuation: awaits worker threads
                 injections = [
                     await self._allocator.allocate_partitioned(self.spec.key, c.devices_ids)

@@ -334,3 +334,33 @@ async def test_retained_allocations_are_recharged_on_the_first_update(
             await _allocate(tmp_path / "nvidia.shared.sock", [f"nvidia-h200:{uuid}:0000"])
 
     assert cross.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+
+
+async def test_oversized_requests_are_refused_without_echoing_them(
+    tmp_path: Path, kubelet: FakeKubelet, h200: list[devices.DeviceGroup]
+) -> None:
+    uuid = h200[0].accelerators[0].id
+    huge = "x" * 1_000_000
+    async with _plugins(tmp_path, h200) as (_, published):
+        await kubelet.registered_all(NVIDIA)
+        socket = tmp_path / "nvidia.exclusive.sock"
+        with pytest.raises(grpc.RpcError) as long_id:
+            await _allocate(socket, [huge])
+        with pytest.raises(grpc.RpcError) as many_ids:
+            await _allocate(socket, [f"nvidia-h200:{uuid}:{i:04}" for i in range(5000)])
+        request = dp.AllocateRequest(
+            container_requests=[dp.ContainerAllocateRequest(devices_ids=["a"])] * 100
+        )
+        with pytest.raises(grpc.RpcError) as many_containers:
+            await anyio.to_thread.run_sync(
+                unary, socket, "/v1beta1.DevicePlugin/Allocate", request,
+                dp.AllocateResponse.FromString,
+            )  # fmt: skip
+        # The agent still answers normally afterwards, and nothing was charged.
+        await _allocate(socket, [f"nvidia-h200:{uuid}:0000"])
+
+    for refused in (long_id, many_ids, many_containers):
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert len(refused.value.details() or "") < 300
+    assert "1000000 characters; at most 256" in (long_id.value.details() or "")
+    assert len(published) == 1
