@@ -319,3 +319,24 @@ async def test_a_cancel_while_serving_closes_every_connection(
     for client in clients:
         client.close()
     assert (_fds(), _tasks()) == (fds, tasks)
+
+
+def _raw_connects(path: Path, count: int) -> None:
+    """Connections closed abruptly: some send half an HTTP/2 preface, some nothing at all."""
+    for i in range(count):
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as raw:
+            raw.connect(str(path))
+            if i % 2:
+                raw.sendall(b"PRI * HTTP/2.0\r\n")
+
+
+async def test_abruptly_closed_raw_connections_are_forgotten(tmp_path: Path) -> None:
+    path = tmp_path / "p.sock"
+    async with grpcsocket.unix_server(path, [_Plugin()]) as bound:
+        fds = _fds()
+        await anyio.to_thread.run_sync(_raw_connects, path, 500)
+
+        await _until(lambda: len(bound.connections) == 0)
+        await _until(lambda: _fds() <= fds)
+        assert bound.connections.accepted >= 500
+        await _options(path)  # still serving
