@@ -97,3 +97,10 @@ def test_bad_values_exit_2_with_one_line_naming_the_problem(
     assert captured.out == ""
     lines = captured.err.strip().splitlines()
     assert len(lines) == 1 and needle in lines[0], captured.err
+
+
+def test_port_zero_means_any_free_port_not_the_default() -> None:
+    from agent.models.settings import settings_from
+
+    settings = settings_from(options_for(("model-manager",), ["--secure-port=0"]))
+    assert settings.https.port == 0
