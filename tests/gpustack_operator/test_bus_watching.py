@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import io
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 
 import anyio
 import msgspec
@@ -16,6 +17,12 @@ from bus.settings import BusSettings
 from gpustack_operator import buswatching
 
 pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+async def settings(tmp_path: Path) -> AsyncIterator[BusSettings]:
+    async with testing.nats_server(tmp_path) as server:
+        yield testing.settings_for(server)
 
 
 class _Lines(io.StringIO):
