@@ -191,9 +191,11 @@ class Materializer:
         except OSError as e:
             reason, message = "SourceUnavailable", f"cache I/O failed: {e}"
         finally:
-            self.jobs.pop(job.hex, None)
+            # Recorded before the job leaves ``jobs``: a report in between would otherwise see
+            # neither the job nor its outcome, and publish the model as gone for one event.
             with anyio.CancelScope(shield=True):
                 await anyio.to_thread.run_sync(self._record, job.hex, reason, message)
+            self.jobs.pop(job.hex, None)
             self.changed()
 
     def _record(self, hex_: str, reason: str, message: str) -> None:
