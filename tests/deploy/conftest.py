@@ -8,11 +8,6 @@ import pytest
 from deploy_helpers import REPO, TREES, render
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 @pytest.fixture(scope="session")
 def trees() -> dict[str, list[dict[str, Any]]]:
     """Every kustomization (the base and each overlay) → its rendered objects."""

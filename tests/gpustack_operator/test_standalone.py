@@ -20,11 +20,6 @@ from gpustack_operator import standalone
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 def _settings(tmp_path: Path) -> standalone.StandaloneSettings:
     values: dict[str, object] = {
         "state_dir": str(tmp_path / "state"),
