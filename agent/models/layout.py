@@ -229,9 +229,6 @@ class Cache:
     def save_digest(self, hex_: str, record: DigestRecord) -> None:
         write_atomically(self.digests / f"{hex_}.json", msgspec.json.encode(record))
 
-    def drop_digest(self, hex_: str) -> None:
-        (self.digests / f"{hex_}.json").unlink(missing_ok=True)
-
     def digest_hexes(self) -> list[str]:
         return sorted(p.stem for p in self.digests.glob("*.json") if HEX.fullmatch(p.stem))
 
