@@ -35,13 +35,11 @@ import anyio.to_thread
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests" / "agent" / "serve"))
-
-from conftest import Kubelet, Watch  # the tests' fake kubelet
 
 from agent.devices import nvidia
 from agent.running import Running, run
 from agent.serve_settings import ServeSettings
+from agent.testing import FakeKubelet, Watch, fake_kubelet
 from bus import embedded
 from bus.settings import BusSettings
 from bus.testing import settings_for
@@ -89,7 +87,8 @@ def passes(port: int) -> float:
 
 
 async def process_figures(directory: Path, nats_url: str, window_s: float) -> None:
-    kubelet = Kubelet(directory / "kubelet.sock")
+    kubelet = FakeKubelet(directory / "kubelet.sock")
+    kubelet.serve()
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     args = [sys.executable, "-c", AGENT, str(kubelet.path), str(port), nats_url]
@@ -110,17 +109,13 @@ async def process_figures(directory: Path, nats_url: str, window_s: float) -> No
 
 
 async def xid_latency(directory: Path, count: int, bus_url: str) -> None:
-    kubelet = Kubelet(directory / "kubelet.sock")
     bus = BusSettings.for_tests(bus_url)
     settings = ServeSettings.for_tests(str(directory), bus=bus, monitor_period_s=1.0)
-    latencies: list[float] = []
-    try:
+    with fake_kubelet(directory / "kubelet.sock") as kubelet:
         async with anyio.create_task_group() as tg:
             running: Running = await tg.start(run, settings)
             latencies = await _measure(running, kubelet, count)
             tg.cancel_scope.cancel()
-    finally:
-        kubelet.stop()
     ms = sorted(x * 1000 for x in latencies)
     print(f"XID -> Unhealthy ListAndWatch update: median {statistics.median(ms):.1f} ms, "
           f"max {ms[-1]:.1f} ms over {len(ms)} XIDs (xid wait {settings.xid_wait_s}s)")  # fmt: skip
@@ -132,7 +127,7 @@ async def poll(predicate: Callable[[], bool], interval_s: float = 0.0005) -> Non
         await anyio.sleep(interval_s)
 
 
-async def _measure(running: Running, kubelet: Kubelet, count: int) -> list[float]:
+async def _measure(running: Running, kubelet: FakeKubelet, count: int) -> list[float]:
     await poll(lambda: kubelet.endpoint("nvidia.com/gpu") is not None)
     watch = await anyio.to_thread.run_sync(Watch, kubelet.endpoint("nvidia.com/gpu"))
     (backend,) = [b for b in running.backends if isinstance(b, nvidia.NvidiaBackend)]
