@@ -27,10 +27,21 @@ fmt:
 test *args:
     {{python}} -m pytest {{args}}
 
-# Benchmarks; figures go to docs/benchmarks.md.
+# Benchmarks (install the `bench` extra for every peer); figures go to docs/benchmarks.md by hand.
 bench:
     {{python}} bench/bench_detect.py
     {{python}} bench/bench_bus.py
     {{python}} bench/bench_deviceplugin.py
     {{python}} bench/bench_serve.py
     {{python}} bench/bench_models.py
+    {{python}} bench/bench_worker.py
+
+# Every benchmark at tiny sizes, seconds each (CI runs it): proves they still run; the figures
+# mean nothing. A peer that is not installed (the `bench` extra, curl) is skipped, with a message.
+bench-smoke:
+    BENCH_SMOKE=1 {{python}} bench/bench_detect.py
+    BENCH_SMOKE=1 {{python}} bench/bench_bus.py
+    BENCH_SMOKE=1 {{python}} bench/bench_deviceplugin.py
+    BENCH_SMOKE=1 {{python}} bench/bench_serve.py
+    BENCH_SMOKE=1 {{python}} bench/bench_models.py
+    BENCH_SMOKE=1 {{python}} bench/bench_worker.py

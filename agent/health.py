@@ -129,10 +129,6 @@ class HealthBook:
     def down(self, accelerator_id: str) -> Down | None:
         return self._down.get(accelerator_id)
 
-    @property
-    def unhealthy_ids(self) -> frozenset[str]:
-        return frozenset(self._down)
-
     def xid(self, accelerator_id: str, xid: int, now: float) -> Transition | None:
         """Record an XID critical error on ``accelerator_id``."""
         verdict = classify_xid(xid)

@@ -48,7 +48,6 @@ class FakeKubelet:
         self.path = path
         self.requests: list[dp.RegisterRequest] = []
         self.live: list[podresources.PodResources] = []
-        self.pod_resources_path: Path | None = None
         self.block = threading.Event() if block_register else None
         self.register_seen = threading.Event()
         self._servers: list[grpc.Server] = []
@@ -110,7 +109,6 @@ class FakeKubelet:
         )
 
     def serve_pod_resources(self, path: Path) -> None:
-        self.pod_resources_path = path
         self._servers.append(
             _unary_server(
                 path,

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import statistics
 import subprocess
 import sys
@@ -33,6 +34,10 @@ from bus.devices import AcceleratorSample, MonitorSample
 from bus.metrics import BusMetrics
 from bus.settings import BusSettings
 from bus.testing import example_events
+
+# ``BENCH_SMOKE=1`` (``just bench-smoke``, run by CI): tiny sizes, seconds in all, to prove the
+# bench still runs; its figures mean nothing.
+SMOKE = os.environ.get("BENCH_SMOKE", "") not in ("", "0")
 
 
 def sample_event(node: str) -> events.SamplesEvent:
@@ -162,21 +167,23 @@ async def main(count: int, publish_only: bool) -> None:
             size = len(codec.encode(sample_event("node-0.local")))
             print(f"nats-server {server.url}; {count} messages of {size} bytes per run")
             if not publish_only:
-                bare = max([await bare_run(server.url, count) for _ in range(3)])
-                ours = max([await bus_run(settings, count) for _ in range(3)])
+                runs = 1 if SMOKE else 3
+                bare = max([await bare_run(server.url, count) for _ in range(runs)])
+                ours = max([await bus_run(settings, count) for _ in range(runs)])
                 print(f"bare nats-py subscriber     : {bare:10,.0f} msg/s")
                 print(
                     f"bus.subscribing (decoded)   : {ours:10,.0f} events/s"
                     f"  ({ours / bare:.2f} of bare)"
                 )
-            samples_rate, state_rate = await publish_nodes(settings, 1000, 20)
-            print(f"publish samples, 1000 nodes : {samples_rate:10,.0f} events/s")
+            nodes, rounds = (50, 2) if SMOKE else (1000, 20)
+            samples_rate, state_rate = await publish_nodes(settings, nodes, rounds)
+            print(f"publish samples, {nodes} nodes : {samples_rate:10,.0f} events/s")
             print(f"publish devices (acked)     : {state_rate:10,.0f} events/s")
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
-    parser.add_argument("--messages", type=int, default=100_000)
+    parser.add_argument("--messages", type=int, default=2_000 if SMOKE else 100_000)
     parser.add_argument("--publisher", metavar="URL")
     parser.add_argument("--publish-only", action="store_true")
     args = parser.parse_args()

@@ -52,6 +52,9 @@ from agent.settings import DetectSettings
 from bus import devices
 from proto.deviceplugin import v1beta1 as dp
 
+# ``BENCH_SMOKE=1`` (``just bench-smoke``, run by CI): tiny sizes, seconds in all, to prove the
+# bench still runs; its figures mean nothing.
+SMOKE = os.environ.get("BENCH_SMOKE", "") not in ("", "0")
 SERVERS = ("exclusive", "shared", "sliced", "partitioned", "visibility")
 
 
@@ -259,8 +262,8 @@ async def health(
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--calls", type=int, default=1000)
-    parser.add_argument("--flips", type=int, default=20)
+    parser.add_argument("--calls", type=int, default=50 if SMOKE else 1000)
+    parser.add_argument("--flips", type=int, default=2 if SMOKE else 20)
     parser.add_argument("--client", choices=("process", "thread"), default="process")
     parser.add_argument("--gc-freeze", action="store_true")
     args = parser.parse_args()

@@ -35,16 +35,18 @@ import anyio.to_thread
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests" / "agent" / "serve"))
-
-from conftest import Kubelet, Watch  # the tests' fake kubelet
 
 from agent.devices import nvidia
 from agent.running import Running, run
 from agent.serve_settings import ServeSettings
+from agent.testing import FakeKubelet, Watch, fake_kubelet
 from bus import embedded
 from bus.settings import BusSettings
 from bus.testing import settings_for
+
+# ``BENCH_SMOKE=1`` (``just bench-smoke``, run by CI): tiny sizes, seconds in all, to prove the
+# bench still runs; its figures mean nothing.
+SMOKE = os.environ.get("BENCH_SMOKE", "") not in ("", "0")
 
 AGENT = textwrap.dedent(
     """
@@ -89,13 +91,14 @@ def passes(port: int) -> float:
 
 
 async def process_figures(directory: Path, nats_url: str, window_s: float) -> None:
-    kubelet = Kubelet(directory / "kubelet.sock")
+    kubelet = FakeKubelet(directory / "kubelet.sock")
+    kubelet.serve()
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     args = [sys.executable, "-c", AGENT, str(kubelet.path), str(port), nats_url]
     proc = subprocess.Popen(args, env=env, stderr=subprocess.DEVNULL)  # noqa: ASYNC220
     try:
-        await anyio.sleep(5.0)  # start-up and the first passes
+        await anyio.sleep(2.0 if SMOKE else 5.0)  # start-up and the first passes
         cpu0, n0 = cpu_seconds(proc.pid), passes(port)
         await anyio.sleep(window_s)
         cpu1, n1 = cpu_seconds(proc.pid), passes(port)
@@ -105,22 +108,19 @@ async def process_figures(directory: Path, nats_url: str, window_s: float) -> No
         proc.wait(15)
         kubelet.stop()
     print(f"steady-state RSS, 8 simulated GPUs:  {rss:.1f} MiB (target < 80 MB)")
-    print(f"CPU per monitor pass:               {(cpu1 - cpu0) / (n1 - n0) * 1000:.2f} ms "
+    per_pass = (cpu1 - cpu0) / (n1 - n0) * 1000 if n1 > n0 else float("nan")
+    print(f"CPU per monitor pass:               {per_pass:.2f} ms "
           f"({n1 - n0:.0f} passes in {window_s:.0f} s)")  # fmt: skip
 
 
 async def xid_latency(directory: Path, count: int, bus_url: str) -> None:
-    kubelet = Kubelet(directory / "kubelet.sock")
     bus = BusSettings.for_tests(bus_url)
     settings = ServeSettings.for_tests(str(directory), bus=bus, monitor_period_s=1.0)
-    latencies: list[float] = []
-    try:
+    with fake_kubelet(directory / "kubelet.sock") as kubelet:
         async with anyio.create_task_group() as tg:
             running: Running = await tg.start(run, settings)
             latencies = await _measure(running, kubelet, count)
             tg.cancel_scope.cancel()
-    finally:
-        kubelet.stop()
     ms = sorted(x * 1000 for x in latencies)
     print(f"XID -> Unhealthy ListAndWatch update: median {statistics.median(ms):.1f} ms, "
           f"max {ms[-1]:.1f} ms over {len(ms)} XIDs (xid wait {settings.xid_wait_s}s)")  # fmt: skip
@@ -132,7 +132,7 @@ async def poll(predicate: Callable[[], bool], interval_s: float = 0.0005) -> Non
         await anyio.sleep(interval_s)
 
 
-async def _measure(running: Running, kubelet: Kubelet, count: int) -> list[float]:
+async def _measure(running: Running, kubelet: FakeKubelet, count: int) -> list[float]:
     await poll(lambda: kubelet.endpoint("nvidia.com/gpu") is not None)
     watch = await anyio.to_thread.run_sync(Watch, kubelet.endpoint("nvidia.com/gpu"))
     (backend,) = [b for b in running.backends if isinstance(b, nvidia.NvidiaBackend)]
@@ -178,7 +178,7 @@ async def main(window_s: float, xids: int) -> None:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--window", type=float, default=20.0)
-    parser.add_argument("--xids", type=int, default=40)
+    parser.add_argument("--window", type=float, default=2.0 if SMOKE else 20.0)
+    parser.add_argument("--xids", type=int, default=2 if SMOKE else 40)
     ns = parser.parse_args()
     anyio.run(main, ns.window, ns.xids)

@@ -68,6 +68,9 @@ Metrics = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 LATENCY = "gpustack_worker_event_to_object_seconds"
 API_WRITES = ("create", "patch", "update", "delete")
 KV_WRITES = ("kv_put", "kv_delete")
+# ``BENCH_SMOKE=1`` (``just bench-smoke``, run by CI): tiny sizes, seconds in all, to prove the
+# bench still runs; its figures mean nothing.
+SMOKE = os.environ.get("BENCH_SMOKE", "") not in ("", "0")
 
 
 def node_names(n: int) -> list[str]:
@@ -308,10 +311,10 @@ def phase(
 
 
 async def bench(args: argparse.Namespace) -> dict[str, Any]:
-    children: list[subprocess.Popen[bytes]] = []
-    try:
-        with tempfile.TemporaryDirectory() as tmp:
-            async with embedded.embedded_server(Path(tmp) / "nats") as server:
+    with tempfile.TemporaryDirectory() as tmp:
+        async with embedded.embedded_server(Path(tmp) / "nats") as server:
+            children: list[subprocess.Popen[bytes]] = []
+            try:
                 worker_cmd = [sys.executable, __file__, "--role", "worker", "--url", server.url]
                 if args.sink == "api":
                     api_port = free_port()
@@ -333,14 +336,16 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
                     except OSError:
                         await anyio.sleep(0.1)
                 return await measure(args, server.url, port, worker.pid)
-    finally:
-        for child in reversed(children):  # the worker first (its profile), then the fake API
-            child.send_signal(signal.SIGTERM if child is children[-1] else signal.SIGKILL)
-            try:
-                child.wait(60)
-            except subprocess.TimeoutExpired:
-                child.kill()
-                child.wait()
+            finally:
+                # Before the server stops, so that no child sees its bus go away. The worker
+                # first (it writes its profile), then the fake API.
+                for child in reversed(children):
+                    child.send_signal(signal.SIGTERM if child is children[-1] else signal.SIGKILL)
+                    try:
+                        child.wait(60)
+                    except subprocess.TimeoutExpired:
+                        child.kill()
+                        child.wait()
 
 
 async def measure(args: argparse.Namespace, url: str, port: int, pid: int) -> dict[str, Any]:
@@ -373,12 +378,12 @@ async def measure(args: argparse.Namespace, url: str, port: int, pid: int) -> di
 
 def main() -> None:
     p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    p.add_argument("--nodes", type=int, nargs="+", default=[1000])
-    p.add_argument("--period", type=float, nargs="+", default=[1.0, 15.0])
+    p.add_argument("--nodes", type=int, nargs="+", default=[20] if SMOKE else [1000])
+    p.add_argument("--period", type=float, nargs="+", default=[1.0] if SMOKE else [1.0, 15.0])
     p.add_argument("--sink", nargs="+", choices=["kv", "api"], default=["kv", "api"])
-    p.add_argument("--seconds", type=float, default=30.0, help="steady-state duration")
+    p.add_argument("--seconds", type=float, default=1.0 if SMOKE else 30.0, help="steady-state")
     p.add_argument("--change", type=float, default=0.05, help="nodes whose status flips a round")
-    p.add_argument("--publishers", type=int, default=2)
+    p.add_argument("--publishers", type=int, default=1 if SMOKE else 2)
     p.add_argument("--burst", action="store_true", help="every node publishes at once")
     p.add_argument("--profile", default="", help="pyinstrument output prefix")
     p.add_argument("--role", default="bench", help=argparse.SUPPRESS)

@@ -250,12 +250,23 @@ class Connection:
     async def kv_keys(self, bucket: str, prefix: str = ">") -> list[str]:
         """Live keys matching the filter (``a.b.>`` style); empty when none."""
         kv = self._bucket(bucket)
+        keys: list[str] = []
         with _mapped(StateUnavailable, f"keys {bucket}"):
+            # Not nats-py's ``kv.keys()``: it stops its watcher only when everything succeeds,
+            # so a timeout or a cancellation left the watcher's ordered consumer subscribed and
+            # its heartbeat task running until the connection closed (one more per failed call).
+            # Shielded: a watch cancelled while it starts leaks the same way; it is bounded by
+            # the JetStream request timeout (consumer create, then consumer info).
+            with anyio.CancelScope(shield=True):
+                watcher = await kv.watchall(ignore_deletes=True, meta_only=True)
             try:
-                # Not ``filters=``: nats-py 2.16 answers NoKeysError for any filter.
-                keys = list(await kv.keys())
-            except nats.js.errors.NoKeysError:
-                return []
+                async for entry in watcher:
+                    if entry is None:  # the end of what the bucket holds now
+                        break
+                    keys.append(entry.key)
+            finally:
+                with anyio.CancelScope(shield=True):
+                    await _quietly(watcher.stop())
         return [k for k in keys if subject_matches(prefix, k)]
 
     async def kv_last_values(self, bucket: str, prefix: str = ">") -> list[tuple[str, bytes]]:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Final, Literal
 
@@ -268,7 +268,3 @@ def units_per_token(card: Card, mode: Mode) -> int:
         return 0
     count = token_count(card, mode)
     return UNITS_PER_CARD // count if count else UNITS_PER_CARD
-
-
-def tokens_by_id(specs: Sequence[ServerSpec]) -> dict[str, Token]:
-    return {t.id: t for spec in specs for t in spec.tokens}

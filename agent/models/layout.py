@@ -291,9 +291,6 @@ class Cache:
                 self._digest_locks[hex_] = lock
             return lock
 
-    def drop_digest(self, hex_: str) -> None:
-        (self.digests / f"{hex_}.json").unlink(missing_ok=True)
-
     def digest_hexes(self) -> list[str]:
         return sorted(p.stem for p in self.digests.glob("*.json") if HEX.fullmatch(p.stem))
 

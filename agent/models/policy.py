@@ -56,9 +56,6 @@ class MemoryPolicy:
     def delete(self, namespace: str, name: str) -> None:
         self._artifacts.pop((namespace, name), None)
 
-    def set_spec(self, spec: StoreSpec | None) -> None:
-        self._spec = spec
-
     def replace(self, other: MemoryPolicy) -> None:
         """Take ``other``'s whole view at once (a fresh full read of the bus)."""
         self._artifacts = dict(other._artifacts)

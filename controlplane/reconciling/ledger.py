@@ -79,10 +79,6 @@ class Ledger:
         """Every node's model cache (None for a node that never sent one)."""
         return (state.models for state in self._nodes.values())
 
-    def forget(self, node: str) -> None:
-        self._nodes.pop(node, None)
-        self._parked.pop(node, None)
-
     def park(self, node: str) -> list[str]:
         """Keep ``node``'s state while its Node object is missing; returns the nodes forgotten
         to stay within ``max_parked`` (oldest first). Parking again refreshes nothing: the

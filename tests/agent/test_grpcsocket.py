@@ -36,16 +36,6 @@ OPTIONS = "/v1beta1.DevicePlugin/GetDevicePluginOptions"
 LIST_AND_WATCH = "/v1beta1.DevicePlugin/ListAndWatch"
 
 
-@pytest.fixture(
-    params=[
-        pytest.param(("asyncio", {}), id="asyncio"),
-        pytest.param(("asyncio", {"use_uvloop": True}), id="uvloop"),
-    ]
-)
-def anyio_backend(request: pytest.FixtureRequest) -> Any:
-    return request.param
-
-
 class _Plugin(dp.DevicePluginBase):
     """Answers GetDevicePluginOptions; ListAndWatch sends one list, then waits forever."""
 

@@ -14,11 +14,6 @@ from bus.settings import BusSettings
 
 
 @pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture
 async def server(tmp_path: Path) -> AsyncIterator[ServerProcess]:
     async with testing.nats_server(tmp_path) as s:
         yield s

@@ -273,6 +273,19 @@ async def test_cancel_snapshot(
     assert len(await state.snapshot(conn, settings)) == len(many)
 
 
+@pytest.mark.parametrize("delay", DELAYS)
+async def test_cancel_kv_keys(conn: connection.Connection, delay: float) -> None:
+    await conn.kv_ensure("CANCEL_KEYS")
+    for i in range(300):
+        await conn.kv_put("CANCEL_KEYS", f"k.{i}", b"v")
+    base = Baseline()
+    with anyio.move_on_after(delay):
+        await conn.kv_keys("CANCEL_KEYS")
+    # The key watcher of a cancelled listing is stopped: no heartbeat task left behind.
+    await base.check()
+    assert len(await conn.kv_keys("CANCEL_KEYS", "k.>")) == 300
+
+
 @pytest.mark.parametrize("delay", [0.0, 0.01, 0.05, 0.2])
 async def test_cancel_embedded_server_leaves_no_process(tmp_path: Path, delay: float) -> None:
     base = Baseline()

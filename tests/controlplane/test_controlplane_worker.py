@@ -165,7 +165,9 @@ async def test_flood_ends_with_latest_state_and_bounded_writes(tmp_path: Path) -
     async with stack(tmp_path) as (fake, url, bus), anyio.create_task_group() as tg:
         for n in nodes:
             fake.put_object("api/v1/nodes", node(n))
-        await tg.start(running.run, worker_settings(bus, url))
+        # Resync every 30 s, not 0.3 s: each one re-queues all 500 nodes, which is not what this
+        # test measures and made it race its deadline on a busy machine.
+        await tg.start(running.run, worker_settings(bus, url, resync_s=30.0))
         evs: list[events.Event] = []
         for seq in range(20):
             for n in nodes:

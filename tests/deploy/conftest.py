@@ -8,11 +8,6 @@ import pytest
 from deploy_helpers import BASE, TREES, build
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 @pytest.fixture(scope="session")
 def trees() -> dict[str, list[dict[str, Any]]]:
     """Every kustomization root (the base, the CRDs, each overlay) → its built objects."""

@@ -17,11 +17,6 @@ from bus.metrics import BusMetrics
 CLI = os.path.join(os.path.dirname(sys.executable), "gpustack-operator")
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 def test_schema_covers_every_event_kind() -> None:
     result = subprocess.run([CLI, "bus", "schema"], capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stderr

@@ -19,6 +19,12 @@ from gpustack_operator import buswatching
 pytestmark = pytest.mark.anyio
 
 
+@pytest.fixture
+async def settings(tmp_path: Path) -> AsyncIterator[BusSettings]:
+    async with testing.nats_server(tmp_path) as server:
+        yield testing.settings_for(server)
+
+
 class _Lines(io.StringIO):
     """Captures output and counts flushes (watch must flush per event)."""
 
@@ -27,12 +33,6 @@ class _Lines(io.StringIO):
     def flush(self) -> None:
         self.flushes += 1
         super().flush()
-
-
-@pytest.fixture
-async def settings(tmp_path: Path) -> AsyncIterator[BusSettings]:
-    async with testing.nats_server(tmp_path) as server:
-        yield testing.settings_for(server)
 
 
 async def _run_watch(settings: BusSettings, fmt: str, until: int, **kw: str | None) -> _Lines:

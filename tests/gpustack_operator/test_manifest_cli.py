@@ -16,11 +16,6 @@ pytestmark = pytest.mark.anyio
 CLI = os.path.join(os.path.dirname(sys.executable), "gpustack-operator")
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 async def test_manifest_prints_commit_manifest_and_a_digest_that_matches_it(
     tmp_path: Path,
 ) -> None:

@@ -21,11 +21,6 @@ from gpustack_operator.main import options_for
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 def _settings(tmp_path: Path) -> standalone.StandaloneSettings:
     argv = [f"--state-dir={tmp_path / 'state'}", "--nats-port=0", "--worker-port=0",
             "--device-manager-port=0", "--model-manager-port=0", "--simulate=nvidia-h200x8",

@@ -28,11 +28,6 @@ T = TypeVar("T")
 CALL_TIMEOUT_S = 5.0
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 # ---------------------------------------------------------------- method paths
 
 

@@ -12,11 +12,6 @@ from agent.testing import FakeKubelet, fake_kubelet
 from bus import devices
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 @pytest.fixture(scope="session")
 def h200() -> list[devices.DeviceGroup]:
     return simulated("nvidia", "nvidia-h200x8")

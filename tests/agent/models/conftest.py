@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from models_harness import anyio_backend, can_mount, mounts, rig
+from models_harness import can_mount, mounts, rig
 
-__all__ = ["anyio_backend", "can_mount", "mounts", "rig"]
+__all__ = ["can_mount", "mounts", "rig"]

@@ -39,11 +39,6 @@ TUNING = Tuning(
 )
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 def _probe_mount(tmp: Path) -> bool:
     libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
     src, dst = tmp / "src", tmp / "dst"

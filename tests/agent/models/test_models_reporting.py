@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import threading
 from datetime import UTC, datetime
 
+import anyio
+import anyio.to_thread
 import pytest
 from models_harness import Rig, code_of, publish_request, publish_until_done, settled, unpublish
 
 from agent.models import layout, reporting
+from agent.models.backoff import Failure
 
 pytestmark = pytest.mark.anyio
 H = [c * 64 for c in "abc"]
@@ -85,3 +89,37 @@ async def test_a_failure_is_reported_with_its_reason_and_retry_time(rig: Rig) ->
     assert (model.state, model.reason) == ("failed", "IntegrityMismatch")
     assert model.retry_time is not None and model.retry_time > datetime.now(UTC)
     assert event.stored_bytes == 0
+
+
+async def test_an_ending_attempt_stays_reported_until_its_outcome_is_recorded(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    record = rig.artifact("org/model", {"config.json": b"{}", "w.bin": b"x" * 100})
+    rig.hub.corrupt.add("w.bin")
+    recording, release = threading.Event(), threading.Event()
+
+    async with rig.running() as plugin:
+        materializer = plugin.materializer
+        save = materializer._settle
+
+        async def held_settle(hex_: str, failures: dict[str, Failure]) -> None:
+            recording.set()
+            await anyio.to_thread.run_sync(release.wait, 10)
+            await save(hex_, failures)
+
+        monkeypatch.setattr(materializer, "_settle", held_settle)
+        try:
+            await code_of(plugin.socket, publish_request(record, rig.target()))
+            await anyio.to_thread.run_sync(recording.wait, 10)
+            # The attempt has failed and its outcome is not on disk yet: still downloading.
+            await plugin.reporter.report_once()
+            during = plugin.reporter.last
+        finally:
+            release.set()
+        await settled(plugin)
+        await plugin.reporter.report_once()
+        after = plugin.reporter.last
+
+    assert during is not None and after is not None
+    assert [m.state for m in during.models] == ["downloading"]
+    assert [(m.state, m.reason) for m in after.models] == [("failed", "IntegrityMismatch")]

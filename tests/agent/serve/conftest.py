@@ -11,11 +11,6 @@ from agent.testing import FakeKubelet, fake_kubelet
 
 
 @pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture
 def kubelet(tmp_path: Path) -> Iterator[FakeKubelet]:
     with fake_kubelet(tmp_path / "kubelet.sock") as fake:
         yield fake
