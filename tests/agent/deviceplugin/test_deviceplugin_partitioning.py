@@ -173,9 +173,10 @@ async def test_release_destroys_the_instance_retrying_in_use(
         node = plugins._node
         node._apply(node.ledger.release(plugins.ledger().holdings()[0].allocation_id))
 
-        await eventually(lambda: _async(sim.instances(0) == []))
+        owners = tmp_path / "pods" / "partitions"
+        # The instance goes first, then its owner file: wait for both, in that order.
+        await eventually(lambda: _async(sim.instances(0) == [] and not list(owners.glob("*.json"))))
         assert plugins.ledger().holdings() == ()
-        assert not list((tmp_path / "pods" / "partitions").glob("*.json"))
         assert [e.action for e in published if isinstance(e, events.AllocationEvent)] == [
             "allocated",
             "released",
