@@ -15,6 +15,7 @@ It lives in the launcher layer because it is the one place that composes ``agent
 from __future__ import annotations
 
 import functools
+import ipaddress
 import logging
 import math
 import os
@@ -63,7 +64,8 @@ def settings_from(options: Options) -> StandaloneSettings:
     bus = BusSettings()
 
     def https(port_flag: str) -> HttpsSettings:
-        return https_from(options, port_flag=port_flag)
+        # No Kubernetes API to review tokens with: open, on loopback unless told otherwise.
+        return https_from(options, port_flag=port_flag, auth="none")
 
     kube_socket = os.path.join(state_dir, "device-plugins", "kubelet.sock")
     agent = serve_settings.assemble(
@@ -111,6 +113,9 @@ async def run(
 ) -> None:
     """Run every component until cancelled; ``task_status.started(nats_url)`` once all are up."""
     state = Path(settings.state_dir)
+    address = settings.agent.https.bind_address
+    if not ipaddress.ip_address(address).is_loopback:
+        log.warning("serving /metrics and the snapshots on %s to anyone, without tokens", address)
     for directory in ("device-plugins", "kubelet/pods", "models", "csi"):
         (state / directory).mkdir(parents=True, exist_ok=True)
     async with (
