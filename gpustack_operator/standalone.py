@@ -5,7 +5,8 @@ agent (real hardware, or ``--simulate PROFILE``), the model agent (its CSI socke
 the state directory: with no kubelet nothing mounts, but its cache state reaches the worker), and
 the worker keeping its ledger in the bus's
 retained state (JetStream KV) instead of a Kubernetes API: the same reconcile code with a
-different sink. It prints how to watch, and stops cleanly on Ctrl-C or SIGTERM, leaving no
+different sink. With no API to review tokens, the HTTPS endpoints need none and bind
+``127.0.0.1`` unless ``--bind-address`` says otherwise. It prints how to watch, and stops cleanly on Ctrl-C or SIGTERM, leaving no
 process behind (the embedded server dies with its parent).
 
 It lives in the launcher layer because it is the one place that composes ``agent`` and
