@@ -8,8 +8,10 @@ time-bounded by its owner):
    bounded number of samples) until NATS answers;
 2. the backends (real NVML/sysfs, or a simulated tree and NVML), open for the whole process;
 3. the bus link (not awaited: with NATS unreachable the agent still serves kubelet and metrics;
-   :func:`bus.publishing.link` attaches the publisher whenever the connection comes up);
-4. HTTPS (``/metrics``, ``/readyz``, ``/livez``, ``/monitor/snapshot``);
+   :func:`bus.publishing.link` attaches the publisher, and the access reviewer, whenever the
+   connection comes up);
+4. HTTPS (``/metrics``, ``/readyz``, ``/livez``, ``/monitor/snapshot``); with
+   ``--metrics-auth=review``, the non-probe routes ask the worker (503 while they cannot);
 5. the device plugins (bound and registered on the first :meth:`Plugins.update`);
 6. the observer: one pass every monitor period (detection, sampling, health re-check), started
    with the plugins it pushes to, once the first pass is published;
@@ -51,6 +53,7 @@ from bus import devices, events
 from bus.errors import BusError
 from bus.metrics import BusMetrics
 from bus.publishing import Publisher, link, publisher
+from bus.reviewing import BusReviewer
 from kit import serving
 
 log = logging.getLogger(__name__)
@@ -88,11 +91,15 @@ async def run(
         publish = functools.partial(publish_logged, pub)
         observer = Observer(settings, backends, publish, metrics.AgentMetrics(registry))
         metrics.register_view(registry, observer.metric_sources(outbox_depth=lambda: pub.pending))
+        reviewer = BusReviewer(settings.node_name)
         tg.start_soon(
-            functools.partial(link, pub, settings.bus, name=f"agent/{settings.node_name}"),
+            functools.partial(
+                link, pub, settings.bus, name=f"agent/{settings.node_name}",
+                also=(reviewer.attach,),
+            ),
             name="bus-link",
-        )
-        server = await tg.start(serve_https, settings, registry, observer, name="https")
+        )  # fmt: skip
+        server = await tg.start(serve_https, settings, registry, observer, reviewer, name="https")
         retained = await restoring.retained_allocations(settings)
         plugins = await tg.start(
             serve_plugins, settings, publish, retained, mig_control(backends),
@@ -164,6 +171,7 @@ async def serve_https(
     settings: ServeSettings,
     registry: CollectorRegistry,
     observer: Observer,
+    reviewer: BusReviewer,
     *,
     task_status: anyio.abc.TaskStatus[serving.Server],
 ) -> None:
@@ -172,6 +180,7 @@ async def serve_https(
         registry=registry,
         ready=observer.is_ready,
         routes={"/monitor/snapshot": observer.snapshot},
+        authorizer=reviewer,
     ) as server:
         task_status.started(server)
         await anyio.sleep_forever()

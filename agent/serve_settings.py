@@ -58,7 +58,9 @@ class ServeSettings(msgspec.Struct, frozen=True, kw_only=True):
                 manufacturers=("amd", "nvidia"), fast_failed=False, simulate=simulate
             ),
             bus=bus,
-            https=HttpsSettings(bind_address="127.0.0.1", port=0, shutdown_timeout_s=2.0),
+            https=HttpsSettings(
+                bind_address="127.0.0.1", port=0, shutdown_timeout_s=2.0, auth="none"
+            ),
             deviceplugin=DevicePluginSettings.for_tests(directory),
             monitor_period_s=0.2,
             resync_period_s=60.0,

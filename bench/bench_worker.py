@@ -114,7 +114,7 @@ def worker_child(args: argparse.Namespace) -> None:
     settings = running.WorkerSettings(
         bus=BusSettings.for_tests(args.url),
         kube=KubeSettings(host=args.api) if args.api else None,
-        https=HttpsSettings(bind_address="127.0.0.1", port=args.port),
+        https=HttpsSettings(bind_address="127.0.0.1", port=args.port, auth="none"),
         resync_s=3600.0,
     )
 

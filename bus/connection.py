@@ -25,7 +25,14 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js import api
 
-from bus.errors import BusError, KeyConflict, NotConnected, PublishFailed, StateUnavailable
+from bus.errors import (
+    BusError,
+    KeyConflict,
+    NoAnswer,
+    NotConnected,
+    PublishFailed,
+    StateUnavailable,
+)
 from bus.settings import BusSettings
 from kit.redaction import redact_urls
 
@@ -113,6 +120,24 @@ class Connection:
         with _mapped(PublishFailed, "flush"):
             await self._nc.flush(timeout=max(1, round(self._settings.request_timeout_s)))
 
+    async def request(self, subject: str, payload: bytes, *, timeout_s: float) -> bytes:
+        """Publish ``payload`` as a request and return the first reply's payload.
+
+        :raises NotConnected: while reconnecting or after close.
+        :raises NoAnswer: nobody subscribes to ``subject`` (answered at once by the server), or
+            no reply came within ``timeout_s``.
+        """
+        if not self._nc.is_connected:
+            raise NotConnected(f"request {subject}: not connected")
+        with _mapped(NoAnswer, f"request {subject}"):
+            try:
+                msg = await self._nc.request(subject, payload, timeout=timeout_s)
+            except nats.errors.NoRespondersError as e:
+                raise NoAnswer(f"request {subject}: no responder") from e
+            except nats.errors.TimeoutError as e:
+                raise NoAnswer(f"request {subject}: no answer in {timeout_s}s") from e
+        return bytes(msg.data)
+
     @asynccontextmanager
     async def subscribe(
         self, subject: str, on_message: Callable[[str, bytes], None]
@@ -125,8 +150,32 @@ class Connection:
         async def callback(msg: Msg) -> None:
             on_message(msg.subject, msg.data)
 
+        async with self._subscribed(subject, callback, queue=""):
+            yield
+
+    @asynccontextmanager
+    async def serve_requests(
+        self, subject: str, on_request: Callable[[bytes, str], None], *, queue: str
+    ) -> AsyncIterator[None]:
+        """Call ``on_request(payload, reply_subject)`` for every request on ``subject`` while
+        inside; ``queue`` shares the requests among every subscriber of that queue group, so
+        each request reaches one of them. Answer with :meth:`publish` to ``reply_subject``.
+
+        ``on_request`` runs on the client's reader path: it must not block and must not raise.
+        """
+
+        async def callback(msg: Msg) -> None:
+            on_request(msg.data, msg.reply)
+
+        async with self._subscribed(subject, callback, queue=queue):
+            yield
+
+    @asynccontextmanager
+    async def _subscribed(
+        self, subject: str, callback: Callable[[Msg], Awaitable[None]], *, queue: str
+    ) -> AsyncIterator[None]:
         with _mapped(BusError, f"subscribe {subject}"):
-            sub = await self._nc.subscribe(subject, cb=callback)
+            sub = await self._nc.subscribe(subject, queue=queue, cb=callback)
         try:
             yield
         finally:

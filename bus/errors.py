@@ -13,6 +13,7 @@ __all__ = [
     "InvalidNodeName",
     "InvalidSubject",
     "KeyConflict",
+    "NoAnswer",
     "NotConnected",
     "PublishFailed",
     "PublisherClosed",
@@ -29,6 +30,13 @@ class NotConnected(BusError):
     """Raised when an operation needs a live server connection and there is none right now.
 
     Temporary: the connection reconnects on its own; retry later (the publisher's outbox does).
+    """
+
+
+class NoAnswer(BusError):
+    """Raised when a request found no responder, or no reply came in time.
+
+    Temporary as far as the bus knows: the responder may be starting or restarting.
     """
 
 

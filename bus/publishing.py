@@ -32,8 +32,13 @@ raises :class:`~bus.errors.PublisherClosed`: nothing is accepted that nobody wou
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
-from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import (
+    AbstractAsyncContextManager,
+    AsyncExitStack,
+    asynccontextmanager,
+    nullcontext,
+)
 from typing import Final
 
 import anyio
@@ -249,13 +254,22 @@ async def publisher(
         pub.close()
 
 
-async def link(pub: Publisher, settings: BusSettings, *, name: str | None = None) -> None:
+async def link(
+    pub: Publisher,
+    settings: BusSettings,
+    *,
+    name: str | None = None,
+    also: Sequence[Callable[[Connection], AbstractAsyncContextManager[object]]] = (),
+) -> None:
     """Connect (retrying forever), then keep ``pub`` attached until cancelled.
 
     Run it as a task beside the parts that publish: they never wait for it. Cancelling it
     flushes the outbox within ``drain_timeout_s`` (:meth:`Publisher.attach`), then drains and
     closes the connection. Once connected, the client itself reconnects after a loss, and the
-    outbox holds everything meanwhile.
+    outbox holds everything meanwhile. ``also`` attaches other users of the same connection
+    (e.g. :meth:`bus.reviewing.BusReviewer.attach`) for as long.
     """
-    async with connect(settings, name=name) as conn, pub.attach(conn):
+    async with connect(settings, name=name) as conn, pub.attach(conn), AsyncExitStack() as stack:
+        for attach in also:
+            await stack.enter_async_context(attach(conn))
         await anyio.sleep_forever()

@@ -19,6 +19,8 @@ __all__ = [
     "NODEMODELSTORES",
     "NODES",
     "SECRETS",
+    "SUBJECTACCESSREVIEWS",
+    "TOKENREVIEWS",
     "VERSION",
     "Observed",
     "Ref",
@@ -62,6 +64,16 @@ NODES: Final = Resource(group="", version="v1", plural="nodes", kind="Node")
 SECRETS: Final = Resource(group="", version="v1", plural="secrets", kind="Secret", namespaced=True)
 LEASES: Final = Resource(
     group="coordination.k8s.io", version="v1", plural="leases", kind="Lease", namespaced=True
+)
+# Create-only: the reviews behind the HTTPS endpoints' bearer tokens (controlplane.reviewing).
+TOKENREVIEWS: Final = Resource(
+    group="authentication.k8s.io", version="v1", plural="tokenreviews", kind="TokenReview"
+)
+SUBJECTACCESSREVIEWS: Final = Resource(
+    group="authorization.k8s.io",
+    version="v1",
+    plural="subjectaccessreviews",
+    kind="SubjectAccessReview",
 )
 CRDS: Final = Resource(
     group="apiextensions.k8s.io",

@@ -2,7 +2,9 @@
 
 One anyio task group: the bus subscription (retained state first, then live events) feeding the
 ledger in every replica; the reconcilers, resync and CRD repair only in the leader; the HTTPS
-endpoint (``/metrics``, ``/readyz``, ``/livez``) throughout. With a reachable Kubernetes API the
+endpoint (``/metrics``, ``/readyz``, ``/livez``) throughout. With an API, every replica also
+answers the agents' access reviews on the bus (TokenReview and SubjectAccessReview on their
+behalf: :mod:`controlplane.reviewing`) and uses the same reviewer for its own ``/metrics``. With a reachable Kubernetes API the
 sink is the API (CRDs applied at start-up, Lease-based election); without one (``standalone``,
 or ``--kubeconfig=none``) the same reconcilers keep their ledger in the bus's KV bucket.
 
@@ -22,6 +24,7 @@ from prometheus_client import CollectorRegistry
 
 from bus import connection, kv, state, subscribing
 from bus.metrics import BusMetrics
+from bus.reviewing import serve_reviews
 from controlplane import crds, leading, resolving
 from controlplane.k8s import client
 from controlplane.metrics import WorkerMetrics
@@ -30,9 +33,11 @@ from controlplane.reconciling.ledger import Ledger
 from controlplane.reconciling.nodes import NodeReconciler
 from controlplane.reconciling.processing import Processor
 from controlplane.resolving import Resolver
+from controlplane.reviewing import KubeReviewer
 from controlplane.settings import WorkerSettings
 from controlplane.sinks import KubeSink, KvSink, Sink
 from kit import serving
+from kit.access import CachedAuthorizer
 from kit.tasks import start_forever
 
 __all__ = ["Worker", "WorkerSettings", "run"]
@@ -65,6 +70,30 @@ async def _sink(
     async with client.open_client(settings.kube, observe=metrics.observe_request) as api:
         await crds.ensure(api)
         yield KubeSink(api), api
+
+
+@asynccontextmanager
+async def _endpoint(
+    settings: WorkerSettings,
+    conn: connection.Connection,
+    api: client.KubeClient | None,
+    registry: CollectorRegistry,
+) -> AsyncIterator[serving.Server]:
+    """HTTPS, and with an API the access reviews: for this endpoint and, on the bus, the agents'.
+
+    The reviews are answered whatever this endpoint's own ``--metrics-auth`` says: the agents'
+    choice is theirs.
+    """
+    async with AsyncExitStack() as stack:
+        reviewer = None if api is None else KubeReviewer(api)
+        if reviewer is not None:
+            await stack.enter_async_context(serve_reviews(conn, CachedAuthorizer(reviewer)))
+        yield await stack.enter_async_context(
+            serving.https_server(
+                settings.https, registry=registry, ready=lambda: conn.is_connected,
+                authorizer=reviewer,
+            )
+        )  # fmt: skip
 
 
 async def run(
@@ -109,9 +138,7 @@ async def run(
             )
         )
         worker = Worker(url="", metrics=metrics, processor=processor, artifacts=artifacts)
-        server = await stack.enter_async_context(
-            serving.https_server(settings.https, registry=registry, ready=lambda: conn.is_connected)
-        )
+        server = await stack.enter_async_context(_endpoint(settings, conn, api, registry))
         worker.url = server.url
 
         async def lead() -> None:

@@ -61,7 +61,7 @@ def settings_from(options: Options) -> WorkerSettings:
     return WorkerSettings(
         bus=bus_settings.from_options(options),
         kube=kube,
-        https=https_from(options),
+        https=_https(options, kube),
         leader_election=options.switch("kube-leader-election"),
         leader=leading.LeaderSettings(
             name=options.text("kube-leader-election-id"),
@@ -72,3 +72,14 @@ def settings_from(options: Options) -> WorkerSettings:
         identity=env.get("POD_NAME") or f"{socket.gethostname()}_{os.getpid()}",
         hub_endpoint=hub_endpoint,
     )
+
+
+def _https(options: Options, kube: client.KubeSettings | None) -> HttpsSettings:
+    """The endpoint's settings; reviewing tokens needs an API to review them with."""
+    https = https_from(options)
+    if kube is None and https.auth == "review":
+        raise SettingsError(
+            "--metrics-auth=review needs the Kubernetes API (TokenReview, SubjectAccessReview); "
+            "with --kubeconfig=none pass --metrics-auth=none (the endpoint is then open)"
+        )
+    return https

@@ -82,6 +82,15 @@ GLOBAL_FLAGS = (
 _HTTPS = (
     Flag("bind-address", "0.0.0.0", "the address to serve on"),
     Flag("cert-dir", "", "where tls.crt and tls.key are; self-signed when empty"),
+    Flag(
+        "metrics-auth",
+        "review",
+        "who may read /metrics and the other HTTPS routes (never /livez, /readyz): 'review' "
+        "needs a bearer token that TokenReview accepts and whose user a SubjectAccessReview "
+        "allows to get the path (the agents ask the worker over the bus); 'none' exposes them "
+        "to anyone who can reach --bind-address",
+        choices=("review", "none"),
+    ),
 )
 _KUBE_CLIENT = (
     Flag(
@@ -361,10 +370,17 @@ _STANDALONE = (
         bounds=PORT,
     ),
     Flag("run-for", "0s", "stop after this long (0 runs until interrupted)", kind="duration"),
+    Flag(
+        "bind-address",
+        "127.0.0.1",
+        "the address every HTTPS endpoint serves on; they need no token here, so any other "
+        "address exposes /metrics and the snapshots to whoever reaches it",
+    ),
     *(
         flag
         for flag in _DM_SERVE
-        if flag.name not in ("kube-socket", "secure-port") and flag not in NATS_FLAGS
+        if flag.name not in ("kube-socket", "secure-port", "bind-address", "metrics-auth")
+        and flag not in NATS_FLAGS
     ),
 )
 

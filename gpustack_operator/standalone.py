@@ -5,7 +5,8 @@ agent (real hardware, or ``--simulate PROFILE``), the model agent (its CSI socke
 the state directory: with no kubelet nothing mounts, but its cache state reaches the worker), and
 the worker keeping its ledger in the bus's
 retained state (JetStream KV) instead of a Kubernetes API: the same reconcile code with a
-different sink. It prints how to watch, and stops cleanly on Ctrl-C or SIGTERM, leaving no
+different sink. With no API to review tokens, the HTTPS endpoints need none and bind
+``127.0.0.1`` unless ``--bind-address`` says otherwise. It prints how to watch, and stops cleanly on Ctrl-C or SIGTERM, leaving no
 process behind (the embedded server dies with its parent).
 
 It lives in the launcher layer because it is the one place that composes ``agent`` and
@@ -15,6 +16,7 @@ It lives in the launcher layer because it is the one place that composes ``agent
 from __future__ import annotations
 
 import functools
+import ipaddress
 import logging
 import math
 import os
@@ -63,7 +65,8 @@ def settings_from(options: Options) -> StandaloneSettings:
     bus = BusSettings()
 
     def https(port_flag: str) -> HttpsSettings:
-        return https_from(options, port_flag=port_flag)
+        # No Kubernetes API to review tokens with: open, on loopback unless told otherwise.
+        return https_from(options, port_flag=port_flag, auth="none")
 
     kube_socket = os.path.join(state_dir, "device-plugins", "kubelet.sock")
     agent = serve_settings.assemble(
@@ -111,6 +114,9 @@ async def run(
 ) -> None:
     """Run every component until cancelled; ``task_status.started(nats_url)`` once all are up."""
     state = Path(settings.state_dir)
+    address = settings.agent.https.bind_address
+    if not ipaddress.ip_address(address).is_loopback:
+        log.warning("serving /metrics and the snapshots on %s to anyone, without tokens", address)
     for directory in ("device-plugins", "kubelet/pods", "models", "csi"):
         (state / directory).mkdir(parents=True, exist_ok=True)
     async with (

@@ -5,6 +5,12 @@ behave the same everywhere. TLS is always on: the certificate is ``tls.crt``/``t
 ``--cert-dir`` when given, else a self-signed one made at start-up (in memory, written to a
 private temporary file only because :mod:`ssl` loads keys from files).
 
+Every route except the kubelet probes (``/livez``, ``/readyz``: they carry no token) passes
+the :class:`~kit.access.Authorizer` given to :func:`https_server` when ``auth`` is ``review``
+(``--metrics-auth``): 401 without or with an invalid bearer token, 403 when its user may not
+read the path, 503 when nobody could decide (fail closed), each with a one-line plain-text
+reason. Decisions are cached per (token hash, path) by :class:`~kit.access.CachedAuthorizer`.
+
 Invariants: the server is an async context manager that is listening when ``__aenter__``
 returns (``port`` is the bound port, also for port 0) and is closed, connections included,
 within ``shutdown_timeout_s`` of leaving the block, even when cancelled.
@@ -22,13 +28,19 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import anyio
 import msgspec
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from kit.access import Authorizer, CachedAuthorizer, Decision, bearer_token
 from kit.options import Options, SettingsError
+
+Auth = Literal["review", "none"]
+"""``review``: every route but the probes needs a bearer token the reviewer allows for its path;
+``none``: anyone who reaches the address may read them."""
 
 
 class ServingFailed(Exception):
@@ -43,18 +55,27 @@ class HttpsSettings(msgspec.Struct, frozen=True, kw_only=True):
     """Directory holding ``tls.crt`` and ``tls.key``; None means self-signed."""
     shutdown_timeout_s: float = 2.0
     """Bound on closing connections when the block exits (inside the process runner's)."""
+    auth: Auth = "review"
+    """Who may read the routes other than the probes (``--metrics-auth``). Secure by default:
+    a caller that forgets to pass an authorizer fails to start rather than serving openly."""
 
 
-def https_from(options: Options, *, port_flag: str = "secure-port") -> HttpsSettings:
-    """``--bind-address``, the port flag and ``--cert-dir`` of a serving command.
+def https_from(
+    options: Options, *, port_flag: str = "secure-port", auth: Auth | None = None
+) -> HttpsSettings:
+    """``--bind-address``, the port flag, ``--cert-dir`` and ``--metrics-auth`` of a serving
+    command; ``auth`` given instead of the flag by a command without it (``standalone``).
 
     :raises SettingsError: the address is not an IP address, or the certificate directory
         lacks ``tls.crt`` or ``tls.key``, so the mistake is one line at start-up.
     """
+    if auth is None:
+        auth = "none" if options.text("metrics-auth") == "none" else "review"
     return HttpsSettings(
         bind_address=bind_address(options.text("bind-address")),
         port=options.integer(port_flag),
         cert_dir=cert_dir(options.optional_text("cert-dir")),
+        auth=auth,
     )
 
 
@@ -109,15 +130,24 @@ async def https_server(
     ready: Callable[[], bool],
     live: Callable[[], bool] = lambda: True,
     routes: Mapping[str, Route] | None = None,
+    authorizer: Authorizer | None = None,
 ) -> AsyncIterator[Server]:
-    """Serve the endpoint until the block exits. :raises ServingFailed: when it cannot start."""
+    """Serve the endpoint until the block exits.
+
+    ``authorizer`` decides for every route but the probes when ``settings.auth`` is
+    ``review`` (wrapped in a decision cache here); it is not consulted under ``none``.
+
+    :raises ServingFailed: when it cannot start, or ``review`` is asked for without an
+        authorizer.
+    """
+    gate = _gate(settings, authorizer)
     context, pem = _tls_context(settings.cert_dir)
     app = web.Application()
-    app.router.add_get("/metrics", _metrics_handler(registry))
-    app.router.add_get("/readyz", _probe_handler(ready))
+    app.router.add_get("/metrics", gate("/metrics", _metrics_handler(registry)))
+    app.router.add_get("/readyz", _probe_handler(ready))  # never gated: kubelet sends no token
     app.router.add_get("/livez", _probe_handler(live))
     for path, route in (routes or {}).items():
-        app.router.add_get(path, _route_handler(route))
+        app.router.add_get(path, gate(path, _route_handler(route)))
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
     try:
@@ -140,6 +170,37 @@ def _bound_port(site: web.TCPSite) -> int:
     server = site._server  # aiohttp keeps the asyncio server here; no public accessor
     sockets: list[socket.socket] = list(getattr(server, "sockets", ()) or ())
     return int(sockets[0].getsockname()[1]) if sockets else 0
+
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def _gate(
+    settings: HttpsSettings, authorizer: Authorizer | None
+) -> Callable[[str, Handler], Handler]:
+    """What protects one route: nothing under ``none``, else the cached authorizer."""
+    if settings.auth == "none":
+        return lambda path, handler: handler
+    if authorizer is None:
+        raise ServingFailed("--metrics-auth=review, but this service was given no authorizer")
+    cached = CachedAuthorizer(authorizer)
+
+    def protect(path: str, handler: Handler) -> Handler:
+        async def handle(request: web.Request) -> web.StreamResponse:
+            token = bearer_token(request.headers.get("Authorization"))
+            decision = await cached.allowed(token, path)  # the route's path, not the request's
+            return await handler(request) if decision.allowed else refusal(decision)
+
+        return handle
+
+    return protect
+
+
+def refusal(decision: Decision) -> web.Response:
+    """401/403/503 with the decision's reason as one line of text (never the token)."""
+    headers = {"WWW-Authenticate": "Bearer"} if decision.verdict == "unauthenticated" else None
+    text = " ".join((decision.reason or decision.verdict).split())[:300] + "\n"
+    return web.Response(status=decision.http_status, text=text, headers=headers)
 
 
 def _metrics_handler(

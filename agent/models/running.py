@@ -39,6 +39,7 @@ from agent.models.volumes import Volumes
 from bus import connection, kv, publishing
 from bus.metrics import BusMetrics
 from bus.records import StoreSpec
+from bus.reviewing import BusReviewer
 from bus.settings import BusSettings
 from hub import client as hub_client
 from kit import serving
@@ -173,27 +174,37 @@ async def serve(settings: ModelManagerSettings, policy: MemoryPolicy) -> None:
     without one it stays as given (empty and unsynced in production).
     """
     registry = CollectorRegistry()
+    reviewer = BusReviewer(settings.node_name)
     if settings.bus is None:
-        await _serve_plugin(settings, policy, None, registry)
+        if settings.https.auth == "review":
+            log.warning("no bus: /metrics and /model/downloads answer 503 (--metrics-auth=review)")
+        await _serve_plugin(settings, policy, None, registry, reviewer)
         return
     async with (
         publishing.publisher(settings=settings.bus, metrics=BusMetrics(registry)) as pub,
         anyio.create_task_group() as tg,
     ):
-        tg.start_soon(_follow_bus, settings.bus, settings.node_name, pub, policy, name="bus")
-        await _serve_plugin(settings, policy, pub, registry)
+        tg.start_soon(
+            _follow_bus, settings.bus, settings.node_name, pub, policy, reviewer, name="bus"
+        )
+        await _serve_plugin(settings, policy, pub, registry, reviewer)
 
 
 async def _follow_bus(
-    bus: BusSettings, node: str, pub: publishing.Publisher, policy: MemoryPolicy
+    bus: BusSettings,
+    node: str,
+    pub: publishing.Publisher,
+    policy: MemoryPolicy,
+    reviewer: BusReviewer,
 ) -> None:
-    """Connect (retrying forever), then publish through the connection and follow the policy.
+    """Connect (retrying forever), then publish, review and follow the policy through it.
 
     Runs until cancelled; leaving flushes the outbox within ``drain_timeout_s``, then closes.
     """
     async with (
         connection.connect(bus, name=f"model-manager/{node}") as conn,
         pub.attach(conn),
+        reviewer.attach(conn),
         anyio.create_task_group() as tg,
     ):
         bucket = await kv.open_bucket(conn, kv.AGENTS_BUCKET)
@@ -205,6 +216,7 @@ async def _serve_plugin(
     policy: Policy,
     sink: reporting.Sink | None,
     registry: CollectorRegistry,
+    reviewer: BusReviewer,
 ) -> None:
     async with plugin(settings, policy=policy, sink=sink, registry=registry) as running:
 
@@ -217,6 +229,7 @@ async def _serve_plugin(
             registry=registry,
             ready=lambda: running.volumes.ready and policy.synced(),
             routes={"/model/downloads": downloads},
+            authorizer=reviewer,
         ) as endpoint:
             log.info(
                 "model-manager serving CSI on %s and HTTPS on %s", running.socket, endpoint.url

@@ -275,7 +275,8 @@ async def _configuration(settings: KubeSettings) -> k8s.Configuration:
         )
         raise errors.SinkUnavailable(
             f"no usable Kubernetes configuration ({tried}: {e}); set --kubeconfig or "
-            "KUBECONFIG, or run with --kubeconfig=none to keep the ledger in the bus"
+            "KUBECONFIG, or run with --kubeconfig=none --metrics-auth=none to keep the ledger "
+            "in the bus"
         ) from e
     return conf
 

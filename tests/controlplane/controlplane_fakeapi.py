@@ -17,7 +17,11 @@ What it does, like the real API server:
   happen; ``timeoutSeconds`` ends the stream);
 - :meth:`FakeApi.fail_next` injects one error response for a method and path prefix;
 - :meth:`FakeApi.hold` parks matching requests until the test releases them (cancellation tests);
-- per-verb counters of successful writes (``writes``).
+- per-verb counters of successful writes (``writes``);
+- TokenReview and SubjectAccessReview (create only, nothing stored): :attr:`FakeApi.tokens` maps
+  a token to the ``status.user`` it authenticates as, :attr:`FakeApi.grants` holds the
+  ``(user or group, non-resource path)`` pairs RBAC would allow a ``get`` of, and
+  :attr:`FakeApi.reviews` counts the reviews answered, per resource.
 """
 
 from __future__ import annotations
@@ -36,6 +40,10 @@ import anyio
 from aiohttp import web
 
 Key = tuple[str, str | None, str]  # (collection id, namespace, name)
+REVIEWS = {
+    "apis/authentication.k8s.io/v1/tokenreviews": "TokenReview",
+    "apis/authorization.k8s.io/v1/subjectaccessreviews": "SubjectAccessReview",
+}
 
 
 def merge(target: Any, patch: Any) -> Any:
@@ -90,6 +98,11 @@ class FakeApi:
         self.requests: Counter[str] = Counter()
         self.watches = 0
         """Watch streams opened so far."""
+        self.tokens: dict[str, dict[str, Any]] = {}
+        """Bearer token -> ``{username, uid, groups}`` (TokenReview)."""
+        self.grants: set[tuple[str, str]] = set()
+        """``(user or group, path)`` allowed to ``get`` a non-resource URL (SubjectAccessReview)."""
+        self.reviews: Counter[str] = Counter()
         self._rv = itertools.count(1)
         self._faults: list[tuple[str, str, int]] = []
         self._holds: list[Hold] = []
@@ -168,6 +181,8 @@ class FakeApi:
                 return _status(status, "injected", headers={"Retry-After": "0"})
         coll, ns, name, sub = _split(request.path)
         body = await request.json() if request.can_read_body else None
+        if coll in REVIEWS and request.method == "POST":
+            return self._review(coll, body)
         if name is None:
             if request.method == "POST":
                 return self._create(coll, ns, body)
@@ -217,6 +232,24 @@ class FakeApi:
                 await changed.wait()
         await response.write_eof()
         return response
+
+    def _review(self, coll: str, body: dict[str, Any]) -> web.Response:
+        """Answer a review as the API server does: 201 with ``status`` filled in."""
+        self.reviews[REVIEWS[coll]] += 1
+        spec = body["spec"]
+        if REVIEWS[coll] == "TokenReview":
+            user = self.tokens.get(spec["token"])
+            status: dict[str, Any] = (
+                {"authenticated": True, "user": user}
+                if user
+                else {"authenticated": False, "error": "invalid bearer token"}
+            )
+        else:
+            attrs = spec["nonResourceAttributes"]
+            who = {spec["user"], *spec.get("groups", [])}
+            allowed = attrs["verb"] == "get" and any((w, attrs["path"]) in self.grants for w in who)
+            status = {"allowed": allowed} if allowed else {"allowed": False, "reason": "no rule"}
+        return web.json_response({**body, "status": status}, status=201)
 
     def _found(self, key: Key) -> web.Response | None:
         return None if key in self.objects else _status(404, f"{key[2]} not found")

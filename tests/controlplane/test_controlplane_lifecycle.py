@@ -46,7 +46,7 @@ def settings(bus: BusSettings, api_url: str, **over: Any) -> running.WorkerSetti
     base = running.WorkerSettings(
         bus=bus,
         kube=KubeSettings(host=api_url, backoff_s=0.01),
-        https=HttpsSettings(bind_address="127.0.0.1", port=0),
+        https=HttpsSettings(bind_address="127.0.0.1", port=0, auth="none"),
         leader=leading.LeaderSettings(name="w", namespace="ns", lease_s=5.0, renew_timeout_s=3.0),
         identity="w1",
         resync_s=3600.0,

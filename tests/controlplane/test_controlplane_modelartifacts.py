@@ -81,7 +81,7 @@ async def env(tmp_path: Path, flaky: int = 0) -> AsyncIterator[Env]:
         settings = running.WorkerSettings(
             bus=settings_for(server),
             kube=KubeSettings(host=url, backoff_s=0.01),
-            https=HttpsSettings(bind_address="127.0.0.1", port=0),
+            https=HttpsSettings(bind_address="127.0.0.1", port=0, auth="none"),
             leader=leading.LeaderSettings(name="w", namespace="ns", lease_s=5, renew_timeout_s=3),
             identity="w1",
             resync_s=3600.0,

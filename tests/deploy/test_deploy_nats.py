@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import subprocess
 from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -19,10 +20,11 @@ import msgspec
 import pytest
 from deploy_helpers import BASE, INSTALLS, build, find
 
-from bus import codec, connection, errors, events, publishing, state, subjects, testing
+from bus import codec, connection, errors, events, publishing, reviewing, state, subjects, testing
 from bus.embedded import ServerProcess, find_binary
 from bus.metrics import BusMetrics
 from bus.settings import BusSettings
+from kit.access import Decision
 
 pytestmark = pytest.mark.anyio
 
@@ -177,6 +179,40 @@ async def test_a_component_cannot_publish_another_components_kind(
     # The streams exist (an agent created them); only the subject permission stands in the way.
     await _publish_all(_as(server, "device-manager"), "n1", {"agent"})
     assert await _refused(_as(server, user), "n1", kind)
+
+
+class _AllowAll:
+    async def allowed(self, token: str | None, path: str) -> Decision:
+        return Decision("allowed")
+
+
+async def _review_as(server: ServerProcess, user: str) -> str:
+    """What an access review asked as ``user`` comes back as."""
+    reviewer = reviewing.BusReviewer("n1", timeout_s=1.0)
+    async with connection.connect(_as(server, user), retry=False) as conn, reviewer.attach(conn):
+        return (await reviewer.allowed("a-token", "/metrics")).verdict
+
+
+async def test_only_the_worker_reads_reviews_and_only_agents_ask(server: ServerProcess) -> None:
+    overheard: list[tuple[str, bytes]] = []
+    async with AsyncExitStack() as stack:
+        # Requests carry bearer tokens: nobody but the worker may subscribe to them (each
+        # eavesdropper in a queue group of its own would get a copy of every request).
+        for user in ("device-manager", "model-manager", "dashboard"):
+            conn = await stack.enter_async_context(connection.connect(_as(server, user)))
+            await stack.enter_async_context(
+                conn.serve_requests(
+                    reviewing.SUBJECT,
+                    lambda data, _, u=user: overheard.append((u, data)),
+                    queue=user,
+                )
+            )
+        worker = await stack.enter_async_context(connection.connect(_as(server, "worker")))
+        await stack.enter_async_context(reviewing.serve_reviews(worker, _AllowAll()))
+        assert await _review_as(server, "device-manager") == "allowed"
+        assert await _review_as(server, "model-manager") == "allowed"
+        assert await _review_as(server, "dashboard") == "unavailable"  # may not publish it
+    assert overheard == []
 
 
 async def test_a_wrong_password_is_refused(server: ServerProcess) -> None:

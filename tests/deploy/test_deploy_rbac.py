@@ -20,7 +20,8 @@ from deploy_helpers import BASE, INSTALLS, REPO, build, find
 
 from controlplane import crds, errors
 from controlplane.k8s.client import KubeClient
-from controlplane.resources import CRDS, Ref
+from controlplane.resources import CRDS, SUBJECTACCESSREVIEWS, TOKENREVIEWS, Ref
+from controlplane.reviewing import KubeReviewer
 
 OUR_CRDS = sorted(crd["metadata"]["name"] for crd in crds.definitions().values())
 WORKER_ROLE = "gpustack-operator-worker"
@@ -151,3 +152,31 @@ def test_only_the_crd_module_names_the_crd_resource() -> None:
     }
     assert users == {"controlplane/resources.py", "controlplane/crds.py"}
     assert Path(crds.__file__).resolve() == REPO / "controlplane/crds.py"
+
+
+class _ReviewRecorder:
+    """The one call ``controlplane.reviewing`` makes, recorded; every token is Prometheus'."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str]] = []
+
+    async def request(self, method: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        self.calls.append((method, path))
+        if body["kind"] == "TokenReview":
+            return {"status": {"authenticated": True, "user": {"username": "prometheus"}}}
+        return {"status": {"allowed": True}}
+
+
+@pytest.mark.anyio
+async def test_the_worker_may_create_the_reviews_it_sends_and_do_nothing_else_with_them() -> None:
+    recorder = _ReviewRecorder()
+    decision = await KubeReviewer(cast(KubeClient, recorder)).allowed("t", "/metrics")
+    assert decision.allowed
+    rules = _worker_rules()
+    sent = {(method, path) for method, path in recorder.calls}
+    reviews = (TOKENREVIEWS, SUBJECTACCESSREVIEWS)
+    assert sent == {("POST", r.collection_path()) for r in reviews}
+    for resource in reviews:
+        assert allows(rules, ("create", resource.group, resource.plural, ""))
+        for verb in ("get", "list", "watch", "update", "patch", "delete"):
+            assert not allows(rules, (verb, resource.group, resource.plural, "")), verb

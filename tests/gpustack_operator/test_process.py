@@ -332,6 +332,7 @@ def test_worker_as_pid1_stops(tmp_path: Path, nats: str) -> None:
         [
             "worker",
             "--kubeconfig=none",
+            "--metrics-auth=none",
             f"--nats-url={nats}",
             "--secure-port=0",
             "--bind-address=127.0.0.1",

@@ -29,6 +29,18 @@ def _settings(tmp_path: Path) -> standalone.StandaloneSettings:
     return standalone.settings_from(options_for(("standalone",), argv))
 
 
+def test_every_endpoint_is_open_on_loopback_by_default(tmp_path: Path) -> None:
+    """No Kubernetes API to review tokens with: loopback, no auth, unless told otherwise."""
+    built = standalone.settings_from(options_for(("standalone",), [f"--state-dir={tmp_path}"]))
+    endpoints = [built.agent.https, built.models.https, built.worker.https]
+    assert {(e.bind_address, e.auth) for e in endpoints} == {("127.0.0.1", "none")}
+    wide = ["--bind-address=0.0.0.0", f"--state-dir={tmp_path}"]
+    built = standalone.settings_from(options_for(("standalone",), wide))
+    assert {(e.bind_address, e.auth) for e in (built.agent.https, built.worker.https)} == {
+        ("0.0.0.0", "none")
+    }
+
+
 async def test_devices_reach_the_kv_ledger_through_the_worker(tmp_path: Path) -> None:
     settings = _settings(tmp_path)
     banners, banner_reader = anyio.create_memory_object_stream[str](1)

@@ -1,4 +1,5 @@
-"""The shared HTTPS endpoint: TLS (self-signed or given), metrics, probes, extra routes."""
+"""The shared HTTPS endpoint: TLS (self-signed or given), metrics, probes, extra routes, and the
+authorization gate in front of every route but the probes."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import aiohttp
 import pytest
 from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.parser import text_string_to_metric_families
+from test_kit_access import Table
 
 from kit import serving
 
@@ -38,7 +40,7 @@ async def test_metrics_probes_and_routes_over_verified_tls() -> None:
     async def snapshot() -> serving.Response:
         return serving.Response(body=b'{"a": 1}', content_type="application/json")
 
-    settings = serving.HttpsSettings(bind_address="127.0.0.1", port=0)
+    settings = serving.HttpsSettings(bind_address="127.0.0.1", port=0, auth="none")
     async with serving.https_server(
         settings, registry=registry, ready=lambda: state["ready"], routes={"/snap": snapshot}
     ) as server:
@@ -61,7 +63,7 @@ async def test_certificate_from_cert_dir(tmp_path: Path) -> None:
     cert, key = serving.self_signed_certificate("node-7")
     (tmp_path / "tls.crt").write_bytes(cert)
     (tmp_path / "tls.key").write_bytes(key)
-    settings = serving.HttpsSettings(bind_address="127.0.0.1", cert_dir=str(tmp_path))
+    settings = serving.HttpsSettings(bind_address="127.0.0.1", cert_dir=str(tmp_path), auth="none")
     async with serving.https_server(
         settings, registry=CollectorRegistry(), ready=lambda: True
     ) as s:
@@ -70,7 +72,7 @@ async def test_certificate_from_cert_dir(tmp_path: Path) -> None:
 
 
 async def test_unusable_certificate_or_port_is_a_clear_error(tmp_path: Path) -> None:
-    bad = serving.HttpsSettings(bind_address="127.0.0.1", cert_dir=str(tmp_path))
+    bad = serving.HttpsSettings(bind_address="127.0.0.1", cert_dir=str(tmp_path), auth="none")
     with pytest.raises(serving.ServingFailed, match="tls.crt"):
         async with serving.https_server(bad, registry=CollectorRegistry(), ready=lambda: True):
             pass
@@ -78,7 +80,79 @@ async def test_unusable_certificate_or_port_is_a_clear_error(tmp_path: Path) -> 
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        busy = serving.HttpsSettings(bind_address="127.0.0.1", port=port)
+        busy = serving.HttpsSettings(bind_address="127.0.0.1", port=port, auth="none")
         with pytest.raises(serving.ServingFailed, match=f"127.0.0.1:{port}"):
             async with serving.https_server(busy, registry=CollectorRegistry(), ready=lambda: True):
                 pass
+
+
+async def _get_as(
+    server: serving.Server, path: str, token: str | None = None
+) -> aiohttp.ClientResponse:
+    context = ssl.create_default_context(cadata=server.certificate_pem.decode())
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    async with aiohttp.ClientSession() as session:
+        url = f"https://localhost:{server.port}{path}"
+        async with session.get(url, ssl=context, headers=headers) as response:
+            await response.read()
+            return response
+
+
+async def _text(server: serving.Server, path: str, token: str | None = None) -> tuple[int, str]:
+    response = await _get_as(server, path, token)
+    return response.status, (await response.text()).strip()
+
+
+async def test_every_route_but_the_probes_passes_the_authorizer() -> None:
+    registry = CollectorRegistry()
+    Counter("gpustack_test_scrapes", "scrapes", registry=registry).inc()
+    table = Table()
+
+    async def snapshot() -> serving.Response:
+        return serving.Response(body=b"{}", content_type="application/json")
+
+    settings = serving.HttpsSettings(bind_address="127.0.0.1", auth="review")
+    async with serving.https_server(
+        settings, registry=registry, ready=lambda: True, routes={"/snap": snapshot},
+        authorizer=table,
+    ) as server:  # fmt: skip
+        assert await _text(server, "/livez") == (200, "ok")
+        assert await _text(server, "/readyz") == (200, "ok")
+        missing = await _get_as(server, "/metrics")
+        assert (missing.status, missing.headers["WWW-Authenticate"]) == (401, "Bearer")
+        assert await _text(server, "/metrics", "bad") == (401, "Unauthorized: invalid bearer token")
+        assert await _text(server, "/snap", "other") == (
+            403, "Forbidden (user=other, verb=get, path=/snap)",
+        )  # fmt: skip
+        status, text = await _text(server, "/metrics", "good")
+        assert status == 200 and "gpustack_test_scrapes_total 1.0" in text
+        assert await _text(server, "/snap", "good") == (200, "{}")
+        for _ in range(3):
+            assert (await _get_as(server, "/metrics", "good")).status == 200
+        table.down = True
+        assert await _text(server, "/snap", "fresh") == (
+            503, "authorization unavailable: reviewer away",
+        )  # fmt: skip
+        assert (await _get_as(server, "/livez")).status == 200
+    # Probes never reach the authorizer; each (token, route) was asked once: the rest was cached.
+    assert table.asked == {
+        ("bad", "/metrics"): 1, ("other", "/snap"): 1, ("good", "/metrics"): 1,
+        ("good", "/snap"): 1, ("fresh", "/snap"): 1,
+    }  # fmt: skip
+
+
+async def test_review_without_an_authorizer_does_not_start() -> None:
+    settings = serving.HttpsSettings(bind_address="127.0.0.1", auth="review")
+    with pytest.raises(serving.ServingFailed, match="no authorizer"):
+        async with serving.https_server(settings, registry=CollectorRegistry(), ready=lambda: True):
+            pass
+
+
+async def test_none_serves_everyone_and_asks_nobody() -> None:
+    table = Table()
+    settings = serving.HttpsSettings(bind_address="127.0.0.1", auth="none")
+    async with serving.https_server(
+        settings, registry=CollectorRegistry(), ready=lambda: True, authorizer=table
+    ) as server:
+        assert (await _get_as(server, "/metrics")).status == 200
+    assert not table.asked

@@ -16,24 +16,26 @@ from models_harness import FILES, call, code_of, manager_settings, manifest_of, 
 from agent.models import running
 from agent.models.policy import MemoryPolicy
 from agent.models.settings import ModelManagerSettings, settings_from
-from bus import codec, connection, embedded, events, kv, state, testing
+from bus import codec, connection, embedded, events, kv, reviewing, state, testing
 from bus.errors import StateUnavailable
 from bus.records import ArtifactRecord, HuggingFaceSource, StoreSpecRecord
 from bus.settings import BusSettings
 from gpustack_operator.main import options_for
 from hub import testing as hub_testing
 from kit import serving
+from kit.access import Decision
 from kit.options import SettingsError
 from proto.csi import v1 as csi
 
 pytestmark = pytest.mark.anyio
 
 
-async def _get(url: str) -> tuple[int, bytes]:
+async def _get(url: str, token: str | None = None) -> tuple[int, bytes]:
     context = ssl.create_default_context()
     context.check_hostname = False
     context.verify_mode = ssl.CERT_NONE
-    async with aiohttp.ClientSession() as s, s.get(url, ssl=context) as r:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    async with aiohttp.ClientSession() as s, s.get(url, ssl=context, headers=headers) as r:
         return r.status, await r.read()
 
 
@@ -46,7 +48,7 @@ async def test_serve_reads_artifacts_from_kv_and_publishes_models(tmp_path: Path
         settings = manager_settings(
             tmp_path,
             ep.hub,
-            https=serving.HttpsSettings(bind_address="127.0.0.1", port=0),
+            https=serving.HttpsSettings(bind_address="127.0.0.1", port=0, auth="none"),
             bus=bus_settings,
         )
         async with connection.connect(bus_settings, retry=False) as conn:
@@ -102,7 +104,7 @@ async def test_serves_csi_and_https_while_nats_is_down_and_publishes_once_it_is_
 ) -> None:
     port = embedded.free_port()
     bus_settings = BusSettings.for_tests(f"nats://127.0.0.1:{port}")  # nothing listens yet
-    https = serving.HttpsSettings(bind_address="127.0.0.1", port=embedded.free_port())
+    https = serving.HttpsSettings(bind_address="127.0.0.1", port=embedded.free_port(), auth="none")
     async with hub_testing.serving(hub_testing.FakeHub(tmp_path / "hub")) as ep:
         settings = manager_settings(tmp_path, ep.hub, https=https, bus=bus_settings)
         policy = MemoryPolicy()
@@ -130,14 +132,45 @@ async def test_serves_csi_and_https_while_nats_is_down_and_publishes_once_it_is_
             tg.cancel_scope.cancel()
 
 
-def _answers(url: str) -> Callable[[], Awaitable[bool]]:
+def _answers(url: str, token: str | None = None) -> Callable[[], Awaitable[bool]]:
     async def check() -> bool:
         try:
-            return (await _get(url))[0] == 200
+            return (await _get(url, token))[0] == 200
         except aiohttp.ClientError:
             return False
 
     return check
+
+
+class _Reviewer:
+    """Stands in for the worker on the bus: the token ``scraper`` may read everything."""
+
+    async def allowed(self, token: str | None, path: str) -> Decision:
+        return Decision("allowed") if token == "scraper" else Decision("forbidden", "no")
+
+
+async def test_https_is_reviewed_over_the_bus_and_closed_without_it(tmp_path: Path) -> None:
+    port = embedded.free_port()
+    bus_settings = BusSettings.for_tests(f"nats://127.0.0.1:{port}")  # nothing listens yet
+    https = serving.HttpsSettings(bind_address="127.0.0.1", port=embedded.free_port())
+    assert https.auth == "review"  # the default
+    base = f"https://127.0.0.1:{https.port}"
+    async with hub_testing.serving(hub_testing.FakeHub(tmp_path / "hub")) as ep:
+        settings = manager_settings(tmp_path, ep.hub, https=https, bus=bus_settings)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(running.serve, settings, MemoryPolicy())
+            await testing.eventually(_answers(f"{base}/livez"))
+            assert (await _get(f"{base}/model/downloads", "scraper"))[0] == 503
+            async with (
+                embedded.embedded_server(tmp_path / "nats", port=port),
+                connection.connect(bus_settings, retry=False) as conn,
+                reviewing.serve_reviews(conn, _Reviewer()),
+            ):
+                await testing.eventually(_answers(f"{base}/model/downloads", "scraper"))
+                assert (await _get(f"{base}/metrics", "scraper"))[0] == 200
+                assert (await _get(f"{base}/metrics", "someone"))[0] == 403
+                assert (await _get(f"{base}/metrics"))[0] == 401
+            tg.cancel_scope.cancel()
 
 
 def _synced(policy: MemoryPolicy) -> Callable[[], Awaitable[bool]]:
@@ -161,7 +194,9 @@ async def test_https_endpoints(tmp_path: Path) -> None:
     digest = manifest_of(FILES).digest
     async with hub_testing.serving(hub) as ep:
         settings = manager_settings(
-            tmp_path, ep.hub, https=serving.HttpsSettings(bind_address="127.0.0.1", port=0)
+            tmp_path,
+            ep.hub,
+            https=serving.HttpsSettings(bind_address="127.0.0.1", port=0, auth="none"),
         )
         ask = ArtifactRecord(
             namespace="team-a",
@@ -216,6 +251,8 @@ def test_settings_from_flags() -> None:
     assert s.socket_path == Path("/k/plugins/model.csi.gpustack.ai/csi.sock")
     assert (s.hub_token, s.hub_endpoint, s.bus) == ("t", "http://mirror", None)
     assert msgspec.structs.asdict(s.https)["port"] == 32444
+    assert s.https.auth == "review"
+    assert built("--metrics-auth=none").https.auth == "none"
     with pytest.raises(SettingsError, match="absolute"):
         built("--cache-root=rel")
     with pytest.raises(SettingsError, match="HF_ENDPOINT"):
