@@ -3,7 +3,7 @@
 Run: ``.venv/bin/python bench/bench_serve.py [--window S] [--xids N]``. Starts its own
 nats-server and a grpcio fake kubelet; accelerators are the simulated ``nvidia-h200x8``.
 
-1. The agent as its own process (``serve_command``, uvloop, monitor period 1 s): RSS after a
+1. The agent as its own process (the launcher's ``dm serve``, uvloop, monitor period 1 s): RSS after a
    warm-up, and CPU seconds (user + system from ``/proc``) over a window divided by the monitor
    passes the agent counted in that window (its ``/metrics``). Each pass is a detection, a
    sample, the health re-check and the bus publishing that follows.
@@ -51,14 +51,15 @@ SMOKE = os.environ.get("BENCH_SMOKE", "") not in ("", "0")
 AGENT = textwrap.dedent(
     """
     import sys
-    from agent.running import serve_command
-    values = dict(manufacturer="", no_sliced=False, no_partitioned=False, no_shared=False,
-        no_pci_check=False, no_fast_failed=False, monitor_period=1.0, kube_socket=sys.argv[1],
-        secure_port=int(sys.argv[2]), simulate="nvidia-h200x8", bind_address="127.0.0.1",
-        cert_dir="", nats_url=sys.argv[3])
-    sys.exit(serve_command(values, []))
+    from gpustack_operator.main import main
+    kube_socket, port, nats_url = sys.argv[1:4]
+    sys.exit(main(["dm", "serve", "--simulate=nvidia-h200x8", "--monitor-period=1s",
+                   f"--kube-socket={kube_socket}", f"--secure-port={port}",
+                   "--bind-address=127.0.0.1", f"--nats-url={nats_url}", "--node-name=bench",
+                   "--metrics-auth=none"]))
     """
 )
+"""The agent as production runs it: the launcher and its process runner (uvloop, signals)."""
 
 
 def free_port() -> int:
