@@ -94,6 +94,13 @@ class Down:
     """When the card may next be found healthy (monotonic seconds); ignored when permanent."""
     xid: int | None = None
 
+    def event(self, node: str, accelerator_id: str) -> events.HealthEvent:
+        """The health event that says the card is down now, and why (to publish it again)."""
+        return events.HealthEvent(
+            node=node, accelerator_id=accelerator_id, healthy=False, reason=self.reason,
+            xid=self.xid, message=self.message,
+        )  # fmt: skip
+
 
 @dataclass(frozen=True)
 class Transition:

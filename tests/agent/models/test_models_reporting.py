@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
+import msgspec
 import pytest
 from models_harness import Rig, code_of, publish_request, publish_until_done, settled, unpublish
 
@@ -85,3 +86,17 @@ async def test_a_failure_is_reported_with_its_reason_and_retry_time(rig: Rig) ->
     assert (model.state, model.reason) == ("failed", "IntegrityMismatch")
     assert model.retry_time is not None and model.retry_time > datetime.now(UTC)
     assert event.stored_bytes == 0
+
+
+async def test_an_unchanged_state_goes_out_again_every_resync_and_on_a_reconnect(rig: Rig) -> None:
+    """The bus expires retained state nobody republishes, and a server may lose it."""
+    async with rig.running() as plugin:
+        await plugin.reporter.report_once()
+        sent = len(rig.sink.events)
+        await plugin.reporter.report_once()
+        assert len(rig.sink.events) == sent  # unchanged, and the resync is minutes away
+        plugin.reporter.republish()  # what the publisher calls after a reconnect
+        assert rig.sink.events[sent:] == [plugin.reporter.last]
+        plugin.reporter.tuning = msgspec.structs.replace(plugin.reporter.tuning, resync_s=0.0)
+        await plugin.reporter.report_once()
+        assert len(rig.sink.events) >= sent + 2
