@@ -308,8 +308,9 @@ class Observer:
         """Publish the node's whole state again: the bus may have lost it (a reconnect).
 
         Devices (once a pass published them), every card that is down now, every allocation
-        the device plugins hold, and the agent record. Healthy cards need no event: the devices
-        event says so, and the health history only ever records transitions.
+        the device plugins hold, and the agent record. Repeats are harmless: the same devices,
+        an allocation already known, a card already known to be down. Healthy cards need no
+        event: the devices event says so.
         """
         node = self.settings.node_name
         if self.passes:
