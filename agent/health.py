@@ -94,6 +94,13 @@ class Down:
     """When the card may next be found healthy (monotonic seconds); ignored when permanent."""
     xid: int | None = None
 
+    def event(self, node: str, accelerator_id: str) -> events.HealthEvent:
+        """The health event that says the card is down now, and why (to publish it again)."""
+        return events.HealthEvent(
+            node=node, accelerator_id=accelerator_id, healthy=False, reason=self.reason,
+            xid=self.xid, message=self.message,
+        )  # fmt: skip
+
 
 @dataclass(frozen=True)
 class Transition:
@@ -128,6 +135,11 @@ class HealthBook:
 
     def down(self, accelerator_id: str) -> Down | None:
         return self._down.get(accelerator_id)
+
+    @property
+    def unhealthy_ids(self) -> frozenset[str]:
+        """Every card down now (what a republish restates)."""
+        return frozenset(self._down)
 
     def xid(self, accelerator_id: str, xid: int, now: float) -> Transition | None:
         """Record an XID critical error on ``accelerator_id``."""

@@ -15,9 +15,9 @@ import anyio
 
 from agent.deviceplugin.ledger import live_allocations
 from agent.serve_settings import ServeSettings
-from bus import codec, events, state
+from bus import events, state
 from bus.connection import connect
-from bus.errors import BusError, DecodeFailed
+from bus.errors import BusError
 
 log = logging.getLogger(__name__)
 
@@ -39,14 +39,9 @@ async def retained_allocations(settings: ServeSettings) -> list[events.Allocatio
         except BusError as e:
             log.warning("no retained allocations to rebuild the ledger from: %s", e)
             return []
-        for _subject, data in raw:
-            try:
-                event = codec.decode(
-                    data, kind="allocations", node=settings.node_name,
-                    max_bytes=settings.bus.max_payload_bytes,
-                )  # fmt: skip
-            except DecodeFailed:
-                continue
+        guard = state.guard_for(settings.bus)  # refuses (and logs) garbage and future stamps
+        for subject, data in raw:
+            event = guard.accept(subject, data)
             if isinstance(event, events.AllocationEvent):
                 history.append(event)
     live = live_allocations(history)

@@ -44,6 +44,7 @@ from prometheus_client import CollectorRegistry, Histogram
 
 from agent import health, metrics, restoring, watching
 from agent.deviceplugin import partitioning
+from agent.deviceplugin.ledger import Change
 from agent.deviceplugin.running import Plugins, device_plugins
 from agent.devices import detection, nvidia, sources
 from agent.devices.nvml import Nvml
@@ -90,6 +91,7 @@ async def run(
     ):
         publish = functools.partial(publish_logged, pub)
         observer = Observer(settings, backends, publish, metrics.AgentMetrics(registry))
+        pub.on_reconnect(observer.republish)
         metrics.register_view(registry, observer.metric_sources(outbox_depth=lambda: pub.pending))
         reviewer = BusReviewer(settings.node_name)
         tg.start_soon(
@@ -299,18 +301,38 @@ class Observer:
         self._wake.set()
 
     async def heartbeat(self) -> None:
-        capabilities = tuple(sorted(b.manufacturer for b in self.backends))
         while True:
-            self.publish(
-                events.AgentEvent(
-                    node=self.settings.node_name,
-                    version=self.settings.version,
-                    capabilities=capabilities,
-                    started_at=self._started_at,
-                    heartbeat_s=self.settings.heartbeat_s,
-                )
-            )
+            self.publish(self._agent_event())
             await anyio.sleep(self.settings.heartbeat_s)
+
+    def _agent_event(self) -> events.AgentEvent:
+        return events.AgentEvent(
+            node=self.settings.node_name,
+            version=self.settings.version,
+            capabilities=tuple(sorted(b.manufacturer for b in self.backends)),
+            started_at=self._started_at,
+            heartbeat_s=self.settings.heartbeat_s,
+        )
+
+    def republish(self) -> None:
+        """Publish the node's whole state again: the bus may have lost it (a reconnect).
+
+        Devices (once a pass published them), every card that is down now, every allocation
+        the device plugins hold, and the agent record. Repeats are harmless: the same devices,
+        an allocation already known, a card already known to be down. Healthy cards need no
+        event: the devices event says so.
+        """
+        node = self.settings.node_name
+        if self.passes:
+            self.publish(events.DevicesEvent(node=node, groups=tuple(self.published)))
+        for accelerator_id in sorted(self.book.unhealthy_ids):
+            down = self.book.down(accelerator_id)
+            if down is not None:
+                self.publish(down.event(node, accelerator_id))
+        if self.plugins is not None:
+            for holding in self.plugins.ledger().holdings():
+                self.publish(Change("allocated", holding).event(node))
+        self.publish(self._agent_event())
 
     # -- one pass ---------------------------------------------------------------------------------
 

@@ -89,8 +89,13 @@ def assemble(
     options: Options, *, kube_socket: str, https: HttpsSettings, bus: BusSettings
 ) -> ServeSettings:
     """The device agent's settings with the parts a composing command decides itself
-    (``standalone`` puts the socket under its state directory and the bus on its own server)."""
+    (``standalone`` puts the socket under its state directory and the bus on its own server).
+
+    :raises SettingsError: a republish period the retained state would expire between.
+    """
     node = node_name_from(options)
+    for flag in ("resync-period", "heartbeat-period"):
+        bus_settings.check_republish(flag, options.seconds(flag), bus)
     return ServeSettings(
         node_name=node,
         version=package_version(),

@@ -2,8 +2,8 @@
 
 What lives here and nothing else: the subjects, the versioned event union and its codec, the
 wire shapes of devices and the records pushed to agents (``records``), the NATS transport
-(``connection`` is the only ``nats`` importer), publishing, subscribing, retained state and
-key-value buckets, the embedded server, and the bus's settings and errors. HTTP, YAML and the
+(``connection`` and ``dialing`` are the only ``nats`` importers), publishing, subscribing,
+retained state and key-value buckets, the embedded server, and the bus's settings and errors. HTTP, YAML and the
 Hub live beside it (``kit``, ``hub``); the command-line tools live in the launcher.
 
 Importing ``bus`` itself is cheap; the NATS client is imported only by the transport modules, so

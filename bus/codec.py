@@ -4,9 +4,11 @@ Decoding is strict about what matters and lenient about what does not:
 
 - refused and counted: oversized payloads, invalid JSON or shapes, a ``v`` other than
   :data:`bus.events.VERSION`, a ``kind`` that differs from the subject's, a ``node`` that differs
-  from the subject's (a node may only speak for itself);
+  from the subject's (a node may only speak for itself), and (:class:`Guard`) a subject outside
+  the grammar or a ``ts`` further than ``max_skew_s`` in the receiver's future;
 - accepted: unknown fields, so a newer publisher adding optional fields does not break older
-  subscribers.
+  subscribers; old timestamps (an outbox holds events across a long disconnect, retained state
+  is as old as its last change, and no receiver orders by ``ts``).
 
 The happy path is one ``msgspec`` decode; the envelope is only decoded again to label a failure.
 """
@@ -16,16 +18,17 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from datetime import UTC
 from typing import Any, Final
 
 import msgspec
 
-from bus import events
-from bus.errors import DecodeFailed
+from bus import events, subjects
+from bus.errors import DecodeFailed, InvalidSubject
 from bus.metrics import BusMetrics
 from bus.subjects import Kind
 
-__all__ = ["DropLog", "decode", "encode", "json_schema"]
+__all__ = ["DropLog", "Guard", "decode", "encode", "json_schema"]
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +68,18 @@ def decode(data: bytes, *, kind: Kind, node: str, max_bytes: int) -> events.Even
     if event.node != node:
         raise DecodeFailed("node", f"{event.node!r} on the subject of {node!r}")
     return event
+
+
+def check_skew(event: events.Event, *, now: float, max_skew_s: float) -> None:
+    """Refuse an event stamped more than ``max_skew_s`` after ``now`` (POSIX seconds; pure).
+
+    A stamp without a zone is read as UTC, as every publisher of ours writes it.
+
+    :raises DecodeFailed: ``reason="future"``.
+    """
+    ts = event.ts if event.ts.tzinfo is not None else event.ts.replace(tzinfo=UTC)
+    if ts.timestamp() - now > max_skew_s:
+        raise DecodeFailed("future", f"ts {ts.isoformat()} is {ts.timestamp() - now:.0f}s ahead")
 
 
 def _failure_reason(data: bytes) -> str:
@@ -134,3 +149,43 @@ class DropLog:
         self._last_logged = {s: v for s, v in self._last_logged.items() if t - v < self._interval_s}
         if len(self._last_logged) >= self._max_senders:
             self._last_logged.clear()
+
+
+_UNKNOWN: Final = "unknown"
+
+
+class Guard:
+    """The one gate every received message passes, live or retained: subject, payload, clock.
+
+    :meth:`accept` returns the event or, for anything refused, counts and logs it in ``drops``
+    and returns None, so a reader of retained state and a live subscriber refuse the same things
+    for the same reasons.
+    """
+
+    def __init__(
+        self,
+        drops: DropLog,
+        *,
+        max_bytes: int,
+        max_skew_s: float,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.drops = drops
+        self._max_bytes = max_bytes
+        self._max_skew_s = max_skew_s
+        self._clock = clock
+
+    def accept(self, subject: str, data: bytes) -> events.Event | None:
+        """The decoded event on ``subject``, or None (counted and logged) when refused."""
+        try:
+            node, kind = subjects.parse(subject)
+        except InvalidSubject as e:
+            self.drops.record(kind=_UNKNOWN, reason="subject", sender=subject[:120], detail=str(e))
+            return None
+        try:
+            event = decode(data, kind=kind, node=node, max_bytes=self._max_bytes)
+            check_skew(event, now=self._clock(), max_skew_s=self._max_skew_s)
+        except DecodeFailed as e:
+            self.drops.record(kind=kind, reason=e.reason, sender=node, detail=e.detail)
+            return None
+        return event

@@ -1,9 +1,13 @@
-"""The NATS transport: the only module that imports ``nats``.
+"""The NATS transport: with :mod:`bus.dialing`, the only modules that import ``nats``.
 
 :func:`connect` is an async context manager around one client connection. It retries the first
 connection with capped exponential backoff and lets the client reconnect forever afterwards, so a
 node agent started before the bus simply waits. Leaving the context drains the connection within
 ``settings.drain_timeout_s`` (shielded from cancellation), then closes it.
+
+A reconnect may reach a server that lost its store (restarted empty): owners re-ensure what they
+need from :meth:`Connection.every_reconnect`, and a bucket found gone is created again on the
+spot (:meth:`Connection.kv_ensure` remembers how).
 
 Every ``nats`` exception is mapped to a :mod:`bus.errors` type here, chained with ``from e``.
 Callers see bytes and subjects only; events are the codec's business.
@@ -12,10 +16,9 @@ Callers see bytes and subjects only; events are the codec's business.
 from __future__ import annotations
 
 import logging
-import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 import anyio
 import nats
@@ -25,6 +28,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js import api
 
+from bus.dialing import Reconnects, close_client, open_client, quietly
 from bus.errors import (
     BusError,
     KeyConflict,
@@ -34,16 +38,15 @@ from bus.errors import (
     StateUnavailable,
 )
 from bus.settings import BusSettings
-from kit.redaction import redact_urls
 
 __all__ = ["Connection", "RawMessage", "connect"]
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
 RawMessage = tuple[str, bytes]
 """A received message before decoding: ``(subject, payload)``."""
 
-_MAX_CONNECT_BACKOFF_S: Final = 30.0
 _NOT_CONNECTED: Final = (
     nats.errors.ConnectionClosedError,
     nats.errors.ConnectionReconnectingError,
@@ -68,11 +71,37 @@ def _mapped(failure: type[BusError], what: str) -> Iterator[None]:
 class Connection:
     """A connected NATS client with core and JetStream operations, in bus terms."""
 
-    def __init__(self, nc: Client, settings: BusSettings) -> None:
+    def __init__(self, nc: Client, settings: BusSettings, reconnects: Reconnects) -> None:
         self._nc = nc
         self._js = nc.jetstream(timeout=settings.request_timeout_s)
         self._settings = settings
         self._kv: dict[str, Any] = {}
+        self._kv_config: dict[str, tuple[int, int]] = {}
+        self._reconnects = reconnects
+
+    async def every_reconnect(self, hook: Callable[[], Awaitable[None]]) -> None:
+        """Await ``hook()`` after every reconnect, until cancelled.
+
+        Not after the first connection (its owner set up then). The server reached may be
+        another one, or the same one restarted with an empty store: a hook re-ensures what its
+        owner needs there. Reconnects while a hook runs lead to one more call, not one each.
+        """
+        seen = self._reconnects.count
+        while True:
+            seen = await self._reconnects.wait(seen)
+            await hook()
+
+    @contextmanager
+    def reconnect_callback(self, callback: Callable[[], None]) -> Iterator[None]:
+        """Call ``callback()`` at every reconnect while inside; it must not block or raise.
+
+        For owners without a task of their own to run :meth:`every_reconnect` in.
+        """
+        self._reconnects.callbacks.add(callback)
+        try:
+            yield
+        finally:
+            self._reconnects.callbacks.discard(callback)
 
     @property
     def is_connected(self) -> bool:
@@ -181,7 +210,7 @@ class Connection:
         finally:
             with anyio.CancelScope(shield=True):
                 if not self._nc.is_closed:
-                    await _quietly(sub.unsubscribe())
+                    await quietly(sub.unsubscribe())
 
     async def ensure_stream(
         self,
@@ -191,8 +220,12 @@ class Connection:
         max_msgs_per_subject: int,
         max_age_s: float | None,
         replicas: int,
+        max_bytes: int = -1,
+        max_msg_size: int = -1,
     ) -> None:
         """Create the stream, or bring an existing one to this configuration (idempotent).
+
+        ``-1`` (and ``max_age_s=None``) mean unlimited; when full, the oldest messages go.
 
         :raises StateUnavailable: JetStream is disabled, or the request failed or timed out.
         """
@@ -202,6 +235,9 @@ class Connection:
             storage=api.StorageType.FILE,
             max_msgs_per_subject=max_msgs_per_subject,
             max_age=max_age_s,
+            max_bytes=max_bytes,
+            max_msg_size=max_msg_size,
+            discard=api.DiscardPolicy.OLD,
             num_replicas=replicas,
             allow_direct=True,
             deny_delete=True,
@@ -210,8 +246,20 @@ class Connection:
             try:
                 await self._js.add_stream(config)
             except nats.js.errors.BadRequestError:
-                # Exists with another configuration (e.g. a changed max age): update it in place.
+                # Exists with another configuration (an older release's limits, a changed max
+                # age): update it in place; its messages stay.
                 await self._js.update_stream(config)
+
+    async def stream_config(self, name: str) -> dict[str, Any]:
+        """The stream's configuration as the server reports it (durations in seconds).
+
+        :raises StateUnavailable: the stream does not exist or does not answer.
+        """
+        with _mapped(StateUnavailable, f"stream {name}"):
+            info = await self._js.stream_info(name)
+        config: dict[str, Any] = info.config.as_dict()
+        config["max_age"] = info.config.max_age
+        return config
 
     async def last_per_subject(self, stream: str, filter_subject: str) -> list[RawMessage]:
         """The last retained message of every subject of ``stream`` matching ``filter_subject``.
@@ -240,38 +288,49 @@ class Connection:
             mem_storage=True,
         )
         with _mapped(StateUnavailable, f"read {stream}"):
-            psub = await self._js.pull_subscribe(filter_subject, stream=stream, config=config)
+            # Shielded (bounded by the request timeout): a subscribe cancelled half-way would
+            # leave its subscription behind with nobody to unsubscribe it.
+            with anyio.CancelScope(shield=True):
+                psub = await self._js.pull_subscribe(filter_subject, stream=stream, config=config)
             try:
                 return await self._drain_pull(psub)
             finally:
                 with anyio.CancelScope(shield=True):
-                    await _quietly(psub.unsubscribe())
+                    await quietly(psub.unsubscribe())
 
     # --- JetStream key-value buckets (see bus.kv for the typed API and key layout) -------------
 
-    async def kv_ensure(self, bucket: str, *, history: int = 1, replicas: int = 1) -> None:
-        """Create the key-value bucket, or bind to it when it exists (idempotent).
+    async def kv_ensure(self, bucket: str, *, history: int = 1, replicas: int = 1) -> bool:
+        """Create the key-value bucket, or bind to it when it exists; True when it was created.
+
+        Remembered: an operation that later finds the bucket gone (a server restarted with an
+        empty store) creates it again with this configuration and retries once.
 
         :raises StateUnavailable: JetStream is disabled, or the request failed.
         """
+        self._kv_config[bucket] = (history, replicas)
         with _mapped(StateUnavailable, f"bucket {bucket}"):
             try:
-                kv = await self._js.key_value(bucket)
+                self._kv[bucket] = await self._js.key_value(bucket)
+                return False
             except nats.js.errors.BucketNotFoundError:
-                kv = await self._js.create_key_value(
+                self._kv[bucket] = await self._js.create_key_value(
                     bucket=bucket, history=history, replicas=replicas
                 )
-            self._kv[bucket] = kv
+                return True
 
     async def kv_get(self, bucket: str, key: str) -> tuple[bytes, int] | None:
         """``(value, revision)`` of ``key``, or None when absent or deleted."""
-        kv = self._bucket(bucket)
-        with _mapped(StateUnavailable, f"get {bucket}/{key}"):
-            try:
-                entry = await kv.get(key)
-            except nats.js.errors.KeyNotFoundError:
-                return None
-        return (entry.value or b""), int(entry.revision or 0)
+
+        async def get() -> tuple[bytes, int] | None:
+            with _mapped(StateUnavailable, f"get {bucket}/{key}"):
+                try:
+                    entry = await self._bucket(bucket).get(key)
+                except nats.js.errors.KeyNotFoundError:
+                    return None
+            return (entry.value or b""), int(entry.revision or 0)
+
+        return await self._healing(bucket, get)
 
     async def kv_put(self, bucket: str, key: str, value: bytes, *, last: int | None = None) -> int:
         """Write ``key``; ``last`` = None: unconditionally, 0: only if absent, n: only if at n.
@@ -279,44 +338,41 @@ class Connection:
         :raises KeyConflict: the condition failed.
         :raises StateUnavailable: the server did not answer.
         """
-        kv = self._bucket(bucket)
-        with _mapped(StateUnavailable, f"put {bucket}/{key}"):
-            try:
-                if last is None:
-                    return int(await kv.put(key, value))
-                if last == 0:
-                    return int(await kv.create(key, value))
-                return int(await kv.update(key, value, last=last))
-            except (nats.js.errors.KeyWrongLastSequenceError, nats.js.errors.KeyDeletedError) as e:
-                raise KeyConflict(f"{bucket}/{key}: {e}") from e
+
+        async def put() -> int:
+            kv = self._bucket(bucket)
+            with _mapped(StateUnavailable, f"put {bucket}/{key}"):
+                try:
+                    if last is None:
+                        return int(await kv.put(key, value))
+                    if last == 0:
+                        return int(await kv.create(key, value))
+                    return int(await kv.update(key, value, last=last))
+                except (
+                    nats.js.errors.KeyWrongLastSequenceError,
+                    nats.js.errors.KeyDeletedError,
+                ) as e:
+                    raise KeyConflict(f"{bucket}/{key}: {e}") from e
+
+        return await self._healing(bucket, put)
 
     async def kv_delete(self, bucket: str, key: str) -> None:
         """Delete ``key`` (a tombstone; a later get returns None)."""
-        kv = self._bucket(bucket)
-        with _mapped(StateUnavailable, f"delete {bucket}/{key}"):
-            await kv.delete(key)
+
+        async def delete() -> None:
+            with _mapped(StateUnavailable, f"delete {bucket}/{key}"):
+                await self._bucket(bucket).delete(key)
+
+        await self._healing(bucket, delete)
 
     async def kv_keys(self, bucket: str, prefix: str = ">") -> list[str]:
-        """Live keys matching the filter (``a.b.>`` style); empty when none."""
-        kv = self._bucket(bucket)
-        keys: list[str] = []
-        with _mapped(StateUnavailable, f"keys {bucket}"):
-            # Not nats-py's ``kv.keys()``: it stops its watcher only when everything succeeds,
-            # so a timeout or a cancellation left the watcher's ordered consumer subscribed and
-            # its heartbeat task running until the connection closed (one more per failed call).
-            # Shielded: a watch cancelled while it starts leaks the same way; it is bounded by
-            # the JetStream request timeout (consumer create, then consumer info).
-            with anyio.CancelScope(shield=True):
-                watcher = await kv.watchall(ignore_deletes=True, meta_only=True)
-            try:
-                async for entry in watcher:
-                    if entry is None:  # the end of what the bucket holds now
-                        break
-                    keys.append(entry.key)
-            finally:
-                with anyio.CancelScope(shield=True):
-                    await _quietly(watcher.stop())
-        return [k for k in keys if subject_matches(prefix, k)]
+        """Live keys matching the filter (``a.b.>`` style); empty when none.
+
+        Read as the last message per key (:meth:`kv_last_values`), not with nats-py's
+        ``kv.keys()``: that stops its watcher only when everything succeeds, so a timeout or a
+        cancellation left an ordered consumer subscribed and its heartbeat task running.
+        """
+        return [key for key, _ in await self.kv_last_values(bucket, prefix)]
 
     async def kv_last_values(self, bucket: str, prefix: str = ">") -> list[tuple[str, bytes]]:
         """``(key, value)`` of every live key matching the filter, in one request.
@@ -328,10 +384,28 @@ class Connection:
         :raises StateUnavailable: the bucket does not exist or does not answer.
         """
         subjects = f"$KV.{bucket}."
-        msgs = await self._pull(
-            f"KV_{bucket}", subjects + prefix, api.DeliverPolicy.LAST_PER_SUBJECT
-        )
+
+        async def last() -> list[Msg]:
+            policy = api.DeliverPolicy.LAST_PER_SUBJECT
+            return await self._pull(f"KV_{bucket}", subjects + prefix, policy)
+
+        msgs = await self._healing(bucket, last)
         return [(m.subject.removeprefix(subjects), m.data) for m in msgs if not _tombstone(m)]
+
+    async def _healing(self, bucket: str, call: Callable[[], Awaitable[T]]) -> T:
+        """``call()``; when it finds the bucket's stream gone, re-create the bucket, call again.
+
+        Only for a bucket this connection ensured (:meth:`kv_ensure` remembered how).
+        """
+        try:
+            return await call()
+        except StateUnavailable as e:
+            if bucket not in self._kv_config or not _stream_gone(e.__cause__):
+                raise
+        log.warning("bucket %s is gone from the server (its store was lost?): creating it", bucket)
+        history, replicas = self._kv_config[bucket]
+        await self.kv_ensure(bucket, history=history, replicas=replicas)
+        return await call()
 
     def _bucket(self, bucket: str) -> Any:
         try:
@@ -352,6 +426,17 @@ class Connection:
         return out
 
 
+_STREAM_NOT_FOUND: Final = 10059
+
+
+def _stream_gone(e: BaseException | None) -> bool:
+    """The error of a request to a stream that does not exist (direct gets and publishes find
+    no responder; API requests answer "stream not found")."""
+    if isinstance(e, nats.errors.NoRespondersError | nats.js.errors.NoStreamResponseError):
+        return True
+    return isinstance(e, nats.js.errors.NotFoundError) and e.err_code == _STREAM_NOT_FOUND
+
+
 def _tombstone(msg: Msg) -> bool:
     """A key-value delete or purge (the client's header), or a server-placed delete marker."""
     headers = msg.headers or {}
@@ -369,94 +454,6 @@ def subject_matches(pattern: str, subject: str) -> bool:
     return len(want) == len(have)
 
 
-async def _quietly(aw: Awaitable[object]) -> None:
-    try:
-        await aw
-    except (nats.errors.Error, OSError) as e:
-        log.debug("ignored during cleanup: %r", e)
-
-
-def _tls_context(settings: BusSettings) -> ssl.SSLContext | None:
-    if not (settings.tls_ca_file or settings.tls_cert_file):
-        return None
-    ctx = ssl.create_default_context(cafile=settings.tls_ca_file)
-    if settings.tls_cert_file:
-        ctx.load_cert_chain(settings.tls_cert_file, settings.tls_key_file)
-    return ctx
-
-
-def _options(
-    settings: BusSettings, name: str | None, errors: list[Exception] | None = None
-) -> dict[str, Any]:
-    async def on_error(e: Exception) -> None:
-        if errors is not None:
-            errors.append(e)
-        log.warning("bus connection error: %r", e)
-
-    async def on_disconnected() -> None:
-        log.info("bus disconnected")
-
-    async def on_reconnected() -> None:
-        log.info("bus reconnected")
-
-    options: dict[str, Any] = {
-        "servers": settings.servers,
-        "name": name,
-        "connect_timeout": settings.connect_timeout_s,
-        "reconnect_time_wait": settings.reconnect_wait_s,
-        # One try per server for the first connection (our loop in _open backs off between
-        # rounds); raised to "forever" once connected, see _open.
-        "max_reconnect_attempts": 1,
-        "allow_reconnect": True,
-        "drain_timeout": settings.drain_timeout_s,
-        "error_cb": on_error,
-        "disconnected_cb": on_disconnected,
-        "reconnected_cb": on_reconnected,
-        "tls": _tls_context(settings),
-    }
-    optional = {
-        "user": settings.user,
-        "password": settings.password,
-        "token": settings.token,
-        "nkeys_seed": settings.nkey_seed_file,
-        "user_credentials": settings.creds_file,
-    }
-    options.update({k: v for k, v in optional.items() if v is not None})
-    return options
-
-
-async def _open(settings: BusSettings, name: str | None, retry: bool) -> Client:
-    attempt = 0
-    shown = redact_urls(settings.url)  # warned on every round: never with its password
-    while True:
-        nc = Client()
-        # nats-py can wait forever on a failed TLS handshake: bound each round ourselves.
-        bound = settings.connect_timeout_s * (2 * len(settings.servers) + 1)
-        seen: list[Exception] = []
-        try:
-            with anyio.fail_after(bound):
-                await nc.connect(**_options(settings, name, seen))
-        except (nats.errors.Error, OSError, TimeoutError) as e:
-            with anyio.CancelScope(shield=True):
-                await _quietly(nc.close())
-            if not retry:
-                cause = seen[-1] if seen else e  # the client's own error says more than a timeout
-                raise NotConnected(f"cannot connect to {shown}: {cause!r}") from e
-            delay = min(settings.reconnect_wait_s * 2**attempt, _MAX_CONNECT_BACKOFF_S)
-            log.warning("cannot connect to %s (%r); retrying in %.1fs", shown, e, delay)
-            attempt += 1
-            await anyio.sleep(delay)
-        except BaseException:  # cancelled mid-connect: close the half-open client, then go
-            with anyio.CancelScope(shield=True):
-                await _quietly(nc.close())
-            raise
-        else:
-            # nats-py has no separate setting for the first connection, and with -1 it would
-            # spin inside connect() forever: switch to "reconnect forever" only now.
-            nc.options["max_reconnect_attempts"] = -1
-            return nc
-
-
 @asynccontextmanager
 async def connect(
     settings: BusSettings, *, name: str | None = None, retry: bool = True
@@ -467,13 +464,13 @@ async def connect(
     :param retry: retry the first connection forever (agents) or fail at once (CLI tools).
     :raises NotConnected: only when ``retry`` is false and no server answered.
     """
-    nc = await _open(settings, name, retry)
+    reconnects = Reconnects()
+    nc = await open_client(settings, name, retry, reconnects)
     try:
-        yield Connection(nc, settings)
+        yield Connection(nc, settings, reconnects)
     finally:
         with anyio.move_on_after(settings.drain_timeout_s, shield=True):
             if nc.is_connected:
-                await _quietly(nc.drain())
+                await quietly(nc.drain())
         with anyio.CancelScope(shield=True):
-            if not nc.is_closed:
-                await _quietly(nc.close())
+            await close_client(nc)

@@ -75,7 +75,8 @@ class SamplesEvent(_Event, tag="samples", frozen=True, kw_only=True):
 
 
 class HealthEvent(_Event, tag="health", frozen=True, kw_only=True):
-    """A health transition of one accelerator (never a repeat of the current state)."""
+    """A health transition of one accelerator; after a reconnect, also a restatement of a card
+    that is down now (the server may have lost the history): treat a repeat as no change."""
 
     accelerator_id: str
     healthy: bool

@@ -23,6 +23,13 @@ subject while one of its events is in flight wait (coalescing further) until tha
 acknowledged or failed, so events of one subject are stored in publication order and an older
 state never overtakes a newer one. Different subjects (nodes, kinds) proceed in parallel.
 
+A reconnect may reach a server that lost everything (restarted with an empty store): the
+outbox is empty by then, since everything was stored before. So after every reconnect the
+publisher re-ensures the streams before its next state event and calls the callbacks given to
+:meth:`Publisher.on_reconnect`, with which each part publishes its whole current state again
+(a few coalesced events per node), instead of leaving the bus without it until a periodic
+resync.
+
 Leaving an attachment (also by cancellation) stops the sender, then flushes the outbox for at
 most ``drain_timeout_s``, shielded from cancellation; what is left stays queued for the next
 connection. Leaving :func:`publisher` closes the publisher: from then on :meth:`Publisher.publish`
@@ -73,6 +80,7 @@ class Publisher:
         self._streams_ready = False
         self._closed = False
         self._failure: BusError | None = None
+        self._republishers: list[Callable[[], None]] = []
 
     @property
     def pending(self) -> int:
@@ -102,6 +110,29 @@ class Publisher:
             self._metrics.outbox_dropped.labels(kind=dropped.kind).inc()
         self._idle = anyio.Event() if self._idle.is_set() else self._idle
         self._wake.set()
+
+    def on_reconnect(self, republish: Callable[[], None]) -> None:
+        """Call ``republish()`` after every reconnect of an attached connection.
+
+        ``republish`` publishes its owner's whole current state again (through :meth:`publish`)
+        for a server that may have lost it; it must not block. Register once, at start.
+        """
+        self._republishers.append(republish)
+
+    def _reconnected(self) -> None:
+        self._streams_ready = False  # the server may be new, or restarted without its store
+        for republish in self._republishers:
+            try:
+                republish()
+            except BusError as e:  # refused (closing): the others may still publish
+                log.warning("republishing after a reconnect failed: %s", e)
+        self._wake.set()
+
+    async def _on_reconnects(self, conn: Connection) -> None:
+        async def reconnected() -> None:
+            self._reconnected()
+
+        await conn.every_reconnect(reconnected)
 
     def close(self) -> None:
         """Refuse further events; log what is left unsent (it is lost with the process)."""
@@ -134,6 +165,7 @@ class Publisher:
                 try:
                     async with anyio.create_task_group() as tg:
                         tg.start_soon(self._run, conn, acks, name="bus-publisher")
+                        tg.start_soon(self._on_reconnects, conn, name="bus-republish")
                         try:
                             yield
                         finally:

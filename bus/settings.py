@@ -15,11 +15,21 @@ import msgspec
 from kit.options import Options, SettingsError
 from kit.redaction import redact_urls
 
-__all__ = ["DEFAULT_URL", "BusSettings", "from_options"]
+__all__ = [
+    "DEFAULT_URL",
+    "REPUBLISHES_PER_MAX_AGE",
+    "BusSettings",
+    "check_republish",
+    "from_options",
+]
 
 DEFAULT_URL: Final = "nats://127.0.0.1:4222"
-_SCHEMES: Final = frozenset({"nats", "tls", "ws", "wss"})
 """Where a process looks for the bus when neither ``--nats-url`` nor ``NATS_URL`` says."""
+_SCHEMES: Final = frozenset({"nats", "tls", "ws", "wss"})
+REPUBLISHES_PER_MAX_AGE: Final = 3
+"""A live node republishes its state at least this often within ``state_max_age_s``, so one or
+two lost republishes never expire a node that is still there."""
+_GiB: Final = 1 << 30
 
 
 class BusSettings(msgspec.Struct, frozen=True, kw_only=True):
@@ -57,6 +67,21 @@ class BusSettings(msgspec.Struct, frozen=True, kw_only=True):
     """How long health and allocation history is retained."""
     history_per_node: int = 256
     """Health and allocation events retained per node and kind."""
+    state_max_age_s: float = 3600.0
+    """Node expiry: retained devices, models and agent state not republished for this long is
+    dropped by the server (a node gone for good leaves nothing behind). Agents republish far
+    more often (see :func:`check_republish`)."""
+    state_per_subject: int = 8
+    """Messages kept per state subject, so a reader can walk back past garbage to the newest
+    valid one (a sender must publish this many bad messages in a row to hide a node's state)."""
+    state_max_bytes: int = 4 * _GiB
+    """Bytes the state stream may hold; beyond it the oldest messages go (``discard: old``)."""
+    samples_max_bytes: int = 1 * _GiB
+    history_max_bytes: int = 2 * _GiB
+    max_clock_skew_s: float = 300.0
+    """Events stamped further than this into the receiver's future are refused (counted as
+    ``future``): a sender's clock orders nothing, but a far-future stamp is a lie or a broken
+    clock either way."""
     state_replicas: int = 1
     """JetStream replicas of the retained-state streams (3 on a three-server cluster)."""
 
@@ -117,4 +142,21 @@ def from_options(options: Options) -> BusSettings:
         tls_cert_file=options.optional_text("nats-tls-cert"),
         tls_key_file=options.optional_text("nats-tls-key"),
         state_replicas=options.integer("nats-state-replicas"),
+        state_max_age_s=options.seconds("nats-state-max-age"),
     )
+
+
+def check_republish(flag: str, period_s: float, settings: BusSettings) -> None:
+    """Refuse a republish period the retained state would expire between.
+
+    A node republishes its state every ``period_s``; the server forgets state older than
+    ``state_max_age_s``. Unless the second holds :data:`REPUBLISHES_PER_MAX_AGE` of the first, a
+    live node would blink out of the retained state whenever a republish is late or lost.
+
+    :raises SettingsError: naming ``flag`` and ``--nats-state-max-age``.
+    """
+    if period_s * REPUBLISHES_PER_MAX_AGE > settings.state_max_age_s:
+        raise SettingsError(
+            f"--{flag} {period_s:g}s: must be at most 1/{REPUBLISHES_PER_MAX_AGE} of "
+            f"--nats-state-max-age ({settings.state_max_age_s:g}s), or live nodes expire"
+        )

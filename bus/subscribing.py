@@ -1,20 +1,29 @@
 """NATS -> typed events: a subscription is an async iterator of :data:`bus.events.Event`.
 
 Raw messages are handed from the client's reader into a bounded memory stream (never blocking
-the reader); the consumer side parses the subject, decodes and validates the payload. Anything
-refused — bad subject, oversized, malformed, wrong version, a node speaking for another node, or
-a full buffer because the consumer is too slow — is counted in ``BusMetrics.dropped`` and logged
-at most once a minute per sender, and the subscription carries on. Nothing a sender puts on the
-wire can end a subscription.
+the reader); the consumer side passes each through a :class:`~bus.codec.Guard` (subject,
+payload, clock). Anything refused — bad subject, oversized, malformed, wrong version, a node
+speaking for another node, a timestamp in the future, or a full buffer because the consumer is
+too slow — is counted in ``BusMetrics.dropped`` and logged at most once a minute per sender, and
+the subscription carries on. Nothing a sender puts on the wire can end a subscription.
 
-With ``include_state=True`` the subscription first yields the retained state of every matching
-node (see :mod:`bus.state`), then live events. The live subscription is opened *before* the
-state is read, so nothing published in between is missed; an event may be seen twice, which is
-harmless for last-value state.
+Events come out in the order the server delivered them: that order, never an event's ``ts``,
+is what "newer" means on the bus. With ``include_state=True`` the subscription also yields the
+retained state of every matching node (the newest valid message per subject, see
+:mod:`bus.state`), read again after every reconnect (the subscription may have missed events
+meanwhile, or the server may have lost its store). The live subscription is opened *before*
+the state is read, and a state read is yielded at its place in that order: after the live
+messages received before the read completed (the server wrote their live copies to this
+connection before it answered the read, so they are older or the same) and before those
+received after. So retained state never rolls back a newer live event; an event may be seen
+twice, which is harmless for last-value state.
 """
 
 from __future__ import annotations
 
+import logging
+import math
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Final
@@ -22,16 +31,21 @@ from typing import Final
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from bus import codec, events, state, subjects
-from bus.codec import DropLog
+from bus import events, state, subjects
+from bus.codec import DropLog, Guard
 from bus.connection import Connection, RawMessage
-from bus.errors import DecodeFailed, InvalidSubject
+from bus.errors import InvalidSubject, NotConnected, StateUnavailable
 from bus.metrics import BusMetrics
 from bus.settings import BusSettings
 
 __all__ = ["Subscription", "parse_filter", "subscribe"]
 
+log = logging.getLogger(__name__)
+
 _UNKNOWN: Final = "unknown"
+_MAX_STATE_RETRY_S: Final = 5.0
+Item = RawMessage | None
+"""What the memory stream carries: a live message, or None, a wake-up for a state read."""
 
 
 def parse_filter(subject: str) -> tuple[str | None, subjects.Kind | None]:
@@ -54,53 +68,129 @@ def parse_filter(subject: str) -> tuple[str | None, subjects.Kind | None]:
     return node, kind
 
 
+class _Counter:
+    """Live messages put into the memory stream so far (the reader's side counts them)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+
+class _StateSource:
+    """How a subscription reads its retained state, and whether it must read it again."""
+
+    def __init__(
+        self, conn: Connection, settings: BusSettings, node: str | None, kind: subjects.Kind | None
+    ) -> None:
+        self.conn, self.settings, self.node, self.kind = conn, settings, node, kind
+        self.stale = False
+        self.failures = 0
+        self.retry_at = -math.inf
+
+    async def read(self, guard: Guard) -> list[state.Valid]:
+        """:raises StateUnavailable: :raises NotConnected:"""
+        conn, node, kind = self.conn, self.node, self.kind
+        return await state.retained(conn, self.settings, node=node, kind=kind, guard=guard)
+
+    def failed(self, e: Exception) -> None:
+        """Retry later, with a capped backoff: after a store loss the streams come back only
+        when some component re-creates them (agents and the worker do on reconnect)."""
+        if not self.failures:
+            log.info("retained state not readable after reconnecting, retrying: %s", e)
+        delay = self.settings.reconnect_wait_s * 2**self.failures
+        self.failures += 1
+        self.retry_at = anyio.current_time() + min(delay, _MAX_STATE_RETRY_S)
+
+
 class Subscription:
     """Decoded events from one subject filter; iterate it, or :meth:`serve` a handler."""
 
     def __init__(
         self,
-        receive: MemoryObjectReceiveStream[RawMessage],
+        receive: MemoryObjectReceiveStream[Item],
+        send: MemoryObjectSendStream[Item],
         *,
-        settings: BusSettings,
-        drops: DropLog,
-        retained: list[RawMessage],
+        guard: Guard,
+        received: _Counter,
+        source: _StateSource | None = None,
     ) -> None:
         self._receive = receive
-        self._max_bytes = settings.max_payload_bytes
-        self._drops = drops
-        self._retained = retained
+        self._send = send
+        self.guard = guard
+        self._received = received
+        self._consumed = 0
+        self._source = source
+        self._states: deque[tuple[int, deque[events.Event]]] = deque()
+        """State reads waiting for their place: (live messages received before it, events)."""
 
     def __aiter__(self) -> Subscription:
         return self
 
     async def __anext__(self) -> events.Event:
         while True:
-            if self._retained:
-                subj, data = self._retained.pop(0)
-            else:
-                try:
-                    subj, data = self._receive.receive_nowait()
-                except anyio.WouldBlock:
-                    try:
-                        subj, data = await self._receive.receive()
-                    except anyio.EndOfStream:
-                        raise StopAsyncIteration from None
-            event = self.decode(subj, data)
+            await self._read_state_if_stale()
+            event = self._next_state()
+            if event is not None:
+                return event
+            item = await self._receive_item()
+            if item is None:
+                continue  # woken: a state read is due, or its place may have come
+            self._consumed += 1
+            event = self.guard.accept(*item)
             if event is not None:
                 return event
 
+    async def _receive_item(self) -> Item:
+        try:
+            return self._receive.receive_nowait()
+        except anyio.WouldBlock:
+            pass
+        source = self._source
+        wait = source.retry_at - anyio.current_time() if source and source.stale else math.inf
+        with anyio.move_on_after(wait):
+            try:
+                return await self._receive.receive()
+            except anyio.EndOfStream:
+                raise StopAsyncIteration from None
+        return None
+
+    def _next_state(self) -> events.Event | None:
+        while self._states and self._states[0][0] <= self._consumed:
+            batch = self._states[0][1]
+            if batch:
+                return batch.popleft()
+            self._states.popleft()
+        return None
+
+    async def _read_state_if_stale(self) -> None:
+        source = self._source
+        if source is None or not source.stale or anyio.current_time() < source.retry_at:
+            return
+        try:
+            self.add_state(await source.read(self.guard))
+        except NotConnected:
+            source.stale = False  # disconnected again: the next reconnect marks it stale
+        except StateUnavailable as e:
+            source.failed(e)
+        else:
+            source.stale, source.failures = False, 0
+
+    def add_state(self, retained: list[state.Valid]) -> None:
+        """Queue a state read that just completed, at its place among the live messages."""
+        self._states.append((self._received.count, deque(e for _, e in retained)))
+
+    def reconnected(self) -> None:
+        """The connection came back: read the state again (in the consumer, never here)."""
+        if self._source is not None:
+            self._source.stale, self._source.failures = True, 0
+            self._source.retry_at = -math.inf
+            try:
+                self._send.send_nowait(None)  # wake a consumer waiting for live messages
+            except (anyio.WouldBlock, anyio.ClosedResourceError, anyio.BrokenResourceError):
+                pass  # full: it has messages to wake up for; closed: nobody waits
+
     def decode(self, subj: str, data: bytes) -> events.Event | None:
         """Decode one raw message, or count and drop it (returning None)."""
-        try:
-            node, kind = subjects.parse(subj)
-        except InvalidSubject as e:
-            self._drops.record(kind=_UNKNOWN, reason="subject", sender=subj[:120], detail=str(e))
-            return None
-        try:
-            return codec.decode(data, kind=kind, node=node, max_bytes=self._max_bytes)
-        except DecodeFailed as e:
-            self._drops.record(kind=kind, reason=e.reason, sender=node, detail=e.detail)
-            return None
+        return self.guard.accept(subj, data)
 
     async def serve(self, handler: Callable[[events.Event], Awaitable[None]]) -> None:
         """Await ``handler(event)`` for every event, in order, until the subscription ends."""
@@ -109,7 +199,7 @@ class Subscription:
 
 
 def _on_message(
-    send: MemoryObjectSendStream[RawMessage], drops: DropLog
+    send: MemoryObjectSendStream[Item], drops: DropLog, received: _Counter
 ) -> Callable[[str, bytes], None]:
     def on_message(subj: str, data: bytes) -> None:
         try:
@@ -124,6 +214,8 @@ def _on_message(
             )
         except (anyio.ClosedResourceError, anyio.BrokenResourceError):
             pass  # closing: late messages are discarded
+        else:
+            received.count += 1
 
     return on_message
 
@@ -143,7 +235,8 @@ async def subscribe(
     """Subscribe to the events of ``node`` (or all) and ``kind`` (or all), or to ``subject``.
 
     :param subject: a raw filter (see :func:`parse_filter`); overrides ``node`` and ``kind``.
-    :param include_state: yield the retained state of matching nodes first.
+    :param include_state: yield the retained state of matching nodes too (read again after
+        every reconnect).
     :param buffer: messages held for a slow consumer before new ones are dropped (counted).
     :raises InvalidSubject: ``subject`` is outside the bus's subject space.
     :raises InvalidNodeName: ``node`` cannot be put in a subject.
@@ -152,11 +245,14 @@ async def subscribe(
     if subject is not None:
         node, kind = parse_filter(subject)
     filt = subject or subjects.filter_for(node, kind)
-    drops = DropLog(metrics)
-    send, receive = anyio.create_memory_object_stream[RawMessage](buffer)
+    guard = state.guard_for(settings, metrics)
+    received = _Counter()
+    source = _StateSource(conn, settings, node, kind) if include_state else None
+    send, receive = anyio.create_memory_object_stream[Item](buffer)
     with send, receive:
-        async with conn.subscribe(filt, _on_message(send, drops)):
-            retained: list[RawMessage] = []
-            if include_state:
-                retained = await state.snapshot(conn, settings, node=node, kind=kind)
-            yield Subscription(receive, settings=settings, drops=drops, retained=retained)
+        async with conn.subscribe(filt, _on_message(send, guard.drops, received)):
+            sub = Subscription(receive, send, guard=guard, received=received, source=source)
+            if source is not None:
+                sub.add_state(await source.read(guard))
+            with conn.reconnect_callback(sub.reconnected):
+                yield sub

@@ -9,10 +9,16 @@ sink is the API (CRDs applied at start-up, Lease-based election); without one (`
 or ``--kubeconfig=none``) the same reconcilers keep their ledger in the bus's KV bucket.
 
 Samples are never written to the API: they stay on the bus (retained) and in metrics.
+
+After every reconnect the worker re-ensures the streams and buckets it needs (the server may
+have restarted without its store) and, as leader, writes again on the next reconcile whatever
+lives only in the bus: the agents' records and, with the KV sink, the ledger itself. The
+subscription reads the retained state again by itself (:mod:`bus.subscribing`).
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -23,9 +29,10 @@ from anyio.abc import TaskStatus
 from prometheus_client import CollectorRegistry
 
 from bus import connection, kv, state, subscribing
+from bus.errors import BusError, NotConnected
 from bus.metrics import BusMetrics
 from bus.reviewing import serve_reviews
-from controlplane import crds, leading, resolving
+from controlplane import crds, errors, leading, resolving
 from controlplane.k8s import client
 from controlplane.metrics import WorkerMetrics
 from controlplane.reconciling.artifacting import ArtifactReconciler
@@ -158,8 +165,12 @@ async def run(
             worker.leading = now_leading
             metrics.leader.set(1 if now_leading else 0)
 
+        async def reconnected() -> None:
+            await _rebuild_after_reconnect(conn, settings, worker, sink)
+
         async with anyio.create_task_group() as tg:
             start_forever(tg, "ingest", _ingest, sub, processor)
+            start_forever(tg, "bus-reconnects", conn.every_reconnect, reconnected)
             if api is not None and settings.leader_election:
                 tg.start_soon(_elected, api, settings, lead, on_change, name="election")
             else:
@@ -182,3 +193,46 @@ async def _elected(
 async def _ingest(sub: subscribing.Subscription, processor: Processor) -> None:
     async for event in sub:
         processor.ingest(event)
+
+
+async def _ensure_bus(conn: connection.Connection, settings: WorkerSettings) -> bool:
+    """Re-ensure the streams and buckets, retrying until the server answers; False when the
+    connection dropped again meanwhile (the next reconnect tries again)."""
+    buckets = (
+        [kv.AGENTS_BUCKET] if settings.kube is not None else [kv.AGENTS_BUCKET, kv.LEDGER_BUCKET]
+    )
+    for attempt in itertools.count():
+        try:
+            await state.ensure_streams(conn, settings.bus)
+            for bucket in buckets:
+                await kv.open_bucket(conn, bucket, replicas=settings.bus.state_replicas)
+            return True
+        except NotConnected:
+            return False
+        except BusError as e:  # JetStream still starting after a server restart
+            log.warning("cannot re-ensure the bus state after a reconnect, retrying: %s", e)
+            await anyio.sleep(min(settings.bus.reconnect_wait_s * 2**attempt, 5.0))
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+async def _rebuild_after_reconnect(
+    conn: connection.Connection, settings: WorkerSettings, worker: Worker, sink: Sink
+) -> None:
+    """Make the bus whole again after a reconnect: it may be a server that lost its store.
+
+    What the worker remembers having written to the bus is forgotten, so the next reconcile of
+    every node and artifact writes it again when it is missing (and nothing when it is not).
+    """
+    if not await _ensure_bus(conn, settings):
+        return
+    worker.processor.reconciler.forget_pushed()
+    worker.artifacts.forget_pushed()
+    if isinstance(sink, KvSink):  # the ledger itself lives in the bus
+        sink.forget()
+        worker.processor.reconciler.forget_cache()
+    if worker.leading:
+        try:
+            await worker.processor.resync()
+            await worker.artifacts.resync()
+        except (errors.ApiError, BusError) as e:
+            log.warning("resync after a reconnect failed (the periodic one follows): %s", e)

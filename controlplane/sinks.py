@@ -208,6 +208,11 @@ class KvSink:
         self._digests[key] = digest
         return written
 
+    def forget(self) -> None:
+        """Drop the whole cache: the bucket may have lost what it held (a store lost)."""
+        self._cache.clear()
+        self._digests.clear()
+
     def _forget(self, key: str) -> None:
         self._cache.pop(key, None)
         self._digests.pop(key, None)

@@ -150,6 +150,14 @@ NATS_FLAGS = (
         kind="int",
         bounds=(1, 5),
     ),
+    Flag(
+        "nats-state-max-age",
+        "1h",
+        "node expiry: retained node state not republished for this long is dropped "
+        "(at least 3 resync periods)",
+        kind="duration",
+        bounds=(60.0, 30 * 24 * 3600.0),
+    ),
 )
 
 _WORKER = (

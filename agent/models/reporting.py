@@ -4,7 +4,9 @@
 cache, so the last event alone is the node's state). :class:`Reporter` publishes it when the
 state changes (a model appears, finishes, fails, is collected) at once, and progress only when
 ``report_every_s`` passed *and* some download moved ``report_step`` of its size, so a large
-download produces a bounded number of messages. Models are named by digest only: the bus
+download produces a bounded number of messages; an unchanged state again every ``resync_s``
+(the bus expires retained state nobody republishes), and at once after a reconnect
+(:meth:`Reporter.republish`: the server may have lost it). Models are named by digest only: the bus
 never learns a namespace, artifact or repository from this plugin.
 """
 
@@ -224,11 +226,18 @@ class Reporter:
         event = snapshot(self.node, facts)
         self.last = event
         now = time.monotonic()
-        due = now - self._last_at >= self.tuning.report_every_s and self._moved_enough(event)
-        if self._last is None or _shape(event) != _shape(self._last) or due:
+        since = now - self._last_at
+        due = since >= self.tuning.report_every_s and self._moved_enough(event)
+        resync = since >= self.tuning.resync_s  # retained state expires if never republished
+        if self._last is None or _shape(event) != _shape(self._last) or due or resync:
             self._last, self._last_at = event, now
             if self.sink is not None:
                 self.sink.publish(event)
+
+    def republish(self) -> None:
+        """Publish the latest report again: the bus may have lost it (a reconnect)."""
+        if self.sink is not None and self.last is not None:
+            self.sink.publish(self.last)
 
     async def run(self, *, tick_s: float = 1.0) -> None:
         """Report on every change, and check progress every ``tick_s``, until cancelled."""

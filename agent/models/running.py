@@ -214,11 +214,13 @@ async def _follow_bus(
 async def _serve_plugin(
     settings: ModelManagerSettings,
     policy: Policy,
-    sink: reporting.Sink | None,
+    pub: publishing.Publisher | None,
     registry: CollectorRegistry,
     reviewer: BusReviewer,
 ) -> None:
-    async with plugin(settings, policy=policy, sink=sink, registry=registry) as running:
+    async with plugin(settings, policy=policy, sink=pub, registry=registry) as running:
+        if pub is not None:
+            pub.on_reconnect(running.reporter.republish)  # a server that lost it gets it back
 
         async def downloads() -> serving.Response:
             body = reporting.downloads_json(running.materializer.jobs)

@@ -49,6 +49,9 @@ class Tuning(msgspec.Struct, frozen=True, kw_only=True):
     """Progress (not state changes) goes on the bus at most this often..."""
     report_step: float = 0.05
     """...and only when a download moved at least this fraction of its size."""
+    resync_s: float = 300.0
+    """An unchanged models state is published again this often, so the bus's retained state
+    (which expires after ``--nats-state-max-age``) never loses a live node's cache."""
     waiter_window_s: float = 300.0
     """An attempt nobody asked about for this long is cancelled (partial files stay)."""
 
@@ -106,4 +109,12 @@ def settings_from(options: Options) -> ModelManagerSettings:
         hub_endpoint=hub_endpoint,
         hub_token=options.env.get("HF_TOKEN") or None,
         version=package_version(),
+        tuning=_tuning_for(bus),
     )
+
+
+def _tuning_for(bus: BusSettings) -> Tuning:
+    """The default tuning, republishing often enough for ``--nats-state-max-age`` (the
+    model-manager has no resync flag of its own, so the period follows the expiry)."""
+    most = bus.state_max_age_s / bus_settings.REPUBLISHES_PER_MAX_AGE
+    return Tuning(resync_s=min(Tuning().resync_s, most))

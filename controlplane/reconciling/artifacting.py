@@ -266,6 +266,10 @@ class ArtifactReconciler:
         self._digests.pop(key, None)
         self._pushed.pop(key, None)
 
+    def forget_pushed(self) -> None:
+        """Forget what was pushed to the agents' bucket (the bus may have lost it)."""
+        self._pushed.clear()
+
     async def resync(self) -> None:
         """Queue every artifact, and every pushed record whose artifact may be gone."""
         keys = {

@@ -6,8 +6,10 @@ events for one node costs N cheap folds and one write.
 
 Invariants:
 
-- per node and kind, an event older (``ts``) than the one already folded is ignored, so a
-  replayed retained message never rolls state back;
+- events are folded in the order they arrive, which is the order the server delivered them
+  (:mod:`bus.subscribing` puts retained state at its place in that order). The sender's ``ts``
+  orders nothing: a node's clock, or a forged stamp, cannot make an old state win over a newer
+  one or lock out the real agent (a far-future stamp is refused before it gets here);
 - allocations are keyed by ``allocation_id``; ``released`` removes the entry; at most
   ``max_allocations`` are kept per node (further ones are refused and counted by the caller);
 - samples, health and agent events never touch the ledger: samples live on the bus (retained)
@@ -23,7 +25,6 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from datetime import datetime
 
 from bus import events
 from bus.devices import DeviceGroup, canonical_groups
@@ -50,8 +51,6 @@ class NodeState:
     store: StoreReport | None = None
     """The cache-wide figures of the last models event (capacity, stored, used bytes)."""
     allocations: dict[str, events.AllocationEvent] = field(default_factory=dict)
-    seen: dict[str, datetime] = field(default_factory=dict)
-    """Newest ``ts`` folded, per kind (and per allocation id for allocations)."""
 
 
 class Ledger:
@@ -115,13 +114,6 @@ class Ledger:
             if len(self._nodes) >= self._max_nodes:
                 raise Refused("too_many_nodes")
             state = self._nodes[event.node] = NodeState()
-        key: str = events.kind_of(event)
-        if isinstance(event, events.AllocationEvent):
-            key = f"{key}/{event.allocation_id}"
-        last = state.seen.get(key)
-        if last is not None and event.ts < last:
-            return False
-        state.seen[key] = event.ts
         if isinstance(event, events.DevicesEvent):
             groups = tuple(canonical_groups(event.groups))
             changed = groups != state.groups

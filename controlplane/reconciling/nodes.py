@@ -82,6 +82,10 @@ class NodeReconciler:
         self._clock = clock
         self._wallclock = wallclock
 
+    def forget_pushed(self) -> None:
+        """Forget what was pushed to the agents' bucket (the bus may have lost it)."""
+        self._pushed.clear()
+
     def forget_cache(self) -> None:
         """Drop every cached object (on gaining leadership: another replica may have written)."""
         self._observed.clear()

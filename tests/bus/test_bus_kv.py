@@ -4,12 +4,15 @@ internal names kept inside the bus."""
 from __future__ import annotations
 
 import io
+import shutil
 import tokenize
 from pathlib import Path
 
+import anyio
 import pytest
 
-from bus import connection, kv
+from bus import connection, kv, testing
+from bus.embedded import ServerProcess
 from bus.errors import StateUnavailable
 
 pytestmark = pytest.mark.anyio
@@ -63,6 +66,36 @@ async def test_last_values_of_a_missing_bucket_is_state_unavailable(
     with pytest.raises(StateUnavailable):
         await bucket.last_values("artifacts.>")
     assert calls == [("kv_last", "error")]
+
+
+async def test_a_bucket_lost_with_the_servers_store_is_created_again(
+    server: ServerProcess,
+) -> None:
+    """NATS restarted with an empty store: the connection's reconnect hooks run, and a bucket
+    it ensured before answers again (re-created, empty) instead of failing forever."""
+    async with connection.connect(testing.settings_for(server)) as conn:
+        bucket = await kv.open_bucket(conn, kv.AGENTS_BUCKET)
+        await bucket.put("a", b"1")
+        reconnected = anyio.Event()
+
+        async def hook() -> None:
+            reconnected.set()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(conn.every_reconnect, hook)
+            server.kill()
+            await server.stop()
+            shutil.rmtree(server.store_dir / "js")
+            await server.start()
+            with anyio.fail_after(5):
+                await reconnected.wait()
+            tg.cancel_scope.cancel()
+        assert await bucket.get("a") is None  # lost with the store; the bucket is back
+        await bucket.put("a", b"2")
+        assert await bucket.last_values() == [("a", b"2")]
+        stranger = kv.Bucket(conn, "NEVER_ENSURED")  # only what was ensured is re-created
+        with pytest.raises(StateUnavailable):
+            await stranger.last_values()
 
 
 def _string_literals(path: Path) -> list[tuple[int, str]]:

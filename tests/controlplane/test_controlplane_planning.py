@@ -38,12 +38,12 @@ def test_queue_coalesces_and_serializes() -> None:
     assert q.done("a") is False and q.done("b") is False and len(q) == 0
 
 
-def test_ledger_keeps_latest_and_ignores_older() -> None:
+def test_ledger_folds_in_arrival_order_whatever_the_stamps_say() -> None:
     ledger = Ledger(max_nodes=1)
     g = groups()
-    assert ledger.apply(events.DevicesEvent(node="n", ts=T0, groups=g))
-    assert not ledger.apply(events.DevicesEvent(node="n", ts=T0 - timedelta(1), groups=()))
-    assert not ledger.apply(events.DevicesEvent(node="n", ts=T0, groups=g))  # unchanged
+    assert ledger.apply(events.DevicesEvent(node="n", ts=T0 + timedelta(days=365), groups=()))
+    assert ledger.apply(events.DevicesEvent(node="n", ts=T0, groups=g))  # later: it wins
+    assert not ledger.apply(events.DevicesEvent(node="n", ts=T0 - timedelta(1), groups=g))
     state = ledger.get("n")
     assert state is not None and state.groups == g
     with pytest.raises(Refused) as refused:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -225,6 +226,48 @@ async def test_leader_failover(tmp_path: Path) -> None:
 
 async def _true(value: bool) -> bool:
     return value
+
+
+async def _holds(sink: KvSink, ref: Ref, groups: int) -> bool:
+    o = await sink.get(ref)
+    return o is not None and len(o.body["spec"]["groups"]) == groups
+
+
+async def _folded(w: running.Worker, node: str, groups: int) -> bool:
+    state = w.processor.ledger.get(node)
+    return state is not None and state.groups is not None and len(state.groups) == groups
+
+
+async def test_a_future_stamped_event_is_refused_and_the_real_agent_still_wins(
+    tmp_path: Path,
+) -> None:
+    """A valid event stamped 2099 with no groups neither empties the node nor locks out the real
+    agent's republish: it is refused (counted), the real one is applied; a worker restarted
+    while the forged event is the last one retained walks back past it."""
+    node, year_2099 = "ip-10-0-0-1.ec2.internal", datetime(2099, 1, 1, tzinfo=UTC)
+    forged = codec.encode(events.DevicesEvent(node=node, ts=year_2099, groups=()))
+    real = codec.encode(events.DevicesEvent(node=node, ts=T0, groups=GROUPS))
+    refused = {"kind": "devices", "reason": "future"}
+    async with nats_server(tmp_path) as server, connection.connect(settings_for(server)) as conn:
+        bus, subject = settings_for(server), subjects.subject(node, "devices")
+        ref = Ref(resource=DEVICES, name=node)
+        async with anyio.create_task_group() as tg:
+            w: running.Worker = await tg.start(running.run, worker_settings(bus, None))
+            for payload in (forged, real):
+                await conn.publish_acked(subject, payload)
+            sink = KvSink(await kv.open_bucket(conn, kv.LEDGER_BUCKET))
+            await eventually(functools.partial(_holds, sink, ref, len(GROUPS)))
+            m = await scrape(w.url)
+            assert sample(m, "gpustack_bus_dropped_messages_total", **refused) == 1
+            await conn.publish_acked(subject, forged)  # now the last message retained
+            tg.cancel_scope.cancel()
+        async with anyio.create_task_group() as tg:
+            w = await tg.start(running.run, worker_settings(bus, None))
+            await eventually(functools.partial(_folded, w, node, len(GROUPS)))
+            m = await scrape(w.url)
+            assert sample(m, "gpustack_bus_dropped_messages_total", **refused) == 1
+            assert await _holds(sink, ref, len(GROUPS))
+            tg.cancel_scope.cancel()
 
 
 async def test_kv_sink_roundtrip_and_standalone(tmp_path: Path) -> None:

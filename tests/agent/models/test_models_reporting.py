@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 
 import anyio
 import anyio.to_thread
+import msgspec
 import pytest
 from models_harness import Rig, code_of, publish_request, publish_until_done, settled, unpublish
 
@@ -123,3 +124,17 @@ async def test_an_ending_attempt_stays_reported_until_its_outcome_is_recorded(
     assert during is not None and after is not None
     assert [m.state for m in during.models] == ["downloading"]
     assert [(m.state, m.reason) for m in after.models] == [("failed", "IntegrityMismatch")]
+
+
+async def test_an_unchanged_state_goes_out_again_every_resync_and_on_a_reconnect(rig: Rig) -> None:
+    """The bus expires retained state nobody republishes, and a server may lose it."""
+    async with rig.running() as plugin:
+        await plugin.reporter.report_once()
+        sent = len(rig.sink.events)
+        await plugin.reporter.report_once()
+        assert len(rig.sink.events) == sent  # unchanged, and the resync is minutes away
+        plugin.reporter.republish()  # what the publisher calls after a reconnect
+        assert rig.sink.events[sent:] == [plugin.reporter.last]
+        plugin.reporter.tuning = msgspec.structs.replace(plugin.reporter.tuning, resync_s=0.0)
+        await plugin.reporter.report_once()
+        assert len(rig.sink.events) >= sent + 2

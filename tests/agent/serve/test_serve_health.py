@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+from prometheus_client import CollectorRegistry
 
 from agent import health
-from agent.running import keep_failed
-from bus import devices
+from agent.metrics import AgentMetrics
+from agent.running import Observer, keep_failed
+from agent.serve_settings import ServeSettings
+from bus import devices, events
+from bus.settings import BusSettings
 
 Q = 60.0
 
@@ -192,3 +198,23 @@ def test_keep_failed_carries_the_failed_manufacturers_groups() -> None:
     merged = keep_failed([nvidia_now], [amd, _group("GPU-0")], {"amd"})
 
     assert merged == [amd, nvidia_now]
+
+
+def test_republish_sends_the_whole_state_of_the_node(tmp_path: Path) -> None:
+    """After a reconnect the server may have lost everything: devices once detected, every card
+    that is down now (healthy ones need no event), and the agent record go out again."""
+    sent: list[events.Event] = []
+    settings = ServeSettings.for_tests(str(tmp_path), bus=BusSettings(), node_name="n1")
+    observer = Observer(settings, [], sent.append, AgentMetrics(CollectorRegistry()))
+    observer.republish()
+    assert [events.kind_of(e) for e in sent] == ["agent"]  # nothing detected yet
+    observer.passes, observer.published = 1, [_group("GPU-0", "GPU-1")]
+    assert observer.book.xid("GPU-1", 79, now=0.0) is not None
+    sent.clear()
+    observer.republish()
+    assert [events.kind_of(e) for e in sent] == ["devices", "health", "agent"]
+    devices_event, down, _ = sent
+    assert isinstance(devices_event, events.DevicesEvent)
+    assert devices_event.groups == (_group("GPU-0", "GPU-1"),)
+    assert isinstance(down, events.HealthEvent)
+    assert (down.node, down.accelerator_id, down.healthy, down.xid) == ("n1", "GPU-1", False, 79)
