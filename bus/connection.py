@@ -134,6 +134,29 @@ class Connection:
                 if not self._nc.is_closed:
                     await _quietly(sub.unsubscribe())
 
+    @asynccontextmanager
+    async def serve(
+        self, subject: str, on_request: Callable[[bytes, str], None], *, queue: str
+    ) -> AsyncIterator[None]:
+        """Call ``on_request(payload, reply subject)`` for every request on ``subject`` while
+        inside, sharing them with every other member of ``queue`` (one of them gets each).
+
+        ``on_request`` runs on the client's reader path: it must not block and must not raise;
+        answer with :meth:`publish` to the reply subject.
+        """
+
+        async def callback(msg: Msg) -> None:
+            on_request(msg.data, msg.reply)
+
+        with _mapped(BusError, f"serve {subject}"):
+            sub = await self._nc.subscribe(subject, queue=queue, cb=callback)
+        try:
+            yield
+        finally:
+            with anyio.CancelScope(shield=True):
+                if not self._nc.is_closed:
+                    await _quietly(sub.unsubscribe())
+
     async def ensure_stream(
         self,
         name: str,
@@ -200,18 +223,30 @@ class Connection:
 
     # --- JetStream key-value buckets (see bus.kv for the typed API and key layout) -------------
 
-    async def kv_ensure(self, bucket: str, *, history: int = 1, replicas: int = 1) -> None:
+    async def kv_ensure(
+        self, bucket: str, *, history: int = 1, replicas: int = 1, create: bool = True
+    ) -> None:
         """Create the key-value bucket, or bind to it when it exists (idempotent).
 
-        :raises StateUnavailable: JetStream is disabled, or the request failed.
+        :param create: False only binds: for readers that may not create buckets (the agents).
+        :raises StateUnavailable: JetStream is disabled, the request failed, or the bucket does
+            not exist and ``create`` is false.
         """
         with _mapped(StateUnavailable, f"bucket {bucket}"):
             try:
                 kv = await self._js.key_value(bucket)
             except nats.js.errors.BucketNotFoundError:
+                if not create:
+                    raise StateUnavailable(f"bucket {bucket} does not exist (yet)") from None
+                # Direct gets name the key in the request subject, so the server can restrict
+                # which keys a reader may get (an agent: its own node's).
                 kv = await self._js.create_key_value(
-                    bucket=bucket, history=history, replicas=replicas
+                    bucket=bucket, history=history, replicas=replicas, direct=True
                 )
+            if create and not kv._direct:  # a bucket of an older version: turn direct gets on
+                info = await self._js.stream_info(f"KV_{bucket}")
+                await self._js.update_stream(info.config.evolve(allow_direct=True))
+                kv = await self._js.key_value(bucket)
             self._kv[bucket] = kv
 
     async def kv_get(self, bucket: str, key: str) -> tuple[bytes, int] | None:
@@ -325,6 +360,20 @@ def _tls_context(settings: BusSettings) -> ssl.SSLContext | None:
     return ctx
 
 
+def _token_reader(path: str) -> Callable[[], str]:
+    """Read the token file at every (re)connection: kubelet rotates projected tokens in place."""
+
+    def read() -> str:
+        try:
+            with open(path, encoding="utf-8") as f:
+                return f.read().strip()
+        except OSError as e:
+            log.warning("cannot read the NATS token file %s: %s", path, e)
+            return ""  # the server refuses the connection; the next attempt reads again
+
+    return read
+
+
 def _options(
     settings: BusSettings, name: str | None, errors: list[Exception] | None = None
 ) -> dict[str, Any]:
@@ -353,11 +402,12 @@ def _options(
         "disconnected_cb": on_disconnected,
         "reconnected_cb": on_reconnected,
         "tls": _tls_context(settings),
+        "inbox_prefix": settings.inbox_prefix,
     }
     optional = {
         "user": settings.user,
         "password": settings.password,
-        "token": settings.token,
+        "token": _token_reader(settings.token_file) if settings.token_file else settings.token,
         "nkeys_seed": settings.nkey_seed_file,
         "user_credentials": settings.creds_file,
     }

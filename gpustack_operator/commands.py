@@ -129,6 +129,12 @@ NATS_FLAGS = (
     Flag("nats-user", "", "NATS user name"),
     Flag("nats-password", "", "NATS password", secret=True),
     Flag("nats-token", "", "NATS authentication token", secret=True),
+    Flag(
+        "nats-token-file",
+        "",
+        "file holding the NATS token, re-read at every connection (a projected "
+        "ServiceAccount token); wins over --nats-token",
+    ),
     Flag("nats-nkey-seed", "", "file holding an NKey seed"),
     Flag("nats-creds", "", "NATS credentials file (JWT and NKey seed)"),
     Flag("nats-tls-ca", "", "CA bundle that verifies the NATS servers"),
