@@ -195,6 +195,17 @@ _WORKER = (
         "the Hub ModelArtifacts are resolved against (default $HF_ENDPOINT, else "
         "https://huggingface.co)",
     ),
+    Flag(
+        "nats-callout-issuer-seed",
+        "",
+        "file holding the account NKey seed the NATS servers' auth_callout names as issuer: "
+        "the worker then authorizes every bus connection (agents by ServiceAccount token)",
+    ),
+    Flag(
+        "nats-callout-audience",
+        "gpustack-nats",
+        "the audience of the ServiceAccount tokens agents connect to NATS with",
+    ),
     *_HTTPS,
     *_KUBE_CLIENT,
     *inert(*_POOLS),

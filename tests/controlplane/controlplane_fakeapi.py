@@ -15,6 +15,10 @@ What it does, like the real API server:
 - watches: ``GET <collection>?watch=true`` streams ``{"type", "object"}`` JSON lines (ADDED for
   what exists first unless ``resourceVersion`` is given, then ADDED/MODIFIED/DELETED as they
   happen; ``timeoutSeconds`` ends the stream);
+- TokenReview (``POST /apis/authentication.k8s.io/v1/tokenreviews``): :meth:`FakeApi.issue_token`
+  mints a ServiceAccount token (pod-bound with its node, as kubelet gets them, or not); the
+  review authenticates it only for an audience it was issued for and until it expires, like
+  the API server, and no longer once :meth:`FakeApi.revoke` (its Pod deleted) was called;
 - :meth:`FakeApi.fail_next` injects one error response for a method and path prefix;
 - :meth:`FakeApi.hold` parks matching requests until the test releases them (cancellation tests);
 - per-verb counters of successful writes (``writes``).
@@ -22,9 +26,11 @@ What it does, like the real API server:
 
 from __future__ import annotations
 
+import base64
 import copy
 import itertools
 import json
+import time
 import uuid
 from collections import Counter
 from collections.abc import AsyncIterator
@@ -96,6 +102,9 @@ class FakeApi:
         self._log: list[tuple[int, str, str, dict[str, Any]]] = []
         self._changed = anyio.Event()
         self._closing = False
+        self.tokens: dict[str, dict[str, Any]] = {}
+        """Issued tokens: their audiences and the ``user`` a review answers."""
+        self.reviews = 0
 
     def fail_next(self, method: str, path_prefix: str, status: int, times: int = 1) -> None:
         self._faults.extend([(method, path_prefix, status)] * times)
@@ -104,6 +113,55 @@ class FakeApi:
         h = Hold(method, path_prefix, after)
         self._holds.append(h)
         return h
+
+    def issue_token(
+        self,
+        namespace: str,
+        service_account: str,
+        *,
+        node: str | None = None,
+        audiences: tuple[str, ...] = ("gpustack-nats",),
+        ttl_s: float = 3600.0,
+    ) -> str:
+        """A ServiceAccount token, bound to a Pod on ``node`` when given (a JWT in shape, with
+        ``exp``; only this fake's reviews accept it)."""
+        claims = {"exp": int(time.time() + ttl_s), "jti": str(uuid.uuid4()), "aud": audiences}
+        body = base64.urlsafe_b64encode(json.dumps(claims).encode()).decode().rstrip("=")
+        token = f"eyJhbGciOiJSUzI1NiJ9.{body}.c2ln"
+        extra: dict[str, list[str]] = {}
+        if node is not None:
+            pod = f"{service_account}-{uuid.uuid4().hex[:5]}"
+            extra = {
+                "authentication.kubernetes.io/pod-name": [pod],
+                "authentication.kubernetes.io/node-name": [node],
+            }
+        user = {
+            "username": f"system:serviceaccount:{namespace}:{service_account}",
+            "groups": ["system:serviceaccounts", f"system:serviceaccounts:{namespace}"],
+            "extra": extra,
+        }
+        self.tokens[token] = {"audiences": list(audiences), "user": user, "exp": claims["exp"]}
+        return token
+
+    def revoke(self, token: str) -> None:
+        """The token's Pod is gone: reviews no longer authenticate it."""
+        self.tokens.pop(token, None)
+
+    def _review(self, body: dict[str, Any]) -> web.Response:
+        self.reviews += 1
+        spec = body.get("spec") or {}
+        issued = self.tokens.get(spec.get("token", ""))
+        if issued is not None and issued["exp"] <= time.time():
+            issued = None  # expired: as good as unknown
+        wanted = spec.get("audiences") or ["https://kubernetes.default.svc"]
+        common = [a for a in wanted if issued and a in issued["audiences"]]
+        status: dict[str, Any] = {"authenticated": False, "error": "invalid bearer token"}
+        if issued is not None and common:
+            status = {"authenticated": True, "user": issued["user"], "audiences": common}
+        elif issued is not None:
+            status["error"] = "token audiences are invalid for the target audiences"
+        review = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview"}
+        return web.json_response({**review, "spec": spec, "status": status}, status=201)
 
     def get(self, collection: str, name: str, namespace: str | None = None) -> dict[str, Any]:
         return self.objects[(collection, namespace, name)]
@@ -168,6 +226,8 @@ class FakeApi:
                 return _status(status, "injected", headers={"Retry-After": "0"})
         coll, ns, name, sub = _split(request.path)
         body = await request.json() if request.can_read_body else None
+        if coll == "apis/authentication.k8s.io/v1/tokenreviews" and request.method == "POST":
+            return self._review(body)
         if name is None:
             if request.method == "POST":
                 return self._create(coll, ns, body)
