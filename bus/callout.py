@@ -11,9 +11,14 @@ the callout's own ``auth_users``) as an *authorization request* JWT, signed by t
    :class:`Refused`;
 3. answers with an *authorization response* JWT, signed by the issuer account key the server
    is configured with, that carries a user JWT for that one-time key: the identity's
-   permissions from :func:`bus.identity.permissions_for`, placed in :data:`ACCOUNT`, expiring
-   with the credential (the client then reconnects and is verified again). A refusal answers
-   an error instead, which the server logs and turns into "Authorization Violation".
+   permissions from :func:`bus.identity.permissions_for`, placed in :data:`ACCOUNT`. A refusal
+   answers an error instead, which the server logs and turns into "Authorization Violation".
+
+The user JWT carries no expiry: nats-py closes a connection for good (it does not reconnect)
+when the server ends it with "User Authentication Expired", which would leave an agent off the
+bus. A connection is therefore verified when it is made and at every reconnect (server
+restarts, network loss): a credential revoked meanwhile keeps an established connection, never
+gets a new one.
 
 Nothing the client says decides its permissions: only the verifier's identity does. A request
 that does not decode is not answered (the server times it out and refuses the client).
@@ -24,7 +29,6 @@ from __future__ import annotations
 import hmac
 import json
 import logging
-import math
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Final
@@ -59,8 +63,6 @@ ACCOUNT: Final = "GPUSTACK"
 """The NATS account every identity is placed in (JetStream enabled there)."""
 QUEUE: Final = "gpustack-callout"
 """Worker replicas share the requests: any one of them answers."""
-MAX_TTL_S: Final = 3600.0
-"""A user JWT never outlives this, even for a credential without an expiry."""
 
 
 class Refused(BusError):
@@ -78,10 +80,9 @@ class Credentials(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class Grant(msgspec.Struct, frozen=True, kw_only=True):
-    """A verified identity and when its proof expires (``None``: no expiry known)."""
+    """A verified identity."""
 
     identity: Identity
-    expires_at: float | None = None
 
 
 Verifier = Callable[[Credentials], Awaitable[Grant]]
@@ -127,15 +128,14 @@ def _text(value: object) -> str | None:
     return value if isinstance(value, str) and value else None
 
 
-def user_claims(grant: Grant, user_nkey: str, *, now: float) -> dict[str, Any]:
-    """The claims of the user JWT for ``grant`` (pure: the permissions come from the template)."""
-    expires = min(grant.expires_at or math.inf, now + MAX_TTL_S)
+def user_claims(grant: Grant, user_nkey: str) -> dict[str, Any]:
+    """The claims of the user JWT for ``grant`` (pure: the permissions come from the template;
+    no ``exp``, see the module docstring)."""
     nats = identity.jwt_permissions(identity.permissions_for(grant.identity))
     return {
         "sub": user_nkey,
         "aud": ACCOUNT,
         "name": grant.identity.label,
-        "exp": int(expires),
         "nats": {"type": "user", "version": 2, **nats},
     }
 
@@ -165,7 +165,7 @@ async def answer(
         outcome = {"error": f"not authorized: {e}"}
     else:
         log.info("bus connection from %s is %s", request.credentials.client, grant.identity.label)
-        user = jwt.encode(user_claims(grant, request.user_nkey, now=at), issuer, now=at)
+        user = jwt.encode(user_claims(grant, request.user_nkey), issuer, now=at)
         outcome = {"jwt": user}
     return jwt.encode(_response(request, **outcome), issuer, now=at).encode()
 

@@ -11,8 +11,11 @@ the answer to a :class:`bus.identity.Identity` with :func:`identity_from_review`
   only for Pods bound to its own node), never anything the agent says; a token that is not
   bound to a Pod on a node proves no agent.
 
-TokenReview also fails once the Pod is gone, so a stolen token dies with its Pod; the user JWT
-expires with the token (:func:`token_expiry`) and the agent is verified again on reconnect.
+TokenReview also fails once the Pod is gone or the token expired, so a stolen token opens no
+connection after its Pod is deleted (an established connection is verified again at its next
+reconnect, see :mod:`bus.callout`). What is not even shaped like an unexpired ServiceAccount
+token is refused without asking the API server (:func:`token_expiry`), so garbage from
+anonymous clients costs no API request.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import base64
 import binascii
 import json
 import logging
+import time
 from typing import Any, Final
 
 import msgspec
@@ -136,6 +140,9 @@ def review_verifier(api: KubeClient, settings: BusAuthSettings) -> callout.Verif
     async def verify(credentials: callout.Credentials) -> callout.Grant:
         if not credentials.token:
             raise callout.Refused("no token (connect with a projected ServiceAccount token)")
+        expiry = token_expiry(credentials.token)
+        if expiry is None or expiry <= time.time():
+            raise callout.Refused("not an unexpired ServiceAccount token")
         body = {
             "apiVersion": "authentication.k8s.io/v1",
             "kind": "TokenReview",
@@ -145,7 +152,6 @@ def review_verifier(api: KubeClient, settings: BusAuthSettings) -> callout.Verif
             review = await api.request("POST", TOKENREVIEWS, body)
         except errors.ControlPlaneError as e:
             raise callout.Refused(f"TokenReview failed: {e}") from e
-        ident = identity_from_review(review, settings)
-        return callout.Grant(identity=ident, expires_at=token_expiry(credentials.token))
+        return callout.Grant(identity=identity_from_review(review, settings))
 
     return verify

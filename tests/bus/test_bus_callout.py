@@ -249,3 +249,41 @@ async def test_an_unknown_or_missing_token_is_refused(
             pass
     assert "refused bus connection" in caplog.text and "unknown token" in caplog.text
     assert "Authorization Violation" in caplog.text
+
+
+# nats-py leaves the transport of a refused reconnect attempt to the garbage collector.
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+async def test_a_node_reconnects_once_the_callout_answers_again(tmp_path: Path) -> None:
+    """A server restart while the worker refuses (or is away): the agent's reconnects are
+    refused, and it gets back on its own once the callout answers, as the same identity."""
+    answering = True
+    table = callout.token_table(TOKENS)
+
+    async def verify(credentials: callout.Credentials) -> callout.Grant:
+        if not answering:
+            raise callout.Refused("the worker is restarting")
+        return await table(credentials)
+
+    async with (
+        testing.callout_server(tmp_path, verify) as bus,
+        connection.connect(bus.worker, retry=False) as worker,
+        connection.connect(_as(bus, "token-a"), retry=False) as conn,
+    ):
+        await state.ensure_streams(worker, bus.worker)
+        answering = False
+        await bus.server.restart()
+        await anyio.sleep(1.0)  # reconnects are attempted, and refused
+        assert not conn.is_connected
+        answering = True
+        await testing.eventually(lambda: _true(conn.is_connected))
+
+        async def stored() -> bool:  # JetStream may still be recovering the streams
+            try:
+                await conn.publish_acked(
+                    subjects.subject("gpu-a.example", "agent"), codec.encode(_event(A, "agent"))
+                )
+            except errors.PublishFailed:
+                return False
+            return True
+
+        await testing.eventually(stored)

@@ -213,15 +213,15 @@ def test_a_request_that_is_not_for_us_is_refused(payload: bytes, why: str) -> No
         callout.parse_request(payload, issuer=ISSUER.public_key, now=1500)
 
 
-def test_the_user_jwt_carries_the_template_and_expires_with_its_proof() -> None:
-    grant = callout.Grant(identity=Identity(role=DM, node="gpu-a"), expires_at=1600.0)
-    claims = callout.user_claims(grant, "UKEY", now=1000)
+def test_the_user_jwt_carries_the_template_and_no_expiry() -> None:
+    grant = callout.Grant(identity=Identity(role=DM, node="gpu-a"))
+    claims = callout.user_claims(grant, "UKEY")
     assert claims["sub"] == "UKEY" and claims["aud"] == callout.ACCOUNT
-    assert claims["name"] == "device-manager/gpu-a" and claims["exp"] == 1600
+    assert claims["name"] == "device-manager/gpu-a"
     perms = identity.permissions_for(grant.identity)
     assert claims["nats"]["pub"]["allow"] == list(perms.pub_allow)
-    forever = callout.Grant(identity=Identity(role="dashboard"))
-    assert callout.user_claims(forever, "U", now=1000)["exp"] == 1000 + callout.MAX_TTL_S
+    # nats-py would close, not reconnect, a connection whose JWT expired (bus/callout.py).
+    assert "exp" not in claims
 
 
 @pytest.mark.anyio
