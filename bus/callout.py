@@ -54,6 +54,7 @@ __all__ = [
     "serve",
     "server_config",
     "token_table",
+    "transport_allowed",
     "user_claims",
 ]
 
@@ -77,6 +78,10 @@ class Credentials(msgspec.Struct, frozen=True, kw_only=True):
     password: str | None = None
     client: str = ""
     """Client name and address, for logs."""
+    kind: str = "Client"
+    """``Client``, or ``Leafnode`` for another server's leaf connection."""
+    transport: str = "nats"
+    """``nats`` (TCP), ``websocket`` or ``mqtt``."""
 
 
 class Grant(msgspec.Struct, frozen=True, kw_only=True):
@@ -120,12 +125,29 @@ def parse_request(payload: bytes, *, issuer: str, now: float | None = None) -> R
         user=_text(opts.get("user")),
         password=_text(opts.get("pass")),
         client=f"{_text(opts.get('name')) or '?'}@{_text(info.get('host')) or '?'}",
+        kind=_text(info.get("kind")) or "Client",
+        transport=_text(info.get("type")) or "nats",
     )
     return Request(user_nkey=user_nkey, server_id=str(server.get("id") or ""), credentials=creds)
 
 
 def _text(value: object) -> str | None:
     return value if isinstance(value, str) and value else None
+
+
+def transport_allowed(ident: Identity, credentials: Credentials) -> bool:
+    """Whether ``ident`` may connect the way ``credentials`` came: TCP clients always,
+    WebSocket clients only where the template says (dashboards), leaf nodes and MQTT never.
+
+    Decided here because the server does not apply a callout user JWT's
+    ``allowed_connection_types`` (2.15: it registers the user without checking them).
+    """
+    if credentials.kind != "Client":
+        return False
+    perms = identity.permissions_for(ident)
+    return credentials.transport == "nats" or (
+        credentials.transport == "websocket" and perms.websocket
+    )
 
 
 def user_claims(grant: Grant, user_nkey: str) -> dict[str, Any]:
@@ -160,6 +182,9 @@ async def answer(
         return None
     try:
         grant = await verify(request.credentials)
+        if not transport_allowed(grant.identity, request.credentials):
+            how = f"{request.credentials.kind}/{request.credentials.transport}"
+            raise Refused(f"{grant.identity.label} may not connect as {how}")
     except BusError as e:
         log.warning("refused bus connection from %s: %s", request.credentials.client, e)
         outcome = {"error": f"not authorized: {e}"}

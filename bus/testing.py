@@ -82,14 +82,19 @@ class CalloutBus:
 
 
 @asynccontextmanager
-async def callout_server(tmp_path: Path, verify: callout.Verifier) -> AsyncIterator[CalloutBus]:
+async def callout_server(
+    tmp_path: Path, verify: callout.Verifier, *, websocket: bool = False
+) -> AsyncIterator[CalloutBus]:
     """One JetStream server with the auth callout on, served by ``verify`` over the worker's
-    own connection, as the worker serves it (:func:`bus.callout.serve`)."""
+    own connection, as the worker serves it (:func:`bus.callout.serve`); ``websocket`` adds a
+    WebSocket listener (``server.websocket_port``)."""
     issuer, worker_key = jwt.NKey.generate("account"), jwt.NKey.generate("user")
     seed = tmp_path / "worker.nk"
     seed.write_text(worker_key.seed)
     config = callout.server_config(issuer=issuer.public_key, auth_user_nkey=worker_key.public_key)
-    async with embedded.embedded_server(tmp_path / "nats", extra_config=config) as server:
+    async with embedded.embedded_server(
+        tmp_path / "nats", extra_config=config, websocket_port=0 if websocket else None
+    ) as server:
         worker = settings_for(
             server,
             nkey_seed_file=str(seed),

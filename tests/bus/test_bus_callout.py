@@ -287,3 +287,18 @@ async def test_a_node_reconnects_once_the_callout_answers_again(tmp_path: Path) 
             return True
 
         await testing.eventually(stored)
+
+
+# nats-py's WebSocket transport still hands aiohttp a float timeout.
+@pytest.mark.filterwarnings("ignore:parameter 'timeout' of type 'float':DeprecationWarning")
+async def test_only_a_dashboard_connects_over_websocket(tmp_path: Path) -> None:
+    async with testing.callout_server(tmp_path, callout.token_table(TOKENS), websocket=True) as b:
+        async with connection.connect(b.worker, retry=False) as worker:
+            await state.ensure_streams(worker, b.worker)
+        ws = f"ws://127.0.0.1:{b.server.websocket_port}"
+        dashboard = msgspec.structs.replace(_as(b, "token-dash"), url=ws)
+        assert await _retained(dashboard) == set()  # connected, and reads
+        agent = msgspec.structs.replace(_as(b, "token-a"), url=ws)
+        with pytest.raises(errors.NotConnected):
+            async with connection.connect(agent, retry=False):
+                pass

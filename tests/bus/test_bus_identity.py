@@ -240,3 +240,22 @@ async def test_answers_are_signed_for_the_one_time_key_and_say_yes_or_why_not() 
     refused = jwt.decode(no, now=1500)["nats"]
     assert "jwt" not in refused and refused["error"] == "not authorized: unknown token"
     assert await callout.answer(b"garbage", issuer=ISSUER, verify=verify) is None
+
+
+@pytest.mark.parametrize(
+    ("role", "kind", "transport", "allowed"),
+    [
+        (DM, "Client", "nats", True),
+        (DM, "Client", "websocket", False),
+        ("dashboard", "Client", "websocket", True),
+        ("dashboard", "Client", "mqtt", False),
+        ("dashboard", "Leafnode", "nats", False),
+        ("worker", "Client", "websocket", False),
+    ],
+)
+def test_only_dashboards_come_over_websocket_and_nobody_as_a_leaf(
+    role: identity.Role, kind: str, transport: str, allowed: bool
+) -> None:
+    ident = Identity(role=role, node="gpu-a" if role == DM else None)
+    creds = callout.Credentials(kind=kind, transport=transport)
+    assert callout.transport_allowed(ident, creds) is allowed
