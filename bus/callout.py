@@ -78,10 +78,10 @@ class Credentials(msgspec.Struct, frozen=True, kw_only=True):
     password: str | None = None
     client: str = ""
     """Client name and address, for logs."""
-    kind: str = "Client"
-    """``Client``, or ``Leafnode`` for another server's leaf connection."""
-    transport: str = "nats"
-    """``nats`` (TCP), ``websocket`` or ``mqtt``."""
+    kind: str = ""
+    """``Client``, or ``Leafnode`` for another server's leaf connection (empty: not said)."""
+    transport: str = ""
+    """``nats`` (TCP), ``websocket`` or ``mqtt`` (empty: not said)."""
 
 
 class Grant(msgspec.Struct, frozen=True, kw_only=True):
@@ -125,8 +125,8 @@ def parse_request(payload: bytes, *, issuer: str, now: float | None = None) -> R
         user=_text(opts.get("user")),
         password=_text(opts.get("pass")),
         client=f"{_text(opts.get('name')) or '?'}@{_text(info.get('host')) or '?'}",
-        kind=_text(info.get("kind")) or "Client",
-        transport=_text(info.get("type")) or "nats",
+        kind=_text(info.get("kind")) or "",
+        transport=_text(info.get("type")) or "",
     )
     return Request(user_nkey=user_nkey, server_id=str(server.get("id") or ""), credentials=creds)
 
@@ -137,7 +137,8 @@ def _text(value: object) -> str | None:
 
 def transport_allowed(ident: Identity, credentials: Credentials) -> bool:
     """Whether ``ident`` may connect the way ``credentials`` came: TCP clients always,
-    WebSocket clients only where the template says (dashboards), leaf nodes and MQTT never.
+    WebSocket clients only where the template says (dashboards), leaf nodes, MQTT and what the
+    server did not name never.
 
     Decided here because the server does not apply a callout user JWT's
     ``allowed_connection_types`` (2.15: it registers the user without checking them).

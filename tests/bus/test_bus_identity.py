@@ -184,7 +184,7 @@ def _request(*, sub: str = ISSUER.public_key, token: str = "t", signer: jwt.NKey
             "type": "authorization_request",
             "server_id": {"id": SERVER.public_key, "name": "n0"},
             "user_nkey": user_nkey or jwt.NKey.generate("user").public_key,
-            "client_info": {"host": "10.0.0.7"},
+            "client_info": {"host": "10.0.0.7", "kind": "Client", "type": "nats"},
             "connect_opts": {"auth_token": token, "name": "agent/gpu-a"},
         },
     }
@@ -195,6 +195,7 @@ def test_a_request_yields_the_credentials_and_the_keys_to_answer_for() -> None:
     req = callout.parse_request(_request(token="sa-token"), issuer=ISSUER.public_key, now=1500)
     assert req.credentials.token == "sa-token" and req.credentials.password is None
     assert req.credentials.client == "agent/gpu-a@10.0.0.7"
+    assert (req.credentials.kind, req.credentials.transport) == ("Client", "nats")
     assert req.server_id == SERVER.public_key and req.user_nkey.startswith("U")
 
 
@@ -251,6 +252,7 @@ async def test_answers_are_signed_for_the_one_time_key_and_say_yes_or_why_not() 
         ("dashboard", "Client", "mqtt", False),
         ("dashboard", "Leafnode", "nats", False),
         ("worker", "Client", "websocket", False),
+        (DM, "", "", False),  # a request that does not say how the client came
     ],
 )
 def test_only_dashboards_come_over_websocket_and_nobody_as_a_leaf(
