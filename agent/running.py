@@ -85,7 +85,8 @@ async def run(
     require_plugin_directory(settings.deviceplugin.kube_socket)
     registry = CollectorRegistry(auto_describe=True)
     async with (
-        publisher(settings=settings.bus, metrics=BusMetrics(registry)) as pub,
+        # The worker creates the streams; an agent may not (bus.identity).
+        publisher(settings=settings.bus, metrics=BusMetrics(registry), ensure_streams=False) as pub,
         opened_backends(settings) as backends,
         anyio.create_task_group() as tg,
     ):

@@ -11,6 +11,7 @@ import msgspec
 
 from agent.deviceplugin.settings import DevicePluginSettings
 from agent.settings import DetectSettings, detect_settings_from, node_name_from
+from bus import identity
 from bus import settings as bus_settings
 from bus.settings import BusSettings
 from kit.options import Options
@@ -96,11 +97,12 @@ def assemble(
     node = node_name_from(options)
     for flag in ("resync-period", "heartbeat-period"):
         bus_settings.check_republish(flag, options.seconds(flag), bus)
+    me = identity.Identity(role="device-manager", node=node)
     return ServeSettings(
         node_name=node,
         version=package_version(),
         detect=detect_settings_from(options),
-        bus=bus,
+        bus=msgspec.structs.replace(bus, inbox_prefix=identity.inbox_prefix(me)),
         https=https,
         deviceplugin=DevicePluginSettings(
             kube_socket=kube_socket,

@@ -212,6 +212,29 @@ class Connection:
                 if not self._nc.is_closed:
                     await quietly(sub.unsubscribe())
 
+    @asynccontextmanager
+    async def serve(
+        self, subject: str, on_request: Callable[[bytes, str], None], *, queue: str
+    ) -> AsyncIterator[None]:
+        """Call ``on_request(payload, reply subject)`` for every request on ``subject`` while
+        inside, sharing them with every other member of ``queue`` (one of them gets each).
+
+        ``on_request`` runs on the client's reader path: it must not block and must not raise;
+        answer with :meth:`publish` to the reply subject.
+        """
+
+        async def callback(msg: Msg) -> None:
+            on_request(msg.data, msg.reply)
+
+        with _mapped(BusError, f"serve {subject}"):
+            sub = await self._nc.subscribe(subject, queue=queue, cb=callback)
+        try:
+            yield
+        finally:
+            with anyio.CancelScope(shield=True):
+                if not self._nc.is_closed:
+                    await quietly(sub.unsubscribe())
+
     async def ensure_stream(
         self,
         name: str,
@@ -300,22 +323,37 @@ class Connection:
 
     # --- JetStream key-value buckets (see bus.kv for the typed API and key layout) -------------
 
-    async def kv_ensure(self, bucket: str, *, history: int = 1, replicas: int = 1) -> bool:
+    async def kv_ensure(
+        self, bucket: str, *, history: int = 1, replicas: int = 1, create: bool = True
+    ) -> bool:
         """Create the key-value bucket, or bind to it when it exists; True when it was created.
 
         Remembered: an operation that later finds the bucket gone (a server restarted with an
-        empty store) creates it again with this configuration and retries once.
+        empty store) creates it again with this configuration and retries once (when
+        ``create``).
 
-        :raises StateUnavailable: JetStream is disabled, or the request failed.
+        :param create: False only binds: for readers that may not create buckets (the agents).
+        :raises StateUnavailable: JetStream is disabled, the request failed, or the bucket does
+            not exist and ``create`` is false.
         """
-        self._kv_config[bucket] = (history, replicas)
+        if create:
+            self._kv_config[bucket] = (history, replicas)
         with _mapped(StateUnavailable, f"bucket {bucket}"):
             try:
-                self._kv[bucket] = await self._js.key_value(bucket)
+                kv = await self._js.key_value(bucket)
+                if create and not kv._direct:  # a bucket of an older version: direct gets on
+                    info = await self._js.stream_info(f"KV_{bucket}")
+                    await self._js.update_stream(info.config.evolve(allow_direct=True))
+                    kv = await self._js.key_value(bucket)
+                self._kv[bucket] = kv
                 return False
             except nats.js.errors.BucketNotFoundError:
+                if not create:
+                    raise StateUnavailable(f"bucket {bucket} does not exist (yet)") from None
+                # Direct gets name the key in the request subject, so the server can restrict
+                # which keys a reader may get (an agent: its own node's).
                 self._kv[bucket] = await self._js.create_key_value(
-                    bucket=bucket, history=history, replicas=replicas
+                    bucket=bucket, history=history, replicas=replicas, direct=True
                 )
                 return True
 

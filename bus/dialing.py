@@ -117,6 +117,20 @@ def _tls_context(settings: BusSettings) -> ssl.SSLContext | None:
     return ctx
 
 
+def _token_reader(path: str) -> Callable[[], str]:
+    """Read the token file at every (re)connection: kubelet rotates projected tokens in place."""
+
+    def read() -> str:
+        try:
+            with open(path, encoding="utf-8") as f:
+                return f.read().strip()
+        except OSError as e:
+            log.warning("cannot read the NATS token file %s: %s", path, e)
+            return ""  # the server refuses the connection; the next attempt reads again
+
+    return read
+
+
 def _options(
     settings: BusSettings,
     name: str | None,
@@ -150,11 +164,12 @@ def _options(
         "disconnected_cb": on_disconnected,
         "reconnected_cb": on_reconnected,
         "tls": _tls_context(settings),
+        "inbox_prefix": settings.inbox_prefix,
     }
     optional = {
         "user": settings.user,
         "password": settings.password,
-        "token": settings.token,
+        "token": _token_reader(settings.token_file) if settings.token_file else settings.token,
         "nkeys_seed": settings.nkey_seed_file,
         "user_credentials": settings.creds_file,
     }

@@ -12,6 +12,7 @@ __all__ = [
     "DecodeFailed",
     "InvalidNodeName",
     "InvalidSubject",
+    "InvalidToken",
     "KeyConflict",
     "NoAnswer",
     "NotConnected",
@@ -90,4 +91,11 @@ class KeyConflict(BusError):
     """Raised when a conditional key-value write finds another revision (or an existing key).
 
     Temporary: re-read the key and decide again.
+    """
+
+
+class InvalidToken(BusError, ValueError):
+    """Raised for a NATS NKey or JWT that is malformed, badly signed or expired.
+
+    Permanent for that token: an authorization request or credential that fails here is refused.
     """

@@ -40,6 +40,8 @@ __all__ = [
     "escape",
     "nms_key",
     "open_bucket",
+    "stream_of",
+    "subject_of",
     "unescape",
 ]
 
@@ -72,6 +74,16 @@ def unescape(token: str) -> str:
         pos = m.end()
     raw += token[pos:].encode("ascii")
     return raw.decode("utf-8")
+
+
+def stream_of(bucket: str) -> str:
+    """The JetStream stream holding ``bucket`` (what permissions and stream requests name)."""
+    return f"KV_{bucket}"
+
+
+def subject_of(bucket: str, key: str) -> str:
+    """The subject ``key`` of ``bucket`` is stored under (``key`` may be a wildcard filter)."""
+    return f"$KV.{bucket}.{key}"
 
 
 def nms_key(node: str) -> str:
@@ -136,11 +148,19 @@ class Bucket:
 
 
 async def open_bucket(
-    conn: Connection, name: str, *, replicas: int = 1, observe: Observer = _ignore
+    conn: Connection,
+    name: str,
+    *,
+    replicas: int = 1,
+    observe: Observer = _ignore,
+    create: bool = True,
 ) -> Bucket:
     """Create or bind ``name`` (history 1); ``observe`` counts every later operation.
 
-    :raises bus.errors.StateUnavailable: JetStream is off or not answering.
+    :param create: False only binds: agents read buckets the worker creates, and may not
+        create them (:mod:`bus.identity`).
+    :raises bus.errors.StateUnavailable: JetStream is off or not answering, or the bucket does
+        not exist and ``create`` is false.
     """
-    await conn.kv_ensure(name, history=1, replicas=replicas)
+    await conn.kv_ensure(name, history=1, replicas=replicas, create=create)
     return Bucket(conn, name, observe=observe)

@@ -68,8 +68,14 @@ _MAX_RETRY_S: Final = 2.0
 class Publisher:
     """Publishes events for one process; create with :func:`publisher`, no connection needed."""
 
-    def __init__(self, settings: BusSettings, metrics: BusMetrics) -> None:
+    def __init__(
+        self, settings: BusSettings, metrics: BusMetrics, *, ensure_streams: bool = True
+    ) -> None:
+        """:param ensure_streams: create the retention streams before the first state event;
+        False for the agents, which may not (only the worker administers streams, see
+        :mod:`bus.identity`): their state events wait in the outbox until the streams exist."""
         self._settings = settings
+        self._ensure_streams = ensure_streams
         self._metrics = metrics
         self._outbox = Outbox(max_samples=settings.outbox_size)
         self._window = max(1, settings.publish_window)
@@ -208,7 +214,7 @@ class Publisher:
     async def _send_all(self, conn: Connection, acks: AckWindow) -> bool:
         """Send what is queued: state events first. Returns False on the first failure."""
         try:
-            if not self._streams_ready and self._outbox.has_states:
+            if self._ensure_streams and not self._streams_ready and self._outbox.has_states:
                 await state.ensure_streams(conn, self._settings)
                 self._streams_ready = True
             failure = await self._send_states(acks)
@@ -265,7 +271,11 @@ class Publisher:
 
 @asynccontextmanager
 async def publisher(
-    conn: Connection | None = None, *, settings: BusSettings, metrics: BusMetrics
+    conn: Connection | None = None,
+    *,
+    settings: BusSettings,
+    metrics: BusMetrics,
+    ensure_streams: bool = True,
 ) -> AsyncIterator[Publisher]:
     """A :class:`Publisher`, open while inside and closed on exit.
 
@@ -273,9 +283,9 @@ async def publisher(
     within ``drain_timeout_s`` on the way out, also on cancellation); without, it queues until
     :meth:`Publisher.attach` or :func:`link` gives it a connection. On exit, events still queued
     are logged and lost with the process; :meth:`Publisher.publish` raises
-    :class:`PublisherClosed` from then on.
+    :class:`PublisherClosed` from then on. ``ensure_streams``: see :class:`Publisher`.
     """
-    pub = Publisher(settings, metrics)
+    pub = Publisher(settings, metrics, ensure_streams=ensure_streams)
     attached: AbstractAsyncContextManager[None] = (
         pub.attach(conn) if conn is not None else nullcontext()
     )

@@ -26,6 +26,7 @@ from typing import Final
 import anyio
 import msgspec
 
+from bus import subjects
 from bus.connection import Connection
 from bus.errors import BusError
 from kit.access import NO_TOKEN, Authorizer, Decision, Verdict
@@ -43,7 +44,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-SUBJECT: Final = "gpustack.v1.review"
+SUBJECT: Final = subjects.REVIEW
 QUEUE: Final = "gpustack-worker"
 VERSION: Final = 1
 REQUEST_TIMEOUT_S: Final = 5.0

@@ -40,6 +40,9 @@ class BusSettings(msgspec.Struct, frozen=True, kw_only=True):
     user: str | None = None
     password: str | None = None
     token: str | None = None
+    token_file: str | None = None
+    """Path of a file holding the token, re-read at every connection (a projected
+    ServiceAccount token, which kubelet rotates); wins over ``token``."""
     nkey_seed_file: str | None = None
     """Path of an NKey seed (``SU…``); needs the ``nkeys`` package at run time."""
     creds_file: str | None = None
@@ -84,6 +87,9 @@ class BusSettings(msgspec.Struct, frozen=True, kw_only=True):
     clock either way."""
     state_replicas: int = 1
     """JetStream replicas of the retained-state streams (3 on a three-server cluster)."""
+    inbox_prefix: str = "_INBOX"
+    """Prefix of this client's reply subjects; per identity (:func:`bus.identity.inbox_prefix`)
+    where the server restricts who may read which replies."""
 
     @property
     def servers(self) -> list[str]:
@@ -136,6 +142,7 @@ def from_options(options: Options) -> BusSettings:
         user=options.optional_text("nats-user"),
         password=options.optional_text("nats-password"),
         token=options.optional_text("nats-token"),
+        token_file=options.optional_text("nats-token-file"),
         nkey_seed_file=options.optional_text("nats-nkey-seed"),
         creds_file=options.optional_text("nats-creds"),
         tls_ca_file=options.optional_text("nats-tls-ca"),

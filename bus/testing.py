@@ -12,12 +12,14 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
 import anyio
+import msgspec
 
-from bus import embedded, events
+from bus import callout, connection, embedded, events, identity, jwt
 from bus.devices import (
     Accelerator,
     AcceleratorSample,
@@ -29,6 +31,8 @@ from bus.embedded import ServerProcess
 from bus.settings import BusSettings
 
 __all__ = [
+    "CalloutBus",
+    "callout_server",
     "collect",
     "eventually",
     "example_events",
@@ -60,6 +64,51 @@ def settings_for(
     """Test settings (short timeouts) pointing at one server or a whole cluster."""
     group = [servers] if isinstance(servers, ServerProcess) else list(servers)
     return BusSettings.for_tests(",".join(s.url for s in group), **overrides)
+
+
+@dataclass
+class CalloutBus:
+    """A server whose every client but the worker is authorized by a running callout."""
+
+    server: ServerProcess
+    issuer: jwt.NKey
+    worker: BusSettings
+    """The callout's auth user: the worker's NKey, permissions and inbox prefix."""
+
+    def settings_as(self, ident: identity.Identity | None, token: str) -> BusSettings:
+        """Settings presenting ``token``, with the inbox prefix of ``ident`` (if any)."""
+        prefix = identity.inbox_prefix(ident) if ident is not None else "_INBOX"
+        return msgspec.structs.replace(settings_for(self.server), token=token, inbox_prefix=prefix)
+
+
+@asynccontextmanager
+async def callout_server(
+    tmp_path: Path, verify: callout.Verifier, *, websocket: bool = False
+) -> AsyncIterator[CalloutBus]:
+    """One JetStream server with the auth callout on, served by ``verify`` over the worker's
+    own connection, as the worker serves it (:func:`bus.callout.serve`); ``websocket`` adds a
+    WebSocket listener (``server.websocket_port``)."""
+    issuer, worker_key = jwt.NKey.generate("account"), jwt.NKey.generate("user")
+    seed = tmp_path / "worker.nk"
+    seed.write_text(worker_key.seed)
+    config = callout.server_config(issuer=issuer.public_key, auth_user_nkey=worker_key.public_key)
+    async with embedded.embedded_server(
+        tmp_path / "nats", extra_config=config, websocket_port=0 if websocket else None
+    ) as server:
+        worker = settings_for(
+            server,
+            nkey_seed_file=str(seed),
+            inbox_prefix=identity.inbox_prefix(identity.Identity(role="worker")),
+        )
+        async with (
+            connection.connect(worker, name="worker/callout", retry=False) as conn,
+            anyio.create_task_group() as tg,
+        ):
+            await tg.start(lambda task_status: callout.serve(
+                conn, issuer=issuer, verify=verify, task_status=task_status
+            ))  # fmt: skip
+            yield CalloutBus(server=server, issuer=issuer, worker=worker)
+            tg.cancel_scope.cancel()
 
 
 def example_events(node: str, *, seq: int = 0) -> list[events.Event]:

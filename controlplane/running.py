@@ -28,11 +28,11 @@ import anyio
 from anyio.abc import TaskStatus
 from prometheus_client import CollectorRegistry
 
-from bus import connection, kv, state, subscribing
+from bus import callout, connection, kv, state, subscribing
 from bus.errors import BusError, NotConnected
 from bus.metrics import BusMetrics
 from bus.reviewing import serve_reviews
-from controlplane import crds, errors, leading, resolving
+from controlplane import busauth, crds, errors, leading, resolving
 from controlplane.k8s import client
 from controlplane.metrics import WorkerMetrics
 from controlplane.reconciling.artifacting import ArtifactReconciler
@@ -103,16 +103,45 @@ async def _endpoint(
         )  # fmt: skip
 
 
+@asynccontextmanager
+async def _callout(
+    settings: WorkerSettings,
+    conn: connection.Connection,
+    api: client.KubeClient | None,
+    verify: callout.Verifier | None,
+) -> AsyncIterator[None]:
+    """Serve the bus's auth callout while inside, when ``settings.bus_auth`` names the issuer:
+    deciding with ``verify`` when given (``standalone``), else by TokenReview."""
+    auth = settings.bus_auth
+    if auth is None:
+        yield
+        return
+    issuer = busauth.load_issuer(auth.issuer_seed_file)
+    if verify is None:
+        if api is None:
+            raise BusError("the bus's auth callout verifies agents through the Kubernetes API")
+        verify = busauth.review_verifier(api, auth)
+    async with anyio.create_task_group() as tg:
+        await tg.start(lambda task_status: callout.serve(
+            conn, issuer=issuer, verify=verify, task_status=task_status
+        ))  # fmt: skip
+        log.info("serving the bus's auth callout (issuer %s)", issuer.public_key)
+        yield
+        tg.cancel_scope.cancel()
+
+
 async def run(
     settings: WorkerSettings,
     *,
     registry: CollectorRegistry | None = None,
     resolver: Resolver | None = None,
+    verify: callout.Verifier | None = None,
     task_status: TaskStatus[Worker] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run the worker until cancelled; ``task_status.started`` once it serves and ingests.
 
-    ``resolver`` replaces the Hub client that resolves ModelArtifacts (tests, benchmarks).
+    ``resolver`` replaces the Hub client that resolves ModelArtifacts (tests, benchmarks);
+    ``verify`` decides the bus's auth callout instead of TokenReview (``standalone``).
     """
     registry = registry or CollectorRegistry(auto_describe=True)
     metrics = WorkerMetrics(registry)
@@ -125,6 +154,7 @@ async def run(
             observe=metrics.observe_request,
         )  # fmt: skip
         sink, api = await stack.enter_async_context(_sink(settings, conn, metrics))
+        await stack.enter_async_context(_callout(settings, conn, api, verify))
         if resolver is None:
             resolver = await stack.enter_async_context(
                 resolving.hub_resolver(settings.hub_endpoint)

@@ -11,9 +11,10 @@ import socket
 
 import msgspec
 
+from bus import identity
 from bus import settings as bus_settings
 from bus.settings import BusSettings
-from controlplane import leading
+from controlplane import busauth, leading
 from controlplane.k8s import client
 from hub import endpoints
 from kit.options import Options, SettingsError
@@ -40,6 +41,8 @@ class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
     """Where ModelArtifacts are resolved (``--hf-endpoint``, else ``$HF_ENDPOINT``)."""
     artifact_retry_base_s: float = 1.0
     artifact_retry_cap_s: float = 300.0
+    bus_auth: busauth.BusAuthSettings | None = None
+    """None: the worker serves no auth callout (the servers authenticate by themselves)."""
 
 
 def settings_from(options: Options) -> WorkerSettings:
@@ -58,14 +61,19 @@ def settings_from(options: Options) -> WorkerSettings:
         hub_endpoint = endpoints.endpoint_from(options.optional_text("hf-endpoint"), env)
     except endpoints.InvalidName as e:
         raise SettingsError(f"--hf-endpoint: {e}") from e
+    namespace = env.get("KUBERNETES_POD_NAMESPACE", "gpustack-system")
+    bus = bus_settings.from_options(options)
     return WorkerSettings(
-        bus=bus_settings.from_options(options),
+        bus=msgspec.structs.replace(
+            bus, inbox_prefix=identity.inbox_prefix(identity.Identity(role="worker"))
+        ),
+        bus_auth=_bus_auth(options, kube, namespace),
         kube=kube,
         https=_https(options, kube),
         leader_election=options.switch("kube-leader-election"),
         leader=leading.LeaderSettings(
             name=options.text("kube-leader-election-id"),
-            namespace=env.get("KUBERNETES_POD_NAMESPACE", "gpustack-system"),
+            namespace=namespace,
             lease_s=options.seconds("kube-leader-lease"),
             renew_timeout_s=options.seconds("kube-leader-renew-timeout"),
         ),
@@ -83,3 +91,21 @@ def _https(options: Options, kube: client.KubeSettings | None) -> HttpsSettings:
             "with --kubeconfig=none pass --metrics-auth=none (the endpoint is then open)"
         )
     return https
+
+
+def _bus_auth(
+    options: Options, kube: client.KubeSettings | None, namespace: str
+) -> busauth.BusAuthSettings | None:
+    """The callout settings, when ``--nats-callout-issuer-seed`` names the issuer's seed."""
+    audience = options.text("nats-callout-audience")
+    seed = options.optional_text("nats-callout-issuer-seed")
+    if seed is None:
+        return None
+    if kube is None:
+        raise SettingsError(
+            "--nats-callout-issuer-seed: agents are verified through the Kubernetes API "
+            "(TokenReview), which --kubeconfig=none turns off"
+        )
+    if not audience:
+        raise SettingsError("--nats-callout-audience: empty")
+    return busauth.BusAuthSettings(issuer_seed_file=seed, audience=audience, namespace=namespace)

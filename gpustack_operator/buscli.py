@@ -13,7 +13,7 @@ from typing import Literal, cast
 
 import msgspec
 
-from bus import codec, subscribing
+from bus import codec, identity, subscribing
 from bus.errors import BusError
 from bus.settings import BusSettings, from_options
 from kit.options import Options, SettingsError
@@ -34,6 +34,9 @@ class SchemaSettings(msgspec.Struct, frozen=True):
     """``bus schema`` has no flags of its own."""
 
 
+_DASHBOARD_INBOX = identity.inbox_prefix(identity.Identity(role="dashboard"))
+
+
 def watch_settings(options: Options) -> WatchSettings:
     """:raises SettingsError: a ``--subject`` outside the bus's subject space, or one that
     excludes ``--node``."""
@@ -47,7 +50,8 @@ def watch_settings(options: Options) -> WatchSettings:
         if node is not None and sub_node is not None and sub_node != node:
             raise SettingsError(f"--node {node} and --subject {subject} exclude each other")
     return WatchSettings(
-        bus=from_options(options),
+        # A dashboard's reply subjects (bus.identity): what the servers let dashboards read.
+        bus=msgspec.structs.replace(from_options(options), inbox_prefix=_DASHBOARD_INBOX),
         node=node,
         subject=subject,
         output=cast(Literal["json", "yaml"], options.text("output")),

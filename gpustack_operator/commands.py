@@ -138,6 +138,12 @@ NATS_FLAGS = (
     Flag("nats-user", "", "NATS user name"),
     Flag("nats-password", "", "NATS password", secret=True),
     Flag("nats-token", "", "NATS authentication token", secret=True),
+    Flag(
+        "nats-token-file",
+        "",
+        "file holding the NATS token, re-read at every connection (a projected "
+        "ServiceAccount token); wins over --nats-token",
+    ),
     Flag("nats-nkey-seed", "", "file holding an NKey seed"),
     Flag("nats-creds", "", "NATS credentials file (JWT and NKey seed)"),
     Flag("nats-tls-ca", "", "CA bundle that verifies the NATS servers"),
@@ -205,6 +211,17 @@ _WORKER = (
         "",
         "the Hub ModelArtifacts are resolved against (default $HF_ENDPOINT, else "
         "https://huggingface.co)",
+    ),
+    Flag(
+        "nats-callout-issuer-seed",
+        "",
+        "file holding the account NKey seed the NATS servers' auth_callout names as issuer: "
+        "the worker then authorizes every bus connection (agents by ServiceAccount token)",
+    ),
+    Flag(
+        "nats-callout-audience",
+        "gpustack-nats",
+        "the audience of the ServiceAccount tokens agents connect to NATS with",
     ),
     *_HTTPS,
     *_KUBE_CLIENT,

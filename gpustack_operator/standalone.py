@@ -9,6 +9,12 @@ different sink. With no API to review tokens, the HTTPS endpoints need none and 
 ``127.0.0.1`` unless ``--bind-address`` says otherwise. It prints how to watch, and stops cleanly on Ctrl-C or SIGTERM, leaving no
 process behind (the embedded server dies with its parent).
 
+The embedded server enforces the same per-identity permissions as a cluster's
+(:mod:`bus.identity`): the worker serves the auth callout, and every other component connects
+with a token generated at start (:func:`generate_credentials`, files readable by this user
+only), so nothing on this machine publishes as the agents or administers the streams without
+those files. The banner's watch command names the read-only dashboard token.
+
 It lives in the launcher layer because it is the one place that composes ``agent`` and
 ``controlplane``; they still meet only on the bus.
 """
@@ -20,9 +26,12 @@ import ipaddress
 import logging
 import math
 import os
+import secrets
 import sys
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Final
 
 import anyio
 import anyio.abc
@@ -33,9 +42,11 @@ from agent import serve_settings
 from agent.models import running as models_running
 from agent.models.policy import MemoryPolicy
 from agent.models.settings import ModelManagerSettings
-from bus import embedded
+from bus import callout, embedded, jwt
+from bus.identity import Identity, inbox_prefix
 from bus.settings import BusSettings
 from controlplane import running as worker_running
+from controlplane.busauth import BusAuthSettings
 from controlplane.settings import WorkerSettings
 from gpustack_operator import logs
 from hub import endpoints
@@ -119,23 +130,35 @@ async def run(
         log.warning("serving /metrics and the snapshots on %s to anyone, without tokens", address)
     for directory in ("device-plugins", "kubelet/pods", "models", "csi"):
         (state / directory).mkdir(parents=True, exist_ok=True)
+    creds = generate_credentials(state / "nats" / "auth", settings.agent.node_name)
+    config = callout.server_config(
+        issuer=creds.issuer.public_key, auth_user_nkey=creds.worker.public_key
+    )
     async with (
-        embedded.embedded_server(state / "nats", port=settings.nats_port) as server,
+        embedded.embedded_server(state / "nats", port=settings.nats_port, extra_config=config)
+        as server,
         anyio.create_task_group() as tg,
-    ):
-        bus = msgspec.structs.replace(settings.agent.bus, url=server.url)
-        worker_settings = msgspec.structs.replace(settings.worker, bus=bus)
-        agent_settings = msgspec.structs.replace(settings.agent, bus=bus)
-        worker = await tg.start(
-            functools.partial(worker_running.run, worker_settings), name="worker"
+    ):  # fmt: skip
+        buses = {role: creds.bus(settings.agent.bus, server.url, role) for role in _ROLES}
+        worker_settings = msgspec.structs.replace(
+            settings.worker,
+            bus=buses["worker"],
+            bus_auth=BusAuthSettings(issuer_seed_file=str(creds.directory / "issuer.nk")),
         )
+        # The worker serves the callout: every other component is verified by its token.
+        verify = callout.token_table({t: i for i, t in creds.tokens.items()})
+        worker = await tg.start(
+            functools.partial(worker_running.run, worker_settings, verify=verify), name="worker"
+        )
+        agent_settings = msgspec.structs.replace(settings.agent, bus=buses["device-manager"])
         agent = await tg.start(
             functools.partial(agent_running.run, agent_settings), name="device-agent"
         )
-        models_settings = msgspec.structs.replace(settings.models, bus=bus)
+        models_settings = msgspec.structs.replace(settings.models, bus=buses["model-manager"])
         # The model agent follows the worker's KV records (store spec, artifacts) like on a node.
         tg.start_soon(models_running.serve, models_settings, MemoryPolicy(), name="model-agent")
-        await _show(_banner(server.url, agent.server.url, worker.url, settings), out)
+        banner = _banner(server.url, agent.server.url, worker.url, settings, creds)
+        await _show(banner, out)
         task_status.started(server.url)
 
 
@@ -150,13 +173,21 @@ async def _show(banner: str, out: anyio.abc.ObjectSendStream[str] | None) -> Non
         sys.stderr.write(banner)
 
 
-def _banner(nats_url: str, agent_url: str, worker_url: str, settings: StandaloneSettings) -> str:
+def _banner(
+    nats_url: str,
+    agent_url: str,
+    worker_url: str,
+    settings: StandaloneSettings,
+    creds: Credentials,
+) -> str:
     nats_url = redact_urls(nats_url)  # people copy the banner into chats and tickets
+    dashboard = creds.token_file("dashboard")  # a path, never the token itself
+    watch = f"gpustack-operator bus watch --nats-url {nats_url} --nats-token-file {dashboard}"
     lines = [
         "",
         f"gpustack-operator standalone is running on node {settings.agent.node_name!r}.",
         f"  bus:             {nats_url} (state in {settings.state_dir})",
-        f"  watch events:    gpustack-operator bus watch --nats-url {nats_url}",
+        f"  watch events:    {watch}",
         f"  device metrics:  {agent_url}/metrics  (snapshot: /monitor/snapshot)",
         f"  worker metrics:  {worker_url}/metrics",
         f"  model agent:     CSI on {settings.models.socket_path}",
@@ -164,6 +195,63 @@ def _banner(nats_url: str, agent_url: str, worker_url: str, settings: Standalone
         "",
     ]
     return "\n".join(lines) + "\n"
+
+
+_ROLES: Final = ("worker", "device-manager", "model-manager", "dashboard")
+
+
+@dataclass(frozen=True)
+class Credentials:
+    """What ``standalone`` generates at every start (files 0600 in a 0700 directory): the
+    callout issuer's account key, the worker's NKey (it bypasses the callout), and one token
+    per other component, each proving one identity (:func:`bus.callout.token_table`)."""
+
+    directory: Path
+    issuer: jwt.NKey
+    worker: jwt.NKey
+    identities: dict[str, Identity]
+    tokens: dict[Identity, str]
+
+    def token_file(self, role: str) -> Path:
+        return self.directory / f"{role}.token"
+
+    def bus(self, base: BusSettings, url: str, role: str) -> BusSettings:
+        """``base`` at ``url`` as ``role``: its credential and its inbox prefix."""
+        ident = self.identities[role]
+        if role == "worker":
+            creds: dict[str, object] = {"nkey_seed_file": str(self.directory / "worker.nk")}
+        else:
+            creds = {"token_file": str(self.token_file(role))}
+        return msgspec.structs.replace(base, url=url, inbox_prefix=inbox_prefix(ident), **creds)
+
+
+def generate_credentials(directory: Path, node: str) -> Credentials:
+    """Fresh keys and tokens for one run, written under ``directory`` for other local tools
+    (``bus watch`` with the dashboard token, ``nats`` with the worker's seed)."""
+    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    directory.chmod(0o700)
+    issuer, worker = jwt.NKey.generate("account"), jwt.NKey.generate("user")
+    identities = {
+        "worker": Identity(role="worker"),
+        "device-manager": Identity(role="device-manager", node=node),
+        "model-manager": Identity(role="model-manager", node=node),
+        "dashboard": Identity(role="dashboard"),
+    }
+    tokens = {identities[r]: secrets.token_urlsafe(32) for r in _ROLES if r != "worker"}
+    creds = Credentials(directory, issuer, worker, identities, tokens)
+    _write_secret(directory / "issuer.nk", issuer.seed)
+    _write_secret(directory / "worker.nk", worker.seed)
+    for ident, token in tokens.items():
+        _write_secret(creds.token_file(ident.role), token)
+    return creds
+
+
+def _write_secret(path: Path, text: str) -> None:
+    """Write ``text`` readable by this user only (also when the file existed, wider)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="ascii") as f:
+        os.fchmod(f.fileno(), 0o600)
+        f.write(text + "\n")
 
 
 async def main(settings: StandaloneSettings) -> int:

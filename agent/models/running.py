@@ -37,6 +37,7 @@ from agent.models.policy import MemoryPolicy, Policy
 from agent.models.settings import ModelManagerSettings
 from agent.models.volumes import Volumes
 from bus import connection, kv, publishing
+from bus.errors import BusError
 from bus.metrics import BusMetrics
 from bus.records import StoreSpec
 from bus.reviewing import BusReviewer
@@ -47,6 +48,8 @@ from kit import serving
 __all__ = ["Plugin", "plugin", "run", "serve"]
 
 log = logging.getLogger(__name__)
+
+_BIND_RETRY_CAP_S = 30.0
 
 
 @dataclass
@@ -181,7 +184,10 @@ async def serve(settings: ModelManagerSettings, policy: MemoryPolicy) -> None:
         await _serve_plugin(settings, policy, None, registry, reviewer)
         return
     async with (
-        publishing.publisher(settings=settings.bus, metrics=BusMetrics(registry)) as pub,
+        # The worker creates the streams and buckets; an agent may not (bus.identity).
+        publishing.publisher(
+            settings=settings.bus, metrics=BusMetrics(registry), ensure_streams=False
+        ) as pub,
         anyio.create_task_group() as tg,
     ):
         tg.start_soon(
@@ -207,8 +213,21 @@ async def _follow_bus(
         reviewer.attach(conn),
         anyio.create_task_group() as tg,
     ):
-        bucket = await kv.open_bucket(conn, kv.AGENTS_BUCKET)
+        bucket = await _bind_agents_bucket(conn, bus)
         tg.start_soon(kvpolicy.follow, bucket, node, policy, name="policy-follower")
+
+
+async def _bind_agents_bucket(conn: connection.Connection, bus: BusSettings) -> kv.Bucket:
+    """The worker's bucket, once it exists: agents only bind it (the worker creates it)."""
+    attempt = 0
+    while True:
+        try:
+            return await kv.open_bucket(conn, kv.AGENTS_BUCKET, create=False)
+        except BusError as e:
+            delay = min(bus.reconnect_wait_s * 2**attempt, _BIND_RETRY_CAP_S)
+            log.warning("cannot bind the agents' bucket (%s); retrying in %.1fs", e, delay)
+            attempt += 1
+            await anyio.sleep(delay)
 
 
 async def _serve_plugin(

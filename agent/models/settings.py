@@ -11,6 +11,7 @@ from typing import Final
 import msgspec
 
 from agent.settings import node_name_from
+from bus import identity
 from bus import settings as bus_settings
 from bus.settings import BusSettings
 from hub import endpoints
@@ -99,8 +100,11 @@ def settings_from(options: Options) -> ModelManagerSettings:
         hub_endpoint = endpoints.endpoint_from(None, options.env)
     except endpoints.InvalidName as e:
         raise SettingsError(f"HF_ENDPOINT: {e}") from e
+    node = node_name_from(options)
+    me = identity.Identity(role="model-manager", node=node)
+    bus = msgspec.structs.replace(bus, inbox_prefix=identity.inbox_prefix(me))
     return ModelManagerSettings(
-        node_name=node_name_from(options),
+        node_name=node,
         kubelet_dir=Path(paths["kubelet-dir"]),
         cache_root=Path(paths["cache-root"]),
         csi_socket=Path(paths["csi-socket"]) if paths["csi-socket"] else None,

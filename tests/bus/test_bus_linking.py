@@ -66,7 +66,13 @@ async def test_events_published_before_the_server_exists_arrive_once_it_is_up(
         publishing.publisher(settings=settings, metrics=metrics) as pub,
         anyio.create_task_group() as tg,
     ):
-        tg.start_soon(publishing.link, pub, settings)
+        linked = anyio.CancelScope()
+
+        async def link() -> None:
+            with linked:
+                await publishing.link(pub, settings)
+
+        tg.start_soon(link)
         for seq in range(5):
             pub.publish(_health("n1", "GPU-0", seq))
             pub.publish(_health("n1", "GPU-1", seq))
@@ -92,10 +98,12 @@ async def test_events_published_before_the_server_exists_arrive_once_it_is_up(
 
                 await testing.eventually(newest_samples_stored)
             assert _count(metrics, "gpustack_bus_published_events_total", "health") == 2
-            # Stopped while the server is up: a nats-py reconnect loop cancelled in the very turn
-            # its connect attempt fails can lose the cancellation (asyncio.wait_for), which the
-            # leaked-task check would then report; closing mid-reconnect is covered elsewhere.
-            tg.cancel_scope.cancel()
+            # The link ends while the server is still up: a nats-py reconnect loop cancelled in
+            # the very turn its connect attempt fails can lose the cancellation
+            # (asyncio.wait_for), which the leaked-task check would report.
+            linked.cancel()
+            await testing.eventually(_checked(lambda: not pub.attached))
+        tg.cancel_scope.cancel()
 
 
 async def test_a_publisher_keeps_its_outbox_between_connections(

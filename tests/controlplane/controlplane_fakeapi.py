@@ -15,6 +15,10 @@ What it does, like the real API server:
 - watches: ``GET <collection>?watch=true`` streams ``{"type", "object"}`` JSON lines (ADDED for
   what exists first unless ``resourceVersion`` is given, then ADDED/MODIFIED/DELETED as they
   happen; ``timeoutSeconds`` ends the stream);
+- TokenReview (``POST /apis/authentication.k8s.io/v1/tokenreviews``): :meth:`FakeApi.issue_token`
+  mints a ServiceAccount token (pod-bound with its node, as kubelet gets them, or not); the
+  review authenticates it only for an audience it was issued for and until it expires, like
+  the API server, and no longer once :meth:`FakeApi.revoke` (its Pod deleted) was called;
 - :meth:`FakeApi.fail_next` injects one error response for a method and path prefix;
 - :meth:`FakeApi.hold` parks matching requests until the test releases them (cancellation tests);
 - per-verb counters of successful writes (``writes``);
@@ -26,9 +30,11 @@ What it does, like the real API server:
 
 from __future__ import annotations
 
+import base64
 import copy
 import itertools
 import json
+import time
 import uuid
 from collections import Counter
 from collections.abc import AsyncIterator
@@ -40,6 +46,7 @@ import anyio
 from aiohttp import web
 
 Key = tuple[str, str | None, str]  # (collection id, namespace, name)
+DEFAULT_AUDIENCE = "https://kubernetes.default.svc"
 REVIEWS = {
     "apis/authentication.k8s.io/v1/tokenreviews": "TokenReview",
     "apis/authorization.k8s.io/v1/subjectaccessreviews": "SubjectAccessReview",
@@ -98,8 +105,6 @@ class FakeApi:
         self.requests: Counter[str] = Counter()
         self.watches = 0
         """Watch streams opened so far."""
-        self.tokens: dict[str, dict[str, Any]] = {}
-        """Bearer token -> ``{username, uid, groups}`` (TokenReview)."""
         self.grants: set[tuple[str, str]] = set()
         """``(user or group, path)`` allowed to ``get`` a non-resource URL (SubjectAccessReview)."""
         self.reviews: Counter[str] = Counter()
@@ -109,6 +114,8 @@ class FakeApi:
         self._log: list[tuple[int, str, str, dict[str, Any]]] = []
         self._changed = anyio.Event()
         self._closing = False
+        self.tokens: dict[str, dict[str, Any]] = {}
+        """Issued tokens: their audiences, expiry and the ``user`` a review answers."""
 
     def fail_next(self, method: str, path_prefix: str, status: int, times: int = 1) -> None:
         self._faults.extend([(method, path_prefix, status)] * times)
@@ -117,6 +124,57 @@ class FakeApi:
         h = Hold(method, path_prefix, after)
         self._holds.append(h)
         return h
+
+    def issue_token(
+        self,
+        namespace: str,
+        service_account: str,
+        *,
+        node: str | None = None,
+        audiences: tuple[str, ...] = ("gpustack-nats",),
+        ttl_s: float = 3600.0,
+    ) -> str:
+        """A ServiceAccount token, bound to a Pod on ``node`` when given (a JWT in shape, with
+        ``exp``; only this fake's reviews accept it)."""
+        claims = {"exp": int(time.time() + ttl_s), "jti": str(uuid.uuid4()), "aud": audiences}
+        body = base64.urlsafe_b64encode(json.dumps(claims).encode()).decode().rstrip("=")
+        token = f"eyJhbGciOiJSUzI1NiJ9.{body}.c2ln"
+        extra: dict[str, list[str]] = {}
+        if node is not None:
+            pod = f"{service_account}-{uuid.uuid4().hex[:5]}"
+            extra = {
+                "authentication.kubernetes.io/pod-name": [pod],
+                "authentication.kubernetes.io/node-name": [node],
+            }
+        user = {
+            "username": f"system:serviceaccount:{namespace}:{service_account}",
+            "groups": ["system:serviceaccounts", f"system:serviceaccounts:{namespace}"],
+            "extra": extra,
+        }
+        self.tokens[token] = {"audiences": list(audiences), "user": user, "exp": claims["exp"]}
+        return token
+
+    def revoke(self, token: str) -> None:
+        """The token's Pod is gone: reviews no longer authenticate it."""
+        self.tokens.pop(token, None)
+
+    def user_token(self, token: str, user: dict[str, Any]) -> None:
+        """A token the API server's default audience accepts as ``user`` for an hour."""
+        audiences = [DEFAULT_AUDIENCE]
+        self.tokens[token] = {"audiences": audiences, "user": user, "exp": time.time() + 3600}
+
+    def _authenticate(self, spec: dict[str, Any]) -> dict[str, Any]:
+        issued = self.tokens.get(spec.get("token", ""))
+        if issued is not None and issued["exp"] <= time.time():
+            issued = None  # expired: as good as unknown
+        wanted = spec.get("audiences") or [DEFAULT_AUDIENCE]
+        common = [a for a in wanted if issued and a in issued["audiences"]]
+        status: dict[str, Any] = {"authenticated": False, "error": "invalid bearer token"}
+        if issued is not None and common:
+            status = {"authenticated": True, "user": issued["user"], "audiences": common}
+        elif issued is not None:
+            status["error"] = "token audiences are invalid for the target audiences"
+        return status
 
     def get(self, collection: str, name: str, namespace: str | None = None) -> dict[str, Any]:
         return self.objects[(collection, namespace, name)]
@@ -236,20 +294,15 @@ class FakeApi:
     def _review(self, coll: str, body: dict[str, Any]) -> web.Response:
         """Answer a review as the API server does: 201 with ``status`` filled in."""
         self.reviews[REVIEWS[coll]] += 1
-        spec = body["spec"]
+        spec = body.get("spec") or {}
         if REVIEWS[coll] == "TokenReview":
-            user = self.tokens.get(spec["token"])
-            status: dict[str, Any] = (
-                {"authenticated": True, "user": user}
-                if user
-                else {"authenticated": False, "error": "invalid bearer token"}
-            )
+            status = self._authenticate(spec)
         else:
             attrs = spec["nonResourceAttributes"]
             who = {spec["user"], *spec.get("groups", [])}
             allowed = attrs["verb"] == "get" and any((w, attrs["path"]) in self.grants for w in who)
             status = {"allowed": allowed} if allowed else {"allowed": False, "reason": "no rule"}
-        return web.json_response({**body, "status": status}, status=201)
+        return web.json_response({**body, "spec": spec, "status": status}, status=201)
 
     def _found(self, key: Key) -> web.Response | None:
         return None if key in self.objects else _status(404, f"{key[2]} not found")

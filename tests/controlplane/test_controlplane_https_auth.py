@@ -41,7 +41,7 @@ def _users(fake: FakeApi) -> None:
         ("app-token", APP, "default"),
     ):
         groups = ["system:serviceaccounts", f"system:serviceaccounts:{ns}", "system:authenticated"]
-        fake.tokens[token] = {"username": user, "uid": f"uid-{ns}", "groups": groups}
+        fake.user_token(token, {"username": user, "uid": f"uid-{ns}", "groups": groups})
     fake.grants |= {(PROMETHEUS, "/metrics"), (PROMETHEUS, "/monitor/snapshot")}
 
 

@@ -1,16 +1,17 @@
 """The built NATS configuration, run by a real ``nats-server``.
 
 The cluster block cannot form on loopback, so each test runs one server with the built
-``auth.conf`` (exactly as shipped) and checks what each component's user may and may not do
-through the real bus code; the full ``nats.conf`` of every tree is checked by ``nats-server -t``.
+``auth.conf`` (exactly as shipped), the auth callout served on the worker's connection as the
+worker serves it, and checks what each identity may and may not do through the real bus code;
+the full ``nats.conf`` of every tree is checked by ``nats-server -t``.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 from collections.abc import AsyncIterator
-from contextlib import AsyncExitStack
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -18,28 +19,40 @@ from typing import Any
 import anyio
 import msgspec
 import pytest
-from deploy_helpers import BASE, INSTALLS, build, find
+from deploy_helpers import BASE, INSTALLS, build, find, pod_spec, workloads
 
-from bus import codec, connection, errors, events, publishing, reviewing, state, subjects, testing
+from bus import (
+    callout,
+    codec,
+    connection,
+    errors,
+    events,
+    identity,
+    jwt,
+    publishing,
+    state,
+    subjects,
+    testing,
+)
 from bus.embedded import ServerProcess, find_binary
+from bus.identity import Identity
 from bus.metrics import BusMetrics
 from bus.settings import BusSettings
-from kit.access import Decision
+from controlplane import busauth
 
 pytestmark = pytest.mark.anyio
 
-PASSWORDS = {
-    "NATS_WORKER_PASSWORD": "w0rker-Secret_1",
-    "NATS_DEVICE_MANAGER_PASSWORD": "dm-Secret_2",
-    "NATS_MODEL_MANAGER_PASSWORD": "mm-Secret_3",
-    "NATS_DASHBOARD_PASSWORD": "dash-Secret_4",
+WORKER_PASSWORD = "w0rker-Secret_1"
+ISSUER = jwt.NKey.generate("account")
+ENV = {"NATS_WORKER_PASSWORD": WORKER_PASSWORD, "NATS_CALLOUT_ISSUER": ISSUER.public_key}
+A = Identity(role="device-manager", node="gpu-a.example")
+IDENTITIES = {
+    "device-manager": A,
+    "device-manager-b": Identity(role="device-manager", node="gpu-b.example"),
+    "model-manager": Identity(role="model-manager", node="gpu-a.example"),
+    "dashboard": Identity(role="dashboard"),
 }
-USERS = {
-    "worker": "NATS_WORKER_PASSWORD",
-    "device-manager": "NATS_DEVICE_MANAGER_PASSWORD",
-    "model-manager": "NATS_MODEL_MANAGER_PASSWORD",
-    "dashboard": "NATS_DASHBOARD_PASSWORD",
-}
+TOKENS = {f"token-{name}": ident for name, ident in IDENTITIES.items()}
 
 
 def _config(tree: str) -> dict[str, str]:
@@ -59,7 +72,7 @@ def test_nats_server_accepts_the_built_configuration(tree: str, tmp_path: Path) 
         text=True,
         timeout=30,
         check=False,
-        env={**os.environ, **PASSWORDS, "SERVER_NAME": "gpustack-nats-0"},
+        env={**os.environ, **ENV, "SERVER_NAME": "gpustack-nats-0"},
     )
     assert done.returncode == 0, done.stderr + done.stdout
 
@@ -105,25 +118,48 @@ class _AuthServer(ServerProcess):
 
 @pytest.fixture
 async def server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[ServerProcess]:
-    for name, value in PASSWORDS.items():
+    """The built auth.conf on a real server, and the callout served on the worker's connection
+    (as the worker serves it; which token proves whom is controlplane/busauth.py's business)."""
+    for name, value in ENV.items():
         monkeypatch.setenv(name, value)  # the server process inherits them
     proc = _AuthServer(tmp_path / "nats")
     proc.auth = _config(BASE)["auth.conf"]
     try:
         await proc.start()
-        yield proc
+        worker = _as(proc, "worker")
+        async with (
+            connection.connect(worker, retry=False) as conn,
+            anyio.create_task_group() as tg,
+        ):
+            await state.ensure_streams(conn, worker)
+            verify = callout.token_table(TOKENS)
+            await tg.start(lambda task_status: callout.serve(
+                conn, issuer=ISSUER, verify=verify, task_status=task_status
+            ))  # fmt: skip
+            yield proc
+            tg.cancel_scope.cancel()
     finally:
         await proc.stop()
 
 
-def _as(server: ServerProcess, user: str, **overrides: Any) -> BusSettings:
-    return testing.settings_for(server, user=user, password=PASSWORDS[USERS[user]], **overrides)
+def _as(server: ServerProcess, who: str, **overrides: Any) -> BusSettings:
+    if who == "worker":
+        return testing.settings_for(
+            server, user="worker", password=WORKER_PASSWORD, inbox_prefix="_INBOX.worker",
+            **overrides,
+        )  # fmt: skip
+    ident = IDENTITIES[who]
+    return testing.settings_for(
+        server, token=f"token-{who}", inbox_prefix=identity.inbox_prefix(ident), **overrides
+    )
 
 
 async def _publish_all(settings: BusSettings, node: str, kinds: set[str]) -> None:
     async with (
         connection.connect(settings, retry=False) as conn,
-        publishing.publisher(conn, settings=settings, metrics=BusMetrics()) as pub,
+        publishing.publisher(
+            conn, settings=settings, metrics=BusMetrics(), ensure_streams=False
+        ) as pub,
     ):
         for event in testing.example_events(node):
             if events.kind_of(event) in kinds:
@@ -157,72 +193,142 @@ DM_KINDS = {"devices", "samples", "health", "allocations", "agent"}
 async def test_agents_publish_their_kinds_and_the_worker_reads_them(
     server: ServerProcess,
 ) -> None:
-    await _publish_all(_as(server, "device-manager"), "gpu-1.example", DM_KINDS)
-    await _publish_all(_as(server, "model-manager"), "gpu-1.example", {"models"})
+    await _publish_all(_as(server, "device-manager"), "gpu-a.example", DM_KINDS)
+    await _publish_all(_as(server, "model-manager"), "gpu-a.example", {"models"})
     seen = await _state(_as(server, "worker"))
-    assert seen == {("gpu-1.example", k) for k in DM_KINDS | {"models"}}
+    assert seen == {("gpu-a.example", k) for k in DM_KINDS | {"models"}}
 
 
 async def test_dashboard_reads_state_but_never_publishes(server: ServerProcess) -> None:
-    await _publish_all(_as(server, "device-manager"), "n1", {"devices"})
-    assert await _state(_as(server, "dashboard")) == {("n1", "devices")}
-    assert await _refused(_as(server, "dashboard"), "n1", "devices")
+    await _publish_all(_as(server, "device-manager"), "gpu-a.example", {"devices"})
+    assert await _state(_as(server, "dashboard")) == {("gpu-a.example", "devices")}
+    assert await _refused(_as(server, "dashboard"), "gpu-a.example", "devices")
 
 
 @pytest.mark.parametrize(
-    ("user", "kind"),
-    [("device-manager", "models"), ("model-manager", "devices"), ("worker", "health")],
+    ("who", "node", "kind"),
+    [
+        ("device-manager", "gpu-a.example", "models"),
+        ("model-manager", "gpu-a.example", "devices"),
+        ("worker", "gpu-a.example", "health"),
+        # The hostile tester's forgery: node B's devices and health with node A's credential.
+        ("device-manager", "gpu-b.example", "devices"),
+        ("device-manager", "gpu-b.example", "health"),
+        ("model-manager", "gpu-b.example", "models"),
+    ],
 )
-async def test_a_component_cannot_publish_another_components_kind(
-    server: ServerProcess, user: str, kind: str
+async def test_nobody_publishes_what_is_not_theirs(
+    server: ServerProcess, who: str, node: str, kind: str
 ) -> None:
-    # The streams exist (an agent created them); only the subject permission stands in the way.
-    await _publish_all(_as(server, "device-manager"), "n1", {"agent"})
-    assert await _refused(_as(server, user), "n1", kind)
+    assert await _refused(_as(server, who), node, kind)
+    assert (node, kind) not in await _state(_as(server, "worker"))
 
 
-class _AllowAll:
-    async def allowed(self, token: str | None, path: str) -> Decision:
-        return Decision("allowed")
-
-
-async def _review_as(server: ServerProcess, user: str) -> str:
-    """What an access review asked as ``user`` comes back as."""
-    reviewer = reviewing.BusReviewer("n1", timeout_s=1.0)
-    async with connection.connect(_as(server, user), retry=False) as conn, reviewer.attach(conn):
-        return (await reviewer.allowed("a-token", "/metrics")).verdict
-
-
-async def test_only_the_worker_reads_reviews_and_only_agents_ask(server: ServerProcess) -> None:
-    overheard: list[tuple[str, bytes]] = []
-    async with AsyncExitStack() as stack:
-        # Requests carry bearer tokens: nobody but the worker may subscribe to them (each
-        # eavesdropper in a queue group of its own would get a copy of every request).
-        for user in ("device-manager", "model-manager", "dashboard"):
-            conn = await stack.enter_async_context(connection.connect(_as(server, user)))
-            await stack.enter_async_context(
-                conn.serve_requests(
-                    reviewing.SUBJECT,
-                    lambda data, _, u=user: overheard.append((u, data)),
-                    queue=user,
-                )
+async def test_an_agent_can_neither_shrink_the_state_stream_nor_read_others_replies(
+    server: ServerProcess,
+) -> None:
+    shrink = msgspec.json.encode(
+        {"name": state.STATE_STREAM, "subjects": ["gpustack.v1.node.*.devices"], "max_msgs": 1}
+    )
+    stolen: list[str] = []
+    async with connection.connect(_as(server, "device-manager"), retry=False) as spy:
+        async with spy.subscribe("_INBOX.>", lambda s, _d: stolen.append(s)):
+            await spy.publish(
+                f"$JS.API.STREAM.UPDATE.{state.STATE_STREAM}", shrink, reply=spy.new_inbox()
             )
-        worker = await stack.enter_async_context(connection.connect(_as(server, "worker")))
-        await stack.enter_async_context(reviewing.serve_reviews(worker, _AllowAll()))
-        assert await _review_as(server, "device-manager") == "allowed"
-        assert await _review_as(server, "model-manager") == "allowed"
-        assert await _review_as(server, "dashboard") == "unavailable"  # may not publish it
-    assert overheard == []
+            await spy.flush()
+            await _publish_all(_as(server, "device-manager-b"), "gpu-b.example", {"devices"})
+        await _publish_all(_as(server, "device-manager"), "gpu-a.example", {"devices", "agent"})
+    assert stolen == []
+    assert await _state(_as(server, "worker")) == {
+        ("gpu-b.example", "devices"),
+        ("gpu-a.example", "devices"),
+        ("gpu-a.example", "agent"),
+    }
 
 
-async def test_a_wrong_password_is_refused(server: ServerProcess) -> None:
-    settings = msgspec.structs.replace(_as(server, "worker"), password="guess")
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"password": "guess"},
+        {"user": None, "password": None},
+        {"user": None, "password": None, "token": "guess"},
+    ],
+)
+async def test_wrong_or_missing_credentials_are_refused(
+    server: ServerProcess, overrides: dict[str, Any]
+) -> None:
+    settings = msgspec.structs.replace(_as(server, "worker"), **overrides)
     with pytest.raises(errors.BusError):
         async with connection.connect(settings, retry=False):
             pass
 
 
+def _quoted(block: str) -> list[str]:
+    return re.findall(r'"([^"]+)"', block)
+
+
+def test_the_workers_permissions_are_the_template() -> None:
+    auth = _config(BASE)["auth.conf"]
+    publish = re.search(r"publish: \{ allow: \[(.*?)\] \}", auth, re.DOTALL)
+    subscribe = re.search(r"subscribe: \{ allow: \[(.*?)\] \}", auth, re.DOTALL)
+    assert publish is not None and subscribe is not None
+    worker = identity.permissions_for(Identity(role="worker"))
+    assert _quoted(publish.group(1)) == list(worker.pub_allow)
+    assert _quoted(subscribe.group(1)) == list(worker.sub_allow)
+    assert "allow_responses: true" in auth and worker.allow_responses
+
+
 def test_only_the_dashboard_may_use_websocket() -> None:
     auth = _config(BASE)["auth.conf"]
-    assert auth.count('allowed_connection_types: ["STANDARD"]') == 3
-    assert auth.count('allowed_connection_types: ["STANDARD", "WEBSOCKET"]') == 1
+    assert auth.count("allowed_connection_types:") == 1  # the worker's; the callout's are JWTs
+    assert 'allowed_connection_types: ["STANDARD"]' in auth
+    for ident in [*IDENTITIES.values(), Identity(role="worker")]:
+        websocket = identity.permissions_for(ident).websocket
+        assert websocket == (ident.role == "dashboard"), ident.role
+
+
+def _env(container: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {e["name"]: e for e in container.get("env", [])}
+
+
+@pytest.mark.parametrize("tree", INSTALLS)
+def test_agents_prove_their_node_with_a_bus_only_token(tree: str) -> None:
+    """Each agent presents its Pod's projected ServiceAccount token, for the callout's
+    audience only (no API rights), and runs as a ServiceAccount the callout gives its role."""
+    objs = build(tree)
+    agents = [o for o in workloads(objs) if o["kind"] == "DaemonSet"]
+    assert len(agents) == 3
+    for obj in agents:
+        spec = pod_spec(obj)
+        role = busauth.ROLES_BY_SERVICE_ACCOUNT[spec["serviceAccountName"]]
+        assert role == obj["metadata"]["labels"]["app.kubernetes.io/component"]
+        find(objs, "ServiceAccount", spec["serviceAccountName"])
+        (volume,) = [v for v in spec["volumes"] if "projected" in v]
+        (source,) = volume["projected"]["sources"]
+        token = source["serviceAccountToken"]
+        assert token["audience"] == busauth.DEFAULT_AUDIENCE
+        assert 600 <= token["expirationSeconds"] <= 3600
+        agent = spec["containers"][0]
+        (mount,) = [m for m in agent["volumeMounts"] if m["name"] == volume["name"]]
+        assert mount["readOnly"] is True
+        env = _env(agent)
+        assert env["GPUSTACK_NATS_TOKEN_FILE"]["value"] == f"{mount['mountPath']}/{token['path']}"
+        assert "GPUSTACK_NATS_PASSWORD" not in env and "GPUSTACK_NATS_USER" not in env
+    find(objs, "ServiceAccount", "gpustack-operator-dashboard")
+
+
+def test_the_worker_signs_with_the_key_the_servers_name_as_issuer() -> None:
+    objs = build(BASE)
+    spec = pod_spec(find(objs, "Deployment", "gpustack-operator-worker"))
+    seed = _env(spec["containers"][0])["GPUSTACK_NATS_CALLOUT_ISSUER_SEED"]["value"]
+    (volume,) = [v for v in spec["volumes"] if v.get("secret", {}).get("items")]
+    assert volume["secret"]["secretName"] == "gpustack-nats-auth"
+    assert volume["secret"]["defaultMode"] == 0o400
+    (mount,) = [m for m in spec["containers"][0]["volumeMounts"] if m["name"] == volume["name"]]
+    (item,) = volume["secret"]["items"]
+    assert (item["key"], f"{mount['mountPath']}/{item['path']}") == ("callout-issuer-seed", seed)
+    nats = pod_spec(find(objs, "StatefulSet", "gpustack-nats"))["containers"][0]
+    issuer = _env(nats)["NATS_CALLOUT_ISSUER"]["valueFrom"]["secretKeyRef"]
+    assert issuer == {"name": "gpustack-nats-auth", "key": "callout-issuer"}
+    assert "issuer: $NATS_CALLOUT_ISSUER" in _config(BASE)["auth.conf"]

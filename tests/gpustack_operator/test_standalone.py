@@ -3,19 +3,23 @@
 from __future__ import annotations
 
 import functools
+import io
 import json
 import os
+import shlex
 import signal
+import stat
 import subprocess
 import sys
 from pathlib import Path
 
 import anyio
+import msgspec
 import pytest
 
-from bus import connection, kv, state, testing
+from bus import connection, errors, kv, state, testing
 from bus.settings import BusSettings
-from gpustack_operator import standalone
+from gpustack_operator import buscli, buswatching, standalone
 from gpustack_operator.main import options_for
 
 pytestmark = pytest.mark.anyio
@@ -50,7 +54,11 @@ async def test_devices_reach_the_kv_ledger_through_the_worker(tmp_path: Path) ->
         async with anyio.create_task_group() as tg:
             url = await tg.start(functools.partial(standalone.run, settings, out=banners))
             banner = await banner_reader.receive()
-            bus = BusSettings.for_tests(url)
+            auth = tmp_path / "state" / "nats" / "auth"
+            # The worker's own credential (an administrator's, on this machine).
+            bus = BusSettings.for_tests(
+                url, nkey_seed_file=str(auth / "worker.nk"), inbox_prefix="_INBOX.worker"
+            )
             async with connection.connect(bus, retry=False) as conn:
                 ledger = await kv.open_bucket(conn, kv.LEDGER_BUCKET)
 
@@ -75,8 +83,60 @@ async def test_devices_reach_the_kv_ledger_through_the_worker(tmp_path: Path) ->
 
                 # The model agent's cache state reaches NodeModelStore.status via the worker.
                 await testing.eventually(store_reported, timeout_s=20)
+                await _the_banners_watch_command_works_as_printed(banner)
             tg.cancel_scope.cancel()
-    assert f"bus watch --nats-url {url}" in banner
+    assert f"bus watch --nats-url {url} --nats-token-file {auth / 'dashboard.token'}" in banner
+
+
+async def _the_banners_watch_command_works_as_printed(banner: str) -> None:
+    """Run ``bus watch`` with the arguments the banner prints: it reads the retained state."""
+    (line,) = [ln for ln in banner.splitlines() if "bus watch" in ln]
+    argv = shlex.split(line.split("gpustack-operator bus watch", 1)[1])
+    watch = buscli.watch_settings(options_for(("bus", "watch"), [*argv, "--output=json"]))
+    out = io.StringIO()
+    with anyio.move_on_after(20):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(functools.partial(
+                buswatching.watch, settings=watch.bus, node=None, subject=None, fmt="json", out=out
+            ))  # fmt: skip
+            await testing.eventually(lambda: _true('"kind":"devices"' in out.getvalue()))
+            tg.cancel_scope.cancel()
+    assert '"node":"laptop.example"' in out.getvalue()
+    # The dashboard's credential reads; it cannot publish, nor does connecting without one work.
+    async with connection.connect(watch.bus, retry=False) as conn:
+        with pytest.raises(errors.PublishFailed):
+            await conn.publish_acked("gpustack.v1.node.laptop%2Eexample.health", b"{}")
+    anonymous = msgspec.structs.replace(watch.bus, token_file=None)
+    with pytest.raises(errors.NotConnected):
+        async with connection.connect(anonymous, retry=False):
+            pass
+
+
+async def _true(value: bool) -> bool:
+    return value
+
+
+def test_generated_credentials_are_readable_by_their_owner_only(tmp_path: Path) -> None:
+    (tmp_path / "auth").mkdir(mode=0o755)
+    (tmp_path / "auth" / "dashboard.token").write_text("old")
+    (tmp_path / "auth" / "dashboard.token").chmod(0o644)
+    creds = standalone.generate_credentials(tmp_path / "auth", "laptop.example")
+    assert stat.S_IMODE((tmp_path / "auth").stat().st_mode) == 0o700
+    files = sorted(p.name for p in (tmp_path / "auth").iterdir())
+    assert files == [
+        "dashboard.token",
+        "device-manager.token",
+        "issuer.nk",
+        "model-manager.token",
+        "worker.nk",
+    ]
+    for f in (tmp_path / "auth").iterdir():
+        assert stat.S_IMODE(f.stat().st_mode) == 0o600, f
+    token = (tmp_path / "auth" / "dashboard.token").read_text().strip()
+    assert token != "old" and creds.tokens[creds.identities["dashboard"]] == token
+    assert (tmp_path / "auth" / "issuer.nk").read_text().strip() == creds.issuer.seed
+    again = standalone.generate_credentials(tmp_path / "auth", "laptop.example")
+    assert again.issuer.public_key != creds.issuer.public_key  # fresh at every start
 
 
 def test_the_command_stops_cleanly_on_sigint_and_leaves_no_server(tmp_path: Path) -> None:

@@ -17,7 +17,6 @@ from agent.models import running
 from agent.models.policy import MemoryPolicy
 from agent.models.settings import ModelManagerSettings, settings_from
 from bus import codec, connection, embedded, events, kv, reviewing, state, testing
-from bus.errors import StateUnavailable
 from bus.records import ArtifactRecord, HuggingFaceSource, StoreSpecRecord
 from bus.settings import BusSettings
 from gpustack_operator.main import options_for
@@ -52,6 +51,8 @@ async def test_serve_reads_artifacts_from_kv_and_publishes_models(tmp_path: Path
             bus=bus_settings,
         )
         async with connection.connect(bus_settings, retry=False) as conn:
+            # The worker's job: the agent creates neither the bucket nor the streams.
+            await state.ensure_streams(conn, bus_settings)
             bucket = await kv.open_bucket(conn, kv.AGENTS_BUCKET)
             record = ArtifactRecord(
                 namespace="team-a",
@@ -118,12 +119,12 @@ async def test_serves_csi_and_https_while_nats_is_down_and_publishes_once_it_is_
                 embedded.embedded_server(tmp_path / "nats", port=port),
                 connection.connect(bus_settings, retry=False) as conn,
             ):
+                # The worker's job: the agent creates neither the streams nor the bucket.
+                await state.ensure_streams(conn, bus_settings)
+                await kv.open_bucket(conn, kv.AGENTS_BUCKET)
 
                 async def models_on_bus() -> bool:
-                    try:
-                        raw = await state.snapshot(conn, bus_settings, node="node-1", kind="models")
-                    except StateUnavailable:  # the manager has not created the streams yet
-                        return False
+                    raw = await state.snapshot(conn, bus_settings, node="node-1", kind="models")
                     return len(raw) == 1
 
                 await testing.eventually(models_on_bus, timeout_s=20)

@@ -81,6 +81,8 @@ async def test_agent_serves_kubelet_bus_and_metrics(tmp_path: Path, kubelet: Fak
     async with nats_server(tmp_path) as server:
         bus = settings_for(server)
         settings = ServeSettings.for_tests(str(tmp_path), bus=bus)
+        async with connect(bus) as conn:
+            await state.ensure_streams(conn, bus)  # the worker's job: agents may not
         async with (
             connect(bus) as conn,
             subscribe(conn, settings=bus, metrics=BusMetrics(), node="test-node") as events_in,
@@ -195,12 +197,12 @@ async def test_agent_serves_without_the_bus_and_publishes_once_it_is_up(
         assert not running.publisher.attached
         assert running.publisher.pending >= 3  # devices, agent, samples: held, not lost
         async with embedded_server(tmp_path / "nats", port=port), connect(bus) as conn:
+            with pytest.raises(StateUnavailable):  # the agent may not create the streams
+                await state.snapshot(conn, bus, node=settings.node_name)
+            await state.ensure_streams(conn, bus)  # the worker's job
 
             async def published() -> bool:
-                try:
-                    stored = await state.snapshot(conn, bus, node=settings.node_name)
-                except StateUnavailable:  # the agent has not created the streams yet
-                    return False
+                stored = await state.snapshot(conn, bus, node=settings.node_name)
                 return {parse(subject)[1] for subject, _ in stored} >= {"devices", "agent"}
 
             await eventually(published, timeout_s=20)
