@@ -1,5 +1,10 @@
 """The HTTPS endpoint every service exposes: ``/metrics``, ``/readyz``, ``/livez`` and extras.
 
+Extras are GET ``routes`` and POST ``posts``; a POST body is read whole, up to ``max_body_bytes``
+(413 beyond it), so a handler gets bytes and never a stream it could be stalled on. ``posts``
+carry no authorization of the endpoint's own: the worker's admission webhooks are POSTed by the
+API server, which authenticates the endpoint by its certificate.
+
 One implementation for ``dm serve``, ``model-manager`` and ``worker`` so probes and scrapes
 behave the same everywhere. TLS is always on: the certificate is ``tls.crt``/``tls.key`` from
 ``--cert-dir`` when given, else a self-signed one made at start-up (in memory, written to a
@@ -83,6 +88,10 @@ class Response:
 
 
 Route = Callable[[], Awaitable[Response]]
+PostRoute = Callable[[bytes], Awaitable[Response]]
+"""Called with the request's body."""
+MAX_BODY_BYTES = 3 * 1024 * 1024
+"""The API server's own bound on a request body: no AdmissionReview it sends is larger."""
 
 
 @dataclass
@@ -109,15 +118,19 @@ async def https_server(
     ready: Callable[[], bool],
     live: Callable[[], bool] = lambda: True,
     routes: Mapping[str, Route] | None = None,
+    posts: Mapping[str, PostRoute] | None = None,
+    max_body_bytes: int = MAX_BODY_BYTES,
 ) -> AsyncIterator[Server]:
     """Serve the endpoint until the block exits. :raises ServingFailed: when it cannot start."""
     context, pem = _tls_context(settings.cert_dir)
-    app = web.Application()
+    app = web.Application(client_max_size=max_body_bytes)
     app.router.add_get("/metrics", _metrics_handler(registry))
     app.router.add_get("/readyz", _probe_handler(ready))
     app.router.add_get("/livez", _probe_handler(live))
     for path, route in (routes or {}).items():
         app.router.add_get(path, _route_handler(route))
+    for path, post in (posts or {}).items():
+        app.router.add_post(path, _post_handler(post))
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
     try:
@@ -163,6 +176,19 @@ def _probe_handler(check: Callable[[], bool]) -> Callable[[web.Request], Awaitab
 def _route_handler(route: Route) -> Callable[[web.Request], Awaitable[web.Response]]:
     async def handle(_: web.Request) -> web.Response:
         response = await route()
+        return web.Response(
+            status=response.status,
+            body=response.body,
+            headers={"Content-Type": response.content_type},
+        )
+
+    return handle
+
+
+def _post_handler(post: PostRoute) -> Callable[[web.Request], Awaitable[web.Response]]:
+    async def handle(request: web.Request) -> web.Response:
+        body = await request.read()  # 413 (HTTPRequestEntityTooLarge) past client_max_size
+        response = await post(body)
         return web.Response(
             status=response.status,
             body=response.body,
