@@ -16,9 +16,11 @@ __all__ = [
     "GROUP",
     "LEASES",
     "MODELARTIFACTS",
+    "MUTATING_WEBHOOKS",
     "NODEMODELSTORES",
     "NODES",
     "SECRETS",
+    "VALIDATING_WEBHOOKS",
     "VERSION",
     "Observed",
     "Ref",
@@ -62,6 +64,18 @@ NODES: Final = Resource(group="", version="v1", plural="nodes", kind="Node")
 SECRETS: Final = Resource(group="", version="v1", plural="secrets", kind="Secret", namespaced=True)
 LEASES: Final = Resource(
     group="coordination.k8s.io", version="v1", plural="leases", kind="Lease", namespaced=True
+)
+MUTATING_WEBHOOKS: Final = Resource(
+    group="admissionregistration.k8s.io",
+    version="v1",
+    plural="mutatingwebhookconfigurations",
+    kind="MutatingWebhookConfiguration",
+)
+VALIDATING_WEBHOOKS: Final = Resource(
+    group="admissionregistration.k8s.io",
+    version="v1",
+    plural="validatingwebhookconfigurations",
+    kind="ValidatingWebhookConfiguration",
 )
 CRDS: Final = Resource(
     group="apiextensions.k8s.io",

@@ -2,9 +2,11 @@
 
 One anyio task group: the bus subscription (retained state first, then live events) feeding the
 ledger in every replica; the reconcilers, resync and CRD repair only in the leader; the HTTPS
-endpoint (``/metrics``, ``/readyz``, ``/livez``) throughout. With a reachable Kubernetes API the
-sink is the API (CRDs applied at start-up, Lease-based election); without one (``standalone``,
-or ``--kubeconfig=none``) the same reconcilers keep their ledger in the bus's KV bucket.
+endpoint (``/metrics``, ``/readyz``, ``/livez`` and the Pod admission webhooks, which answer from
+the ledger) throughout. With a reachable Kubernetes API the sink is the API (CRDs and webhook
+configurations applied at start-up, Lease-based election); without one (``standalone``, or
+``--kubeconfig=none``) the same reconcilers keep their ledger in the bus's KV bucket, and the
+webhooks are served all the same.
 
 Samples are never written to the API: they stay on the bus (retained) and in metrics.
 """
@@ -23,6 +25,8 @@ from prometheus_client import CollectorRegistry
 from bus import connection, kv, state, subscribing
 from bus.metrics import BusMetrics
 from controlplane import crds, leading, resolving
+from controlplane.admission import certificates, webhooks
+from controlplane.admission.cards import LedgerCatalog
 from controlplane.k8s import client
 from controlplane.metrics import WorkerMetrics
 from controlplane.reconciling.artifacting import ArtifactReconciler
@@ -110,7 +114,7 @@ async def run(
         )
         worker = Worker(url="", metrics=metrics, processor=processor, artifacts=artifacts)
         server = await stack.enter_async_context(
-            serving.https_server(settings.https, registry=registry, ready=lambda: conn.is_connected)
+            _serve(settings, api, registry, lambda: conn.is_connected, LedgerCatalog(ledger))
         )
         worker.url = server.url
 
@@ -141,6 +145,33 @@ async def run(
             ledger_in = "the bus KV" if api is None else "Kubernetes"
             log.info("worker ready (HTTPS %s, ledger in %s)", worker.url, ledger_in)
             task_status.started(worker)
+
+
+@asynccontextmanager
+async def _serve(
+    settings: WorkerSettings,
+    api: client.KubeClient | None,
+    registry: CollectorRegistry,
+    ready: Callable[[], bool],
+    catalog: LedgerCatalog,
+) -> AsyncIterator[serving.Server]:
+    """The HTTPS endpoint with the Pod webhooks. With a cluster, it serves a certificate the
+    API server can verify, and the configurations naming its CA are applied once it listens:
+    the API server is never sent to an endpoint that is not up."""
+    posts = webhooks.posts(catalog)
+    if api is None or settings.webhooks.service is None:
+        async with serving.https_server(
+            settings.https, registry=registry, ready=ready, posts=posts
+        ) as server:
+            yield server
+        return
+    async with AsyncExitStack() as stack:
+        async with certificates.serving_identity(api, settings.https, settings.webhooks) as ident:
+            server = await stack.enter_async_context(
+                serving.https_server(ident.https, registry=registry, ready=ready, posts=posts)
+            )
+        await webhooks.ensure(api, settings.webhooks, ident.ca_bundle)
+        yield server
 
 
 async def _elected(

@@ -14,6 +14,7 @@ import msgspec
 from bus import settings as bus_settings
 from bus.settings import BusSettings
 from controlplane import leading
+from controlplane.admission.webhooks import WebhookSettings
 from controlplane.k8s import client
 from hub import endpoints
 from kit.options import Options, SettingsError
@@ -40,6 +41,8 @@ class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
     """Where ModelArtifacts are resolved (``--hf-endpoint``, else ``$HF_ENDPOINT``)."""
     artifact_retry_base_s: float = 1.0
     artifact_retry_cap_s: float = 300.0
+    webhooks: WebhookSettings = WebhookSettings()
+    """Where the API server reaches the Pod webhooks (with a cluster only)."""
 
 
 def settings_from(options: Options) -> WorkerSettings:
@@ -58,17 +61,23 @@ def settings_from(options: Options) -> WorkerSettings:
         hub_endpoint = endpoints.endpoint_from(options.optional_text("hf-endpoint"), env)
     except endpoints.InvalidName as e:
         raise SettingsError(f"--hf-endpoint: {e}") from e
+    namespace = env.get("KUBERNETES_POD_NAMESPACE", "gpustack-system")
+    https = https_from(options)
+    webhooks = WebhookSettings(
+        service=options.optional_text("webhook-service"), namespace=namespace, port=https.port
+    )
     return WorkerSettings(
         bus=bus_settings.from_options(options),
         kube=kube,
-        https=https_from(options),
+        https=https,
         leader_election=options.switch("kube-leader-election"),
         leader=leading.LeaderSettings(
             name=options.text("kube-leader-election-id"),
-            namespace=env.get("KUBERNETES_POD_NAMESPACE", "gpustack-system"),
+            namespace=namespace,
             lease_s=options.seconds("kube-leader-lease"),
             renew_timeout_s=options.seconds("kube-leader-renew-timeout"),
         ),
         identity=env.get("POD_NAME") or f"{socket.gethostname()}_{os.getpid()}",
         hub_endpoint=hub_endpoint,
+        webhooks=webhooks,
     )
