@@ -131,7 +131,10 @@ async def https_server(
         app.router.add_get(path, _route_handler(route))
     for path, post in (posts or {}).items():
         app.router.add_post(path, _post_handler(post))
-    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    # handler_cancellation: a connection the client closed ends its handler, including one
+    # lingering to drain the rest of a refused (413) body, which aiohttp would otherwise keep
+    # reading for ten seconds past the connection's end, and past the server's.
+    runner = web.AppRunner(app, access_log=None, handle_signals=False, handler_cancellation=True)
     await runner.setup()
     try:
         site = web.TCPSite(runner, settings.bind_address, settings.port, ssl_context=context)
