@@ -24,12 +24,13 @@ from controlplane.admission.requests import (
     percent_units,
     read_int,
     required,
+    selector_groups,
+    term_groups,
 )
 
 __all__ = [
     "is_pinned",
     "partition_units",
-    "pin_groups",
     "pinned_terms",
     "shared_problem",
     "sliced_units",
@@ -118,12 +119,6 @@ def partition_units(slot: Slot, claim: Claim, groups: Sequence[str], catalog: Ca
     return Fold(next(iter(folds.values())))
 
 
-def pin_groups(manufacturer: str, groups: Sequence[str], catalog: Catalog) -> list[str]:
-    """The groups a shared request is pinned on: those the Pod names, else every known one."""
-    named = [g for g in groups if group_manufacturer(g) == manufacturer]
-    return named or sorted(c.group for c in catalog.cards(manufacturer))
-
-
 def _pin(group: str, cards: int) -> Requirement:
     return Requirement(key=f"{GROUP_PREFIX}{group}.count", operator="Gt", values=[str(cards - 1)])
 
@@ -141,33 +136,28 @@ def is_pinned(term: Term, cards: int) -> bool:
     )
 
 
-def pinned_terms(pod: Pod, groups: Sequence[str], cards: int) -> list[Term] | None:
+def pinned_terms(pod: Pod, manufacturer: str, catalog: Catalog, cards: int) -> list[Term] | None:
     """The required terms with the card-count pin in each; None when nothing changes.
 
-    Terms are ORed: a term already naming one of ``groups`` gets that group's pin, any other
-    term is repeated once per group with its pin, so every way onto a node keeps a pin.
+    Terms are ORed, so each is pinned on the groups it can reach: those the node selector names
+    (it applies to every term), else those the term names, else every group of the manufacturer
+    the catalog knows, one copy of the term per group. A term with no group to pin stays as it
+    is, and the validating webhook refuses the Pod.
     """
-    if not groups:
-        return None
-    terms = pod.required_terms() or [Term()]
+    selected = [g for g in selector_groups(pod) if group_manufacturer(g) == manufacturer]
+    known = sorted(c.group for c in catalog.cards(manufacturer))
     out: list[Term] = []
-    for term in terms:
-        if is_pinned(term, cards):
-            out.append(term)
-            continue
-        named = [g for g in groups if _names(term, g)] or list(groups)
-        for group in named:
-            expressions = [*(term.match_expressions or ()), _pin(group, cards)]
-            out.append(Term(match_expressions=expressions, match_fields=term.match_fields))
-    return None if out == pod.required_terms() else out
-
-
-def _names(term: Term, group: str) -> bool:
-    return any(
-        r.key == f"{GROUP_PREFIX}{group}"
-        and (r.operator == "Exists" or (r.operator == "In" and "true" in (r.values or ())))
-        for r in term.match_expressions or ()
-    )
+    for term in pod.required_terms() or [Term()]:
+        named = [g for g in term_groups(term) if group_manufacturer(g) == manufacturer]
+        groups = [] if is_pinned(term, cards) else selected or named or known
+        out += [
+            Term(
+                match_expressions=[*(term.match_expressions or ()), _pin(group, cards)],
+                match_fields=term.match_fields,
+            )
+            for group in groups
+        ] or [term]
+    return None if out == (pod.required_terms() or [Term()]) else out
 
 
 def shared_problem(base: str, cards: int) -> str:

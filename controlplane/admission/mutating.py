@@ -22,7 +22,7 @@ from typing import Any
 
 import msgspec
 
-from controlplane.admission.folds import partition_units, pin_groups, pinned_terms, sliced_units
+from controlplane.admission.folds import partition_units, pinned_terms, sliced_units
 from controlplane.admission.pods import PatchOp, Pod, Slot, pointer
 from controlplane.admission.requests import (
     Catalog,
@@ -45,7 +45,7 @@ def mutate(pod: Pod, catalog: Catalog) -> list[PatchOp]:
         for claim in claims:
             values.update(_derived(slot, claim, groups, catalog))
         ops += _set_resources(slot, values)
-    return ops + _shared_pin(pod, groups, catalog)
+    return ops + _shared_pin(pod, catalog)
 
 
 def _derived(slot: Slot, claim: Claim, groups: Sequence[str], catalog: Catalog) -> dict[str, str]:
@@ -86,7 +86,7 @@ def _set_resources(slot: Slot, values: Mapping[str, str]) -> list[PatchOp]:
     return ops
 
 
-def _shared_pin(pod: Pod, groups: Sequence[str], catalog: Catalog) -> list[PatchOp]:
+def _shared_pin(pod: Pod, catalog: Catalog) -> list[PatchOp]:
     """The pin for the largest shared request (a Pod has one family; rule 1 refuses more)."""
     wanted: list[tuple[int, str]] = []
     for slot, claims in requests_of(pod):
@@ -97,7 +97,7 @@ def _shared_pin(pod: Pod, groups: Sequence[str], catalog: Catalog) -> list[Patch
     if not wanted or max(wanted)[0] < 2:
         return []
     cards, manufacturer = max(wanted)
-    terms = pinned_terms(pod, pin_groups(manufacturer, groups, catalog), cards)
+    terms = pinned_terms(pod, manufacturer, catalog, cards)
     return [] if terms is None else [_set_terms(pod, msgspec.to_builtins(terms))]
 
 

@@ -158,6 +158,6 @@ def parse_quantity(value: str | int) -> Fraction:
     if match is None:
         raise ValueError(f"{value!r} is not a quantity")
     number, suffix = match.group(1), match.group(2) or ""
-    if suffix[:1] in ("e", "E"):
+    if suffix not in _SUFFIX:  # a decimal exponent (``E`` alone is exa, ``Ei`` exbi)
         return Fraction(number) * Fraction(10) ** int(suffix[1:])
     return Fraction(number) * _SUFFIX[suffix]

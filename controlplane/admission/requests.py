@@ -27,7 +27,14 @@ from typing import Final, NamedTuple, Protocol
 
 import msgspec
 
-from controlplane.admission.pods import Container, Pod, Slot, container_slots, parse_quantity
+from controlplane.admission.pods import (
+    Container,
+    Pod,
+    Slot,
+    Term,
+    container_slots,
+    parse_quantity,
+)
 from controlplane.reconciling.allocating import UNITS
 from controlplane.reconciling.labeling import BASES
 from controlplane.reconciling.labeling import PREFIX as GROUP_PREFIX
@@ -159,14 +166,30 @@ def mib_units(mib: int, card_mib: int) -> int:
 def named_groups(pod: Pod) -> list[str]:
     """The accelerator groups the Pod's node selector or required affinity terms select."""
     keys = [k for k, v in (pod.spec.node_selector or {}).items() if v == "true"]
-    keys += [
+    found = _groups(keys)
+    for term in pod.required_terms() or ():
+        found += term_groups(term)
+    return list(dict.fromkeys(found))
+
+
+def selector_groups(pod: Pod) -> list[str]:
+    """The groups the node selector names: every node the Pod may land on has one of them."""
+    return _groups(k for k, v in (pod.spec.node_selector or {}).items() if v == "true")
+
+
+def term_groups(term: Term) -> list[str]:
+    """The groups one required term selects (``In [true]`` or ``Exists``)."""
+    return _groups(
         r.key
-        for term in pod.required_terms() or ()
         for r in term.match_expressions or ()
         if r.operator == "Exists" or (r.operator == "In" and "true" in (r.values or ()))
-    ]
+    )
+
+
+def _groups(keys: Iterable[str]) -> list[str]:
+    """Group keys among label keys: no dot (not ``.count``), not a manufacturer's own label."""
     names = (k.removeprefix(GROUP_PREFIX) for k in keys if k.startswith(GROUP_PREFIX))
-    return list(dict.fromkeys(n for n in names if "." not in n and n not in BASES))
+    return [n for n in names if "." not in n and n not in BASES]
 
 
 def group_manufacturer(group: str) -> str | None:

@@ -72,7 +72,9 @@ class Response(_Camel, kw_only=True):
     patch_type: str | None = None
 
 
-class _Answer(_Camel, kw_only=True):
+class _Answer(msgspec.Struct, kw_only=True, rename="camel"):
+    """Written whole: the API server checks ``apiVersion`` and ``kind`` of every answer."""
+
     api_version: str = API_VERSION
     kind: str = "AdmissionReview"
     response: Response
