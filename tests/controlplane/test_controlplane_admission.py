@@ -9,8 +9,10 @@ webhook on the result. Every rule and message of ``docs/requests.md`` is exercis
 
 from __future__ import annotations
 
+import base64
 import io
 import json
+import ssl
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -22,11 +24,13 @@ import aiohttp
 import anyio
 import pytest
 from admission_helpers import GROUP, H100_MIG, H200, apply_patch, container, patch_of, pod, review
+from controlplane_fakeapi import fake_api
 
 from bus import codec, connection, events, subjects
 from bus.testing import eventually, nats_server, settings_for
 from controlplane import running
-from controlplane.admission.webhooks import MUTATE_PATH, VALIDATE_PATH
+from controlplane.admission.webhooks import MUTATE_PATH, VALIDATE_PATH, WebhookSettings
+from controlplane.k8s.client import KubeSettings
 from kit.serving import HttpsSettings
 
 pytestmark = pytest.mark.anyio
@@ -395,3 +399,54 @@ async def test_malformed_bodies_are_refused_and_other_objects_pass(tmp_path: Pat
                 status, answer = await hooks.post(path, other)
                 uid = other["request"]["uid"]
                 assert (status, answer["response"]) == (200, {"uid": uid, "allowed": True})
+
+
+async def test_with_a_cluster_the_configurations_carry_the_ca_that_verifies_the_worker(
+    tmp_path: Path,
+) -> None:
+    """The worker makes its CA Secret, serves a certificate from it for the Service's names and
+    applies both configurations with that CA; a second worker reuses the CA, not a new one."""
+    hooks_settings = WebhookSettings(service="gpustack-operator-worker", namespace="ns", port=31443)
+    async with nats_server(tmp_path) as server, fake_api() as (fake, api_url):
+        settings = running.WorkerSettings(
+            bus=settings_for(server), kube=KubeSettings(host=api_url, backoff_s=0.01),
+            https=HttpsSettings(bind_address="127.0.0.1", port=0), leader_election=False,
+            webhooks=hooks_settings,
+        )  # fmt: skip
+        bundles = []
+        for _ in range(2):
+            async with anyio.create_task_group() as tg:
+                worker: running.Worker = await tg.start(running.run, settings)
+                configs = [
+                    fake.get(f"apis/admissionregistration.k8s.io/v1/{kind}", name)
+                    for kind, name in (
+                        ("mutatingwebhookconfigurations", "gpustack-worker-mutation"),
+                        ("validatingwebhookconfigurations", "gpustack-worker-validation"),
+                    )
+                ]
+                (bundle,) = {c["webhooks"][0]["clientConfig"]["caBundle"] for c in configs}
+                bundles.append(bundle)
+                for config, path in zip(configs, (MUTATE_PATH, VALIDATE_PATH), strict=True):
+                    (hook,) = config["webhooks"]
+                    assert hook["failurePolicy"] == "Fail" and hook["sideEffects"] == "None"
+                    assert hook["clientConfig"]["service"] == {
+                        "namespace": "ns", "name": "gpustack-operator-worker", "path": path,
+                        "port": 31443,
+                    }  # fmt: skip
+                # The API server dials the Service by name and verifies against the bundle.
+                context = ssl.create_default_context(cadata=base64.b64decode(bundle).decode())
+                port = worker.url.rsplit(":", 1)[1]
+                async with (
+                    aiohttp.ClientSession() as session,
+                    session.post(
+                        f"https://127.0.0.1:{port}{VALIDATE_PATH}",
+                        data=json.dumps(review(pod(container("c", {NV: "1"})))).encode(),
+                        ssl=context,
+                        server_hostname="gpustack-operator-worker.ns.svc",
+                    ) as r,
+                ):
+                    assert r.status == 200 and (await r.json())["response"]["allowed"] is True
+                tg.cancel_scope.cancel()
+        assert bundles[0] == bundles[1]
+        secret = fake.get("api/v1/secrets", "gpustack-operator-worker-webhook-ca", "ns")
+        assert base64.b64decode(secret["data"]["tls.crt"]) == base64.b64decode(bundles[0])
