@@ -37,7 +37,9 @@ from kit.serving import PostRoute, Response
 
 __all__ = [
     "MUTATE_PATH",
+    "MUTATING_NAME",
     "VALIDATE_PATH",
+    "VALIDATING_NAME",
     "WebhookSettings",
     "configurations",
     "ensure",
@@ -85,13 +87,15 @@ def _respond(body: bytes, decide: Callable[[Pod], review.Decision]) -> Response:
 
 
 def match_expression() -> str:
-    """CEL: true for a Pod with a container that requests or limits a key of our families."""
+    """CEL: true for a Pod with a container that requests a key of our families.
+
+    Requests alone are enough: the API server fills a Pod's missing requests from its limits
+    when it decodes the body, before any admission, so every limit is also a request here.
+    """
     bases = ", ".join(f"'{b}'" for b in sorted(BASES.values()))
-    key = f"[{bases}].exists(b, k == b || k.startsWith(b + '.'))"
     claims = (
-        "has(c.resources) && ("
-        f"(has(c.resources.limits) && c.resources.limits.exists(k, {key})) || "
-        f"(has(c.resources.requests) && c.resources.requests.exists(k, {key})))"
+        "has(c.resources) && has(c.resources.requests) && c.resources.requests.exists(k, "
+        f"[{bases}].exists(b, k == b || k.startsWith(b + '.')))"
     )
     return (
         f"object.spec.containers.exists(c, {claims}) || (has(object.spec.initContainers) && "
