@@ -7,6 +7,7 @@ part (``bus``, ``kube``, ``https``, ``leader``) explicitly.
 from __future__ import annotations
 
 import os
+import re
 import socket
 
 import msgspec
@@ -21,6 +22,8 @@ from kit.options import Options, SettingsError
 from kit.serving import HttpsSettings, https_from
 
 __all__ = ["WorkerSettings", "settings_from"]
+
+_DNS_LABEL = re.compile(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?")
 
 
 class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
@@ -63,9 +66,10 @@ def settings_from(options: Options) -> WorkerSettings:
         raise SettingsError(f"--hf-endpoint: {e}") from e
     namespace = env.get("KUBERNETES_POD_NAMESPACE", "gpustack-system")
     https = https_from(options)
-    webhooks = WebhookSettings(
-        service=options.optional_text("webhook-service"), namespace=namespace, port=https.port
-    )
+    service = options.optional_text("webhook-service")
+    if service is not None and not _DNS_LABEL.fullmatch(service):
+        raise SettingsError(f"--webhook-service {service!r} is not a Service name (DNS-1035 label)")
+    webhooks = WebhookSettings(service=service, namespace=namespace, port=https.port)
     return WorkerSettings(
         bus=bus_settings.from_options(options),
         kube=kube,

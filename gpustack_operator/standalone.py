@@ -5,7 +5,8 @@ agent (real hardware, or ``--simulate PROFILE``), the model agent (its CSI socke
 the state directory: with no kubelet nothing mounts, but its cache state reaches the worker), and
 the worker keeping its ledger in the bus's
 retained state (JetStream KV) instead of a Kubernetes API: the same reconcile code with a
-different sink. It prints how to watch, and stops cleanly on Ctrl-C or SIGTERM, leaving no
+different sink. The worker serves the Pod admission webhooks too, answering from that ledger, so
+an AdmissionReview can be tried against the simulated cards without a cluster. It prints how to watch, and stops cleanly on Ctrl-C or SIGTERM, leaving no
 process behind (the embedded server dies with its parent).
 
 It lives in the launcher layer because it is the one place that composes ``agent`` and
@@ -34,6 +35,7 @@ from agent.models.settings import ModelManagerSettings
 from bus import embedded
 from bus.settings import BusSettings
 from controlplane import running as worker_running
+from controlplane.admission import webhooks
 from controlplane.settings import WorkerSettings
 from gpustack_operator import logs
 from hub import endpoints
@@ -153,6 +155,7 @@ def _banner(nats_url: str, agent_url: str, worker_url: str, settings: Standalone
         f"  watch events:    gpustack-operator bus watch --nats-url {nats_url}",
         f"  device metrics:  {agent_url}/metrics  (snapshot: /monitor/snapshot)",
         f"  worker metrics:  {worker_url}/metrics",
+        f"  pod webhooks:    {worker_url}{webhooks.MUTATE_PATH}, {worker_url}{webhooks.VALIDATE_PATH}",
         f"  model agent:     CSI on {settings.models.socket_path}",
         "  stop:            Ctrl-C",
         "",

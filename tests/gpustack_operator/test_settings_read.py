@@ -81,6 +81,7 @@ def test_inert_flags_say_so_in_help(capsys: pytest.CaptureFixture[str]) -> None:
         (["mm", "--node-name=a*b"], "not a Kubernetes node name"),
         (["mm", "--node-name=bad node>"], "not a Kubernetes node name"),
         (["worker", "--bind-address=not-an-ip"], "--bind-address"),
+        (["worker", "--webhook-service=Worker_Svc"], "--webhook-service"),
         (["mm", "--cert-dir=/nonexistent"], "--cert-dir"),
         (["worker", "--nats-url=not a url"], "--nats-url"),
         (["worker", "--nats-url=http://bus:4222"], "--nats-url"),

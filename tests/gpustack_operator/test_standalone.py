@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import functools
 import json
 import os
@@ -10,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import aiohttp
 import anyio
 import pytest
 
@@ -63,8 +65,33 @@ async def test_devices_reach_the_kv_ledger_through_the_worker(tmp_path: Path) ->
 
                 # The model agent's cache state reaches NodeModelStore.status via the worker.
                 await testing.eventually(store_reported, timeout_s=20)
+                await _mib_slice_folds_on_the_simulated_h200(banner)
             tg.cancel_scope.cancel()
     assert f"bus watch --nats-url {url}" in banner
+
+
+async def _mib_slice_folds_on_the_simulated_h200(banner: str) -> None:
+    """The worker's webhooks answer from the ledger the simulated cards reached."""
+    (line,) = [ln for ln in banner.splitlines() if "pod webhooks:" in ln]
+    mutate_url = line.split()[2].rstrip(",")
+    limits = {"nvidia.com/gpu.sliced": "1", "nvidia.com/gpu.sliced.memory-mib": "71885"}
+    obj = {"spec": {"nodeSelector": {"acceleratable.feature.gpustack.ai/nvidia-h200": "true"},
+                    "containers": [{"name": "c", "resources": {"limits": limits}}]}}  # fmt: skip
+    review = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+              "request": {"uid": "u1", "kind": {"group": "", "version": "v1", "kind": "Pod"},
+                          "operation": "CREATE", "object": obj}}  # fmt: skip
+
+    async def folded() -> bool:
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(mutate_url, json=review, ssl=False) as r,
+        ):
+            response = (await r.json())["response"]
+        ops = json.loads(base64.b64decode(response.get("patch", "W10=")))
+        units = [op["value"] for op in ops if op["path"].endswith("gpu.sliced.units")]
+        return units == ["799994"]  # floor(71885 x 1.6e6 / 143771), VRAM from the ledger
+
+    await testing.eventually(folded, timeout_s=10)
 
 
 def test_the_command_stops_cleanly_on_sigint_and_leaves_no_server(tmp_path: Path) -> None:
