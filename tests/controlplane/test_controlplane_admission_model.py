@@ -154,3 +154,30 @@ def test_mutation_is_idempotent_and_then_valid() -> None:
         assert mutate(msgspec.convert(once, Pod), catalog) == []
         assert validate(msgspec.convert(once, Pod), catalog) == []
         assert validate(msgspec.convert(body, Pod), catalog) != []
+
+
+@pytest.mark.parametrize(
+    ("doc", "units"), [("README.md", "800000"), ("docs/requests.md", "799994")]
+)
+def test_the_documented_pod_is_admitted_with_the_documented_units(doc: str, units: str) -> None:
+    import re
+    from pathlib import Path
+
+    import yaml
+    from admission_helpers import apply_patch
+
+    text = (Path(__file__).parents[2] / doc).read_text()
+    (block,) = [b for b in re.findall(r"```yaml\n(.*?)```", text, re.DOTALL) if "half-an-h200" in b]
+    body = yaml.safe_load(block)
+    for c in body["spec"]["containers"]:  # the API server defaults requests from limits
+        c["resources"]["requests"] = dict(c["resources"]["limits"])
+    catalog = Catalog()
+    ops = [msgspec.to_builtins(op) for op in mutate(msgspec.convert(body, Pod), catalog)]
+    admitted = apply_patch(body, ops)
+    assert validate(msgspec.convert(admitted, Pod), catalog) == []
+    resources = admitted["spec"]["containers"][0]["resources"]
+    assert resources["limits"]["nvidia.com/gpu.sliced.units"] == units
+    assert resources["requests"]["nvidia.com/gpu.sliced.units"] == units
+    assert resources["limits"]["nvidia.com/gpu.sliced.cores-percentage"] == "40"
+    if units == "799994":
+        assert '"value": "799994"' in text  # the patch the doc shows
