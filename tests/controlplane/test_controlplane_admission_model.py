@@ -181,3 +181,25 @@ def test_the_documented_pod_is_admitted_with_the_documented_units(doc: str, unit
     assert resources["limits"]["nvidia.com/gpu.sliced.cores-percentage"] == "40"
     if units == "799994":
         assert '"value": "799994"' in text  # the patch the doc shows
+
+
+@pytest.mark.anyio
+async def test_with_cert_dir_the_bundle_is_its_ca_else_its_certificate(tmp_path: Any) -> None:
+    from typing import cast
+
+    from controlplane.admission import certificates
+    from controlplane.admission.webhooks import WebhookSettings
+    from controlplane.k8s.client import KubeClient
+    from kit.serving import HttpsSettings
+
+    ca, ca_key = certificates.new_authority()
+    cert, key = certificates.issue(ca, ca_key, ["gpustack-operator-worker.ns.svc"])
+    (tmp_path / "tls.crt").write_bytes(cert)
+    (tmp_path / "tls.key").write_bytes(key)
+    https = HttpsSettings(cert_dir=str(tmp_path))
+    no_api = cast(KubeClient, None)  # a given certificate needs no Secret
+    async with certificates.serving_identity(no_api, https, WebhookSettings()) as identity:
+        assert identity.https == https and identity.ca_bundle == cert
+    (tmp_path / "ca.crt").write_bytes(ca)
+    async with certificates.serving_identity(no_api, https, WebhookSettings()) as identity:
+        assert identity.ca_bundle == ca
