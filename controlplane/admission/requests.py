@@ -48,11 +48,21 @@ __all__ = [
     "Claim",
     "Family",
     "Fold",
+    "candidates",
     "claims_of",
+    "family_of",
+    "field",
+    "forbidden",
+    "group_manufacturer",
+    "invalid",
     "mib_units",
     "named_groups",
     "percent_units",
+    "read_int",
     "requests_of",
+    "required",
+    "selector_groups",
+    "term_groups",
 ]
 
 PERCENT_UNITS: Final = UNITS // 100
