@@ -16,11 +16,13 @@ __all__ = [
     "GROUP",
     "LEASES",
     "MODELARTIFACTS",
+    "MUTATING_WEBHOOKS",
     "NODEMODELSTORES",
     "NODES",
     "SECRETS",
     "SUBJECTACCESSREVIEWS",
     "TOKENREVIEWS",
+    "VALIDATING_WEBHOOKS",
     "VERSION",
     "Observed",
     "Ref",
@@ -74,6 +76,18 @@ SUBJECTACCESSREVIEWS: Final = Resource(
     version="v1",
     plural="subjectaccessreviews",
     kind="SubjectAccessReview",
+)
+MUTATING_WEBHOOKS: Final = Resource(
+    group="admissionregistration.k8s.io",
+    version="v1",
+    plural="mutatingwebhookconfigurations",
+    kind="MutatingWebhookConfiguration",
+)
+VALIDATING_WEBHOOKS: Final = Resource(
+    group="admissionregistration.k8s.io",
+    version="v1",
+    plural="validatingwebhookconfigurations",
+    kind="ValidatingWebhookConfiguration",
 )
 CRDS: Final = Resource(
     group="apiextensions.k8s.io",

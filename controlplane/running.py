@@ -2,11 +2,13 @@
 
 One anyio task group: the bus subscription (retained state first, then live events) feeding the
 ledger in every replica; the reconcilers, resync and CRD repair only in the leader; the HTTPS
-endpoint (``/metrics``, ``/readyz``, ``/livez``) throughout. With an API, every replica also
-answers the agents' access reviews on the bus (TokenReview and SubjectAccessReview on their
-behalf: :mod:`controlplane.reviewing`) and uses the same reviewer for its own ``/metrics``. With a reachable Kubernetes API the
-sink is the API (CRDs applied at start-up, Lease-based election); without one (``standalone``,
-or ``--kubeconfig=none``) the same reconcilers keep their ledger in the bus's KV bucket.
+endpoint (``/metrics``, ``/readyz``, ``/livez`` and the Pod admission webhooks, which answer from
+the ledger) throughout. With an API, every replica also answers the agents' access reviews on the
+bus (TokenReview and SubjectAccessReview on their behalf: :mod:`controlplane.reviewing`) and uses
+the same reviewer for its own ``/metrics``. With a reachable Kubernetes API the sink is the API
+(CRDs and webhook configurations applied at start-up, Lease-based election); without one
+(``standalone``, or ``--kubeconfig=none``) the same reconcilers keep their ledger in the bus's KV
+bucket, and the webhooks are served all the same.
 
 Samples are never written to the API: they stay on the bus (retained) and in metrics.
 
@@ -33,6 +35,8 @@ from bus.errors import BusError, NotConnected
 from bus.metrics import BusMetrics
 from bus.reviewing import serve_reviews
 from controlplane import busauth, crds, errors, leading, resolving
+from controlplane.admission import certificates, webhooks
+from controlplane.admission.cards import LedgerCatalog
 from controlplane.k8s import client
 from controlplane.metrics import WorkerMetrics
 from controlplane.reconciling.artifacting import ArtifactReconciler
@@ -85,22 +89,34 @@ async def _endpoint(
     conn: connection.Connection,
     api: client.KubeClient | None,
     registry: CollectorRegistry,
+    catalog: LedgerCatalog,
 ) -> AsyncIterator[serving.Server]:
-    """HTTPS, and with an API the access reviews: for this endpoint and, on the bus, the agents'.
+    """HTTPS with the Pod webhooks, and with an API the access reviews: for this endpoint and,
+    on the bus, the agents' (answered whatever this endpoint's own ``--metrics-auth`` says).
 
-    The reviews are answered whatever this endpoint's own ``--metrics-auth`` says: the agents'
-    choice is theirs.
+    With a cluster it serves a certificate the API server can verify, and the configurations
+    naming its CA are applied once it listens: the API server is never sent to an endpoint
+    that is not up.
     """
     async with AsyncExitStack() as stack:
         reviewer = None if api is None else KubeReviewer(api)
         if reviewer is not None:
             await stack.enter_async_context(serve_reviews(conn, CachedAuthorizer(reviewer)))
-        yield await stack.enter_async_context(
+        https, ca_bundle = settings.https, None
+        if api is not None and settings.webhooks.service is not None:
+            ident = await stack.enter_async_context(
+                certificates.serving_identity(api, settings.https, settings.webhooks)
+            )
+            https, ca_bundle = ident.https, ident.ca_bundle
+        server = await stack.enter_async_context(
             serving.https_server(
-                settings.https, registry=registry, ready=lambda: conn.is_connected,
-                authorizer=reviewer,
+                https, registry=registry, ready=lambda: conn.is_connected,
+                authorizer=reviewer, posts=webhooks.posts(catalog),
             )
         )  # fmt: skip
+        if api is not None and ca_bundle is not None:
+            await webhooks.ensure(api, settings.webhooks, ca_bundle)
+        yield server
 
 
 @asynccontextmanager
@@ -175,7 +191,9 @@ async def run(
             )
         )
         worker = Worker(url="", metrics=metrics, processor=processor, artifacts=artifacts)
-        server = await stack.enter_async_context(_endpoint(settings, conn, api, registry))
+        server = await stack.enter_async_context(
+            _endpoint(settings, conn, api, registry, LedgerCatalog(ledger))
+        )
         worker.url = server.url
 
         async def lead() -> None:

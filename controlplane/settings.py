@@ -7,6 +7,7 @@ part (``bus``, ``kube``, ``https``, ``leader``) explicitly.
 from __future__ import annotations
 
 import os
+import re
 import socket
 
 import msgspec
@@ -15,12 +16,15 @@ from bus import identity
 from bus import settings as bus_settings
 from bus.settings import BusSettings
 from controlplane import busauth, leading
+from controlplane.admission.webhooks import WebhookSettings
 from controlplane.k8s import client
 from hub import endpoints
 from kit.options import Options, SettingsError
 from kit.serving import HttpsSettings, https_from
 
 __all__ = ["WorkerSettings", "settings_from"]
+
+_DNS_LABEL = re.compile(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?")
 
 
 class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
@@ -43,6 +47,8 @@ class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
     artifact_retry_cap_s: float = 300.0
     bus_auth: busauth.BusAuthSettings | None = None
     """None: the worker serves no auth callout (the servers authenticate by themselves)."""
+    webhooks: WebhookSettings = WebhookSettings()
+    """Where the API server reaches the Pod webhooks (with a cluster only)."""
 
 
 def settings_from(options: Options) -> WorkerSettings:
@@ -63,13 +69,18 @@ def settings_from(options: Options) -> WorkerSettings:
         raise SettingsError(f"--hf-endpoint: {e}") from e
     namespace = env.get("KUBERNETES_POD_NAMESPACE", "gpustack-system")
     bus = bus_settings.from_options(options)
+    https = _https(options, kube)
+    service = options.optional_text("webhook-service")
+    if service is not None and not _DNS_LABEL.fullmatch(service):
+        raise SettingsError(f"--webhook-service {service!r} is not a Service name (DNS-1035 label)")
+    webhooks = WebhookSettings(service=service, namespace=namespace, port=https.port)
     return WorkerSettings(
         bus=msgspec.structs.replace(
             bus, inbox_prefix=identity.inbox_prefix(identity.Identity(role="worker"))
         ),
         bus_auth=_bus_auth(options, kube, namespace),
         kube=kube,
-        https=_https(options, kube),
+        https=https,
         leader_election=options.switch("kube-leader-election"),
         leader=leading.LeaderSettings(
             name=options.text("kube-leader-election-id"),
@@ -79,6 +90,7 @@ def settings_from(options: Options) -> WorkerSettings:
         ),
         identity=env.get("POD_NAME") or f"{socket.gethostname()}_{os.getpid()}",
         hub_endpoint=hub_endpoint,
+        webhooks=webhooks,
     )
 
 

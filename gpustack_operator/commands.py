@@ -180,6 +180,12 @@ _WORKER = (
         )
     ),
     Flag("secure-port", "31443", "the HTTPS port", kind="int", bounds=PORT),
+    Flag(
+        "webhook-service",
+        "gpustack-operator-worker",
+        "the Service (in the worker's namespace, on --secure-port) the API server calls the Pod "
+        "webhooks through; empty: register no webhook configuration",
+    ),
     *inert(Flag("disable-auths", "false", "skip authentication and authorization", kind="bool")),
     Flag(
         "kube-leader-election",

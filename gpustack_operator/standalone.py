@@ -6,7 +6,10 @@ the state directory: with no kubelet nothing mounts, but its cache state reaches
 the worker keeping its ledger in the bus's
 retained state (JetStream KV) instead of a Kubernetes API: the same reconcile code with a
 different sink. With no API to review tokens, the HTTPS endpoints need none and bind
-``127.0.0.1`` unless ``--bind-address`` says otherwise. It prints how to watch, and stops cleanly on Ctrl-C or SIGTERM, leaving no
+``127.0.0.1`` unless ``--bind-address`` says otherwise. The worker serves the Pod admission
+webhooks too, answering from that ledger, so an AdmissionReview can be tried against the
+simulated cards without a cluster. It prints how to watch, and stops cleanly on Ctrl-C or
+SIGTERM, leaving no
 process behind (the embedded server dies with its parent).
 
 The embedded server enforces the same per-identity permissions as a cluster's
@@ -46,6 +49,7 @@ from bus import callout, embedded, jwt
 from bus.identity import Identity, inbox_prefix
 from bus.settings import BusSettings
 from controlplane import running as worker_running
+from controlplane.admission import webhooks
 from controlplane.busauth import BusAuthSettings
 from controlplane.settings import WorkerSettings
 from gpustack_operator import logs
@@ -190,6 +194,7 @@ def _banner(
         f"  watch events:    {watch}",
         f"  device metrics:  {agent_url}/metrics  (snapshot: /monitor/snapshot)",
         f"  worker metrics:  {worker_url}/metrics",
+        f"  pod webhooks:    {worker_url}{webhooks.MUTATE_PATH}, {worker_url}{webhooks.VALIDATE_PATH}",
         f"  model agent:     CSI on {settings.models.socket_path}",
         "  stop:            Ctrl-C",
         "",

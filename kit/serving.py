@@ -1,5 +1,10 @@
 """The HTTPS endpoint every service exposes: ``/metrics``, ``/readyz``, ``/livez`` and extras.
 
+Extras are GET ``routes`` and POST ``posts``; a POST body is read whole, up to ``max_body_bytes``
+(413 beyond it), so a handler gets bytes and never a stream it could be stalled on. ``posts``
+carry no authorization of the endpoint's own: the worker's admission webhooks are POSTed by the
+API server, which authenticates the endpoint by its certificate.
+
 One implementation for ``dm serve``, ``model-manager`` and ``worker`` so probes and scrapes
 behave the same everywhere. TLS is always on: the certificate is ``tls.crt``/``tls.key`` from
 ``--cert-dir`` when given, else a self-signed one made at start-up (in memory, written to a
@@ -104,6 +109,10 @@ class Response:
 
 
 Route = Callable[[], Awaitable[Response]]
+PostRoute = Callable[[bytes], Awaitable[Response]]
+"""Called with the request's body."""
+MAX_BODY_BYTES = 3 * 1024 * 1024
+"""The API server's own bound on a request body: no AdmissionReview it sends is larger."""
 
 
 @dataclass
@@ -131,6 +140,8 @@ async def https_server(
     live: Callable[[], bool] = lambda: True,
     routes: Mapping[str, Route] | None = None,
     authorizer: Authorizer | None = None,
+    posts: Mapping[str, PostRoute] | None = None,
+    max_body_bytes: int = MAX_BODY_BYTES,
 ) -> AsyncIterator[Server]:
     """Serve the endpoint until the block exits.
 
@@ -142,13 +153,20 @@ async def https_server(
     """
     gate = _gate(settings, authorizer)
     context, pem = _tls_context(settings.cert_dir)
-    app = web.Application()
+    app = web.Application(client_max_size=max_body_bytes)
     app.router.add_get("/metrics", gate("/metrics", _metrics_handler(registry)))
     app.router.add_get("/readyz", _probe_handler(ready))  # never gated: kubelet sends no token
     app.router.add_get("/livez", _probe_handler(live))
     for path, route in (routes or {}).items():
         app.router.add_get(path, gate(path, _route_handler(route)))
-    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    # POST routes (the admission webhooks) are never gated: the API server calls them over TLS
+    # with no bearer token, and AdmissionReview carries its own authorization.
+    for path, post in (posts or {}).items():
+        app.router.add_post(path, _post_handler(post))
+    # handler_cancellation: a connection the client closed ends its handler, including one
+    # lingering to drain the rest of a refused (413) body, which aiohttp would otherwise keep
+    # reading for ten seconds past the connection's end, and past the server's.
+    runner = web.AppRunner(app, access_log=None, handle_signals=False, handler_cancellation=True)
     await runner.setup()
     try:
         site = web.TCPSite(runner, settings.bind_address, settings.port, ssl_context=context)
@@ -224,6 +242,19 @@ def _probe_handler(check: Callable[[], bool]) -> Callable[[web.Request], Awaitab
 def _route_handler(route: Route) -> Callable[[web.Request], Awaitable[web.Response]]:
     async def handle(_: web.Request) -> web.Response:
         response = await route()
+        return web.Response(
+            status=response.status,
+            body=response.body,
+            headers={"Content-Type": response.content_type},
+        )
+
+    return handle
+
+
+def _post_handler(post: PostRoute) -> Callable[[web.Request], Awaitable[web.Response]]:
+    async def handle(request: web.Request) -> web.Response:
+        body = await request.read()  # 413 (HTTPRequestEntityTooLarge) past client_max_size
+        response = await post(body)
         return web.Response(
             status=response.status,
             body=response.body,

@@ -92,6 +92,8 @@ def test_every_namespaced_object_is_in_the_system_namespace(base: list[dict[str,
         "ClusterRole",
         "ClusterRoleBinding",
         "CSIDriver",
+        "MutatingWebhookConfiguration",
+        "ValidatingWebhookConfiguration",
     }
     for obj in base:
         ns = obj["metadata"].get("namespace")

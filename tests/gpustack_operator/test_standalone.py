@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import functools
 import io
 import json
@@ -13,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import aiohttp
 import anyio
 import msgspec
 import pytest
@@ -84,6 +86,7 @@ async def test_devices_reach_the_kv_ledger_through_the_worker(tmp_path: Path) ->
                 # The model agent's cache state reaches NodeModelStore.status via the worker.
                 await testing.eventually(store_reported, timeout_s=20)
                 await _the_banners_watch_command_works_as_printed(banner)
+                await _mib_slice_folds_on_the_simulated_h200(banner)
             tg.cancel_scope.cancel()
     assert f"bus watch --nats-url {url} --nats-token-file {auth / 'dashboard.token'}" in banner
 
@@ -137,6 +140,30 @@ def test_generated_credentials_are_readable_by_their_owner_only(tmp_path: Path) 
     assert (tmp_path / "auth" / "issuer.nk").read_text().strip() == creds.issuer.seed
     again = standalone.generate_credentials(tmp_path / "auth", "laptop.example")
     assert again.issuer.public_key != creds.issuer.public_key  # fresh at every start
+
+
+async def _mib_slice_folds_on_the_simulated_h200(banner: str) -> None:
+    """The worker's webhooks answer from the ledger the simulated cards reached."""
+    (line,) = [ln for ln in banner.splitlines() if "pod webhooks:" in ln]
+    mutate_url = line.split()[2].rstrip(",")
+    limits = {"nvidia.com/gpu.sliced": "1", "nvidia.com/gpu.sliced.memory-mib": "71885"}
+    obj = {"spec": {"nodeSelector": {"acceleratable.feature.gpustack.ai/nvidia-h200": "true"},
+                    "containers": [{"name": "c", "resources": {"limits": limits}}]}}  # fmt: skip
+    review = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+              "request": {"uid": "u1", "kind": {"group": "", "version": "v1", "kind": "Pod"},
+                          "operation": "CREATE", "object": obj}}  # fmt: skip
+
+    async def folded() -> bool:
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(mutate_url, json=review, ssl=False) as r,
+        ):
+            response = (await r.json())["response"]
+        ops = json.loads(base64.b64decode(response.get("patch", "W10=")))
+        units = [op["value"] for op in ops if op["path"].endswith("gpu.sliced.units")]
+        return units == ["799994"]  # floor(71885 x 1.6e6 / 143771), VRAM from the ledger
+
+    await testing.eventually(folded, timeout_s=10)
 
 
 def test_the_command_stops_cleanly_on_sigint_and_leaves_no_server(tmp_path: Path) -> None:

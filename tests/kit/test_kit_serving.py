@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import socket
 import ssl
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
@@ -156,3 +157,38 @@ async def test_none_serves_everyone_and_asks_nobody() -> None:
     ) as server:
         assert (await _get_as(server, "/metrics")).status == 200
     assert not table.asked
+
+
+async def test_post_routes_get_the_body_and_refuse_one_past_the_bound() -> None:
+    seen: list[bytes] = []
+
+    async def echo(body: bytes) -> serving.Response:
+        seen.append(body)
+        return serving.Response(status=201, body=body[::-1], content_type="application/json")
+
+    settings = serving.HttpsSettings(bind_address="127.0.0.1", port=0, auth="none")
+    async with (
+        serving.https_server(
+            settings, registry=CollectorRegistry(), ready=lambda: True,
+            posts={"/echo": echo}, max_body_bytes=1024,
+        ) as server,
+        aiohttp.ClientSession() as session,
+    ):  # fmt: skip
+        url, context = (
+            f"https://localhost:{server.port}/echo",
+            _client_context(server.certificate_pem),
+        )
+        async with session.post(url, data=b"abc", ssl=context) as response:
+            assert (response.status, await response.read()) == (201, b"cba")
+        async with session.post(url, data=b"x" * 4096, ssl=context) as response:
+            assert response.status == 413
+
+        async def chunks() -> AsyncIterator[bytes]:  # no Content-Length: bounded all the same
+            for _ in range(8):
+                yield b"y" * 512
+
+        async with session.post(url, data=chunks(), ssl=context) as response:
+            assert response.status == 413
+        async with session.get(url, ssl=context) as response:
+            assert response.status == 405
+    assert seen == [b"abc"]

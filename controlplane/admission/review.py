@@ -1,0 +1,136 @@
+"""AdmissionReview ``admission.k8s.io/v1`` in and out: decoding a request, encoding the answer.
+
+What the API server checks in an answer: ``apiVersion``/``kind`` of the review, ``response.uid``
+equal to the request's, ``patch`` and ``patchType: JSONPatch`` together (the patch base64 in
+JSON, as msgspec encodes ``bytes``). A refusal carries a ``status`` whose message the user sees
+after ``admission webhook "<name>" denied the request:``.
+
+A body that is no AdmissionReview v1 (not JSON, another version, no ``request``, an object that is
+no Pod) is the caller's mistake: :class:`BadReview`, answered 400, never an exception. A review of
+anything but a Pod CREATE (the configurations send none) is allowed untouched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Final
+
+import msgspec
+
+from controlplane.admission.pods import PatchOp, Pod
+
+__all__ = ["API_VERSION", "BadReview", "Decision", "Request", "answer", "decode"]
+
+API_VERSION: Final = "admission.k8s.io/v1"
+_MAX_MESSAGE: Final = 4096
+"""A refusal's message is cut here: the client shows it whole, and a Pod can break many rules."""
+
+
+class BadReview(Exception):
+    """The body is no AdmissionReview this webhook can answer."""
+
+
+class _Camel(msgspec.Struct, kw_only=True, rename="camel", omit_defaults=True):
+    pass
+
+
+class Kind(_Camel, kw_only=True):
+    group: str = ""
+    version: str = ""
+    kind: str = ""
+
+
+class Request(_Camel, kw_only=True):
+    uid: str
+    kind: Kind = msgspec.field(default_factory=Kind)
+    operation: str = ""
+    namespace: str = ""
+    name: str = ""
+    sub_resource: str = ""
+    object: msgspec.Raw = msgspec.Raw(b"null")
+    dry_run: bool = False
+
+
+class _Review(_Camel, kw_only=True):
+    api_version: str
+    kind: str
+    request: Request | None = None
+
+
+class Status(_Camel, kw_only=True):
+    code: int
+    reason: str
+    message: str
+    status: str = "Failure"
+
+
+class Response(_Camel, kw_only=True):
+    uid: str
+    allowed: bool
+    status: Status | None = None
+    patch: bytes | None = None
+    patch_type: str | None = None
+
+
+class _Answer(msgspec.Struct, kw_only=True, rename="camel"):
+    """Written whole: the API server checks ``apiVersion`` and ``kind`` of every answer."""
+
+    api_version: str = API_VERSION
+    kind: str = "AdmissionReview"
+    response: Response
+
+
+class Decision(msgspec.Struct, frozen=True, kw_only=True):
+    """What a webhook decided for one Pod: a patch (mutating) or the rules it breaks."""
+
+    patch: list[PatchOp] = []
+    errors: list[str] = []
+
+
+_REVIEW = msgspec.json.Decoder(_Review)
+_POD = msgspec.json.Decoder(Pod)
+_ENCODER = msgspec.json.Encoder()
+
+
+def decode(body: bytes) -> tuple[Request, Pod | None]:
+    """The request and, for a Pod CREATE, the Pod; ``None`` for anything else.
+
+    :raises BadReview: not an AdmissionReview ``admission.k8s.io/v1`` with a request.
+    """
+    try:
+        review = _REVIEW.decode(body)
+    except msgspec.DecodeError as e:
+        raise BadReview(f"not an AdmissionReview: {e}") from e
+    if review.api_version != API_VERSION or review.kind != "AdmissionReview":
+        raise BadReview(
+            f"expected AdmissionReview {API_VERSION}, got {review.kind} {review.api_version}"
+        )
+    request = review.request
+    if request is None or not request.uid:
+        raise BadReview("the AdmissionReview carries no request with a uid")
+    if (request.kind.group, request.kind.kind, request.operation) != ("", "Pod", "CREATE"):
+        return request, None
+    if request.sub_resource:
+        return request, None
+    try:
+        return request, _POD.decode(request.object)
+    except msgspec.DecodeError as e:
+        raise BadReview(f"request.object is not a Pod: {e}") from e
+
+
+def answer(body: bytes, decide: Callable[[Pod], Decision]) -> bytes:
+    """The AdmissionReview answering ``body``. :raises BadReview: see :func:`decode`."""
+    request, pod = decode(body)
+    decision = Decision() if pod is None else decide(pod)
+    response = Response(uid=request.uid, allowed=not decision.errors)
+    if decision.errors:
+        message = (
+            decision.errors[0] if len(decision.errors) == 1 else f"[{', '.join(decision.errors)}]"
+        )
+        if len(message) > _MAX_MESSAGE:
+            message = message[: _MAX_MESSAGE - 1] + "…"
+        response.status = Status(code=422, reason="Invalid", message=message)
+    elif decision.patch:
+        response.patch = _ENCODER.encode(decision.patch)
+        response.patch_type = "JSONPatch"
+    return _ENCODER.encode(_Answer(response=response))
