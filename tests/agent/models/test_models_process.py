@@ -105,7 +105,7 @@ async def test_serves_csi_and_https_while_nats_is_down_and_publishes_once_it_is_
 ) -> None:
     port = embedded.free_port()
     bus_settings = BusSettings.for_tests(f"nats://127.0.0.1:{port}")  # nothing listens yet
-    https = serving.HttpsSettings(bind_address="127.0.0.1", port=embedded.free_port(), auth="none")
+    https = serving.HttpsSettings(bind_address="127.0.0.1", port=embedded.free_port())
     async with hub_testing.serving(hub_testing.FakeHub(tmp_path / "hub")) as ep:
         settings = manager_settings(tmp_path, ep.hub, https=https, bus=bus_settings)
         policy = MemoryPolicy()
@@ -153,7 +153,7 @@ class _Reviewer:
 async def test_https_is_reviewed_over_the_bus_and_closed_without_it(tmp_path: Path) -> None:
     port = embedded.free_port()
     bus_settings = BusSettings.for_tests(f"nats://127.0.0.1:{port}")  # nothing listens yet
-    https = serving.HttpsSettings(bind_address="127.0.0.1", port=embedded.free_port(), auth="none")
+    https = serving.HttpsSettings(bind_address="127.0.0.1", port=embedded.free_port())
     assert https.auth == "review"  # the default
     base = f"https://127.0.0.1:{https.port}"
     async with hub_testing.serving(hub_testing.FakeHub(tmp_path / "hub")) as ep:
