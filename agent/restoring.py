@@ -5,6 +5,9 @@ The ledger lives in the agent's memory; the bus keeps a bounded history of its c
 into the allocations still in force, and hands them to the device plugins, which re-charge them
 on the first detection pass. The kubelet pod-resources API then corrects anything the history
 missed (an allocation older than the retained history, a container gone while we were down).
+
+When the bus cannot be read at start, the ledger the agent kept on the node
+(:mod:`agent.ledgerfile`) stands in for the history, so kubelet is not served an empty ledger.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import logging
 
 import anyio
 
+from agent import ledgerfile
 from agent.deviceplugin.ledger import live_allocations
 from agent.serve_settings import ServeSettings
 from bus import events, state
@@ -22,14 +26,30 @@ from bus.errors import BusError
 log = logging.getLogger(__name__)
 
 
-async def retained_allocations(settings: ServeSettings) -> list[events.AllocationEvent]:
+async def initial_allocations(settings: ServeSettings) -> list[events.AllocationEvent]:
+    """The allocations to rebuild the ledger from: the bus's, else the node's own copy."""
+    retained = await retained_allocations(settings)
+    if retained is not None:
+        return retained
+    kept = await ledgerfile.load(settings.ledger_path, settings.node_name)
+    if kept:
+        log.info(
+            "the bus is unreachable: rebuilding the ledger from %d allocation(s) kept in %s",
+            len(kept),
+            settings.ledger_path,
+        )
+    return kept
+
+
+async def retained_allocations(settings: ServeSettings) -> list[events.AllocationEvent] | None:
     """This node's allocations still in force according to the bus, to rebuild the ledger.
 
-    Best effort and bounded: with no bus at start the agent still serves kubelet (the
-    pod-resources API then corrects the ledger), so any bus failure yields an empty list.
+    Best effort and bounded: with no bus at start the agent still serves kubelet, so any bus
+    failure (or no answer in time) yields None: "the bus cannot say", not "nothing is held".
     """
     history: list[events.AllocationEvent] = []
-    with anyio.move_on_after(settings.bus.connect_timeout_s + settings.bus.request_timeout_s):
+    limit_s = settings.bus.connect_timeout_s + settings.bus.request_timeout_s
+    with anyio.move_on_after(limit_s) as scope:
         try:
             async with connect(settings.bus, name=f"agent/{settings.node_name}/restore",
                                retry=False) as conn:  # fmt: skip
@@ -38,12 +58,15 @@ async def retained_allocations(settings: ServeSettings) -> list[events.Allocatio
                 )
         except BusError as e:
             log.warning("no retained allocations to rebuild the ledger from: %s", e)
-            return []
+            return None
         guard = state.guard_for(settings.bus)  # refuses (and logs) garbage and future stamps
         for subject, data in raw:
             event = guard.accept(subject, data)
             if isinstance(event, events.AllocationEvent):
                 history.append(event)
+    if scope.cancelled_caught:
+        log.warning("no retained allocations to rebuild the ledger from: the bus did not answer")
+        return None
     live = live_allocations(history)
     if live:
         log.info("rebuilding the ledger from %d retained allocation(s)", len(live))

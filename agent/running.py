@@ -12,7 +12,9 @@ time-bounded by its owner):
    connection comes up);
 4. HTTPS (``/metrics``, ``/readyz``, ``/livez``, ``/monitor/snapshot``); with
    ``--metrics-auth=review``, the non-probe routes ask the worker (503 while they cannot);
-5. the device plugins (bound and registered on the first :meth:`Plugins.update`);
+5. the device plugins (bound and registered on the first :meth:`Plugins.update`), their ledger
+   rebuilt from the bus's retained history, or from the copy kept on the node
+   (:mod:`agent.ledgerfile`) when the bus cannot be read at start;
 6. the observer: one pass every monitor period (detection, sampling, health re-check), started
    with the plugins it pushes to, once the first pass is published;
 7. the XID watcher (NVIDIA only) and the heartbeat.
@@ -42,7 +44,7 @@ import anyio.to_thread
 import msgspec
 from prometheus_client import CollectorRegistry, Histogram
 
-from agent import health, metrics, restoring, watching
+from agent import health, ledgerfile, metrics, restoring, watching
 from agent.deviceplugin import partitioning
 from agent.deviceplugin.ledger import Change
 from agent.deviceplugin.running import Plugins, device_plugins
@@ -103,11 +105,7 @@ async def run(
             name="bus-link",
         )  # fmt: skip
         server = await tg.start(serve_https, settings, registry, observer, reviewer, name="https")
-        retained = await restoring.retained_allocations(settings)
-        plugins = await tg.start(
-            serve_plugins, settings, publish, retained, mig_control(backends),
-            name="device-plugins",
-        )  # fmt: skip
+        plugins = await start_plugins(tg, settings, publish, mig_control(backends))
         await tg.start(observer.observe, plugins, name="observer")
         for nvml in observer.nvml_adapters():
             tg.start_soon(
@@ -198,6 +196,28 @@ def mig_control(backends: Sequence[detection.Backend]) -> partitioning.NvmlMig |
         if isinstance(backend, nvidia.NvidiaBackend):
             return partitioning.NvmlMig(backend.nvml)
     return None
+
+
+async def start_plugins(
+    tg: anyio.abc.TaskGroup,
+    settings: ServeSettings,
+    publish: Callable[[events.Event], None],
+    mig: partitioning.MigControl | None,
+) -> Plugins:
+    """Rebuild the ledger (the bus's history, else the node's copy), keep that copy current
+    with every ledger change, then serve the device plugins."""
+    retained = await restoring.initial_allocations(settings)
+    kept = ledgerfile.LedgerFile(settings.ledger_path, settings.node_name, retained)
+    await tg.start(kept.keep, name="ledger-file")
+
+    def noted(event: events.Event) -> None:
+        kept.note(event)
+        publish(event)
+
+    plugins: Plugins = await tg.start(
+        serve_plugins, settings, noted, retained, mig, name="device-plugins"
+    )
+    return plugins
 
 
 async def serve_plugins(

@@ -7,6 +7,9 @@ Durations are seconds and say so in their names.
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import msgspec
 
 from agent.deviceplugin.settings import DevicePluginSettings
@@ -14,7 +17,7 @@ from agent.settings import DetectSettings, detect_settings_from, node_name_from
 from bus import identity
 from bus import settings as bus_settings
 from bus.settings import BusSettings
-from kit.options import Options
+from kit.options import Options, SettingsError
 from kit.serving import HttpsSettings, https_from
 from kit.version import package_version
 
@@ -39,6 +42,12 @@ class ServeSettings(msgspec.Struct, frozen=True, kw_only=True):
     """Seconds a card down for a transient reason stays Unhealthy before it is re-checked."""
     xid_wait_s: float = 1.0
     """Seconds one NVML event wait may block a worker thread (bounds shutdown, not latency)."""
+    state_dir: str = "/var/lib/gpustack/device-manager"
+    """The node's own state (``--state-dir``): the ledger kept for a start without the bus."""
+
+    @property
+    def ledger_path(self) -> Path:
+        return Path(self.state_dir, "ledger.json")
 
     def __post_init__(self) -> None:
         for name in ("monitor_period_s", "resync_period_s", "heartbeat_s", "xid_wait_s"):
@@ -68,6 +77,7 @@ class ServeSettings(msgspec.Struct, frozen=True, kw_only=True):
             heartbeat_s=0.5,
             health_quarantine_s=0.5,
             xid_wait_s=0.05,
+            state_dir=os.path.join(directory, "device-manager"),
         )
         return msgspec.structs.replace(base, **kw)
 
@@ -75,22 +85,27 @@ class ServeSettings(msgspec.Struct, frozen=True, kw_only=True):
 def settings_from(options: Options) -> ServeSettings:
     """Build the settings of ``dm serve`` from its flags and the environment.
 
-    :raises SettingsError: a bad ``--manufacturer`` or node name.
+    :raises SettingsError: a bad ``--manufacturer`` or node name, a relative ``--state-dir``.
     """
     kube_socket = options.text("kube-socket")
+    state_dir = options.text("state-dir")
+    if not state_dir.startswith("/"):
+        raise SettingsError(f"--state-dir must be an absolute path, not {state_dir!r}")
     return assemble(
         options,
         kube_socket=kube_socket,
+        state_dir=state_dir,
         https=https_from(options),
         bus=bus_settings.from_options(options),
     )
 
 
 def assemble(
-    options: Options, *, kube_socket: str, https: HttpsSettings, bus: BusSettings
+    options: Options, *, kube_socket: str, state_dir: str, https: HttpsSettings, bus: BusSettings
 ) -> ServeSettings:
     """The device agent's settings with the parts a composing command decides itself
-    (``standalone`` puts the socket under its state directory and the bus on its own server).
+    (``standalone`` puts the socket and the state under its state directory and the bus on its
+    own server).
 
     :raises SettingsError: a republish period the retained state would expire between.
     """
@@ -115,4 +130,5 @@ def assemble(
         resync_period_s=options.seconds("resync-period"),
         heartbeat_s=options.seconds("heartbeat-period"),
         health_quarantine_s=options.seconds("health-quarantine"),
+        state_dir=state_dir,
     )

@@ -278,6 +278,11 @@ _DM_SERVE = (
         "/var/lib/kubelet/device-plugins/kubelet.sock",
         "the kubelet socket to register on",
     ),
+    Flag(
+        "state-dir",
+        "/var/lib/gpustack/device-manager",
+        "the node's own state: the allocation ledger kept for a start without the bus",
+    ),
     Flag("secure-port", "32443", "the HTTPS port", kind="int", bounds=PORT),
     Flag(
         "node-name", "", "the node it runs on (default $KUBERNETES_NODE_NAME, else the host name)"
@@ -410,7 +415,8 @@ _STANDALONE = (
     *(
         flag
         for flag in _DM_SERVE
-        if flag.name not in ("kube-socket", "secure-port", "bind-address", "metrics-auth")
+        if flag.name
+        not in ("kube-socket", "state-dir", "secure-port", "bind-address", "metrics-auth")
         and flag not in NATS_FLAGS
     ),
 )

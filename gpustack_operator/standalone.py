@@ -85,7 +85,11 @@ def settings_from(options: Options) -> StandaloneSettings:
 
     kube_socket = os.path.join(state_dir, "device-plugins", "kubelet.sock")
     agent = serve_settings.assemble(
-        options, kube_socket=kube_socket, https=https("device-manager-port"), bus=bus
+        options,
+        kube_socket=kube_socket,
+        state_dir=os.path.join(state_dir, "device-manager"),
+        https=https("device-manager-port"),
+        bus=bus,
     )
     try:
         hub_endpoint = endpoints.endpoint_from(None, options.env)

@@ -11,6 +11,7 @@
     <root>/trash/<hex>-<ns>             removal staging, emptied on open
     <root>/ledger/refs/<volumeID>.json  one per published volume
     <root>/ledger/digests/<hex>.json    last use and failure/backoff of a digest
+    <root>/ledger/policy.json           the last policy synced from the bus (agent.models.policyfile)
 
 Invariants: a ``published/<hex>`` directory is complete and verified, because it only ever
 appears by one ``rename`` of a finished attempt; records are replaced atomically (write a

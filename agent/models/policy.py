@@ -23,6 +23,11 @@ class Policy(Protocol):
         """True once the first full set of records arrived (before: answer Unavailable)."""
         ...
 
+    def provisional(self) -> bool:
+        """True while the view is the last one kept on the node, not yet confirmed by the bus:
+        it authorizes mounts of trees already cached, never a download."""
+        ...
+
     def artifact(self, namespace: str, name: str) -> ArtifactRecord | None: ...
 
     def spec(self) -> StoreSpec | None:
@@ -39,9 +44,17 @@ class MemoryPolicy:
         self._artifacts = {(a.namespace, a.name): a for a in artifacts or []}
         self._spec = spec
         self._synced = artifacts is not None
+        self._provisional = False
 
     def synced(self) -> bool:
         return self._synced
+
+    def provisional(self) -> bool:
+        return self._provisional and not self._synced
+
+    def view(self) -> tuple[tuple[ArtifactRecord, ...], StoreSpec | None]:
+        """Every record, in a stable order: what is kept on disk and compared for changes."""
+        return tuple(self._artifacts[k] for k in sorted(self._artifacts)), self._spec
 
     def artifact(self, namespace: str, name: str) -> ArtifactRecord | None:
         return self._artifacts.get((namespace, name))
@@ -61,6 +74,17 @@ class MemoryPolicy:
         self._artifacts = dict(other._artifacts)
         self._spec = other._spec
         self._synced = True
+        self._provisional = False
+
+    def assume(self, artifacts: list[ArtifactRecord], spec: StoreSpec | None) -> bool:
+        """Take the view kept on the node before a restart, provisionally; the bus's first
+        read replaces it. False (nothing taken) once the bus has synced: it is newer."""
+        if self._synced:
+            return False
+        self._artifacts = {(a.namespace, a.name): a for a in artifacts}
+        self._spec = spec
+        self._provisional = True
+        return True
 
 
 class VolumeAsk:

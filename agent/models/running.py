@@ -7,11 +7,14 @@ it yields (references rebuilt, socket listening). Leaving it cancels downloads (
 stay for the next start), closes the socket and the Hub session.
 
 With a bus, :func:`serve` creates the publisher first and connects beside the plugin, so CSI
-and HTTPS never wait for NATS; the KV policy follower starts once the connection is up.
+and HTTPS never wait for NATS; the KV policy follower starts once the connection is up. Until
+it has synced, the policy the last run kept on the node serves cached models
+(:mod:`agent.models.policyfile`).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
@@ -29,6 +32,7 @@ from agent.models import (
     kvpolicy,
     layout,
     materializing,
+    policyfile,
     reporting,
     server,
 )
@@ -172,12 +176,15 @@ async def serve(settings: ModelManagerSettings, policy: MemoryPolicy) -> None:
     """The whole process: bus (publisher and the artifacts it carries), plugin and HTTPS.
 
     The publisher exists before the connection, so CSI and HTTPS serve at once, NATS reachable
-    or not; models events wait in its outbox. With a bus, ``policy`` follows the control
-    plane's KV bucket once connected (unsynced until then: every publish answers UNAVAILABLE);
-    without one it stays as given (empty and unsynced in production).
+    or not; models events wait in its outbox. Until ``policy`` is synced it holds the view kept
+    on the node by the last run, provisionally (cached models mount, downloads answer
+    UNAVAILABLE); with no such view every publish answers UNAVAILABLE. With a bus, ``policy``
+    follows the control plane's KV bucket once connected (each change kept on the node);
+    without one it stays as given.
     """
     registry = CollectorRegistry()
     reviewer = BusReviewer(settings.node_name)
+    await _assume_kept_policy(settings, policy)
     if settings.bus is None:
         if settings.https.auth == "review":
             log.warning("no bus: /metrics and /model/downloads answer 503 (--metrics-auth=review)")
@@ -191,8 +198,9 @@ async def serve(settings: ModelManagerSettings, policy: MemoryPolicy) -> None:
         anyio.create_task_group() as tg,
     ):
         tg.start_soon(
-            _follow_bus, settings.bus, settings.node_name, pub, policy, reviewer, name="bus"
-        )
+            _follow_bus, settings.bus, settings.node_name, pub, policy, reviewer,
+            settings.cache_root, name="bus",
+        )  # fmt: skip
         await _serve_plugin(settings, policy, pub, registry, reviewer)
 
 
@@ -202,6 +210,7 @@ async def _follow_bus(
     pub: publishing.Publisher,
     policy: MemoryPolicy,
     reviewer: BusReviewer,
+    cache_root: Path,
 ) -> None:
     """Connect (retrying forever), then publish, review and follow the policy through it.
 
@@ -214,7 +223,27 @@ async def _follow_bus(
         anyio.create_task_group() as tg,
     ):
         bucket = await _bind_agents_bucket(conn, bus)
-        tg.start_soon(kvpolicy.follow, bucket, node, policy, name="policy-follower")
+        kept = functools.partial(policyfile.save, policyfile.path_in(cache_root), node)
+        tg.start_soon(
+            functools.partial(kvpolicy.follow, bucket, node, policy, changed=kept),
+            name="policy-follower",
+        )
+
+
+async def _assume_kept_policy(settings: ModelManagerSettings, policy: MemoryPolicy) -> None:
+    """Take the view the last run kept, provisionally, unless ``policy`` is already synced.
+
+    The cache is opened first: it refuses a foreign root before anything is written in it,
+    and the policy file is only ever written inside a cache with its layout.
+    """
+    await anyio.to_thread.run_sync(layout.Cache.open, settings.cache_root)
+    kept = await policyfile.load(policyfile.path_in(settings.cache_root), settings.node_name)
+    if kept is not None and policy.assume(list(kept.artifacts), kept.spec):
+        log.info(
+            "serving cached models with the policy kept on the node (%d artifact(s)) until "
+            "the bus syncs",
+            len(kept.artifacts),
+        )
 
 
 async def _bind_agents_bucket(conn: connection.Connection, bus: BusSettings) -> kv.Bucket:

@@ -5,6 +5,10 @@
 (different targets run in parallel), authorize, idempotency checks, claim the tree (under the
 claim lock the collector also takes, so a claimed tree is never collected), bind-mount.
 
+Before the bus's first sync, a policy kept on the node from the last run
+(:mod:`agent.models.policyfile`) authorizes mounts of trees already cached, and nothing else:
+a download waits for the bus. Unpublish never waits for anything.
+
 References live in ``ledger/refs`` and are rebuilt from ``/proc/self/mountinfo`` on start: a
 mount of ``published/<hex>/tree`` under kubelet's pods directory is a reference, whatever the
 ledger says, and a ledger entry whose target is not mounted is dropped.
@@ -31,6 +35,7 @@ from agent.models.errors import AlreadyPublished, InvalidVolume, MountFailed, No
 from agent.models.materializing import Materializer, Source
 from agent.models.metrics import ModelMetrics
 from agent.models.policy import Policy, VolumeAsk, authorize
+from bus.records import ArtifactRecord
 from hub.manifest import is_digest
 
 __all__ = ["PublishRequest", "Volumes", "kubelet_volume_id", "validate"]
@@ -169,7 +174,7 @@ class Volumes:
 
     async def publish(self, req: PublishRequest) -> None:
         target, ask = validate(req, self.pods_dir)
-        if not self.ready or not self.policy.synced():
+        if not self.ready or not (self.policy.synced() or self.policy.provisional()):
             raise NotReady("the plugin is starting: references or artifacts not synced yet")
         lock = self._locks.setdefault(str(target), anyio.Lock())
         async with lock:
@@ -204,19 +209,7 @@ class Volumes:
                 await anyio.to_thread.run_sync(self.cache.save_ref, ref)
                 self.refs[ref.volume_id] = ref
         if not published:
-            self.metrics.mounts.labels(result="pending").inc()
-            self._waited.add(hex_)
-            token = req.secrets.get("token") or self.default_token
-            self.materializer.ensure(
-                hex_,
-                Source(
-                    record.source.repository,
-                    record.revision or "",
-                    token,
-                    record.allow_patterns,
-                    record.ignore_patterns,
-                ),
-            )
+            self._materialize(req, record, hex_)
             return
         try:
             await anyio.to_thread.run_sync(self._mount, hex_, target)
@@ -228,6 +221,31 @@ class Volumes:
         self._waited.discard(hex_)
         await self._touch(hex_)
         self.changed()
+
+    def _materialize(self, req: PublishRequest, record: ArtifactRecord, hex_: str) -> None:
+        """Start (or join) the download of ``hex_``; the caller answers ABORTED meanwhile.
+
+        :raises NotReady: the policy is only the view kept on the node: what it authorized
+            then may have been revoked since, and only the bus may start a download.
+        """
+        if not self.policy.synced():
+            raise NotReady(
+                f"sha256:{hex_[:12]} is not cached and the artifacts are not synced from the "
+                "bus yet (serving only cached models from the view kept on the node)"
+            )
+        self.metrics.mounts.labels(result="pending").inc()
+        self._waited.add(hex_)
+        token = req.secrets.get("token") or self.default_token
+        self.materializer.ensure(
+            hex_,
+            Source(
+                record.source.repository,
+                record.revision or "",
+                token,
+                record.allow_patterns,
+                record.ignore_patterns,
+            ),
+        )
 
     async def _already(self, ref: layout.Ref, target: Path) -> bool:
         """Idempotency: True when ``target`` already holds exactly this volume."""

@@ -62,8 +62,9 @@ async def test_retained_history_of_this_node_only(tmp_path: Path) -> None:
 
 
 @pytest.mark.anyio
-async def test_no_bus_at_start_means_an_empty_ledger_not_a_failure(tmp_path: Path) -> None:
+async def test_no_bus_at_start_means_the_bus_cannot_say_not_a_failure(tmp_path: Path) -> None:
     settings = ServeSettings.for_tests(
         str(tmp_path), bus=BusSettings.for_tests("nats://127.0.0.1:1"), node_name="n1"
     )
-    assert await restoring.retained_allocations(settings) == []
+    assert await restoring.retained_allocations(settings) is None
+    assert await restoring.initial_allocations(settings) == []  # and no ledger kept on the node
