@@ -6,8 +6,8 @@ The bus's NodeRestriction. Every connection has one :class:`Identity`, proven wh
 ``device-manager`` / ``model-manager`` of node N
     publish only N's subjects of its own kinds (``gpustack.v1.node.<N>.devices`` …); read only
     replies on its own inbox prefix (:func:`inbox_prefix`) and what it needs from the retained
-    state: the device agent N's allocation history, the model agent N's ``nms.<N>`` key and the
-    ``artifacts.*`` keys of ``GPUSTACK_V1_AGENTS``. No stream, consumer or bucket administration,
+    state: the device agent N's allocation history and N's ``pending.<N>`` key, the model agent
+    N's ``nms.<N>`` key and the ``artifacts.*`` keys of ``GPUSTACK_V1_AGENTS``. No stream, consumer or bucket administration,
     no ``$KV`` writes, no ``$SYS``.
 ``dashboard``
     subscribe to every node's events and read the retained state; publish nothing but the
@@ -131,8 +131,9 @@ def permissions_for(identity: Identity) -> Permissions:
         )
     assert identity.node is not None  # the node roles, checked by Identity
     own = tuple(subjects.subject(identity.node, k) for k in KINDS_BY_ROLE[identity.role])
-    reads = _history_reads(identity.node) if identity.role == "device-manager" else ()
-    if identity.role == "model-manager":
+    if identity.role == "device-manager":
+        reads = (*_history_reads(identity.node), *_pending_reads(identity.node))
+    else:
         reads = _agents_bucket_reads(identity.node)
     # Every node agent may ask the worker to review a scraper's token (kit.access, H9).
     return Permissions(
@@ -156,6 +157,14 @@ def _consumer_reads(stream: str, filters: tuple[str, ...]) -> tuple[str, ...]:
 def _history_reads(node: str) -> tuple[str, ...]:
     """The device agent rebuilds its allocation ledger from its own retained history."""
     return _consumer_reads(HISTORY_STREAM, (subjects.subject(node, "allocations"),))
+
+
+def _pending_reads(node: str) -> tuple[str, ...]:
+    """The device agent reads the containers pending on its node (``pending.<node>``), by a
+    direct get naming the key, so no other node's requests are readable."""
+    stream = kv.stream_of(kv.AGENTS_BUCKET)
+    key = kv.subject_of(kv.AGENTS_BUCKET, kv.pending_key(node))
+    return (f"{_API}.STREAM.INFO.{stream}", f"{_API}.DIRECT.GET.{stream}.{key}")
 
 
 def _agents_bucket_reads(node: str) -> tuple[str, ...]:

@@ -10,7 +10,9 @@ Two buckets, both history 1 (last value per key), created idempotently by :func:
     What agents need and must not fetch from Kubernetes themselves:
 
     - ``nms.<node>``: that node's ``NodeModelStore`` spec;
-    - ``artifacts.<namespace>.<name>``: a ``ModelArtifact`` a Pod in ``namespace`` may mount.
+    - ``artifacts.<namespace>.<name>``: a ``ModelArtifact`` a Pod in ``namespace`` may mount;
+    - ``pending.<node>``: the containers bound to that node that wait for a sliced or
+      partitioned device (what the device agent's Allocate cannot learn from kubelet alone).
 
     The values are the records of :mod:`bus.records`, the one definition both sides encode and
     decode; this module holds only buckets, keys and their escaping.
@@ -40,6 +42,7 @@ __all__ = [
     "escape",
     "nms_key",
     "open_bucket",
+    "pending_key",
     "stream_of",
     "subject_of",
     "unescape",
@@ -88,6 +91,10 @@ def subject_of(bucket: str, key: str) -> str:
 
 def nms_key(node: str) -> str:
     return f"nms.{escape(node)}"
+
+
+def pending_key(node: str) -> str:
+    return f"pending.{escape(node)}"
 
 
 def artifact_key(namespace: str, name: str) -> str:

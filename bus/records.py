@@ -10,6 +10,10 @@ the very same classes, so the two sides cannot drift apart. Keys and buckets are
 - :class:`ArtifactRecord` (key ``artifacts.<namespace>.<name>``): a ModelArtifact a Pod in
   ``namespace`` may mount, what authorizes a volume. A pull token is never on the bus: the record
   names the Secret (:class:`SecretRef`) and only the node that mounts the artifact reads it.
+- :class:`PendingContainers` (key ``pending.<node>``): the containers bound to a node that wait
+  for a sliced or partitioned device, with what each asked for. kubelet's Allocate names only
+  device IDs; this record is how the device agent, which holds no Kubernetes access, learns which
+  container it allocates for and how many units, memory and cores that container asked for.
 
 The wire format is a public contract between control planes and agents of different versions:
 field names are camelCase like the CRDs they mirror, defaults are omitted, and unknown fields are
@@ -19,6 +23,7 @@ ignored so an older reader accepts a newer writer. Change a field only by adding
 from __future__ import annotations
 
 import re
+from datetime import datetime
 from typing import Any, Final
 
 import msgspec
@@ -28,6 +33,8 @@ __all__ = [
     "Download",
     "HubEndpoint",
     "HuggingFaceSource",
+    "PendingContainer",
+    "PendingContainers",
     "SecretRef",
     "StoreSpec",
     "StoreSpecRecord",
@@ -160,3 +167,32 @@ class ArtifactRecord(_Record, frozen=True, kw_only=True):
         so a separate flag could only disagree with it.
         """
         return self.manifest_digest is not None and self.revision is not None
+
+
+class PendingContainer(_Record, frozen=True, kw_only=True):
+    """One container's claim of one sliced or partitioned resource, as the admission folded it."""
+
+    pod_uid: str
+    namespace: str
+    pod: str
+    container: str
+    resource: str
+    """The device-plugin resource name the claim asks kubelet for (``nvidia.com/gpu.sliced``)."""
+    count: int = 1
+    """How many devices of ``resource`` the container asks for (kubelet's Allocate size)."""
+    units: int
+    """The container's ``<resource>.units`` limit: what the ledger charges per card."""
+    memory_percentage: int | None = None
+    memory_mib: int | None = None
+    cores_percentage: int | None = None
+    profile: str | None = None
+    """The partition profile (``3g.40gb``) of a partitioned claim."""
+    created_at: datetime
+    """The Pod's ``metadata.creationTimestamp``: the oldest feasible container is served first."""
+
+
+class PendingContainers(_Record, frozen=True, kw_only=True):
+    """Every pending container of one node (written whole: the record replaces the last one)."""
+
+    node: str
+    containers: tuple[PendingContainer, ...] = ()

@@ -19,6 +19,7 @@ __all__ = [
     "MUTATING_WEBHOOKS",
     "NODEMODELSTORES",
     "NODES",
+    "PODS",
     "SECRETS",
     "SUBJECTACCESSREVIEWS",
     "TOKENREVIEWS",
@@ -63,6 +64,7 @@ MODELARTIFACTS: Final = Resource(
     group=GROUP, version=VERSION, plural="modelartifacts", kind="ModelArtifact", namespaced=True
 )
 NODES: Final = Resource(group="", version="v1", plural="nodes", kind="Node")
+PODS: Final = Resource(group="", version="v1", plural="pods", kind="Pod", namespaced=True)
 SECRETS: Final = Resource(group="", version="v1", plural="secrets", kind="Secret", namespaced=True)
 LEASES: Final = Resource(
     group="coordination.k8s.io", version="v1", plural="leases", kind="Lease", namespaced=True

@@ -42,6 +42,7 @@ from controlplane.metrics import WorkerMetrics
 from controlplane.reconciling.artifacting import ArtifactReconciler
 from controlplane.reconciling.ledger import Ledger
 from controlplane.reconciling.nodes import NodeReconciler
+from controlplane.reconciling.pending import PendingPublisher
 from controlplane.reconciling.processing import Processor
 from controlplane.resolving import Resolver
 from controlplane.reviewing import KubeReviewer
@@ -204,6 +205,7 @@ async def run(
                     start_forever(tg, "crd-check", crds.keep_present, api, settings.crd_check_s)
                     start_forever(tg, "node-watch", processor.watch_nodes, api)
                     start_forever(tg, "artifact-watch", artifacts.watch, api)
+                    start_forever(tg, "pod-watch", PendingPublisher(agents).watch, api)
                 start_forever(
                     tg, "artifact-workers", artifacts.work, max(1, settings.concurrency // 4)
                 )

@@ -213,6 +213,27 @@ async def test_the_model_agent_reads_its_own_keys_only_and_writes_none(
             await kv.open_bucket(conn, "GPUSTACK_V1_OTHER")  # may not create buckets
 
 
+async def test_the_device_agent_reads_its_own_pending_containers_only(
+    bus: testing.CalloutBus,
+) -> None:
+    async with connection.connect(bus.worker, retry=False) as worker:
+        agents = await kv.open_bucket(worker, kv.AGENTS_BUCKET)
+        await agents.put(kv.pending_key("gpu-a.example"), b'{"mine": true}')
+        await agents.put(kv.pending_key("gpu-b.example"), b'{"theirs": true}')
+    async with connection.connect(_as(bus, "token-a"), retry=False) as conn:
+        bucket = await kv.open_bucket(conn, kv.AGENTS_BUCKET, create=False)
+        got = await bucket.get(kv.pending_key("gpu-a.example"))
+        assert got is not None and got[0] == b'{"mine": true}'
+        with pytest.raises(errors.StateUnavailable):
+            await bucket.get(kv.pending_key("gpu-b.example"))
+        with pytest.raises(errors.StateUnavailable):
+            await bucket.get(kv.nms_key("gpu-a.example"))  # the model agent's key
+        with pytest.raises(errors.StateUnavailable):
+            await bucket.last_values(">")
+        with pytest.raises(errors.StateUnavailable):
+            await bucket.put(kv.pending_key("gpu-a.example"), b'{"forged": true}')
+
+
 async def test_the_worker_turns_on_direct_gets_in_a_bucket_of_an_older_version(
     bus: testing.CalloutBus,
 ) -> None:

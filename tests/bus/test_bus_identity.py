@@ -142,6 +142,17 @@ def test_the_device_agent_reads_its_own_allocation_history_only() -> None:
     assert not may_publish(perms, f"$JS.API.CONSUMER.CREATE.{STATE_STREAM}.c1.>")
 
 
+def test_the_device_agent_gets_its_own_pending_containers_only() -> None:
+    perms = identity.permissions_for(Identity(role=DM, node="gpu-a.x"))
+    direct = f"$JS.API.DIRECT.GET.{AGENTS}."
+    key = functools.partial(kv.subject_of, kv.AGENTS_BUCKET)
+    assert may_publish(perms, direct + key(kv.pending_key("gpu-a.x")))
+    assert not may_publish(perms, direct + key(kv.pending_key("gpu-b.x")))
+    assert not may_publish(perms, direct + key(kv.nms_key("gpu-a.x")))
+    assert not may_publish(perms, f"$JS.API.DIRECT.GET.{AGENTS}")  # the key in the body
+    assert not may_publish(perms, f"$JS.API.CONSUMER.CREATE.{AGENTS}.c1." + key(">"))
+
+
 def test_the_dashboard_reads_every_node_and_writes_nothing() -> None:
     perms = identity.permissions_for(Identity(role="dashboard"))
     assert may_subscribe(perms, subjects.subject("gpu-a", "health"))

@@ -4,6 +4,8 @@ the wire format ``bus.kv.ArtifactRecord`` had, byte for byte."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 import msgspec
 import pytest
 
@@ -144,3 +146,30 @@ def test_store_spec_record_keeps_its_wire_format() -> None:
 )
 def test_is_digest(value: str, ok: bool) -> None:
     assert records.is_digest(value) is ok
+
+
+def test_a_pending_request_is_camel_case_and_omits_what_the_container_did_not_ask() -> None:
+    when = datetime(2025, 1, 2, 3, 4, 5, tzinfo=UTC)
+    rec = records.PendingContainers(
+        node="gpu-a",
+        containers=(
+            records.PendingContainer(
+                pod_uid="u1", namespace="ns", pod="p", container="main",
+                resource="nvidia.com/gpu.sliced", units=400_000, memory_percentage=25,
+                cores_percentage=50, created_at=when,
+            ),
+        ),
+    )  # fmt: skip
+    wire = msgspec.json.decode(msgspec.json.encode(rec))
+    assert wire == {
+        "node": "gpu-a",
+        "containers": [
+            {
+                "podUid": "u1", "namespace": "ns", "pod": "p", "container": "main",
+                "resource": "nvidia.com/gpu.sliced", "units": 400000, "memoryPercentage": 25,
+                "coresPercentage": 50, "createdAt": "2025-01-02T03:04:05Z",
+            }
+        ],
+    }  # fmt: skip
+    newer = msgspec.json.encode({**wire, "future": 1})
+    assert msgspec.json.decode(newer, type=records.PendingContainers) == rec
