@@ -8,8 +8,8 @@ time-bounded by its owner):
    bounded number of samples) until NATS answers;
 2. the backends (real NVML/sysfs, or a simulated tree and NVML), open for the whole process;
 3. the bus link (not awaited: with NATS unreachable the agent still serves kubelet and metrics;
-   :func:`bus.publishing.link` attaches the publisher, and the access reviewer, whenever the
-   connection comes up);
+   :func:`bus.publishing.link` attaches the publisher, the access reviewer and the follower of
+   this node's pending containers (:mod:`agent.kvpending`) whenever the connection comes up);
 4. HTTPS (``/metrics``, ``/readyz``, ``/livez``, ``/monitor/snapshot``); with
    ``--metrics-auth=review``, the non-probe routes ask the worker (503 while they cannot);
 5. the device plugins (bound and registered on the first :meth:`Plugins.update`), their ledger
@@ -44,7 +44,7 @@ import anyio.to_thread
 import msgspec
 from prometheus_client import CollectorRegistry, Histogram
 
-from agent import health, ledgerfile, metrics, restoring, watching
+from agent import health, kvpending, ledgerfile, metrics, restoring, watching
 from agent.deviceplugin import partitioning
 from agent.deviceplugin.ledger import Change
 from agent.deviceplugin.running import Plugins, device_plugins
@@ -73,6 +73,7 @@ class Running:
     plugins: Plugins
     backends: Sequence[detection.Backend]
     publisher: Publisher
+    pending: kvpending.PendingView
 
 
 async def run(
@@ -97,15 +98,16 @@ async def run(
         pub.on_reconnect(observer.republish)
         metrics.register_view(registry, observer.metric_sources(outbox_depth=lambda: pub.pending))
         reviewer = BusReviewer(settings.node_name)
+        pending = kvpending.PendingView()
         tg.start_soon(
             functools.partial(
                 link, pub, settings.bus, name=f"agent/{settings.node_name}",
-                also=(reviewer.attach,),
+                also=(reviewer.attach, kvpending.attach(pending, settings.node_name)),
             ),
             name="bus-link",
         )  # fmt: skip
         server = await tg.start(serve_https, settings, registry, observer, reviewer, name="https")
-        plugins = await start_plugins(tg, settings, publish, mig_control(backends))
+        plugins = await start_plugins(tg, settings, publish, mig_control(backends), pending)
         await tg.start(observer.observe, plugins, name="observer")
         for nvml in observer.nvml_adapters():
             tg.start_soon(
@@ -121,7 +123,7 @@ async def run(
             )
         tg.start_soon(observer.heartbeat, name="heartbeat")
         log.info("device agent ready on node %s (HTTPS %s)", settings.node_name, server.url)
-        task_status.started(Running(observer, server, plugins, backends, pub))
+        task_status.started(Running(observer, server, plugins, backends, pub, pending))
 
 
 def require_plugin_directory(kube_socket: str) -> None:
@@ -203,6 +205,7 @@ async def start_plugins(
     settings: ServeSettings,
     publish: Callable[[events.Event], None],
     mig: partitioning.MigControl | None,
+    pending: kvpending.PendingView,
 ) -> Plugins:
     """Rebuild the ledger (the bus's history, else the node's copy), keep that copy current
     with every ledger change, then serve the device plugins."""
@@ -215,7 +218,7 @@ async def start_plugins(
         publish(event)
 
     plugins: Plugins = await tg.start(
-        serve_plugins, settings, noted, retained, mig, name="device-plugins"
+        serve_plugins, settings, noted, retained, mig, pending, name="device-plugins"
     )
     return plugins
 
@@ -225,11 +228,16 @@ async def serve_plugins(
     publish: Callable[[events.Event], None],
     initial_allocations: Sequence[events.AllocationEvent] = (),
     mig: partitioning.MigControl | None = None,
+    pending: kvpending.PendingView | None = None,
     *,
     task_status: anyio.abc.TaskStatus[Plugins],
 ) -> None:
     async with device_plugins(
-        settings.deviceplugin, publish=publish, initial_allocations=initial_allocations, mig=mig
+        settings.deviceplugin,
+        publish=publish,
+        initial_allocations=initial_allocations,
+        mig=mig,
+        pending=pending or tuple,
     ) as plugins:
         task_status.started(plugins)
         await anyio.sleep_forever()

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from agent.deviceplugin import errors
+from agent.deviceplugin import errors, pending
 from agent.deviceplugin.ledger import Holding, Ledger, allocation_id
 from agent.deviceplugin.limits import shown
 from agent.deviceplugin.resources import (
@@ -23,6 +23,7 @@ from agent.deviceplugin.resources import (
     is_well_formed,
     units_per_token,
 )
+from bus.records import PendingContainer
 
 
 @dataclass(frozen=True)
@@ -45,17 +46,31 @@ class Grant:
     """None for visibility, which charges nothing."""
     stale: tuple[str, ...] = ()
     """Allocation ids this grant proves gone (they held one of its device ids)."""
+    request: PendingContainer | None = None
+    """The pending container a sliced grant serves: its own caps and charge, not a token
+    share (:mod:`pending`)."""
 
 
 def card_name(card: Card) -> str:
     return f"{card.id} ({card.group} #{card.index})"
 
 
-def decide(view: View, device_ids: Sequence[str], ledger: Ledger, *, now: float) -> Grant:
+def decide(
+    view: View,
+    device_ids: Sequence[str],
+    ledger: Ledger,
+    *,
+    now: float,
+    request: PendingContainer | None = None,
+) -> Grant:
     """Check a container's device ids and say what it gets; the caller charges the holding.
 
+    ``request``: the pending container a sliced Allocate serves; it is charged its own units
+    (:func:`pending.sliced_charges`), gated first (:func:`pending.sliced_gate`).
+
     :raises errors.BadRequest: an id is malformed, repeated or not one of this server's tokens.
-    :raises errors.Conflict: a card is held in another mode, unhealthy, or named twice (shared).
+    :raises errors.Conflict: a card is held in another mode, unhealthy, or named twice
+        (shared); a sliced ``request`` finds no free slot or too few units.
     :raises errors.Exhausted: a card lacks the free units.
     """
     per_card = _tokens_per_card(view, device_ids)
@@ -70,9 +85,13 @@ def decide(view: View, device_ids: Sequence[str], ledger: Ledger, *, now: float)
         return Grant(mode=view.mode, cards=grants, holding=None)
     existing = ledger.holder(view.resource, device_ids)
     if existing is not None:  # kubelet retrying the same container: same answer, no new charge
-        return Grant(mode=view.mode, cards=grants, holding=existing)
-    charges = {c.id: len(per_card[c.id]) * units_per_token(c, view.mode) for c in cards}
+        return Grant(mode=view.mode, cards=grants, holding=existing, request=request)
     stale = tuple(h.allocation_id for h in ledger.stale(view.resource, device_ids))
+    if request is not None and view.mode == "sliced":
+        charges = _sliced_charges(view, per_card, ledger, request, ignoring=stale)
+    else:
+        request = None
+        charges = {c.id: len(per_card[c.id]) * units_per_token(c, view.mode) for c in cards}
     ledger.check(view.mode, charges, {c.id: card_name(c) for c in cards}, ignoring=stale)
     holding = Holding(
         allocation_id=allocation_id(view.resource, device_ids),
@@ -82,7 +101,46 @@ def decide(view: View, device_ids: Sequence[str], ledger: Ledger, *, now: float)
         charges=tuple(charges.items()),
         since=now,
     )
-    return Grant(mode=view.mode, cards=grants, holding=holding, stale=stale)
+    return Grant(mode=view.mode, cards=grants, holding=holding, stale=stale, request=request)
+
+
+def _sliced_charges(
+    view: View,
+    per_card: Mapping[str, Sequence[int]],
+    ledger: Ledger,
+    request: PendingContainer,
+    *,
+    ignoring: Sequence[str],
+) -> dict[str, int]:
+    """``request``'s units on each card, once every card passed the sliced gate."""
+    charges = pending.sliced_charges(request, {c: len(ts) for c, ts in per_card.items()})
+    for card_id, charge in charges.items():
+        card = view.cards[card_id]
+        pending.sliced_gate(
+            card_name(card),
+            charge=charge,
+            remaining=ledger.remaining(card_id) + _freed(ledger, card_id, ignoring),
+            slices_held=slices_held(view, ledger, card_id, ignoring=ignoring),
+            slice_count=card.sliced_count,
+        )
+    return charges
+
+
+def _freed(ledger: Ledger, card_id: str, stale: Sequence[str]) -> int:
+    """The units the ``stale`` holdings charge on ``card_id`` (a new grant replaces them)."""
+    return sum(u for h in ledger.holdings() if h.allocation_id in stale
+               for c, u in h.charges if c == card_id)  # fmt: skip
+
+
+def slices_held(view: View, ledger: Ledger, card_id: str, *, ignoring: Sequence[str] = ()) -> int:
+    """How many of ``card_id``'s tokens of ``view``'s resource the ledger's holdings hold."""
+    return sum(
+        1
+        for h in ledger.holdings()
+        if h.resource == view.resource and h.allocation_id not in ignoring
+        for d in h.device_ids
+        if (t := view.tokens.get(d)) is not None and t.card == card_id
+    )
 
 
 def partition_request(view: View, device_ids: Sequence[str]) -> int:

@@ -21,12 +21,21 @@ import shutil
 import time
 from collections.abc import Callable, Sequence
 
-from agent.deviceplugin import allocation, errors, ledger, partitioning, resources, responders
+from agent.deviceplugin import (
+    allocation,
+    errors,
+    ledger,
+    partitioning,
+    pending,
+    resources,
+    responders,
+)
 from agent.deviceplugin.injection import Injection
 from agent.deviceplugin.partitioning import Partitions
 from agent.deviceplugin.server import Key, ResourceServicer
 from agent.deviceplugin.settings import DevicePluginSettings
 from bus import devices, events
+from bus.records import PendingContainer
 
 log = logging.getLogger(__name__)
 
@@ -43,8 +52,13 @@ class Node:
         initial_allocations: Sequence[events.AllocationEvent] = (),
         clock: Callable[[], float] = time.monotonic,
         partitions: Partitions | None = None,
+        pending_containers: Callable[[], Sequence[PendingContainer]] = tuple,
     ) -> None:
         self._settings = settings
+        self._pending = pending_containers
+        """The node's pending sliced/partitioned containers, as the worker last published them."""
+        self._served: dict[str, PendingContainer] = {}
+        """By allocation id: the pending container each sliced holding serves (reserved)."""
         self._publish = publish
         self._clock = clock
         self.partitions = partitions
@@ -136,6 +150,7 @@ class Node:
         for change in changes:
             self._publish(change.event(self._settings.node_name))
             if change.action == "released":
+                self._served.pop(change.holding.allocation_id, None)
                 self._remove_work_dir(change.holding.allocation_id)
                 if self.partitions is not None and change.holding.mode == "partitioned":
                     self.partitions.note_released(change.holding.allocation_id)
@@ -148,7 +163,9 @@ class Node:
     def allocate(self, key: Key, device_ids: Sequence[str]) -> Injection:
         """Decide, build the injection, prepare its host directories, then charge: a refused
         request changes nothing in the ledger."""
-        grant = allocation.decide(self._view(key), device_ids, self.ledger, now=self._clock())
+        view = self._view(key)
+        request = self._request(view, device_ids)
+        grant = allocation.decide(view, device_ids, self.ledger, now=self._clock(), request=request)
         injection = responders.respond(
             grant,
             host_lib_dir=self._settings.host_lib_dir,
@@ -159,9 +176,32 @@ class Node:
             grant.holding is not None
             and self.ledger.holder(grant.holding.resource, grant.holding.device_ids) is None
         ):
+            if grant.request is not None:
+                self._served[grant.holding.allocation_id] = grant.request
             self._apply(self.ledger.charge(grant.holding))
         self.on_allocate()
         return injection
+
+    def _request(self, view: allocation.View, device_ids: Sequence[str]) -> PendingContainer | None:
+        """The pending container a sliced Allocate serves (the one it served, on a retry);
+        None: no pending record for it, and the grant is today's token share.
+
+        kubelet's pod-resources does not list a container before its Allocate answers, so the
+        choice is the oldest feasible pending one (:func:`pending.choose`).
+        """
+        if view.mode != "sliced":
+            return None
+        served = self._served.get(ledger.allocation_id(view.resource, device_ids))
+        if served is not None:
+            return served
+        cards = {view.tokens[d].card for d in device_ids if d in view.tokens}
+        return pending.choose(
+            self._pending(),
+            view.resource,
+            len(device_ids),
+            reserved={(p.pod_uid, p.container) for p in self._served.values()},
+            remaining={c: self.ledger.remaining(c) for c in cards},
+        )
 
     async def allocate_partitioned(self, key: Key, device_ids: Sequence[str]) -> Injection:
         """Give the container its own MIG instance: reuse the one recorded for this allocation

@@ -29,7 +29,7 @@ import hashlib
 import os
 import re
 
-from agent.deviceplugin import errors
+from agent.deviceplugin import errors, pending
 from agent.deviceplugin.allocation import Grant, card_name
 from agent.deviceplugin.injection import DeviceNode, Injection, Mount
 from agent.deviceplugin.ledger import allocation_id
@@ -95,8 +95,12 @@ def _nvidia(grant: Grant, host_lib_dir: str, host_work_dir: str) -> Injection:
         return Injection(envs=envs)
     shares = [(card, len(indexes)) for card, indexes in grant.cards]
     for position, (card, tokens) in enumerate(shares):
-        envs[f"CUDA_DEVICE_MEMORY_LIMIT_{position}"] = f"{_memory_share(card, tokens)}m"
-    envs["CUDA_DEVICE_SM_LIMIT"] = str(min(_percent(card, tokens) for card, tokens in shares))
+        envs[f"CUDA_DEVICE_MEMORY_LIMIT_{position}"] = f"{_memory_limit(grant, card, tokens)}m"
+    envs["CUDA_DEVICE_SM_LIMIT"] = str(
+        pending.cores_percentage(grant.request)
+        if grant.request is not None
+        else min(_percent(card, tokens) for card, tokens in shares)
+    )
     envs["CUDA_DEVICE_MEMORY_SHARED_CACHE"] = f"{VGPU_DIR}/cudevshr.cache"
     envs["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     envs["LIBCUDA_LOG_LEVEL"] = "0"
@@ -115,6 +119,15 @@ def _nvidia(grant: Grant, host_lib_dir: str, host_work_dir: str) -> Injection:
         Mount("/dev/shm", "/dev/shm", read_only=False),  # HAMi's shared-memory region
     )
     return Injection(envs=envs, mounts=mounts, host_dirs=(vgpu,))
+
+
+def _memory_limit(grant: Grant, card: Card, tokens: int) -> int:
+    """MiB: the pending container's own cap when the grant serves one, else the token share."""
+    if grant.request is None:
+        return _memory_share(card, tokens)
+    if not card.memory_mib:
+        raise errors.CannotInject(f"card {card_name(card)} reports no memory size to slice")
+    return max(1, pending.memory_cap_mib(grant.request, card.memory_mib))
 
 
 def _memory_share(card: Card, tokens: int) -> int:
@@ -154,7 +167,7 @@ def _amd(grant: Grant, host_lib_dir: str) -> Injection:
         return Injection(envs=envs, devices=tuple(devices))
     masks = []
     for position, (card, tokens) in enumerate(grant.cards):
-        envs[f"VROCM_DEVICE_MEMORY_LIMIT_{position}"] = str(_memory_share(card, len(tokens)))
+        envs[f"VROCM_DEVICE_MEMORY_LIMIT_{position}"] = str(_memory_limit(grant, card, len(tokens)))
         masks.append(f"{position}:{cu_mask(card, tokens)}")
     envs["HSA_CU_MASK"] = ";".join(masks)
     envs["LIBVROCM_LOG_LEVEL"] = "1"

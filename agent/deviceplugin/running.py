@@ -22,6 +22,7 @@ from agent.deviceplugin.registration import Registrar
 from agent.deviceplugin.server import Key, ResourceServicer
 from agent.deviceplugin.settings import DevicePluginSettings
 from bus import devices, events
+from bus.records import PendingContainer
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +76,7 @@ async def device_plugins(
     publish: Callable[[events.Event], None],
     initial_allocations: Sequence[events.AllocationEvent] = (),
     mig: MigControl | None = None,
+    pending: Callable[[], Sequence[PendingContainer]] = tuple,
 ) -> AsyncIterator[Plugins]:
     """Serve and register the node's device plugins while the context is open.
 
@@ -82,7 +84,9 @@ async def device_plugins(
     block (the bus publisher's outbox). ``initial_allocations`` are the retained ``allocated``
     events of this node, re-charged on the first update. ``mig`` (NVIDIA:
     ``partitioning.NvmlMig(nvml_adapter)``) makes ``<base>.partitioned`` create and reclaim MIG
-    instances; without it partitioned grants name instances someone else made.
+    instances; without it partitioned grants name instances someone else made. ``pending``
+    returns the node's pending containers (:mod:`agent.kvpending`): a sliced Allocate serving
+    one is charged and capped by its own request.
     """
     partitions = None
     if mig is not None:
@@ -99,6 +103,7 @@ async def device_plugins(
         publish=publish,
         initial_allocations=initial_allocations,
         partitions=partitions,
+        pending_containers=pending,
     )
     registrar = Registrar(settings, lambda: node.servicers, ready=lambda: node.updated)
     plugins = Plugins(node, registrar)
