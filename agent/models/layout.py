@@ -28,7 +28,6 @@ import hashlib
 import os
 import re
 import shutil
-import tempfile
 import threading
 import time
 import weakref
@@ -40,6 +39,7 @@ from typing import Final
 import msgspec
 
 from agent.models.errors import CacheCorrupt
+from kit import files
 
 __all__ = ["Backoff", "Cache", "DigestRecord", "Marker", "Ref"]
 
@@ -111,24 +111,8 @@ def fsync_dir(path: Path) -> None:
 
 
 def write_atomically(path: Path, data: bytes) -> None:
-    """Replace ``path`` with ``data``: never a torn file, durable when this returns.
-
-    The temporary file is unique to this call (``mkstemp``), so threads writing one record at
-    once cannot rename each other's file away; it is removed when the write fails.
-    """
-    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    tmp = Path(name)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            os.fchmod(f.fileno(), 0o644)  # mkstemp's 0600 would hide records from readers
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        tmp.replace(path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    fsync_dir(path.parent)
+    """Replace a cache record with ``data``, readable by the node's other readers (0644)."""
+    files.write_atomically(path, data, mode=0o644)
 
 
 class Cache:
