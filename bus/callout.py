@@ -229,7 +229,7 @@ async def serve(
 
     with send, receive:
         async with (
-            conn.serve(identity.CALLOUT_SUBJECT, on_request, queue=QUEUE),
+            conn.serve_requests(identity.CALLOUT_SUBJECT, on_request, queue=QUEUE),
             anyio.create_task_group() as tg,
         ):
             for _ in range(concurrency):

@@ -212,29 +212,6 @@ class Connection:
                 if not self._nc.is_closed:
                     await quietly(sub.unsubscribe())
 
-    @asynccontextmanager
-    async def serve(
-        self, subject: str, on_request: Callable[[bytes, str], None], *, queue: str
-    ) -> AsyncIterator[None]:
-        """Call ``on_request(payload, reply subject)`` for every request on ``subject`` while
-        inside, sharing them with every other member of ``queue`` (one of them gets each).
-
-        ``on_request`` runs on the client's reader path: it must not block and must not raise;
-        answer with :meth:`publish` to the reply subject.
-        """
-
-        async def callback(msg: Msg) -> None:
-            on_request(msg.data, msg.reply)
-
-        with _mapped(BusError, f"serve {subject}"):
-            sub = await self._nc.subscribe(subject, queue=queue, cb=callback)
-        try:
-            yield
-        finally:
-            with anyio.CancelScope(shield=True):
-                if not self._nc.is_closed:
-                    await quietly(sub.unsubscribe())
-
     async def ensure_stream(
         self,
         name: str,

@@ -95,12 +95,6 @@ def _abandon(nc: Client) -> None:
             iterator._cancel()
     for name in _CLIENT_TASKS:
         _cancel(getattr(nc, name, None))
-    for task in asyncio.all_tasks():
-        # A reconnect loop whose cancellation asyncio's wait_for swallowed (the connect attempt
-        # failed in the same turn) keeps looping, and the client may no longer name it.
-        frame = getattr(task.get_coro(), "cr_frame", None)
-        if frame is not None and frame.f_locals.get("self") is nc:
-            _cancel(task)
 
 
 def _cancel(task: object) -> None:

@@ -6,5 +6,3 @@ signals and exit codes of every service (``process``), the bus tools (``buscli``
 ``buswatching``) and ``standalone``, the one place that composes ``agent`` and ``controlplane``.
 It sits above both and imports only the chosen command's modules.
 """
-
-__version__ = "0.1.0"

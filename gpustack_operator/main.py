@@ -19,7 +19,7 @@ import sys
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Literal, cast
 
-from gpustack_operator import __version__, logs
+from gpustack_operator import logs
 from gpustack_operator.commands import ALIASES, COMMANDS, GLOBAL_FLAGS, Command
 from gpustack_operator.flags import FlagError, Parsed, effective_cmdline, parse, render_help
 from kit.options import Options, SettingsError
@@ -36,7 +36,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         command, rest = find_command(args)
     except LookupError as e:
         if _wants_version(args):
-            print(f"gpustack-operator {__version__}")
+            print(f"gpustack-operator {_version()}")
             return 0
         print(f"gpustack-operator: {e}\n\n{overview()}", file=sys.stderr, end="")
         return EXIT_USAGE
@@ -51,7 +51,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(render_help(usage, command.summary, flags), end="")
         return 0
     if parsed.values["version"]:
-        print(f"gpustack-operator {__version__}")
+        print(f"gpustack-operator {_version()}")
         return 0
     return run(command, parsed)
 
@@ -126,6 +126,13 @@ def options_for(
     environment = {} if env is None else env
     parsed = parse(argv, (*command.flags, *GLOBAL_FLAGS), environment)
     return Options(parsed.values, positionals=parsed.positionals, env=environment)
+
+
+def _version() -> str:
+    """The installed distribution's version: the one every agent reports (kit.version)."""
+    from kit.version import package_version  # only --version pays for importlib.metadata
+
+    return package_version()
 
 
 def find_command(args: list[str]) -> tuple[Command, list[str]]:
