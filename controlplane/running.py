@@ -1,4 +1,5 @@
-"""The ``worker`` process: the composition root (command target :func:`worker_command`).
+"""The ``worker`` process: the composition root (the service :func:`run`; its settings are in
+:mod:`controlplane.settings`).
 
 One anyio task group: the bus subscription (retained state first, then live events) feeding the
 ledger in every replica; the reconcilers, resync and CRD repair only in the leader; the HTTPS
