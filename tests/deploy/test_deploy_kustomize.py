@@ -92,6 +92,7 @@ def test_every_namespaced_object_is_in_the_system_namespace(base: list[dict[str,
         "ClusterRole",
         "ClusterRoleBinding",
         "CSIDriver",
+        "RuntimeClass",
         "MutatingWebhookConfiguration",
         "ValidatingWebhookConfiguration",
     }
