@@ -8,11 +8,13 @@ run judges every probe as emitted, so each row's state and depth here is exactly
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
 from agent.devices.manufacturers import MANUFACTURERS
-from agent.preflight import checking, invocations, judging
+from agent.preflight import checking, invocations, judging, staging
+from agent.preflight.injection import WORK_DIR
 from agent.preflight.model import Row
 from agent.preflight.resolving import Choice
 from bus import devices
@@ -115,3 +117,108 @@ def test_iluvatar_names_hami_core_and_the_cap() -> None:
     )
     assert quota.detail == "the injection caps memory at 32768 MiB; not run: this is a dry run"
     assert seen.detail == "a sidecar is injected IX_VISIBLE_DEVICES=0; never run"
+
+
+# ------------------------------------------------------------------ Ascend
+
+
+def test_ascend_dry_run_rows_and_the_probe_it_would_run() -> None:
+    g = group("ascend", family="910b", runtime="8.2", physical=lambda i: (3,))
+    rows = dry_run(g)
+    assert table(rows) == [
+        ("container-share", "unavailable", "declared", "driver-not-askable"),
+        ("sliced-runtime-loaded", "ok", "simulated", ""),
+        ("sliced-quota-in-force", "ok", "simulated", ""),
+        ("co-tenancy", "ok", "simulated", ""),
+        ("sidecar-visibility", "ok", "simulated", ""),
+    ]
+    assert rows[0].command == ""  # declared rows carry none
+    command = rows[1].command
+    assert command.startswith("/usr/sbin/chroot /host docker run --rm --runtime ascend ")
+    assert "-e ASCEND_VISIBLE_DEVICES=3" in command
+    assert " quay.io/ascend/cann:8.2-910b sh -c " in command
+    # preflight asks for half the slice tokens: 31 of 63, so 31/63 of 65536 MiB
+    assert rows[2].detail.startswith("the injection caps memory at 32247 MiB")
+    assert rows[4].detail == "a sidecar is injected ASCEND_VISIBLE_DEVICES=3; never run"
+
+
+def test_ascend_without_a_cann_version_needs_a_probe_image() -> None:
+    rows = dry_run(group("ascend", family="910b"))
+    refused = [r for r in rows if r.reason == "no-injection"]
+    assert {r.capability for r in refused} == {
+        "sliced-runtime-loaded",
+        "sliced-quota-in-force",
+        "co-tenancy",
+        "sidecar-visibility",
+    }
+    assert all("pass --probe-image" in r.detail for r in refused)
+    assert dry_run(group("ascend", family="910b"), image="my/cann:1")[1].state == "ok"
+
+
+RUNTIME = "/usr/local/Ascend/Ascend-Docker-Runtime"
+RANKTABLE = "/etc/hccl_rootinfo.json"
+
+
+@pytest.mark.parametrize(
+    ("files", "dirs", "runtime", "ranktable"),
+    [
+        ({f"{RUNTIME}/version.info": "Version=26.0.0\n"}, (RUNTIME,), ("ok", ""), ("ok", "")),
+        (
+            {f"{RUNTIME}/version.info": "Version=7.1.RC1\n", RANKTABLE: '{"version": "1.0"}'},
+            (RUNTIME,),
+            ("unavailable", "version-unread"),
+            ("unavailable", "old-ranktable"),
+        ),
+        (
+            {f"{RUNTIME}/version.info": "Version=25.3.1", RANKTABLE: '{"version": "2.0"}'},
+            (RUNTIME,),
+            ("unavailable", "too-old"),
+            ("ok", ""),
+        ),
+        ({RANKTABLE: None}, (), ("unavailable", "not-installed"), ("unavailable", "symlink")),
+        (
+            {RANKTABLE: "not json"},
+            (),
+            ("unavailable", "not-installed"),
+            ("unavailable", "unparsable"),
+        ),
+    ],
+)
+def test_ascend_950_reads_its_runtime_and_ranktable(
+    files: dict[str, str | None],
+    dirs: tuple[str, ...],
+    runtime: tuple[str, str],
+    ranktable: tuple[str, str],
+) -> None:
+    g = group("ascend", family="950", runtime="9.0")
+    rows = {r.capability: r for r in dry_run(g, View(files, dirs))}
+    assert (rows["ascend-docker-runtime"].state, rows["ascend-docker-runtime"].reason) == runtime
+    assert (rows["hccl-ranktable"].state, rows["hccl-ranktable"].reason) == ranktable
+    assert rows["hccl-ranktable"].mode == "unnamed" and rows["hccl-ranktable"].depth == "declared"
+
+
+def test_ascend_910_has_no_950_rows() -> None:
+    capabilities = {r.capability for r in dry_run(group("ascend", family="910b", runtime="8.2"))}
+    assert not capabilities & {"ascend-docker-runtime", "hccl-ranktable"}
+
+
+def test_ascend_staging_writes_the_rendered_config_into_scratch(tmp_path: Path) -> None:
+    g = group("ascend", family="910b", runtime="8.2", physical=lambda i: (3,))
+    vendor = checking.VENDORS["ascend"]
+    plan = checking.plan(
+        vendor, [g], prefix=PREFIX, image="", host_lib_dir=LIB, hold_s=0, view=View()
+    )
+    sliced = next(p.injection for p in plan.probes if p.kind == "sliced")
+    steps, missing = staging.plan_staging("ascend", [sliced], str(tmp_path))
+    (config,) = [s for s in steps if s.content is not None]
+    assert config.target.startswith(f"{WORK_DIR}/") and config.target.endswith("/npu_info.config")
+    assert "physical-npu-id=3\n" in config.content
+    assert config.describe() == f"write {config.target}"
+    assert sorted(missing) == [
+        f"{LIB}/ascend/cann-8-910b/enpu-monitor",
+        f"{LIB}/ascend/cann-8-910b/ld.so.preload",
+        f"{LIB}/ascend/cann-8-910b/libvruntime.so",
+    ]
+    root = tmp_path / "host"
+    staging.apply([config], str(root))
+    assert (root / config.target.lstrip("/")).read_text() == config.content
