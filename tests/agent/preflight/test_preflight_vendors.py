@@ -222,3 +222,34 @@ def test_ascend_staging_writes_the_rendered_config_into_scratch(tmp_path: Path) 
     root = tmp_path / "host"
     staging.apply([config], str(root))
     assert (root / config.target.lstrip("/")).read_text() == config.content
+
+
+# ------------------------------------------------------------------ T-Head
+
+
+def test_thead_needs_a_probe_image_and_then_probes_like_nvidia() -> None:
+    rows = dry_run(group("thead"))
+    assert table(rows)[0] == ("mig-partitioning", "not-declared", "declared", "")
+    assert {r.reason for r in rows[1:]} == {"no-injection"}  # no default image for the PPU
+    rows = dry_run(group("thead"), image="registry.local/ppu-sdk:2.0")
+    assert table(rows) == [
+        ("mig-partitioning", "not-declared", "declared", ""),
+        ("sliced-runtime-loaded", "ok", "simulated", ""),
+        ("sliced-quota-in-force", "ok", "simulated", ""),
+        ("co-tenancy", "ok", "simulated", ""),
+        ("sidecar-visibility", "ok", "simulated", ""),
+    ]
+    command = rows[1].command
+    assert "--device /dev/alixpu_ppu0:/dev/alixpu_ppu0:rw" in command
+    assert "-e HGGC_DEVICE_SM_LIMIT=50" in command and "--runtime" not in command
+    assert rows[1].detail.startswith("the slice is enforced by /usr/local/vppu/hggc_quota.so")
+    assert "/usr/local/vppu/ppu-monitor" in command  # the reader the quota row rests on
+
+
+def test_a_thead_card_in_partition_mode_gets_management_rows_only() -> None:
+    rows = dry_run(group("thead", partitions=7), image="registry.local/ppu-sdk:2.0")
+    assert table(rows) == [
+        ("mig-partitioning", "ok", "declared", ""),
+        ("sidecar-visibility", "ok", "declared", ""),
+    ]
+    assert rows[0].detail == "partition mode on; 7 partition tokens, profiles not reported"
