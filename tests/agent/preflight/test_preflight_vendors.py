@@ -253,3 +253,51 @@ def test_a_thead_card_in_partition_mode_gets_management_rows_only() -> None:
         ("sidecar-visibility", "ok", "declared", ""),
     ]
     assert rows[0].detail == "partition mode on; 7 partition tokens, profiles not reported"
+
+
+# ------------------------------------------------------------------ Hygon, MetaX, Cambricon
+
+
+def test_hygon_is_judged_from_its_vdev_conf() -> None:
+    rows = dry_run(group("hygon", cores=120))
+    assert table(rows) == [
+        ("sliced-runtime-loaded", "ok", "simulated", ""),
+        ("sliced-quota-in-force", "ok", "simulated", ""),
+        ("sidecar-visibility", "ok", "simulated", ""),
+    ]
+    assert rows[0].detail.startswith("the slice is enforced by /etc/vdev/docker (mounted)")
+    assert rows[1].detail.startswith("the injection caps memory at 32768 MiB")  # 2 of 4 slices
+
+
+def test_hygon_without_compute_units_gets_no_injection() -> None:
+    rows = dry_run(group("hygon"))
+    sliced = [r for r in rows if r.mode == "sliced"]
+    assert {(r.state, r.reason) for r in sliced} == {("unavailable", "no-injection")}
+    assert "reports no compute units to mask" in sliced[0].detail
+
+
+def test_metax_reads_its_sgpu_registry() -> None:
+    registry = "/sys/bus/pci/devices/0000:01:00.0/sgpu"
+    present = dry_run(group("metax"), View(dirs=(registry, f"{registry}/create")))
+    assert table(present) == [
+        ("sgpu-mode", "ok", "declared", ""),
+        ("sliced-runtime-loaded", "ok", "simulated", ""),
+        ("sliced-quota-in-force", "ok", "simulated", ""),
+        ("sidecar-visibility", "ok", "simulated", ""),
+    ]
+    assert present[0].detail == f"sGPU registry at {registry}; subdevices can be created there"
+    assert present[1].detail.startswith("the slice is enforced by metax-sgpu on METAX-0")
+    absent = dry_run(group("metax"))
+    assert table(absent)[0] == ("sgpu-mode", "unavailable", "declared", "no-sgpu-registry")
+
+
+def test_cambricon_smlu_mode_is_not_askable_without_cndev() -> None:
+    rows = dry_run(group("cambricon", physical=lambda i: (i,)))
+    assert table(rows) == [
+        ("smlu-mode", "unavailable", "declared", "driver-not-askable"),
+        ("sliced-runtime-loaded", "ok", "simulated", ""),
+        ("sliced-quota-in-force", "ok", "simulated", ""),
+        ("sidecar-visibility", "ok", "simulated", ""),
+    ]
+    assert rows[2].detail.startswith("the injection caps memory at 32768 MiB")
+    assert "CAMBRICON_VISIBLE_DEVICES=0" in rows[3].detail
