@@ -275,9 +275,9 @@ def _execute(
                     p.extra = [_sweep_row(acc, swept) for g in p.groups for acc in g.accelerators]
                     continue
                 unprobed = _unprobed(p, prefix)
-                if unprobed:
-                    p.why = unprobed
+                if unprobed:  # listed as it would be staged; the reason stays this one
                     _stage(p, settings, apply=False)
+                    p.why = unprobed
                 elif _stage(p, settings, apply=True):
                     _probe(p, settings, host)
     except (staging.Locked, staging.StagingError) as e:
