@@ -9,7 +9,7 @@ import grpc
 import pytest
 from vendor_groups import group, mounts, nodes, session, token
 
-from agent.deviceplugin import slicing
+from agent.deviceplugin import errors, slicing
 from agent.deviceplugin.injection import DriverStep
 from agent.testing import FakeKubelet
 
@@ -125,3 +125,21 @@ async def test_a_card_without_a_physical_id_is_refused_not_guessed(
 
     assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert "reports no physical id" in (refused.value.details() or "")
+
+
+async def test_a_driver_that_refuses_the_step_fails_the_grant_and_charges_nothing(
+    tmp_path: Path, kubelet: FakeKubelet
+) -> None:
+    def refuse(step: DriverStep) -> None:
+        raise errors.ActuationFailed(f"{step.describe()}: dcmi error -8002 (not permitted)")
+
+    async with session(
+        tmp_path, kubelet, [A910B], controls={"ascend-container-share": refuse}
+    ) as s:
+        with pytest.raises(grpc.RpcError) as refused:
+            await s.allocate("ascend", "visibility", [token(A910B, 0, 1)])
+        holdings = s.plugins.ledger().holdings()
+
+    assert refused.value.code() == grpc.StatusCode.INTERNAL
+    assert "not permitted" in (refused.value.details() or "")
+    assert holdings == ()

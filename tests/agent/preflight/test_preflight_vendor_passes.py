@@ -117,3 +117,16 @@ def test_nerdctl_cannot_probe_ascend_so_its_probes_are_emitted(
     assert g.note == "nerdctl cannot hand a container to the Ascend runtime; run it with docker"
     loaded = [r for r in g.checks if r.capability == "sliced-runtime-loaded"]
     assert [(r.state, r.depth) for r in loaded] == [("ok", "simulated")]
+
+
+def test_detection_of_a_manufacturer_without_a_host_cli_is_not_cross_checked(
+    host: HostRoot, lib_source: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(running, "WITH_BACKEND", ("iluvatar", "metax"))
+    probe = running.Host(settings(host, lib_source, "iluvatar"))
+    found = running._detection("iluvatar", [group("iluvatar", cards=2)], None, probe, False)
+    none = running._detection("metax", [], None, probe, False)
+
+    assert (found.state, found.accelerators, found.host) == ("ok", 2, None)
+    assert (none.state, none.host) == ("not-declared", None)
+    assert host.calls() == []  # no vendor CLI was run through the host root
