@@ -23,7 +23,7 @@ PCI_VENDOR = {m.key: f"{m.pci_vendor:04x}" for m in MANUFACTURERS.values()}
 RUNTIME_CLASS = {"nvidia": "nvidia", "mthreads": "mthreads"}
 """The agents whose vendor runtime injects their management library (the others mount it)."""
 VENDOR_LIBRARIES = {
-    "ascend": ("/usr/local/Ascend/driver", "/usr/local/dcmi"),
+    "ascend": ("/usr/local/Ascend/driver",),
     "cambricon": ("/usr/local/neuware",),
     "hygon": ("/opt/hyhal",),
     "iluvatar": ("/usr/local/corex",),
