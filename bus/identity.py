@@ -45,6 +45,7 @@ __all__ = [
     "config_permissions",
     "inbox_prefix",
     "jwt_permissions",
+    "leaf_permissions",
     "permissions_for",
 ]
 
@@ -126,7 +127,13 @@ def permissions_for(identity: Identity) -> Permissions:
                 *_bucket_admin(BUCKETS),
                 fleet.SUMMARY_SUBJECT,
             ),
-            sub_allow=(subjects.ALL, inbox, CALLOUT_SUBJECT, subjects.REVIEW, fleet.SUMMARY_SUBJECT),
+            sub_allow=(
+                subjects.ALL,
+                inbox,
+                CALLOUT_SUBJECT,
+                subjects.REVIEW,
+                fleet.SUMMARY_SUBJECT,
+            ),
             allow_responses=True,
         )
     if identity.role == "gateway":
@@ -155,6 +162,22 @@ def permissions_for(identity: Identity) -> Permissions:
         pub_allow=(*own, *reads, subjects.REVIEW),
         pub_deny=_PUB_DENY,
         sub_allow=(inbox,),
+        sub_deny=_SUB_DENY,
+    )
+
+
+def leaf_permissions() -> Permissions:
+    """What a member cluster's NATS may exchange with the gateway's NATS over its leaf link.
+
+    Set on the leaf user of the gateway's server: the member exports (publishes) only answers to
+    a gateway's inbox and imports (subscribes to) only the fleet request, so no node event,
+    JetStream API call or key-value write crosses between clusters in either direction.
+    """
+    gateway = inbox_prefix(Identity(role="gateway"))
+    return Permissions(
+        pub_allow=(f"{gateway}.>",),
+        pub_deny=_PUB_DENY,
+        sub_allow=(fleet.SUMMARY_SUBJECT,),
         sub_deny=_SUB_DENY,
     )
 

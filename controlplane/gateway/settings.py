@@ -69,7 +69,7 @@ def settings_from(options: Options) -> GatewaySettings:
             "--metrics-auth=review needs the Kubernetes API to review tokens; with "
             "--kubeconfig=none serve on --bind-unix-path or pass --metrics-auth=none"
         )
-    bus = bus_settings.from_options(options)
+    bus = bus_settings.from_options(options, state=False)
     return GatewaySettings(
         bus=msgspec.structs.replace(
             bus, inbox_prefix=identity.inbox_prefix(identity.Identity(role="gateway"))
@@ -78,7 +78,6 @@ def settings_from(options: Options) -> GatewaySettings:
         https=https,
         kube=kube,
         readiness_timeout_s=timeout,
-        round_interval_s=max(timeout, GatewaySettings.round_interval_s),
     )
 
 

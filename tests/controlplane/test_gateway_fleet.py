@@ -7,6 +7,7 @@ gateway serves on a unix socket; an aiohttp client reads the list and a watch th
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 from collections.abc import AsyncIterator, Sequence
@@ -20,7 +21,7 @@ import anyio.abc
 import msgspec
 import pytest
 
-from bus import connection, embedded, testing
+from bus import connection, embedded, identity, testing
 from bus.fleet import InstanceTypeSummary, View, Views
 from bus.settings import BusSettings
 from controlplane import fleet as member
@@ -45,13 +46,33 @@ def _h200(once: int, remaining: int, capacity: int) -> InstanceTypeSummary:
     return InstanceTypeSummary(name=H200, views=Views(accelerator=view))
 
 
+def leaf_config(port: int) -> str:
+    """The gateway side's leaf listener and the member's leaf user, as docs/gateway.md shows
+    (plus a local user for the test's own clients)."""
+    leaf = {"user": "member-west", "password": "s3cret",
+            "permissions": identity.config_permissions(identity.leaf_permissions())}  # fmt: skip
+    local = {"user": "local", "password": "local"}
+    return "\n".join(
+        (
+            "authorization " + json.dumps({"users": [leaf, local]}),
+            "leafnodes " + json.dumps({"listen": f"127.0.0.1:{port}"}),
+        )
+    )
+
+
+def on_hub(hub: Any, **overrides: Any) -> BusSettings:
+    return testing.settings_for(hub, user="local", password="local", **overrides)
+
+
 @asynccontextmanager
 async def linked_buses(tmp_path: Path) -> AsyncIterator[tuple[Any, Any]]:
     """A hub server with a leaf-node listener, and a member server linked to it."""
     leaf_port = embedded.free_port()
-    hub_conf = f"leafnodes {{ listen: 127.0.0.1:{leaf_port} }}"
-    async with embedded.embedded_server(tmp_path / "hub", extra_config=hub_conf) as hub:
-        member_conf = f'leafnodes {{ remotes: [ {{ url: "nats-leaf://127.0.0.1:{leaf_port}" }} ] }}'
+    async with embedded.embedded_server(
+        tmp_path / "hub", extra_config=leaf_config(leaf_port)
+    ) as hub:
+        url = f"nats-leaf://member-west:s3cret@127.0.0.1:{leaf_port}"
+        member_conf = f'leafnodes {{ remotes: [ {{ url: "{url}" }} ] }}'
         async with embedded.embedded_server(tmp_path / "west", extra_config=member_conf) as west:
             yield hub, west
 
@@ -91,7 +112,7 @@ async def _get(sock: str, path: str) -> Any:
 
 def _settings(hub: Any, sock: Path) -> GatewaySettings:
     return GatewaySettings(
-        bus=testing.settings_for(hub, inbox_prefix="_INBOX.gateway"),
+        bus=on_hub(hub, inbox_prefix="_INBOX.gateway"),
         unix_path=str(sock), https=HttpsSettings(auth="none"), kube=None,
         readiness_timeout_s=1.0, round_interval_s=0.3, settle_s=0.1,
     )  # fmt: skip
@@ -115,7 +136,7 @@ async def test_two_linked_members_are_summed_and_a_stopped_one_leaves_the_totals
     sock = tmp_path / "gw.sock"
     async with linked_buses(tmp_path) as (hub, west_server), anyio.create_task_group() as tg:
         east_source, west_source = Static(_h200(8, 12, 16)), Static(_h200(4, 3, 8))
-        await tg.start(member_task, testing.settings_for(hub), "east", east_source)
+        await tg.start(member_task, on_hub(hub), "east", east_source)
         west = await tg.start(member_task, testing.settings_for(west_server), "west", west_source)
         gw = await tg.start(running.run, _settings(hub, sock))
         assert stat.S_IMODE(os.stat(sock).st_mode) == 0o600
@@ -156,7 +177,7 @@ async def test_a_watch_streams_the_current_objects_then_changes(tmp_path: Path) 
     source = Static(_h200(8, 8, 8))
     async with (
         linked_buses(tmp_path) as (hub, _),
-        answering(testing.settings_for(hub), "east", source),
+        answering(on_hub(hub), "east", source),
         anyio.create_task_group() as tg,
     ):
         await tg.start(running.run, _settings(hub, sock))
@@ -187,7 +208,7 @@ async def test_a_hostile_member_answer_is_dropped_and_counted(tmp_path: Path) ->
     sock = tmp_path / "gw.sock"
     async with (
         linked_buses(tmp_path) as (hub, _),
-        connection.connect(testing.settings_for(hub)) as conn,
+        connection.connect(on_hub(hub)) as conn,
     ):
 
         def hostile(payload: bytes, reply: str) -> None:
@@ -217,3 +238,30 @@ async def test_a_stale_socket_is_replaced_but_a_file_is_not(tmp_path: Path) -> N
         with pytest.raises(ServingFailed, match="not a socket"):
             await running.run(_settings(hub, path))
     assert path.read_text() == "keep me"
+
+
+async def test_the_leaf_link_carries_the_fleet_exchange_and_nothing_else(tmp_path: Path) -> None:
+    """A node event or a JetStream call on a member's bus never reaches the gateway's bus."""
+    async with (
+        linked_buses(tmp_path) as (hub, west_server),
+        connection.connect(on_hub(hub)) as hub_conn,
+        connection.connect(testing.settings_for(west_server)) as on_west,
+    ):
+        seen: list[str] = []
+        async with hub_conn.subscribe(">", lambda subject, _: seen.append(subject)):
+            await hub_conn.flush()
+            await anyio.sleep(1.0)  # the subscription's interest reaches the leaf link
+            seen.clear()
+            await on_west.publish("gpustack.v1.node.n1.devices", b"{}")
+            await on_west.publish("_INBOX.worker.x", b"{}")
+            await on_west.publish("_INBOX.gateway.probe", b"{}")
+            await on_west.flush()
+            await testing.eventually(_async_true_when(lambda: "_INBOX.gateway.probe" in seen))
+        assert seen == ["_INBOX.gateway.probe"]
+
+
+def _async_true_when(check: Any) -> Any:
+    async def poll() -> bool:
+        return bool(check())
+
+    return poll
