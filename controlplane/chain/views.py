@@ -195,11 +195,12 @@ def instance_type_status(
         and e.resource.endswith(".partitioned")
         and any(d.split(":", 1)[0] in ids for d in e.device_ids)
     ]
-    return {
+    four = {
         "accelerator": _exclusive(per_node),
         "acceleratorShared": _shared(per_node),
         "acceleratorSliced": _sliced(per_node),
         "acceleratorPartitioned": _partitioned(group, nodes, partitioned),
-        "detail": {"slicedDetail": _detail(group, nodes)},
-        "entrance": entrance,
     }
+    summary = " ".join(f"{v['onceMaxRequest']}/{v['remaining']}" for v in four.values())
+    detail = {"slicedDetail": _detail(group, nodes)}
+    return {**four, "detail": detail, "entrance": entrance, "summary": summary}
