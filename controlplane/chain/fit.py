@@ -149,32 +149,38 @@ def place_pod(
     return None
 
 
+Where = Sequence[tuple[str | tuple[str, ...], int]]
+"""``[(node, pods)]``; a tuple of nodes: each pod may go to any of them (no TAS assignment)."""
+
+
 def decide(
     cards: Mapping[str, Sequence[Card]],
-    pod_sets: Iterable[tuple[str, Sequence[Demand], Sequence[tuple[str, int]]]],
-    in_flight: Iterable[tuple[Sequence[Demand], Sequence[tuple[str, int]]]] = (),
+    pod_sets: Iterable[tuple[str, Sequence[Demand], Where]],
+    in_flight: Iterable[tuple[Sequence[Demand], Where]] = (),
 ) -> Verdict:
     """Whether every pod fits its assigned nodes.
 
-    ``pod_sets``: ``(name, per-pod demands, [(node, pods)])``; ``in_flight``: the same for the
+    ``pod_sets``: ``(name, per-pod demands, where)``; ``in_flight``: the same for the
     Workloads admitted but not yet allocated, charged first (best effort: one that no longer
     fits is skipped).
     """
     state = {n: list(cs) for n, cs in cards.items()}
     for demands, assignment in in_flight:
-        for node, count in assignment:
+        for nodes, count in assignment:
             for _ in range(count):
-                place_pod(state, [node], demands)
+                place_pod(state, [nodes] if isinstance(nodes, str) else nodes, demands)
     for name, demands, assignment in pod_sets:
         if not demands:
             continue
-        for node, count in assignment:
+        for nodes, count in assignment:
+            candidates = [nodes] if isinstance(nodes, str) else list(nodes)
+            node = ", ".join(candidates) or "(none)"
             for i in range(count):
-                if node not in state:
+                if not any(n in state for n in candidates):
                     return Verdict(
                         "Retry", f"podset {name}: node {node} has no devices in the ledger"
                     )
-                if place_pod(state, [node], demands) is None:
+                if place_pod(state, candidates, demands) is None:
                     return Verdict(
                         "Retry",
                         f"podset {name}: pod {i + 1} of {count} does not fit node {node} now "
