@@ -124,6 +124,8 @@ class ChainReconciler:
         self.nodes: dict[str, NodeFacts] = {}
         """Managed nodes as last planned (the admission check reads them)."""
         self.flavor_nodes: dict[str, list[str]] = {}
+        self._seen: dict[str, tuple[tuple[Any, ...], NodeFacts | None]] = {}
+        """Per node: the signature last reconciled and the facts it gave."""
 
     def entrance(self, local_queue: str) -> str | None:
         return self.entrances.get(local_queue)
@@ -138,31 +140,40 @@ class ChainReconciler:
                     "scheduling chain: %s; listing again in %.1fs", e, self.settings.retry_s
                 )
                 self._cache = None
+                self._seen.clear()
                 await anyio.sleep(self.settings.retry_s)
                 continue
             await anyio.sleep(self.settings.fit_coalesce_s)
 
     async def reconcile(self) -> None:
-        """One pass: list when due, plan from the ledger now, write what differs."""
+        """One pass: list when due, plan from the ledger now, write what differs.
+
+        A pass in which no node's ledger state or Node changed and nothing was listed plans
+        nothing (a thousand idle nodes cost one signature comparison each).
+        """
         started = self._clock()
+        changed = False
         if self._cache is None or started - self._listed_at >= self.settings.period_s:
             await self._list()
+            changed = True
         cache = self._cache
         assert cache is not None
         managed: list[NodeFacts] = []
         for i, body in enumerate(list(cache[NODES].values())):
             if i % 100 == 99:
                 await anyio.lowlevel.checkpoint()  # let the bus and the webhooks run
-            facts = await self._label_node(body)
+            facts, node_changed = await self._label_node(body)
+            changed = changed or node_changed
             if facts is not None:
                 managed.append(facts)
-        self.nodes = {n.name: n for n in managed}
-        plan = self._plan(managed, cache)
-        self.entrances = plan.entrances
-        await self._converge_instance_types(plan, cache)
-        await self._converge_set(naming.INSTANCETYPEFLAVORS, plan.catalog, cache)
-        if self.kueue_present:
-            await self._converge_kueue(plan, cache)
+        if changed:
+            self.nodes = {n.name: n for n in managed}
+            plan = self._plan(managed, cache)
+            self.entrances = plan.entrances
+            await self._converge_instance_types(plan, cache)
+            await self._converge_set(naming.INSTANCETYPEFLAVORS, plan.catalog, cache)
+            if self.kueue_present:
+                await self._converge_kueue(plan, cache)
         if self._metrics is not None:
             self._metrics.reconcile_seconds.labels(kind="chain").observe(self._clock() - started)
 
@@ -207,6 +218,8 @@ class ChainReconciler:
                 cache[resource] = self._cache.get(resource, {})
         self._cache = cache
         self._listed_at = self._clock()
+        present = {r.name for r in cache[NODES]}
+        self._seen = {n: seen for n, seen in self._seen.items() if n in present}
 
     async def _list_kueue(self, cache: dict[Resource, dict[Ref, dict[str, Any]]]) -> None:
         try:
@@ -228,12 +241,28 @@ class ChainReconciler:
         self.kueue_present = True
         self._kueue_wait = self.settings.retry_s
 
-    async def _label_node(self, body: dict[str, Any]) -> NodeFacts | None:
-        """Managed, general key, profile and fit labels, patched only where they differ; the
-        node's facts when it is managed."""
+    def _signature(self, body: Mapping[str, Any]) -> tuple[Any, ...]:
+        """What a node's facts and labels are made of: equal signatures, equal results."""
         meta = body.get("metadata") or {}
-        labels: dict[str, str] = meta.get("labels") or {}
+        state = self._ledger.get(meta["name"])
+        return (
+            tuple(sorted((meta.get("labels") or {}).items())),
+            tuple(sorted((meta.get("annotations") or {}).items())),
+            repr((body.get("status") or {}).get("allocatable") or body.get("status")),
+            state.groups if state else None,
+            tuple(state.allocations.values()) if state else None,
+        )
+
+    async def _label_node(self, body: dict[str, Any]) -> tuple[NodeFacts | None, bool]:
+        """Managed, general key, profile and fit labels, patched only where they differ; the
+        node's facts when it is managed, and whether anything about the node changed."""
+        meta = body.get("metadata") or {}
         name = meta["name"]
+        signature = self._signature(body)
+        known = self._seen.get(name)
+        if known is not None and known[0] == signature:
+            return known[1], False
+        labels: dict[str, str] = meta.get("labels") or {}
         want: dict[str, str | None] = {}
         if not self.settings.node_management_manual:
             want[naming.MANAGED] = "true"
@@ -257,7 +286,8 @@ class ChainReconciler:
             body.update(new)
             if facts is not None:
                 facts = facts_of(body, self._ledger.get(name))
-        return facts
+        self._seen[name] = (self._signature(body), facts)
+        return facts, True
 
     async def _converge_instance_types(
         self, plan: ChainPlan, cache: dict[Resource, dict[Ref, dict[str, Any]]]
