@@ -16,6 +16,7 @@ from typing import Any, Final
 import anyio
 
 from controlplane import errors
+from controlplane.chain import schemas
 from controlplane.k8s.client import KubeClient
 from controlplane.resources import CRDS, GROUP, VERSION, Ref
 
@@ -323,7 +324,8 @@ def _crd(
 
 
 def definitions() -> dict[str, dict[str, Any]]:
-    """The three CRDs, keyed by file stem (``devices``, ``nodemodelstores``, ``modelartifacts``)."""
+    """Every CRD, keyed by file stem (``devices``, ``nodemodelstores``, ``modelartifacts``,
+    ``instancetypes``, ``instancetypeflavors``)."""
     return {
         "devices": _crd(
             "Devices",
@@ -367,6 +369,26 @@ def definitions() -> dict[str, dict[str, Any]]:
                 _col("Resolved", '.status.conditions[?(@.type=="Resolved")].status'),
                 _col("Ready", ".status.nodes.ready", "integer"),
                 _col("Digest", ".status.resolved.manifestDigest", priority=1),
+            ],
+        ),
+        "instancetypes": _crd(
+            "InstanceType",
+            "instancetypes",
+            schemas.INSTANCETYPE_SCHEMA,
+            scope="Cluster",
+            short=["instype"],
+            columns=[_col(name, path) for name, path in schemas.INSTANCETYPE_COLUMNS],
+        ),
+        "instancetypeflavors": _crd(
+            "InstanceTypeFlavor",
+            "instancetypeflavors",
+            schemas.INSTANCETYPEFLAVOR_SCHEMA,
+            scope="Cluster",
+            short=["instypeflavor"],
+            columns=[
+                _col("Accelerator", ".spec.acceleratorGroup"),
+                _col("Count", ".spec.count", "integer"),
+                _col("Nodes", ".spec.nodes", "integer"),
             ],
         ),
     }

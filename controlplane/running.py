@@ -38,6 +38,9 @@ from bus.reviewing import serve_reviews
 from controlplane import busauth, crds, errors, leading, resolving
 from controlplane.admission import certificates, webhooks
 from controlplane.admission.cards import LedgerCatalog
+from controlplane.chain import workloads
+from controlplane.chain.checking import AdmissionChecker
+from controlplane.chain.reconciler import ChainReconciler
 from controlplane.k8s import client
 from controlplane.metrics import WorkerMetrics
 from controlplane.reconciling.artifacting import ArtifactReconciler
@@ -67,6 +70,8 @@ class Worker:
     processor: Processor
     artifacts: ArtifactReconciler
     leading: bool = False
+    chain: ChainReconciler | None = None
+    """The scheduling chain (with a Kubernetes API only)."""
 
 
 @asynccontextmanager
@@ -92,6 +97,7 @@ async def _endpoint(
     api: client.KubeClient | None,
     registry: CollectorRegistry,
     catalog: LedgerCatalog,
+    chain: ChainReconciler | None = None,
 ) -> AsyncIterator[serving.Server]:
     """HTTPS with the Pod webhooks, and with an API the access reviews: for this endpoint and,
     on the bus, the agents' (answered whatever this endpoint's own ``--metrics-auth`` says).
@@ -113,12 +119,21 @@ async def _endpoint(
         server = await stack.enter_async_context(
             serving.https_server(
                 https, registry=registry, ready=lambda: conn.is_connected,
-                authorizer=reviewer, posts=webhooks.posts(catalog),
+                authorizer=reviewer, posts={**webhooks.posts(catalog), **_workload_posts(chain)},
             )
         )  # fmt: skip
         if api is not None and ca_bundle is not None:
             await webhooks.ensure(api, settings.webhooks, ca_bundle)
+            if chain is not None and chain.settings.manage_kueue:
+                await workloads.ensure(api, settings.webhooks, ca_bundle)
         yield server
+
+
+def _workload_posts(chain: ChainReconciler | None) -> dict[str, serving.PostRoute]:
+    """The Workload fit-pin route (with a cluster: it answers from the chain's entrances)."""
+    if chain is None:
+        return {}
+    return workloads.posts(chain.entrance, lambda: chain.settings.workload_fit_affinity)
 
 
 @asynccontextmanager
@@ -192,9 +207,12 @@ async def run(
                 conn, settings=settings.bus, metrics=bus_metrics, include_state=True
             )
         )
-        worker = Worker(url="", metrics=metrics, processor=processor, artifacts=artifacts)
+        worker = Worker(
+            url="", metrics=metrics, processor=processor, artifacts=artifacts,
+            chain=_chain(api, ledger, settings, metrics),
+        )  # fmt: skip
         server = await stack.enter_async_context(
-            _endpoint(settings, conn, api, registry, LedgerCatalog(ledger))
+            _endpoint(settings, conn, api, registry, LedgerCatalog(ledger), worker.chain)
         )
         worker.url = server.url
 
@@ -207,6 +225,7 @@ async def run(
                     start_forever(tg, "node-watch", processor.watch_nodes, api)
                     start_forever(tg, "artifact-watch", artifacts.watch, api)
                     start_forever(tg, "pod-watch", PendingPublisher(agents).watch, api)
+                    _start_chain(tg, api, ledger, worker.chain)
                 start_forever(
                     tg, "artifact-workers", artifacts.work, max(1, settings.concurrency // 4)
                 )
@@ -230,6 +249,24 @@ async def run(
             ledger_in = "the bus KV" if api is None else "Kubernetes"
             log.info("worker ready (HTTPS %s, ledger in %s)", worker.url, ledger_in)
             task_status.started(worker)
+
+
+def _chain(
+    api: client.KubeClient | None, ledger: Ledger, settings: WorkerSettings, metrics: WorkerMetrics
+) -> ChainReconciler | None:
+    if api is None:
+        return None
+    return ChainReconciler(api=api, ledger=ledger, settings=settings.chain, metrics=metrics)
+
+
+def _start_chain(
+    tg: anyio.abc.TaskGroup, api: client.KubeClient, ledger: Ledger, chain: ChainReconciler | None
+) -> None:
+    """The scheduling chain's reconciler and its admission check (leader, with an API)."""
+    if chain is None:
+        return
+    start_forever(tg, "scheduling-chain", chain.run)
+    start_forever(tg, "admission-check", AdmissionChecker(api=api, ledger=ledger, chain=chain).run)
 
 
 async def _elected(

@@ -17,6 +17,7 @@ from bus import settings as bus_settings
 from bus.settings import BusSettings
 from controlplane import busauth, leading
 from controlplane.admission.webhooks import WebhookSettings
+from controlplane.chain.settings import ChainSettings
 from controlplane.k8s import client
 from hub import endpoints
 from kit.options import Options, SettingsError
@@ -49,6 +50,9 @@ class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
     """None: the worker serves no auth callout (the servers authenticate by themselves)."""
     webhooks: WebhookSettings = WebhookSettings()
     """Where the API server reaches the Pod webhooks (with a cluster only)."""
+    chain: ChainSettings = ChainSettings()
+    """The scheduling chain (with a cluster only): whether Kueue objects are managed, the fit
+    pin, InstanceTypes derived from nodes, manual node management."""
 
 
 def settings_from(options: Options) -> WorkerSettings:

@@ -22,6 +22,8 @@ What it does, like the real API server:
 - :meth:`FakeApi.fail_next` injects one error response for a method and path prefix;
 - :meth:`FakeApi.hold` parks matching requests until the test releases them (cancellation tests);
 - per-verb counters of successful writes (``writes``);
+- :attr:`FakeApi.validators` check objects of a collection before they are stored (422), and
+  :attr:`FakeApi.absent` serves collections as not installed (404), e.g. Kueue's kinds;
 - TokenReview and SubjectAccessReview (create only, nothing stored): :attr:`FakeApi.tokens` maps
   a token to the ``status.user`` it authenticates as, :attr:`FakeApi.grants` holds the
   ``(user or group, non-resource path)`` pairs RBAC would allow a ``get`` of, and
@@ -37,7 +39,7 @@ import json
 import time
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -116,6 +118,10 @@ class FakeApi:
         self._closing = False
         self.tokens: dict[str, dict[str, Any]] = {}
         """Issued tokens: their audiences, expiry and the ``user`` a review answers."""
+        self.validators: dict[str, Callable[[dict[str, Any]], str | None]] = {}
+        """Collection id -> check of an object about to be stored (its message: a 422)."""
+        self.absent: set[str] = set()
+        """Collection id prefixes served as not installed (404), e.g. Kueue's before its CRDs."""
 
     def fail_next(self, method: str, path_prefix: str, status: int, times: int = 1) -> None:
         self._faults.extend([(method, path_prefix, status)] * times)
@@ -238,6 +244,8 @@ class FakeApi:
                 del self._faults[i]
                 return _status(status, "injected", headers={"Retry-After": "0"})
         coll, ns, name, sub = _split(request.path)
+        if any(coll.startswith(a) for a in self.absent):
+            return _status(404, f"the server could not find the requested resource ({coll})")
         body = await request.json() if request.can_read_body else None
         if coll in REVIEWS and request.method == "POST":
             return self._review(coll, body)
@@ -304,6 +312,11 @@ class FakeApi:
             status = {"allowed": allowed} if allowed else {"allowed": False, "reason": "no rule"}
         return web.json_response({**body, "spec": spec, "status": status}, status=201)
 
+    def _invalid(self, coll: str, body: dict[str, Any]) -> web.Response | None:
+        check = self.validators.get(coll)
+        message = check(body) if check is not None else None
+        return None if message is None else _status(422, message)
+
     def _found(self, key: Key) -> web.Response | None:
         return None if key in self.objects else _status(404, f"{key[2]} not found")
 
@@ -314,6 +327,9 @@ class FakeApi:
             return _status(409, "AlreadyExists")
         body = copy.deepcopy(body)
         body.pop("status", None)
+        invalid = self._invalid(coll, body)
+        if invalid:
+            return invalid
         self._stamp(body, new=True)
         self.objects[key] = body
         self.writes["create"] += 1
@@ -343,6 +359,9 @@ class FakeApi:
             new["metadata"] = {**current["metadata"], **new.get("metadata", {})}
             if new.get("spec") != current.get("spec"):
                 new["metadata"]["generation"] = current["metadata"].get("generation", 1) + 1
+        invalid = self._invalid(key[0], new)
+        if invalid:
+            return invalid
         self._stamp(new, new=False)
         self.objects[key] = new
         self._notify(key[0], "MODIFIED", new)

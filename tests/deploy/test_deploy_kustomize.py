@@ -36,6 +36,7 @@ def test_every_root_under_deploy_is_known() -> None:
     that runs over ``TREES`` (and, if it is a complete install, over ``INSTALLS``)."""
     assert set(TREES) == {BASE, CRDS, *OVERLAYS}
     assert set(OVERLAYS) == {
+        "deploy/overlays/kueue",
         "deploy/overlays/simulated",
         "deploy/overlays/websocket",
         "deploy/overlays/worker-gateway",
@@ -71,7 +72,7 @@ def test_every_overlay_holds_everything_the_base_does(
 
 def test_the_crds_root_is_exactly_the_base_crds(trees: dict[str, list[dict[str, Any]]]) -> None:
     in_base = [o for o in trees[BASE] if o["kind"] == "CustomResourceDefinition"]
-    assert trees[CRDS] == in_base and len(in_base) == 3
+    assert trees[CRDS] == in_base and len(in_base) == 5
 
 
 @pytest.mark.parametrize("tree", INSTALLS)
@@ -101,12 +102,14 @@ def test_every_namespaced_object_is_in_the_system_namespace(base: list[dict[str,
         assert ns == (None if obj["kind"] in cluster_scoped else "gpustack-system"), obj["metadata"]
 
 
-def test_the_base_includes_the_three_crds(base: list[dict[str, Any]]) -> None:
+def test_the_base_includes_every_crd(base: list[dict[str, Any]]) -> None:
     names = {o["metadata"]["name"] for o in base if o["kind"] == "CustomResourceDefinition"}
     assert names == {
         "devices.worker.gpustack.ai",
         "nodemodelstores.worker.gpustack.ai",
         "modelartifacts.worker.gpustack.ai",
+        "instancetypes.worker.gpustack.ai",
+        "instancetypeflavors.worker.gpustack.ai",
     }
 
 

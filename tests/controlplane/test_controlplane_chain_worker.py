@@ -1,0 +1,328 @@
+"""The scheduling chain end to end: the worker, real nats-server, the stateful fake API serving
+Kueue's kinds (validated, tests/controlplane/kueue_schemas.py), two simulated nodes."""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import anyio
+import msgspec
+import pytest
+from controlplane_fakeapi import FakeApi, fake_api
+from kueue_schemas import validator
+from test_controlplane_worker import publish, worker_settings
+
+from bus import events
+from bus.devices import DeviceGroup
+from bus.testing import eventually, nats_server, settings_for
+from controlplane import running
+from controlplane.chain import naming
+from controlplane.chain.settings import ChainSettings
+
+pytestmark = pytest.mark.anyio
+HERE = Path(__file__).parent
+H200 = msgspec.json.decode(
+    (HERE / "controlplane_detect_h200x8.json").read_bytes(), type=tuple[DeviceGroup, ...]
+)
+AMD = msgspec.json.decode(
+    (HERE / "controlplane_detect_amd_x2.json").read_bytes(), type=tuple[DeviceGroup, ...]
+)
+KUEUE = "apis/kueue.x-k8s.io/v1beta2"
+OURS = "apis/worker.gpustack.ai/v1alpha1"
+IT_H200 = "gpustack--nvidia-h200-linux-amd64"
+IT_RX = "gpustack--amd-radeon-rx-7800-xt-linux-amd64"
+IT_CPU = "gpustack--generic-linux-amd64"
+FLAVOR_H200 = "gpustack--generic--nvidia-h200-linux-amd64-8d"
+FLAVOR_RX = "gpustack--generic--amd-radeon-rx-7800-xt-linux-amd64-2d"
+M = 1_600_000
+CHAIN = ChainSettings(fit_coalesce_s=0.1, period_s=0.5, retry_s=0.2, retry_cap_s=0.4)
+
+
+def a_node(name: str, cpu: str) -> dict[str, Any]:
+    labels = {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux",
+              "kubernetes.io/arch": "amd64"}  # fmt: skip
+    return {
+        "apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels},
+        "status": {"capacity": {"cpu": cpu}, "allocatable": {"cpu": cpu}},
+    }  # fmt: skip
+
+
+@asynccontextmanager
+async def cluster(
+    tmp_path: Path, **chain: Any
+) -> AsyncIterator[tuple[FakeApi, running.Worker, object]]:
+    async with nats_server(tmp_path) as server, fake_api() as (fake, url):
+        for plural in ("resourceflavors", "clusterqueues", "localqueues", "admissionchecks",
+                       "topologies", "workloads"):  # fmt: skip
+            check = validator(f"{KUEUE}/{plural}")
+            assert check is not None
+            fake.validators[f"{KUEUE}/{plural}"] = check
+        for ns in ("default", "team-a", "kube-system", "gpustack-system"):
+            fake.put_object("api/v1/namespaces", {"metadata": {"name": ns}})
+        fake.put_object("api/v1/nodes", a_node("h200", "96"))
+        fake.put_object("api/v1/nodes", a_node("rx", "16"))
+        bus = settings_for(server)
+        settings = worker_settings(bus, url, chain=msgspec.structs.replace(CHAIN, **chain))
+        async with anyio.create_task_group() as tg:
+            worker: running.Worker = await tg.start(running.run, settings)
+            await publish(bus, [
+                events.DevicesEvent(node="h200", ts=events.now(), groups=H200),
+                events.DevicesEvent(node="rx", ts=events.now(), groups=AMD),
+            ])  # fmt: skip
+            yield fake, worker, bus
+            tg.cancel_scope.cancel()
+
+
+def kueue(fake: FakeApi, plural: str) -> dict[str, dict[str, Any]]:
+    return {
+        (f"{ns}/" if ns else "") + name: body
+        for (coll, ns, name), body in fake.objects.items()
+        if coll == f"{KUEUE}/{plural}"
+    }
+
+
+def ours(fake: FakeApi, plural: str) -> dict[str, dict[str, Any]]:
+    return {n: b for (c, _, n), b in fake.objects.items() if c == f"{OURS}/{plural}"}
+
+
+def labels(fake: FakeApi, node: str) -> dict[str, str]:
+    return dict(fake.get("api/v1/nodes", node)["metadata"].get("labels") or {})
+
+
+def writes(fake: FakeApi) -> tuple[int, int, dict[Any, int]]:
+    """Creates, deletes and updates per object, the leader's Lease renewals left out."""
+    updates = {k: v for k, v in fake.object_writes.items() if "leases" not in k[0]}
+    return fake.writes["create"], fake.writes["delete"], updates
+
+
+async def settled(fake: FakeApi) -> bool:
+    cq = kueue(fake, "clusterqueues").get(IT_H200)
+    return bool(
+        cq and cq["spec"].get("admissionChecksStrategy") and len(kueue(fake, "localqueues")) == 6
+    )
+
+
+async def passes(worker: running.Worker, n: int) -> None:
+    """Wait until the chain reconciled ``n`` more times."""
+    name = "gpustack_worker_reconcile_seconds_count"
+    start = worker.metrics.count(name, kind="chain")
+
+    async def done() -> bool:
+        return worker.metrics.count(name, kind="chain") >= start + n
+
+    await eventually(done, timeout_s=30)
+
+
+async def test_two_nodes_make_the_chain_and_it_follows_the_ledger(tmp_path: Path) -> None:
+    async with cluster(tmp_path) as (fake, worker, bus):
+        await eventually(lambda: settled(fake), timeout_s=30)
+        assert set(ours(fake, "instancetypes")) == {IT_H200, IT_RX, IT_CPU}
+        it = ours(fake, "instancetypes")[IT_H200]
+        assert it["spec"]["acceleratorGroup"] == "nvidia-h200" and it["spec"]["memory"] == 143771
+        assert it["metadata"]["labels"][naming.ENTRANCE] == naming.local_queue(IT_H200)
+        assert it["status"]["summary"] == "8/8 8/80 100/800 0/0"
+        flavors = kueue(fake, "resourceflavors")
+        assert set(flavors) == {FLAVOR_H200, FLAVOR_RX, "gpustack--generic-linux-amd64-96c",
+                                "gpustack--generic-linux-amd64-16c"}  # fmt: skip
+        assert flavors[FLAVOR_RX]["spec"]["nodeLabels"] == {
+            "acceleratable.feature.gpustack.ai/amd-radeon-rx-7800-xt": "true",
+            "acceleratable.feature.gpustack.ai/amd-radeon-rx-7800-xt.count": "2",
+            "general.feature.gpustack.ai/generic": "true", "kubernetes.io/arch": "amd64",
+            "kubernetes.io/os": "linux", "topology.gpustack.ai/profile": "default",
+        }  # fmt: skip
+        assert set(ours(fake, "instancetypeflavors")) == set(flavors)
+        cqs = kueue(fake, "clusterqueues")
+        assert set(cqs) == {IT_H200, IT_RX, IT_CPU}
+        rg = cqs[IT_RX]["spec"]["resourceGroups"]
+        assert rg[0]["coveredResources"] == ["credits.gpustack.ai/amd"]
+        assert rg[0]["flavors"][0]["resources"][0]["nominalQuota"] == "3200k"
+        assert cqs[IT_H200]["spec"]["admissionChecksStrategy"] == {
+            "admissionChecks": [{"name": "gpustack-node-devices"}]
+        }
+        assert cqs[IT_H200]["spec"]["stopPolicy"] == "None"
+        assert "cohortName" not in cqs[IT_H200]["spec"]
+        lqs = kueue(fake, "localqueues")
+        assert {k.split("/")[0] for k in lqs} == {"default", "team-a"}
+        assert lqs[f"default/{naming.local_queue(IT_RX)}"]["spec"]["clusterQueue"] == IT_RX
+        checks = kueue(fake, "admissionchecks")
+        assert set(checks) == {"gpustack-node-devices", "gpustack-model-deployment-joint"}
+        active = checks["gpustack-node-devices"]["status"]["conditions"][0]
+        assert (active["type"], active["status"]) == ("Active", "True")
+        assert set(kueue(fake, "topologies")) == {"gpustack--default"}
+        node = labels(fake, "h200")
+        assert node["gpustack.ai/managed"] == "true"
+        assert node["shared-free-cards.fit.gpustack.ai/nvidia-h200"] == "8"
+        assert node["sliced-max-free-units.fit.gpustack.ai/nvidia-h200"] == str(M)
+
+        # Nothing changed: passes go by and nothing is written.
+        await passes(worker, 2)
+        before = writes(fake)
+        await passes(worker, 4)
+        assert writes(fake) == before
+
+        # An allocation: the InstanceType's remaining and the fit labels follow.
+        card = H200[0].accelerators[0]
+        await publish(bus, [events.AllocationEvent(
+            node="h200", ts=events.now(), allocation_id="p/c", action="allocated",
+            resource="nvidia.com/gpu", device_ids=(f"{H200[0].id}:{card.id}:0000",),
+            pod_namespace="team-a", pod_name="p",
+        )])  # fmt: skip
+
+        async def allocated() -> bool:
+            status = ours(fake, "instancetypes")[IT_H200].get("status") or {}
+            return (status.get("accelerator") or {}).get("remaining") == 7 and labels(
+                fake, "h200"
+            ).get("shared-free-cards.fit.gpustack.ai/nvidia-h200") == "7"
+
+        await eventually(allocated, timeout_s=30)
+        assert ours(fake, "instancetypes")[IT_H200]["status"]["summary"] == "7/7 7/70 100/700 0/0"
+
+        # A node removed: its flavor is deleted, its queue drained; the InstanceType stays.
+        fake.remove("api/v1/nodes", "rx")
+
+        async def drained() -> bool:
+            cq = kueue(fake, "clusterqueues")[IT_RX]["spec"]
+            return (
+                FLAVOR_RX not in kueue(fake, "resourceflavors")
+                and cq["stopPolicy"] == "HoldAndDrain"
+            )
+
+        await eventually(drained, timeout_s=30)
+        assert kueue(fake, "clusterqueues")[IT_RX]["spec"]["resourceGroups"] == []
+        assert IT_RX in ours(fake, "instancetypes")
+        assert FLAVOR_RX not in ours(fake, "instancetypeflavors")
+
+
+def workload(
+    name: str, limits: dict[str, str], count: int = 1, node: str = "h200"
+) -> dict[str, Any]:
+    return {
+        "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "Workload",
+        "metadata": {"name": name, "namespace": "team-a"},
+        "spec": {"queueName": naming.local_queue(IT_H200), "podSets": [{
+            "name": "main", "count": count,
+            "template": {"spec": {"containers": [{"name": "c", "resources": {"limits": limits}}]}},
+        }]},
+        "status": {
+            "conditions": [{"type": "QuotaReserved", "status": "True"}],
+            "admission": {"clusterQueue": IT_H200, "podSetAssignments": [{
+                "name": "main", "count": count,
+                "flavors": {"credits.gpustack.ai/nvidia": FLAVOR_H200},
+                "topologyAssignment": {"levels": ["kubernetes.io/hostname"],
+                                       "domains": [{"values": [node], "count": count}]},
+            }]},
+            "admissionChecks": [{"name": "gpustack-node-devices", "state": "Pending"},
+                                {"name": "other-check", "state": "Pending"}],
+        },
+    }  # fmt: skip
+
+
+CASES = {
+    "exclusive-fits": ({"nvidia.com/gpu": "8"}, 1, "Ready"),
+    "exclusive-too-many": ({"nvidia.com/gpu": "3"}, 3, "Retry"),
+    "shared-fits": ({"nvidia.com/gpu.shared": "8"}, 1, "Ready"),
+    "shared-too-many": ({"nvidia.com/gpu.shared": "9"}, 1, "Retry"),
+    "sliced-fits": ({"nvidia.com/gpu.sliced": "1", "nvidia.com/gpu.sliced.units": "800k"}, 16, "Ready"),
+    "sliced-too-many": ({"nvidia.com/gpu.sliced": "1", "nvidia.com/gpu.sliced.units": "800k"}, 17, "Retry"),
+    "partitioned-no-mig": ({"nvidia.com/gpu.partitioned": "1", "nvidia.com/gpu.partitioned.units": "400k"}, 1, "Retry"),
+}  # fmt: skip
+
+
+async def test_admission_check_answers_ready_or_retry_per_family(tmp_path: Path) -> None:
+    async with cluster(tmp_path) as (fake, _worker, _bus):
+        await eventually(lambda: settled(fake), timeout_s=30)
+
+        def state(name: str) -> dict[str, Any]:
+            body = fake.get(f"{KUEUE}/workloads", name, "team-a")
+            return dict(body["status"]["admissionChecks"][0])
+
+        async def answer(name: str, limits: dict[str, str], count: int) -> dict[str, Any]:
+            fake.put_object(f"{KUEUE}/workloads", workload(name, limits, count))
+
+            async def answered() -> bool:
+                return state(name).get("state") != "Pending"
+
+            await eventually(answered, timeout_s=30)
+            body = fake.get(f"{KUEUE}/workloads", name, "team-a")
+            assert body["status"]["admissionChecks"][1] == {
+                "name": "other-check",
+                "state": "Pending",
+            }
+            # finished: it no longer holds cards for the next case
+            body["status"]["conditions"].append({"type": "Finished", "status": "True"})
+            return state(name)
+
+        for name, (limits, count, expected) in CASES.items():
+            entry = await answer(name, limits, count)
+            assert entry["state"] == expected, (name, entry)
+            if expected == "Retry":
+                assert entry["requeueAfterSeconds"] > 0 and "does not fit" in entry["message"]
+
+        # Two admitted together cannot both count the same free cards.
+        for name in ("first", "second"):
+            fake.put_object(f"{KUEUE}/workloads", workload(name, {"nvidia.com/gpu": "8"}))
+
+        async def both() -> bool:
+            return all(state(n).get("state") != "Pending" for n in ("first", "second"))
+
+        await eventually(both, timeout_s=30)
+        assert sorted(state(n)["state"] for n in ("first", "second")) == ["Ready", "Retry"]
+
+
+async def test_kueue_absent_waits_then_manages(tmp_path: Path) -> None:
+    async with nats_server(tmp_path) as server, fake_api() as (fake, url):
+        fake.absent.add("apis/kueue.x-k8s.io")
+        fake.put_object("api/v1/namespaces", {"metadata": {"name": "default"}})
+        fake.put_object("api/v1/nodes", a_node("h200", "96"))
+        bus = settings_for(server)
+        async with anyio.create_task_group() as tg:
+            await tg.start(running.run, worker_settings(bus, url, chain=CHAIN))
+            await publish(bus, [events.DevicesEvent(node="h200", ts=events.now(), groups=H200)])
+
+            async def typed() -> bool:
+                it = ours(fake, "instancetypes").get(IT_H200)
+                return bool(it and it.get("status"))
+
+            await eventually(typed, timeout_s=30)
+            assert not any(c.startswith("apis/kueue") for c, _, _ in fake.objects)
+            fake.absent.clear()  # Kueue installed
+
+            async def managed() -> bool:
+                return IT_H200 in kueue(fake, "clusterqueues")
+
+            await eventually(managed, timeout_s=30)
+            tg.cancel_scope.cancel()
+
+
+async def test_workload_webhook_pins_podsets_to_fitting_nodes(tmp_path: Path) -> None:
+    async with cluster(tmp_path) as (fake, worker, _bus):
+        await eventually(lambda: settled(fake), timeout_s=30)
+        wl = workload("w", {"nvidia.com/gpu.sliced": "1", "nvidia.com/gpu.sliced.units": "800k"})
+        del wl["status"]
+        review = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
+            "uid": "u1", "kind": {"group": "kueue.x-k8s.io", "version": "v1beta2", "kind": "Workload"},
+            "operation": "CREATE", "namespace": "team-a", "object": wl,
+        }}  # fmt: skip
+        async with aiohttp.ClientSession() as session:
+            async with session.post(f"{worker.url}/webhooks/v1/workloads/mutate", json=review,
+                                    ssl=False) as r:  # fmt: skip
+                assert r.status == 200
+                answer = await r.json()
+            async with session.post(f"{worker.url}/webhooks/v1/workloads/mutate", data=b"{",
+                                    ssl=False) as bad:  # fmt: skip
+                assert bad.status == 400
+        response = answer["response"]
+        assert response["uid"] == "u1" and response["allowed"] is True
+        ops = json.loads(base64.b64decode(response["patch"]))
+        assert ops[0]["path"] == "/spec/podSets/0/template/spec/affinity"
+        terms = ops[0]["value"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        assert terms["nodeSelectorTerms"] == [{"matchExpressions": [{
+            "key": "sliced-max-free-units.fit.gpustack.ai/nvidia-h200", "operator": "Gt",
+            "values": ["799999"],
+        }]}]  # fmt: skip
