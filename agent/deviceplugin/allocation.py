@@ -10,7 +10,7 @@ stay free for exclusive work.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from agent.deviceplugin import errors, pending
 from agent.deviceplugin.ledger import Holding, Ledger, allocation_id
@@ -101,7 +101,28 @@ def decide(
         charges=tuple(charges.items()),
         since=now,
     )
+    if request is not None:
+        holding = served(holding, request, cards)
     return Grant(mode=view.mode, cards=grants, holding=holding, stale=stale, request=request)
+
+
+def served(holding: Holding, request: PendingContainer, cards: Sequence[Card]) -> Holding:
+    """``holding`` naming the container it serves and the caps its injection writes, so the
+    allocation event carries them (the worker annotates the Pod from it)."""
+    memory = None
+    if request.memory_percentage is not None or request.memory_mib is not None:
+        sized = [c.memory_mib for c in cards if c.memory_mib]
+        memory = min((pending.memory_cap_mib(request, m) for m in sized), default=None)
+    return replace(
+        holding,
+        pod_uid=request.pod_uid,
+        pod_namespace=request.namespace,
+        pod_name=request.pod,
+        container=request.container,
+        memory_mib=memory if holding.mode == "sliced" else None,
+        cores_percentage=pending.cores_percentage(request) if holding.mode == "sliced" else None,
+        profile=request.profile if holding.mode == "partitioned" else None,
+    )
 
 
 def _sliced_charges(

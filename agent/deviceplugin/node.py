@@ -20,6 +20,7 @@ import os
 import shutil
 import time
 from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
 
 from agent.deviceplugin import (
     allocation,
@@ -38,6 +39,8 @@ from bus import devices, events
 from bus.records import PendingContainer
 
 log = logging.getLogger(__name__)
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 _Index = tuple[tuple[resources.Token, ...], dict[str, resources.Token]]
 """A server's token list and its tokens by id."""
@@ -84,7 +87,12 @@ class Node:
         self._refresh()
         if self._retained is not None:  # the first pass is when retained ids can be resolved
             retained, self._retained = self._retained, None
-            self._apply(self.ledger.restore(retained, self._resolve, now=self._clock()))
+            changes = self.ledger.restore(retained, self._resolve, now=self._clock())
+            for change in changes:  # what each kept slice served stays reserved
+                request = _served_request(change.holding)
+                if change.action == "allocated" and request is not None:
+                    self._served[change.holding.allocation_id] = request
+            self._apply(changes)
 
     def _refresh(self) -> None:
         held = self.ledger.held_modes()
@@ -263,6 +271,25 @@ class Node:
 
 def _nothing() -> None:
     pass
+
+
+def _served_request(holding: ledger.Holding) -> PendingContainer | None:
+    """The pending container a kept sliced holding served, as far as its event recorded it:
+    enough to reserve it (never chosen again) and to answer a kubelet retry with its caps."""
+    if holding.mode != "sliced" or not holding.pod_uid or holding.container is None:
+        return None
+    return PendingContainer(
+        pod_uid=holding.pod_uid,
+        namespace=holding.pod_namespace or "",
+        pod=holding.pod_name or "",
+        container=holding.container,
+        resource=holding.resource,
+        count=len(holding.device_ids),
+        units=max((u for _, u in holding.charges), default=0),
+        memory_mib=holding.memory_mib,
+        cores_percentage=holding.cores_percentage,
+        created_at=_EPOCH,
+    )
 
 
 def _make_dirs(paths: Sequence[str]) -> None:
