@@ -174,17 +174,29 @@ def partition_request(view: View, device_ids: Sequence[str]) -> int:
     return sum(len(indexes) for indexes in per_card.values())
 
 
-def partition_holding(view: View, device_ids: Sequence[str], card: Card, *, now: float) -> Holding:
-    """The holding of a partitioned allocation whose instance lives on ``card``."""
-    units = min(len(device_ids) * units_per_token(card, view.mode), UNITS_PER_CARD)
-    return Holding(
+def partition_holding(
+    view: View,
+    device_ids: Sequence[str],
+    card: Card,
+    *,
+    now: float,
+    request: PendingContainer | None = None,
+) -> Holding:
+    """The holding of a partitioned allocation whose instance lives on ``card``: the
+    container's own ``.partitioned.units`` (its profile's memory folded) when ``request`` says,
+    else the tokens' share."""
+    units = len(device_ids) * units_per_token(card, view.mode)
+    if request is not None:
+        units = request.units
+    holding = Holding(
         allocation_id=allocation_id(view.resource, device_ids),
         resource=view.resource,
         mode=view.mode,
         device_ids=tuple(sorted(device_ids)),
-        charges=((card.id, units),),
+        charges=((card.id, min(units, UNITS_PER_CARD)),),
         since=now,
     )
+    return served(holding, request, [card]) if request is not None else holding
 
 
 def _tokens_per_card(view: View, device_ids: Sequence[str]) -> dict[str, list[int]]:

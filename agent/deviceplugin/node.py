@@ -20,7 +20,10 @@ import os
 import shutil
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from datetime import UTC, datetime
+
+import anyio
 
 from agent.deviceplugin import (
     allocation,
@@ -41,6 +44,8 @@ from bus.records import PendingContainer
 log = logging.getLogger(__name__)
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+PENDING_POLL_S = 0.1
+"""How often a partitioned Allocate re-reads the pending view while it waits for its claim."""
 
 _Index = tuple[tuple[resources.Token, ...], dict[str, resources.Token]]
 """A server's token list and its tokens by id."""
@@ -220,23 +225,67 @@ class Node:
             return self.allocate(key, device_ids)
         view = self._view(key)
         allocation.partition_request(view, device_ids)
+        alloc = ledger.allocation_id(view.resource, device_ids)
         record = self._record(view.resource, device_ids)
+        request = self._served.get(alloc)
         if record is None:
-            alloc = ledger.allocation_id(view.resource, device_ids)
             if self.partitions.pending(alloc):
                 raise errors.Conflict(f"the instance of {alloc} is being created; retry")
+            request = await self._partition_claim(view, device_ids)
             cards = [
                 c
                 for c in self._cards.values()
                 if c.manufacturer == key[0] and c.partition_count > 0
             ]
-            record = await self.partitions.create(alloc, view.resource, device_ids, cards)
+            record = await self.partitions.create(
+                alloc, view.resource, device_ids, cards, profile=request.profile
+            )
         card = self._cards.get(record.card_id)
         if card is not None and self.ledger.holder(view.resource, device_ids) is None:
-            holding = allocation.partition_holding(view, device_ids, card, now=self._clock())
+            holding = allocation.partition_holding(
+                view, device_ids, card, now=self._clock(), request=request
+            )
+            holding = replace(holding, profile=record.profile_name, partition_id=record.mig_uuid)
+            if request is not None:
+                self._served[alloc] = request
             self._apply(self.ledger.charge(holding))
         self.on_allocate()
         return Injection(envs={"NVIDIA_VISIBLE_DEVICES": record.mig_uuid})
+
+    async def _partition_claim(
+        self, view: allocation.View, device_ids: Sequence[str]
+    ) -> PendingContainer:
+        """The pending container a new partitioned Allocate serves, and so its profile.
+
+        The worker publishes a Pod's claim within a second or so of its binding, which may be
+        after kubelet's Allocate: wait up to ``pending_wait_s`` for it.
+
+        :raises errors.Conflict: no pending container asks for this, or it names no profile
+            (kubelet shows the Pod ``UnexpectedAdmissionError``; never a guessed profile).
+        """
+        waited = 0.0
+        while True:
+            request = pending.choose(
+                self._pending(),
+                view.resource,
+                len(device_ids),
+                reserved={(p.pod_uid, p.container) for p in self._served.values()},
+            )
+            if request is not None or waited >= self._settings.pending_wait_s:
+                break
+            await anyio.sleep(PENDING_POLL_S)
+            waited += PENDING_POLL_S
+        if request is None:
+            raise errors.Conflict(
+                f"no pending container on this node asks for {len(device_ids)} "
+                f"{view.resource}; its partition profile is unknown"
+            )
+        if not request.profile:
+            raise errors.Conflict(
+                f"{request.namespace}/{request.pod} container {request.container} names no "
+                f"partition profile ({view.resource}.<kind>-<profile>: 1)"
+            )
+        return request
 
     def held_partitions(self) -> set[str]:
         return {h.allocation_id for h in self.ledger.holdings() if h.mode == "partitioned"}
@@ -274,9 +323,12 @@ def _nothing() -> None:
 
 
 def _served_request(holding: ledger.Holding) -> PendingContainer | None:
-    """The pending container a kept sliced holding served, as far as its event recorded it:
-    enough to reserve it (never chosen again) and to answer a kubelet retry with its caps."""
-    if holding.mode != "sliced" or not holding.pod_uid or holding.container is None:
+    """The pending container a kept sliced or partitioned holding served, as far as its event
+    recorded it: enough to reserve it (never chosen again) and to answer a kubelet retry with
+    its caps."""
+    if holding.mode not in ("sliced", "partitioned") or not holding.pod_uid:
+        return None
+    if holding.container is None:
         return None
     return PendingContainer(
         pod_uid=holding.pod_uid,
@@ -288,6 +340,7 @@ def _served_request(holding: ledger.Holding) -> PendingContainer | None:
         units=max((u for _, u in holding.charges), default=0),
         memory_mib=holding.memory_mib,
         cores_percentage=holding.cores_percentage,
+        profile=holding.profile,
         created_at=_EPOCH,
     )
 

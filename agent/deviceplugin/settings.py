@@ -44,6 +44,9 @@ class DevicePluginSettings:
     """Tries to destroy a MIG instance that answers IN_USE, per reclaim pass."""
     partition_destroy_backoff_s: float = 0.2
     """Seconds between those tries."""
+    pending_wait_s: float = 3.0
+    """How long a partitioned Allocate waits for the worker's pending record naming its
+    container (the record follows the Pod's binding by about a second)."""
 
     @property
     def socket_dir(self) -> str:
@@ -63,5 +66,6 @@ class DevicePluginSettings:
             register_timeout_s=2.0,
             partition_resync_s=0.2,
             partition_destroy_backoff_s=0.01,
+            pending_wait_s=0.3,
         )
         return replace(base, **kw)
