@@ -27,6 +27,7 @@ import anyio
 
 from agent.deviceplugin import (
     allocation,
+    cdi,
     errors,
     ledger,
     partitioning,
@@ -81,6 +82,8 @@ class Node:
         self.servicers: dict[Key, ResourceServicer] = {}
         self.on_allocate: Callable[[], None] = _nothing
         """Called after every Allocate that went through (the pod-resources task listens)."""
+        self.cdi_catalog = cdi.Catalog()
+        """The device names the node's CDI specs define (kept fresh by :mod:`running`)."""
         self.updated = False
         """False until the first :meth:`update`: nothing is served before detection has run."""
 
@@ -184,6 +187,11 @@ class Node:
             host_lib_dir=self._settings.host_lib_dir,
             host_work_dir=self._settings.host_work_dir,
         )
+        if grant.cards and grant.cards[0][0].manufacturer == "nvidia":
+            cards = [(c.id, c.index) for c, _ in grant.cards]
+            injection = cdi.channel(
+                self._settings.nvidia_injection, injection, self.cdi_catalog, cards
+            )
         _make_dirs(injection.host_dirs)
         if (
             grant.holding is not None

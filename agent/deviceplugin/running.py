@@ -13,8 +13,9 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 
 import anyio
+import anyio.to_thread
 
-from agent.deviceplugin import podresources
+from agent.deviceplugin import cdi, podresources
 from agent.deviceplugin.ledger import Ledger
 from agent.deviceplugin.node import Node
 from agent.deviceplugin.partitioning import MigControl, Partitions
@@ -105,6 +106,8 @@ async def device_plugins(
         partitions=partitions,
         pending_containers=pending,
     )
+    if settings.nvidia_injection != "envvar":
+        node.cdi_catalog = await _read_cdi(settings)
     registrar = Registrar(settings, lambda: node.servicers, ready=lambda: node.updated)
     plugins = Plugins(node, registrar)
     node.on_allocate = plugins.note_allocated
@@ -114,6 +117,8 @@ async def device_plugins(
             tg.start_soon(_resync, settings, node, plugins, name="deviceplugin-podresources")
         if partitions is not None:
             tg.start_soon(_reclaim, settings, node, partitions, name="deviceplugin-mig-reclaim")
+        if settings.nvidia_injection != "envvar":
+            tg.start_soon(_refresh_cdi, settings, node, name="deviceplugin-cdi-specs")
         try:
             yield plugins
         finally:
@@ -136,6 +141,17 @@ async def _resync(settings: DevicePluginSettings, node: Node, plugins: Plugins) 
             log.debug("%s", e)
             continue
         node.reconcile(live)
+
+
+async def _read_cdi(settings: DevicePluginSettings) -> cdi.Catalog:
+    return await anyio.to_thread.run_sync(cdi.read_catalog, settings.cdi_spec_dirs)
+
+
+async def _refresh_cdi(settings: DevicePluginSettings, node: Node) -> None:
+    """Read the CDI specs again every period: they may be generated after the agent started."""
+    while True:
+        await anyio.sleep(settings.cdi_refresh_s)
+        node.cdi_catalog = await _read_cdi(settings)
 
 
 async def _reclaim(settings: DevicePluginSettings, node: Node, partitions: Partitions) -> None:
