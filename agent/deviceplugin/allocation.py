@@ -89,8 +89,7 @@ def decide(
     stale = tuple(h.allocation_id for h in ledger.stale(view.resource, device_ids))
     if request is not None and view.mode == "sliced":
         charges = _sliced_charges(view, per_card, ledger, request, ignoring=stale)
-    else:
-        request = None
+    else:  # a named exclusive or shared container is charged its tokens, and named
         charges = {c.id: len(per_card[c.id]) * units_per_token(c, view.mode) for c in cards}
     ledger.check(view.mode, charges, {c.id: card_name(c) for c in cards}, ignoring=stale)
     holding = Holding(

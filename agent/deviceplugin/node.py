@@ -30,6 +30,7 @@ from agent.deviceplugin import (
     cdi,
     errors,
     ledger,
+    mirroring,
     partitioning,
     pending,
     resources,
@@ -45,6 +46,8 @@ from bus.records import PendingContainer
 log = logging.getLogger(__name__)
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+MAX_MIRRORED = 1024
+"""Visibility grants remembered (they hold nothing in the ledger, so nothing releases them)."""
 PENDING_POLL_S = 0.1
 """How often a partitioned Allocate re-reads the pending view while it waits for its claim."""
 
@@ -67,6 +70,8 @@ class Node:
         self._pending = pending_containers
         """The node's pending sliced/partitioned containers, as the worker last published them."""
         self._served: dict[str, PendingContainer] = {}
+        self._mirrored: dict[str, PendingContainer] = {}
+        """By allocation id: the visibility claim each visibility grant mirrored for (bounded)."""
         """By allocation id: the pending container each sliced holding serves (reserved)."""
         self._publish = publish
         self._clock = clock
@@ -182,16 +187,11 @@ class Node:
         view = self._view(key)
         request = self._request(view, device_ids)
         grant = allocation.decide(view, device_ids, self.ledger, now=self._clock(), request=request)
-        injection = responders.respond(
-            grant,
-            host_lib_dir=self._settings.host_lib_dir,
-            host_work_dir=self._settings.host_work_dir,
-        )
-        if grant.cards and grant.cards[0][0].manufacturer == "nvidia":
-            cards = [(c.id, c.index) for c, _ in grant.cards]
-            injection = cdi.channel(
-                self._settings.nvidia_injection, injection, self.cdi_catalog, cards
-            )
+        if view.mode == "visibility":
+            injection = self._mirror(key, view, device_ids)
+            self.on_allocate()
+            return injection
+        injection = self._respond(grant)
         _make_dirs(injection.host_dirs)
         if (
             grant.holding is not None
@@ -203,14 +203,60 @@ class Node:
         self.on_allocate()
         return injection
 
+    def _respond(self, grant: allocation.Grant) -> Injection:
+        injection = responders.respond(
+            grant,
+            host_lib_dir=self._settings.host_lib_dir,
+            host_work_dir=self._settings.host_work_dir,
+        )
+        if grant.cards and grant.cards[0][0].manufacturer == "nvidia":
+            cards = [(c.id, c.index) for c, _ in grant.cards]
+            injection = cdi.channel(
+                self._settings.nvidia_injection, injection, self.cdi_catalog, cards
+            )
+        return injection
+
+    def _mirror(self, key: Key, view: allocation.View, device_ids: Sequence[str]) -> Injection:
+        """A visibility grant: the owning container's cards or partition (:mod:`mirroring`).
+
+        The claim a grant mirrored for is remembered by allocation id, so a kubelet retry gets
+        the same answer and the next sidecar is matched to another Pod's claim.
+        """
+        alloc = ledger.allocation_id(view.resource, device_ids)
+        claim = self._mirrored.get(alloc) or pending.choose(
+            self._pending(),
+            view.resource,
+            len(device_ids),
+            reserved={(c.pod_uid, c.container) for c in self._mirrored.values()},
+        )
+        if claim is None:
+            raise errors.Conflict(
+                f"no pending container on this node asks for {len(device_ids)} {view.resource}; "
+                "a visibility request only mirrors its Pod's owner, so it is refused"
+            )
+        found = mirroring.mirror(
+            claim, self.ledger.holdings(), self._cards, manufacturer=key[0], size=len(device_ids)
+        )
+        self._mirrored.pop(alloc, None)
+        self._mirrored[alloc] = claim
+        while len(self._mirrored) > MAX_MIRRORED:
+            self._mirrored.pop(next(iter(self._mirrored)))
+        if found.partition_id is not None:
+            return Injection(envs={"NVIDIA_VISIBLE_DEVICES": found.partition_id})
+        grant = allocation.Grant(
+            mode="visibility", cards=tuple((c, (0,)) for c in found.cards), holding=None
+        )
+        return self._respond(grant)
+
     def _request(self, view: allocation.View, device_ids: Sequence[str]) -> PendingContainer | None:
-        """The pending container a sliced Allocate serves (the one it served, on a retry);
-        None: no pending record for it, and the grant is today's token share.
+        """The pending container a sliced, exclusive or shared Allocate serves (the one it
+        served, on a retry); None: no pending record for it (a sliced grant is then today's
+        token share; an exclusive or shared one just goes unnamed until pod-resources names it).
 
         kubelet's pod-resources does not list a container before its Allocate answers, so the
         choice is the oldest feasible pending one (:func:`pending.choose`).
         """
-        if view.mode != "sliced":
+        if view.mode not in ("sliced", "exclusive", "shared"):
             return None
         served = self._served.get(ledger.allocation_id(view.resource, device_ids))
         if served is not None:
@@ -221,7 +267,9 @@ class Node:
             view.resource,
             len(device_ids),
             reserved={(p.pod_uid, p.container) for p in self._served.values()},
-            remaining={c: self.ledger.remaining(c) for c in cards},
+            remaining={c: self.ledger.remaining(c) for c in cards}
+            if view.mode == "sliced"
+            else None,
         )
 
     async def allocate_partitioned(self, key: Key, device_ids: Sequence[str]) -> Injection:

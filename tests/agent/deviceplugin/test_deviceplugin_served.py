@@ -6,9 +6,13 @@ what it publishes (the worker annotates the Pod from it) and what a restarted no
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import UTC, datetime
 from pathlib import Path
 
+import pytest
+
+from agent.deviceplugin import errors, ledger, mirroring, resources
 from agent.deviceplugin.node import Node
 from agent.deviceplugin.settings import DevicePluginSettings
 from bus import devices, events
@@ -82,3 +86,77 @@ def test_a_restart_rebuilds_the_charge_and_the_reservation_from_the_kept_events(
     served = again.allocate(KEY, ids[1:2])  # the next slice is b's: a is reserved, not served twice
     assert again.ledger.used(card) == 400_000 + 800_000
     assert served.envs["CUDA_DEVICE_SM_LIMIT"] == "100"
+
+
+VISIBILITY = "device.gpustack.ai/nvidia.visibility"
+
+
+def claim(container: str, resource: str, count: int, *, pod: str = "s") -> PendingContainer:
+    return PendingContainer(
+        pod_uid=f"uid-{pod}", namespace="ns", pod=pod, container=container, resource=resource,
+        count=count, units=0, created_at=datetime(2026, 1, 1, tzinfo=UTC),
+    )  # fmt: skip
+
+
+def by_index(n: Node, mode: str) -> list[str]:
+    """One token per card, in card index order."""
+    view = n._view(("nvidia", mode))  # type: ignore[arg-type]
+    first: dict[str, str] = {}
+    for t in sorted(view.tokens.values(), key=lambda t: (view.cards[t.card].index, t.index)):
+        first.setdefault(t.card, t.id)
+    return list(first.values())
+
+
+def test_a_sidecar_sees_exactly_its_owners_cards_whatever_tokens_kubelet_picked(
+    tmp_path: Path, h200: list[devices.DeviceGroup]
+) -> None:
+    claims = [claim("main", "nvidia.com/gpu", 2), claim("ssh", VISIBILITY, 2)]
+    n, published = node(tmp_path, h200, claims)
+    whole = by_index(n, "exclusive")
+    n.allocate(("nvidia", "exclusive"), whole[3:5])  # the owner: cards #3 and #4
+    (event,) = [e for e in published if isinstance(e, events.AllocationEvent)]
+    assert (event.pod_uid, event.container) == ("uid-s", "main")
+    seen = by_index(n, "visibility")
+    got = n.allocate(("nvidia", "visibility"), seen[0:2])  # tokens of cards #0 and #1
+    view = n._view(("nvidia", "exclusive"))
+    owner = ",".join(view.tokens[t].card for t in whole[3:5])
+    assert got.envs == {"NVIDIA_VISIBLE_DEVICES": owner}
+    assert n.allocate(("nvidia", "visibility"), seen[0:2]) == got  # a retry: the same answer
+    assert len(n.ledger.holdings()) == 1  # visibility charges nothing
+
+
+def test_a_sidecar_fails_closed_without_an_owner_or_with_another_count(
+    tmp_path: Path, h200: list[devices.DeviceGroup]
+) -> None:
+    claims = [claim("main", "nvidia.com/gpu", 1), claim("ssh", VISIBILITY, 2)]
+    n, _ = node(tmp_path, h200, claims)
+    seen = by_index(n, "visibility")
+    with pytest.raises(errors.Conflict, match="no other container of its Pod holds"):
+        n.allocate(("nvidia", "visibility"), seen[0:2])
+    n.allocate(("nvidia", "exclusive"), by_index(n, "exclusive")[:1])
+    with pytest.raises(errors.Conflict, match="asks to see 2 card.s.; its owner holds 1"):
+        n.allocate(("nvidia", "visibility"), seen[0:2])
+    with pytest.raises(errors.Conflict, match="no pending container on this node asks for 3"):
+        n.allocate(("nvidia", "visibility"), seen[0:3])
+
+
+def test_a_partitioned_owner_is_mirrored_as_its_partition_never_the_card(
+    h200: list[devices.DeviceGroup],
+) -> None:
+    card = resources.cards_of(h200)
+    first = min(card.values(), key=lambda c: c.index)
+    owner = ledger.Holding(
+        allocation_id="a", resource="nvidia.com/gpu.partitioned", mode="partitioned",
+        device_ids=("x",), charges=((first.id, 195_858),), since=0.0, pod_uid="uid-s",
+        container="main", partition_id="MIG-1234",
+    )  # fmt: skip
+    got = mirroring.mirror(claim("ssh", VISIBILITY, 1), [owner], card, manufacturer="nvidia",
+                           size=1)  # fmt: skip
+    assert got == mirroring.Mirror(partition_id="MIG-1234")
+    unknown = dataclasses.replace(owner, partition_id=None)
+    with pytest.raises(errors.Conflict, match="partition is not known"):
+        mirroring.mirror(claim("ssh", VISIBILITY, 1), [unknown], card, manufacturer="nvidia",
+                         size=1)  # fmt: skip
+    with pytest.raises(errors.Conflict, match="no longer here"):
+        mirroring.mirror(claim("ssh", VISIBILITY, 1), [dataclasses.replace(owner, mode="exclusive")],
+                         {}, manufacturer="nvidia", size=1)  # fmt: skip
