@@ -241,10 +241,13 @@ def prefer(
     available: Sequence[str],
     must_include: Sequence[str],
     size: int,
+    charge: int | None = None,
 ) -> list[str]:
     """The device ids to suggest for one container; empty means "no preference".
 
     Must-include ids come first. Cards held in another mode or unhealthy are never suggested.
+    ``charge``: the units a sliced container will be charged per card (its pending request);
+    a card with fewer remaining units or no free slot is then deferred.
     """
     if view.mode == "visibility" or size <= 0:
         return []
@@ -263,7 +266,7 @@ def prefer(
         picked = _spread(view, usable, need, anchor, taken)
     else:
         home = [view.tokens[d].card for d in chosen]
-        picked = _pack(view, ledger, usable, need, home)
+        picked = _pack(view, ledger, usable, need, home, charge)
     return chosen + [t.id for t in picked]
 
 
@@ -297,7 +300,12 @@ def _spread(
 
 
 def _pack(
-    view: View, ledger: Ledger, usable: Iterable[Token], need: int, home: Sequence[str]
+    view: View,
+    ledger: Ledger,
+    usable: Iterable[Token],
+    need: int,
+    home: Sequence[str],
+    charge: int | None = None,
 ) -> list[Token]:
     """Fill the most-occupied card that still fits; spill over cards on the same NUMA node."""
     per_card: dict[str, list[Token]] = {}
@@ -306,6 +314,10 @@ def _pack(
 
     def fits(card_id: str) -> bool:
         card = view.cards[card_id]
+        if charge is not None:
+            slots = card.sliced_count
+            free_slot = not slots or slices_held(view, ledger, card_id) < slots
+            return free_slot and ledger.remaining(card_id) >= min(charge * need, UNITS_PER_CARD)
         return ledger.remaining(card_id) >= need * units_per_token(card, view.mode)
 
     def occupancy(card_id: str) -> tuple[bool, int, int]:

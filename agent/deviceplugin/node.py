@@ -19,7 +19,7 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
 
@@ -71,6 +71,10 @@ class Node:
         """The node's pending sliced/partitioned containers, as the worker last published them."""
         self._served: dict[str, PendingContainer] = {}
         self._mirrored: dict[str, PendingContainer] = {}
+        self._kubelet: dict[tuple[str, str, str], frozenset[str]] = {}
+        """kubelet's containers (namespace, pod, container) and the resources they hold."""
+        self.ask_kubelet: Callable[[], Awaitable[None]] | None = None
+        """Refreshes :meth:`note_kubelet` before an Allocate (set when pod-resources is on)."""
         """By allocation id: the visibility claim each visibility grant mirrored for (bounded)."""
         """By allocation id: the pending container each sliced holding serves (reserved)."""
         self._publish = publish
@@ -262,15 +266,44 @@ class Node:
         if served is not None:
             return served
         cards = {view.tokens[d].card for d in device_ids if d in view.tokens}
+        return self._choose(view, len(device_ids), cards)
+
+    def _choose(
+        self, view: allocation.View, size: int, cards: Collection[str]
+    ) -> PendingContainer | None:
+        """The pending container an Allocate of ``size`` on ``cards`` is for (none reserved;
+        kubelet's view of who waits first, then the oldest feasible)."""
         return pending.choose(
             self._pending(),
             view.resource,
-            len(device_ids),
+            size,
+            by_kubelet=self.waiting_for(view.resource),
             reserved={(p.pod_uid, p.container) for p in self._served.values()},
             remaining={c: self.ledger.remaining(c) for c in cards}
             if view.mode == "sliced"
             else None,
         )
+
+    def waiting_for(self, resource: str) -> set[pending.ContainerKey]:
+        """The pending containers kubelet's pod-resources lists without a device of
+        ``resource`` yet (as last asked, :meth:`note_kubelet`): kubelet is allocating for one
+        of them."""
+        return {
+            (p.pod_uid, p.container)
+            for p in self._pending()
+            if (p.namespace, p.pod, p.container) in self._kubelet
+            and resource not in self._kubelet[(p.namespace, p.pod, p.container)]
+        }
+
+    async def ask_kubelet_first(self) -> None:
+        """Refresh kubelet's view when a pending container could be the one allocated for."""
+        if self.ask_kubelet is not None and self._pending():
+            await self.ask_kubelet()
+
+    def note_kubelet(self, containers: Mapping[tuple[str, str, str], frozenset[str]]) -> None:
+        """kubelet's pod-resources view: every container it lists, with the resources it holds
+        devices of."""
+        self._kubelet = dict(containers)
 
     async def allocate_partitioned(self, key: Key, device_ids: Sequence[str]) -> Injection:
         """Give the container its own MIG instance: reuse the one recorded for this allocation
@@ -359,12 +392,22 @@ class Node:
     def prefer(
         self, key: Key, available: Sequence[str], must_include: Sequence[str], size: int
     ) -> list[str]:
+        """GetPreferredAllocation: for a sliced request, the units and slot of the container it
+        is most likely for (the one Allocate will choose), so no card is suggested that the
+        sliced gate would then refuse."""
+        view = self._view(key)
+        charge = None
+        if view.mode == "sliced":
+            cards = {view.tokens[d].card for d in available if d in view.tokens}
+            request = self._choose(view, size, cards)
+            charge = request.units if request is not None else None
         return allocation.prefer(
-            self._view(key),
+            view,
             self.ledger,
             available=available,
             must_include=must_include,
             size=size,
+            charge=charge,
         )
 
     def reconcile(self, live: Sequence[ledger.LiveContainer]) -> None:
@@ -379,10 +422,9 @@ def _nothing() -> None:
 
 
 def _served_request(holding: ledger.Holding) -> PendingContainer | None:
-    """The pending container a kept sliced or partitioned holding served, as far as its event
-    recorded it: enough to reserve it (never chosen again) and to answer a kubelet retry with
-    its caps."""
-    if holding.mode not in ("sliced", "partitioned") or not holding.pod_uid:
+    """The pending container a kept holding served, as far as its event recorded it: enough to
+    reserve it (never chosen again) and to answer a kubelet retry with its caps."""
+    if holding.mode == "visibility" or not holding.pod_uid:
         return None
     if holding.container is None:
         return None

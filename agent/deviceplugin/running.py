@@ -8,6 +8,7 @@ removes every socket file, whatever it was doing (binding, registering, waiting)
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -27,6 +28,8 @@ from bus.records import PendingContainer
 
 log = logging.getLogger(__name__)
 
+KUBELET_ASK_S = 1.0
+"""The longest an Allocate waits for kubelet's pod-resources list to identify its container."""
 POD_RESOURCES_DELAY_S = 0.5
 """After an Allocate, how long to give kubelet to record the container before asking it."""
 
@@ -108,6 +111,8 @@ async def device_plugins(
     )
     if settings.nvidia_injection != "envvar":
         node.cdi_catalog = await _read_cdi(settings)
+    if settings.pod_resources_socket is not None:
+        node.ask_kubelet = functools.partial(_ask_kubelet, settings, node)
     registrar = Registrar(settings, lambda: node.servicers, ready=lambda: node.updated)
     plugins = Plugins(node, registrar)
     node.on_allocate = plugins.note_allocated
@@ -141,6 +146,18 @@ async def _resync(settings: DevicePluginSettings, node: Node, plugins: Plugins) 
             log.debug("%s", e)
             continue
         node.reconcile(live)
+
+
+async def _ask_kubelet(settings: DevicePluginSettings, node: Node) -> None:
+    """Which containers kubelet lists, and what they hold, just before an Allocate; bounded by
+    :data:`KUBELET_ASK_S` (an unanswered ask leaves the last view: the choice falls back to the
+    oldest feasible pending container)."""
+    path = settings.pod_resources_socket
+    assert path is not None
+    try:
+        node.note_kubelet(await podresources.list_containers(path, timeout_s=KUBELET_ASK_S))
+    except podresources.PodResourcesUnavailable as e:
+        log.debug("%s", e)
 
 
 async def _read_cdi(settings: DevicePluginSettings) -> cdi.Catalog:

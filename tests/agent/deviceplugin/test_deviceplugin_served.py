@@ -10,13 +10,19 @@ import dataclasses
 from datetime import UTC, datetime
 from pathlib import Path
 
+import anyio
+import anyio.to_thread
 import pytest
 
 from agent.deviceplugin import errors, ledger, mirroring, resources
 from agent.deviceplugin.node import Node
+from agent.deviceplugin.running import device_plugins
 from agent.deviceplugin.settings import DevicePluginSettings
+from agent.testing import FakeKubelet, unary
 from bus import devices, events
 from bus.records import PendingContainer
+from proto.deviceplugin import v1beta1 as dp
+from proto.podresources import v1 as podresources
 
 SLICED = "nvidia.com/gpu.sliced"
 KEY = ("nvidia", "sliced")
@@ -160,3 +166,51 @@ def test_a_partitioned_owner_is_mirrored_as_its_partition_never_the_card(
     with pytest.raises(errors.Conflict, match="no longer here"):
         mirroring.mirror(claim("ssh", VISIBILITY, 1), [dataclasses.replace(owner, mode="exclusive")],
                          {}, manufacturer="nvidia", size=1)  # fmt: skip
+
+
+def test_preferred_allocation_defers_a_card_the_pending_container_would_not_fit(
+    tmp_path: Path, h200: list[devices.DeviceGroup]
+) -> None:
+    claims = [req("big", 0, memory=80), req("next", 1)]
+    n, _ = node(tmp_path, h200, claims)
+    view = n._view(KEY)
+    card0, ids0 = tokens(n)
+    n.allocate(KEY, ids0[:1])  # big: 1,280,000 of card 0, 320,000 left
+    ids1 = [t.id for t in view.tokens.values() if view.cards[t.card].index == 1]
+    got = n.prefer(KEY, [*ids0[1:3], *ids1[:2]], [], 1)
+    assert [view.tokens[d].card for d in got] != [card0]  # 400,000 would not fit there
+    assert view.cards[view.tokens[got[0]].card].index == 1
+    claims.clear()  # nobody pending: the token share fits card 0, the most occupied
+    assert [view.tokens[d].card for d in n.prefer(KEY, [*ids0[1:3], *ids1[:2]], [], 1)] == [card0]
+
+
+@pytest.mark.anyio
+async def test_kubelets_view_names_the_container_before_age_does(
+    tmp_path: Path, kubelet: FakeKubelet, h200: list[devices.DeviceGroup]
+) -> None:
+    kubelet.serve_pod_resources(tmp_path / "pod-resources.sock")
+    kubelet.live = [  # kubelet is admitting "new": its container holds nothing yet
+        podresources.PodResources(
+            name="new", namespace="ns", containers=[podresources.ContainerResources(name="main")]
+        )
+    ]
+    claims = [req("old", 0), req("new", 5)]
+    published: list[events.Event] = []
+    settings = DevicePluginSettings.for_tests(
+        str(tmp_path), pod_resources_socket=str(tmp_path / "pod-resources.sock")
+    )
+    async with device_plugins(
+        settings, publish=published.append, pending=lambda: tuple(claims)
+    ) as plugins:
+        plugins.update(h200)
+        await kubelet.registered_all([SLICED])
+        path = kubelet.endpoint(SLICED)
+        assert path is not None
+        (servicer,) = [s for s in plugins.servicers().values() if s.spec.resource == SLICED]
+        request = dp.AllocateRequest(container_requests=[
+            dp.ContainerAllocateRequest(devices_ids=[servicer.spec.tokens[0].id])])  # fmt: skip
+        await anyio.to_thread.run_sync(
+            unary, path, "/v1beta1.DevicePlugin/Allocate", request, dp.AllocateResponse.FromString
+        )
+    first = next(e for e in published if isinstance(e, events.AllocationEvent))
+    assert (first.pod_name, first.pod_uid) == ("new", "uid-new")
