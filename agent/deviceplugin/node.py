@@ -19,9 +19,8 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import replace
-from datetime import UTC, datetime
 
 import anyio
 
@@ -32,10 +31,10 @@ from agent.deviceplugin import (
     ledger,
     mirroring,
     partitioning,
-    pending,
     resources,
     responders,
 )
+from agent.deviceplugin.claims import Claims
 from agent.deviceplugin.injection import Injection
 from agent.deviceplugin.partitioning import Partitions
 from agent.deviceplugin.server import Key, ResourceServicer
@@ -45,9 +44,6 @@ from bus.records import PendingContainer
 
 log = logging.getLogger(__name__)
 
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-MAX_MIRRORED = 1024
-"""Visibility grants remembered (they hold nothing in the ledger, so nothing releases them)."""
 PENDING_POLL_S = 0.1
 """How often a partitioned Allocate re-reads the pending view while it waits for its claim."""
 
@@ -67,16 +63,10 @@ class Node:
         pending_containers: Callable[[], Sequence[PendingContainer]] = tuple,
     ) -> None:
         self._settings = settings
-        self._pending = pending_containers
-        """The node's pending sliced/partitioned containers, as the worker last published them."""
-        self._served: dict[str, PendingContainer] = {}
-        self._mirrored: dict[str, PendingContainer] = {}
-        self._kubelet: dict[tuple[str, str, str], frozenset[str]] = {}
-        """kubelet's containers (namespace, pod, container) and the resources they hold."""
+        self.claims = Claims(pending_containers)
+        """Which pending container each grant serves (:mod:`claims`)."""
         self.ask_kubelet: Callable[[], Awaitable[None]] | None = None
-        """Refreshes :meth:`note_kubelet` before an Allocate (set when pod-resources is on)."""
-        """By allocation id: the visibility claim each visibility grant mirrored for (bounded)."""
-        """By allocation id: the pending container each sliced holding serves (reserved)."""
+        """Refreshes ``claims.kubelet`` before an Allocate (set when pod-resources is on)."""
         self._publish = publish
         self._clock = clock
         self.partitions = partitions
@@ -105,10 +95,9 @@ class Node:
         if self._retained is not None:  # the first pass is when retained ids can be resolved
             retained, self._retained = self._retained, None
             changes = self.ledger.restore(retained, self._resolve, now=self._clock())
-            for change in changes:  # what each kept slice served stays reserved
-                request = _served_request(change.holding)
-                if change.action == "allocated" and request is not None:
-                    self._served[change.holding.allocation_id] = request
+            for change in changes:  # what each kept holding served stays reserved
+                if change.action == "allocated":
+                    self.claims.restore(change.holding)
             self._apply(changes)
 
     def _refresh(self) -> None:
@@ -175,7 +164,7 @@ class Node:
         for change in changes:
             self._publish(change.event(self._settings.node_name))
             if change.action == "released":
-                self._served.pop(change.holding.allocation_id, None)
+                self.claims.served.pop(change.holding.allocation_id, None)
                 self._remove_work_dir(change.holding.allocation_id)
                 if self.partitions is not None and change.holding.mode == "partitioned":
                     self.partitions.note_released(change.holding.allocation_id)
@@ -202,7 +191,7 @@ class Node:
             and self.ledger.holder(grant.holding.resource, grant.holding.device_ids) is None
         ):
             if grant.request is not None:
-                self._served[grant.holding.allocation_id] = grant.request
+                self.claims.served[grant.holding.allocation_id] = grant.request
             self._apply(self.ledger.charge(grant.holding))
         self.on_allocate()
         return injection
@@ -227,12 +216,7 @@ class Node:
         the same answer and the next sidecar is matched to another Pod's claim.
         """
         alloc = ledger.allocation_id(view.resource, device_ids)
-        claim = self._mirrored.get(alloc) or pending.choose(
-            self._pending(),
-            view.resource,
-            len(device_ids),
-            reserved={(c.pod_uid, c.container) for c in self._mirrored.values()},
-        )
+        claim = self.claims.mirrored_claim(alloc, view.resource, len(device_ids))
         if claim is None:
             raise errors.Conflict(
                 f"no pending container on this node asks for {len(device_ids)} {view.resource}; "
@@ -241,10 +225,7 @@ class Node:
         found = mirroring.mirror(
             claim, self.ledger.holdings(), self._cards, manufacturer=key[0], size=len(device_ids)
         )
-        self._mirrored.pop(alloc, None)
-        self._mirrored[alloc] = claim
-        while len(self._mirrored) > MAX_MIRRORED:
-            self._mirrored.pop(next(iter(self._mirrored)))
+        self.claims.note_mirrored(alloc, claim)
         if found.partition_id is not None:
             return Injection(envs={"NVIDIA_VISIBLE_DEVICES": found.partition_id})
         grant = allocation.Grant(
@@ -262,48 +243,20 @@ class Node:
         """
         if view.mode not in ("sliced", "exclusive", "shared"):
             return None
-        served = self._served.get(ledger.allocation_id(view.resource, device_ids))
+        served = self.claims.served.get(ledger.allocation_id(view.resource, device_ids))
         if served is not None:
             return served
         cards = {view.tokens[d].card for d in device_ids if d in view.tokens}
-        return self._choose(view, len(device_ids), cards)
+        return self.claims.choose(view.resource, len(device_ids), self._remaining(view, cards))
 
-    def _choose(
-        self, view: allocation.View, size: int, cards: Collection[str]
-    ) -> PendingContainer | None:
-        """The pending container an Allocate of ``size`` on ``cards`` is for (none reserved;
-        kubelet's view of who waits first, then the oldest feasible)."""
-        return pending.choose(
-            self._pending(),
-            view.resource,
-            size,
-            by_kubelet=self.waiting_for(view.resource),
-            reserved={(p.pod_uid, p.container) for p in self._served.values()},
-            remaining={c: self.ledger.remaining(c) for c in cards}
-            if view.mode == "sliced"
-            else None,
-        )
-
-    def waiting_for(self, resource: str) -> set[pending.ContainerKey]:
-        """The pending containers kubelet's pod-resources lists without a device of
-        ``resource`` yet (as last asked, :meth:`note_kubelet`): kubelet is allocating for one
-        of them."""
-        return {
-            (p.pod_uid, p.container)
-            for p in self._pending()
-            if (p.namespace, p.pod, p.container) in self._kubelet
-            and resource not in self._kubelet[(p.namespace, p.pod, p.container)]
-        }
+    def _remaining(self, view: allocation.View, cards: Iterable[str]) -> dict[str, int] | None:
+        """What a sliced choice must fit in (None: any other mode, where units do not decide)."""
+        return {c: self.ledger.remaining(c) for c in cards} if view.mode == "sliced" else None
 
     async def ask_kubelet_first(self) -> None:
         """Refresh kubelet's view when a pending container could be the one allocated for."""
-        if self.ask_kubelet is not None and self._pending():
+        if self.ask_kubelet is not None and self.claims.pending():
             await self.ask_kubelet()
-
-    def note_kubelet(self, containers: Mapping[tuple[str, str, str], frozenset[str]]) -> None:
-        """kubelet's pod-resources view: every container it lists, with the resources it holds
-        devices of."""
-        self._kubelet = dict(containers)
 
     async def allocate_partitioned(self, key: Key, device_ids: Sequence[str]) -> Injection:
         """Give the container its own MIG instance: reuse the one recorded for this allocation
@@ -316,7 +269,7 @@ class Node:
         allocation.partition_request(view, device_ids)
         alloc = ledger.allocation_id(view.resource, device_ids)
         record = self._record(view.resource, device_ids)
-        request = self._served.get(alloc)
+        request = self.claims.served.get(alloc)
         if record is None:
             if self.partitions.pending(alloc):
                 raise errors.Conflict(f"the instance of {alloc} is being created; retry")
@@ -336,7 +289,7 @@ class Node:
             )
             holding = replace(holding, profile=record.profile_name, partition_id=record.mig_uuid)
             if request is not None:
-                self._served[alloc] = request
+                self.claims.served[alloc] = request
             self._apply(self.ledger.charge(holding))
         self.on_allocate()
         return Injection(envs={"NVIDIA_VISIBLE_DEVICES": record.mig_uuid})
@@ -354,12 +307,7 @@ class Node:
         """
         waited = 0.0
         while True:
-            request = pending.choose(
-                self._pending(),
-                view.resource,
-                len(device_ids),
-                reserved={(p.pod_uid, p.container) for p in self._served.values()},
-            )
+            request = self.claims.choose(view.resource, len(device_ids))
             if request is not None or waited >= self._settings.pending_wait_s:
                 break
             await anyio.sleep(PENDING_POLL_S)
@@ -399,7 +347,7 @@ class Node:
         charge = None
         if view.mode == "sliced":
             cards = {view.tokens[d].card for d in available if d in view.tokens}
-            request = self._choose(view, size, cards)
+            request = self.claims.choose(view.resource, size, self._remaining(view, cards))
             charge = request.units if request is not None else None
         return allocation.prefer(
             view,
@@ -419,28 +367,6 @@ class Node:
 
 def _nothing() -> None:
     pass
-
-
-def _served_request(holding: ledger.Holding) -> PendingContainer | None:
-    """The pending container a kept holding served, as far as its event recorded it: enough to
-    reserve it (never chosen again) and to answer a kubelet retry with its caps."""
-    if holding.mode == "visibility" or not holding.pod_uid:
-        return None
-    if holding.container is None:
-        return None
-    return PendingContainer(
-        pod_uid=holding.pod_uid,
-        namespace=holding.pod_namespace or "",
-        pod=holding.pod_name or "",
-        container=holding.container,
-        resource=holding.resource,
-        count=len(holding.device_ids),
-        units=max((u for _, u in holding.charges), default=0),
-        memory_mib=holding.memory_mib,
-        cores_percentage=holding.cores_percentage,
-        profile=holding.profile,
-        created_at=_EPOCH,
-    )
 
 
 def _make_dirs(paths: Sequence[str]) -> None:

@@ -155,7 +155,8 @@ async def _ask_kubelet(settings: DevicePluginSettings, node: Node) -> None:
     path = settings.pod_resources_socket
     assert path is not None
     try:
-        node.note_kubelet(await podresources.list_containers(path, timeout_s=KUBELET_ASK_S))
+        containers = await podresources.list_containers(path, timeout_s=KUBELET_ASK_S)
+        node.claims.note_kubelet(containers)
     except podresources.PodResourcesUnavailable as e:
         log.debug("%s", e)
 
