@@ -238,8 +238,9 @@ class Node:
         served, on a retry); None: no pending record for it (a sliced grant is then today's
         token share; an exclusive or shared one just goes unnamed until pod-resources names it).
 
-        kubelet's pod-resources does not list a container before its Allocate answers, so the
-        choice is the oldest feasible pending one (:func:`pending.choose`).
+        The choice (:meth:`Claims.choose`): the pending container kubelet's pod-resources lists
+        without a device of this resource yet (asked just before, :meth:`ask_kubelet_first`),
+        else the oldest feasible one.
         """
         if view.mode not in ("sliced", "exclusive", "shared"):
             return None
