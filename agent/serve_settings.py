@@ -12,6 +12,7 @@ from pathlib import Path
 
 import msgspec
 
+from agent.deviceplugin.cdi import STRATEGIES, Strategy
 from agent.deviceplugin.settings import DevicePluginSettings
 from agent.settings import DetectSettings, detect_settings_from, node_name_from
 from bus import identity
@@ -125,10 +126,22 @@ def assemble(
             no_shared=options.switch("no-shared"),
             no_sliced=options.switch("no-sliced"),
             no_partitioned=options.switch("no-partitioned"),
+            nvidia_injection=injection_strategy(options),
         ),
         monitor_period_s=options.seconds("monitor-period"),
         resync_period_s=options.seconds("resync-period"),
         heartbeat_s=options.seconds("heartbeat-period"),
         health_quarantine_s=options.seconds("health-quarantine"),
         state_dir=state_dir,
+    )
+
+
+def injection_strategy(options: Options) -> Strategy:
+    """``--nvidia-device-injection-strategy`` (the parser already refused other values)."""
+    value = options.text("nvidia-device-injection-strategy")
+    for strategy in STRATEGIES:
+        if strategy == value:
+            return strategy
+    raise SettingsError(
+        f"--nvidia-device-injection-strategy {value!r} is not one of {', '.join(STRATEGIES)}"
     )

@@ -28,6 +28,7 @@ __all__ = [
     "VERSION",
     "AgentEvent",
     "AllocationEvent",
+    "CardCharge",
     "DevicesEvent",
     "Event",
     "HealthEvent",
@@ -87,6 +88,13 @@ class HealthEvent(_Event, tag="health", frozen=True, kw_only=True):
     message: str | None = None
 
 
+class CardCharge(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    """The units one allocation holds on one card (a card is 1,600,000 units)."""
+
+    accelerator_id: str
+    units: int
+
+
 class AllocationEvent(_Event, tag="allocations", frozen=True, kw_only=True):
     """A change of the device plugin's ledger: devices given to, or taken back from, a container."""
 
@@ -99,6 +107,20 @@ class AllocationEvent(_Event, tag="allocations", frozen=True, kw_only=True):
     pod_namespace: str | None = None
     pod_name: str | None = None
     container: str | None = None
+    pod_uid: str | None = None
+    """The Pod's ``metadata.uid`` when the agent knows which container it served (the pending
+    record it matched). Optional, added in v1."""
+    charges: tuple[CardCharge, ...] = ()
+    """The units the ledger charged per card; empty from an agent that predates the field (the
+    reader then derives them from the tokens). Optional, added in v1."""
+    memory_mib: int | None = None
+    """Sliced: the memory cap injected on each card, in MiB. Optional, added in v1."""
+    cores_percentage: int | None = None
+    """Sliced: the SM/CU cap injected, in percent. Optional, added in v1."""
+    profile: str | None = None
+    """Partitioned: the instance's profile (``3g.40gb``). Optional, added in v1."""
+    partition_id: str | None = None
+    """Partitioned: the instance's id (a ``MIG-`` UUID). Optional, added in v1."""
 
 
 class ModelState(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):

@@ -13,7 +13,9 @@ the very same classes, so the two sides cannot drift apart. Keys and buckets are
 - :class:`PendingContainers` (key ``pending.<node>``): the containers bound to a node that wait
   for a sliced or partitioned device, with what each asked for. kubelet's Allocate names only
   device IDs; this record is how the device agent, which holds no Kubernetes access, learns which
-  container it allocates for and how many units, memory and cores that container asked for.
+  container it allocates for and how many units, memory and cores that container asked for. A
+  Pod with a visibility request also lists its visibility and exclusive or shared claims, so the
+  agent can give the sidecar exactly its owner's cards.
 
 The wire format is a public contract between control planes and agents of different versions:
 field names are camelCase like the CRDs they mirror, defaults are omitted, and unknown fields are
@@ -181,7 +183,9 @@ class PendingContainer(_Record, frozen=True, kw_only=True):
     count: int = 1
     """How many devices of ``resource`` the container asks for (kubelet's Allocate size)."""
     units: int
-    """The container's ``<resource>.units`` limit: what the ledger charges per card."""
+    """The container's ``<resource>.units`` limit: what the ledger charges per card. For an
+    exclusive or shared claim the cards' units (count × 1,600,000, or × 160,000 shared); 0 for
+    a visibility claim, which charges nothing."""
     memory_percentage: int | None = None
     memory_mib: int | None = None
     cores_percentage: int | None = None

@@ -126,6 +126,7 @@ _ALLOCATION: Final = _obj(
         "allocated": _i(0, 1_600_000),
         "remaining": _i(0, 1_600_000),
         "allocatedSlices": _i(),
+        "allocatedProfiles": _list(_obj({"name": _S, "count": _i()}, ("name", "count")), "name"),
     },
     ("id", "index", "mode", "allocated", "remaining"),
 )

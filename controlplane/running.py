@@ -43,6 +43,7 @@ from controlplane.chain.checking import AdmissionChecker
 from controlplane.chain.reconciler import ChainReconciler
 from controlplane.k8s import client
 from controlplane.metrics import WorkerMetrics
+from controlplane.reconciling.annotating import PodAnnotator
 from controlplane.reconciling.artifacting import ArtifactReconciler
 from controlplane.reconciling.ledger import Ledger
 from controlplane.reconciling.nodes import NodeReconciler
@@ -198,10 +199,12 @@ async def run(
             sink=sink, resolver=resolver, ledger=ledger, metrics=metrics, agents=agents,
             retry_base_s=settings.artifact_retry_base_s, retry_cap_s=settings.artifact_retry_cap_s,
         )  # fmt: skip
+        annotator = PodAnnotator(ledger)
         processor = Processor(
             ledger=ledger, reconciler=reconciler, sink=sink, metrics=metrics,
             max_keys=settings.max_nodes, on_models=artifacts.models_changed,
         )  # fmt: skip
+        processor.on_allocation = annotator.note
         sub = await stack.enter_async_context(
             subscribing.subscribe(
                 conn, settings=settings.bus, metrics=bus_metrics, include_state=True
@@ -226,6 +229,7 @@ async def run(
                     start_forever(tg, "artifact-watch", artifacts.watch, api)
                     start_forever(tg, "pod-watch", PendingPublisher(agents).watch, api)
                     _start_chain(tg, api, ledger, worker.chain)
+                    start_forever(tg, "pod-annotations", annotator.run, api)
                 start_forever(
                     tg, "artifact-workers", artifacts.work, max(1, settings.concurrency // 4)
                 )

@@ -328,6 +328,14 @@ _DM_SERVE = (
     _SIMULATE,
     *_AGENT_SERVING,
     *NATS_FLAGS,
+    Flag(
+        "nvidia-device-injection-strategy",
+        "envvar",
+        "how NVIDIA cards reach a container: the NVIDIA_VISIBLE_DEVICES env var, CDI "
+        "annotations (names checked against the specs in /etc/cdi and /var/run/cdi), or auto: "
+        "CDI where the specs name every granted card, else the env var",
+        choices=("envvar", "cdi-annotations", "auto"),
+    ),
 )
 
 _MODEL_MANAGER = (

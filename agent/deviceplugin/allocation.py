@@ -10,7 +10,7 @@ stay free for exclusive work.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from agent.deviceplugin import errors, pending
 from agent.deviceplugin.ledger import Holding, Ledger, allocation_id
@@ -89,8 +89,7 @@ def decide(
     stale = tuple(h.allocation_id for h in ledger.stale(view.resource, device_ids))
     if request is not None and view.mode == "sliced":
         charges = _sliced_charges(view, per_card, ledger, request, ignoring=stale)
-    else:
-        request = None
+    else:  # a named exclusive or shared container is charged its tokens, and named
         charges = {c.id: len(per_card[c.id]) * units_per_token(c, view.mode) for c in cards}
     ledger.check(view.mode, charges, {c.id: card_name(c) for c in cards}, ignoring=stale)
     holding = Holding(
@@ -101,7 +100,28 @@ def decide(
         charges=tuple(charges.items()),
         since=now,
     )
+    if request is not None:
+        holding = served(holding, request, cards)
     return Grant(mode=view.mode, cards=grants, holding=holding, stale=stale, request=request)
+
+
+def served(holding: Holding, request: PendingContainer, cards: Sequence[Card]) -> Holding:
+    """``holding`` naming the container it serves and the caps its injection writes, so the
+    allocation event carries them (the worker annotates the Pod from it)."""
+    memory = None
+    if request.memory_percentage is not None or request.memory_mib is not None:
+        sized = [c.memory_mib for c in cards if c.memory_mib]
+        memory = min((pending.memory_cap_mib(request, m) for m in sized), default=None)
+    return replace(
+        holding,
+        pod_uid=request.pod_uid,
+        pod_namespace=request.namespace,
+        pod_name=request.pod,
+        container=request.container,
+        memory_mib=memory if holding.mode == "sliced" else None,
+        cores_percentage=pending.cores_percentage(request) if holding.mode == "sliced" else None,
+        profile=request.profile if holding.mode == "partitioned" else None,
+    )
 
 
 def _sliced_charges(
@@ -153,17 +173,29 @@ def partition_request(view: View, device_ids: Sequence[str]) -> int:
     return sum(len(indexes) for indexes in per_card.values())
 
 
-def partition_holding(view: View, device_ids: Sequence[str], card: Card, *, now: float) -> Holding:
-    """The holding of a partitioned allocation whose instance lives on ``card``."""
-    units = min(len(device_ids) * units_per_token(card, view.mode), UNITS_PER_CARD)
-    return Holding(
+def partition_holding(
+    view: View,
+    device_ids: Sequence[str],
+    card: Card,
+    *,
+    now: float,
+    request: PendingContainer | None = None,
+) -> Holding:
+    """The holding of a partitioned allocation whose instance lives on ``card``: the
+    container's own ``.partitioned.units`` (its profile's memory folded) when ``request`` says,
+    else the tokens' share."""
+    units = len(device_ids) * units_per_token(card, view.mode)
+    if request is not None:
+        units = request.units
+    holding = Holding(
         allocation_id=allocation_id(view.resource, device_ids),
         resource=view.resource,
         mode=view.mode,
         device_ids=tuple(sorted(device_ids)),
-        charges=((card.id, units),),
+        charges=((card.id, min(units, UNITS_PER_CARD)),),
         since=now,
     )
+    return served(holding, request, [card]) if request is not None else holding
 
 
 def _tokens_per_card(view: View, device_ids: Sequence[str]) -> dict[str, list[int]]:
@@ -209,10 +241,13 @@ def prefer(
     available: Sequence[str],
     must_include: Sequence[str],
     size: int,
+    charge: int | None = None,
 ) -> list[str]:
     """The device ids to suggest for one container; empty means "no preference".
 
     Must-include ids come first. Cards held in another mode or unhealthy are never suggested.
+    ``charge``: the units a sliced container will be charged per card (its pending request);
+    a card with fewer remaining units or no free slot is then deferred.
     """
     if view.mode == "visibility" or size <= 0:
         return []
@@ -231,7 +266,7 @@ def prefer(
         picked = _spread(view, usable, need, anchor, taken)
     else:
         home = [view.tokens[d].card for d in chosen]
-        picked = _pack(view, ledger, usable, need, home)
+        picked = _pack(view, ledger, usable, need, home, charge)
     return chosen + [t.id for t in picked]
 
 
@@ -265,7 +300,12 @@ def _spread(
 
 
 def _pack(
-    view: View, ledger: Ledger, usable: Iterable[Token], need: int, home: Sequence[str]
+    view: View,
+    ledger: Ledger,
+    usable: Iterable[Token],
+    need: int,
+    home: Sequence[str],
+    charge: int | None = None,
 ) -> list[Token]:
     """Fill the most-occupied card that still fits; spill over cards on the same NUMA node."""
     per_card: dict[str, list[Token]] = {}
@@ -274,6 +314,10 @@ def _pack(
 
     def fits(card_id: str) -> bool:
         card = view.cards[card_id]
+        if charge is not None:
+            slots = card.sliced_count
+            free_slot = not slots or slices_held(view, ledger, card_id) < slots
+            return free_slot and ledger.remaining(card_id) >= min(charge * need, UNITS_PER_CARD)
         return ledger.remaining(card_id) >= need * units_per_token(card, view.mode)
 
     def occupancy(card_id: str) -> tuple[bool, int, int]:

@@ -40,6 +40,16 @@ class Holding:
     pod_namespace: str | None = None
     pod_name: str | None = None
     container: str | None = None
+    pod_uid: str | None = None
+    """Known when a pending record named the container at Allocate (sliced, partitioned)."""
+    memory_mib: int | None = None
+    """Sliced: the memory cap injected on each card."""
+    cores_percentage: int | None = None
+    """Sliced: the SM/CU cap injected."""
+    profile: str | None = None
+    """Partitioned: the instance's profile name."""
+    partition_id: str | None = None
+    """Partitioned: the instance's UUID."""
 
 
 @dataclass(frozen=True)
@@ -58,6 +68,12 @@ class Change:
             pod_namespace=h.pod_namespace,
             pod_name=h.pod_name,
             container=h.container,
+            pod_uid=h.pod_uid,
+            charges=tuple(events.CardCharge(accelerator_id=c, units=u) for c, u in h.charges),
+            memory_mib=h.memory_mib,
+            cores_percentage=h.cores_percentage,
+            profile=h.profile,
+            partition_id=h.partition_id,
         )
 
 
@@ -203,19 +219,7 @@ class Ledger:
             resolved = resolve(event.resource, event.device_ids) if event.device_ids else None
             if event.action != "allocated" or resolved is None:
                 continue
-            mode, charges = resolved
-            holding = Holding(
-                allocation_id=allocation_id(event.resource, event.device_ids),
-                resource=event.resource,
-                mode=mode,
-                device_ids=tuple(sorted(event.device_ids)),
-                charges=charges,
-                since=now,
-                pod_namespace=event.pod_namespace,
-                pod_name=event.pod_name,
-                container=event.container,
-            )
-            changes.extend(self.charge(holding))
+            changes.extend(self.charge(restored(event, resolved, now=now)))
         return changes
 
     def reconcile(
@@ -277,6 +281,40 @@ class Ledger:
             container=names[2],
         )
         return self.charge(holding)
+
+
+def restored(
+    event: events.AllocationEvent,
+    resolved: tuple[Mode, tuple[tuple[str, int], ...]],
+    *,
+    now: float,
+) -> Holding:
+    """The holding a kept ``allocated`` event stands for.
+
+    Its own charges win over the resolved token share when they name the same cards: a sliced
+    container was charged its own units, which its tokens do not say. An event from an agent
+    that predates the field (no charges) falls back to the token share.
+    """
+    mode, charges = resolved
+    kept = tuple((c.accelerator_id, min(c.units, UNITS_PER_CARD)) for c in event.charges)
+    if kept and {c for c, _ in kept} == {c for c, _ in charges}:
+        charges = kept
+    return Holding(
+        allocation_id=allocation_id(event.resource, event.device_ids),
+        resource=event.resource,
+        mode=mode,
+        device_ids=tuple(sorted(event.device_ids)),
+        charges=charges,
+        since=now,
+        pod_namespace=event.pod_namespace,
+        pod_name=event.pod_name,
+        container=event.container,
+        pod_uid=event.pod_uid,
+        memory_mib=event.memory_mib,
+        cores_percentage=event.cores_percentage,
+        profile=event.profile,
+        partition_id=event.partition_id,
+    )
 
 
 def live_allocations(history: Iterable[events.AllocationEvent]) -> list[events.AllocationEvent]:

@@ -23,17 +23,22 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import replace
+
+import anyio
 
 from agent.deviceplugin import (
     allocation,
+    cdi,
     errors,
     ledger,
+    mirroring,
     partitioning,
-    pending,
     resources,
     responders,
 )
+from agent.deviceplugin.claims import Claims
 from agent.deviceplugin.injection import DriverStep, HostFile, Injection
 from agent.deviceplugin.partitioning import Partitions
 from agent.deviceplugin.server import Key, ResourceServicer
@@ -42,6 +47,9 @@ from bus import devices, events
 from bus.records import PendingContainer
 
 log = logging.getLogger(__name__)
+
+PENDING_POLL_S = 0.1
+"""How often a partitioned Allocate re-reads the pending view while it waits for its claim."""
 
 _Index = tuple[tuple[resources.Token, ...], dict[str, resources.Token]]
 """A server's token list and its tokens by id."""
@@ -66,10 +74,10 @@ class Node:
         self._settings = settings
         self._controls = dict(controls or {})
         """Driver-step kind to the control that performs it."""
-        self._pending = pending_containers
-        """The node's pending sliced/partitioned containers, as the worker last published them."""
-        self._served: dict[str, PendingContainer] = {}
-        """By allocation id: the pending container each sliced holding serves (reserved)."""
+        self.claims = Claims(pending_containers)
+        """Which pending container each grant serves (:mod:`claims`)."""
+        self.ask_kubelet: Callable[[], Awaitable[None]] | None = None
+        """Refreshes ``claims.kubelet`` before an Allocate (set when pod-resources is on)."""
         self._publish = publish
         self._clock = clock
         self.partitions = partitions
@@ -84,6 +92,8 @@ class Node:
         self.servicers: dict[Key, ResourceServicer] = {}
         self.on_allocate: Callable[[], None] = _nothing
         """Called after every Allocate that went through (the pod-resources task listens)."""
+        self.cdi_catalog = cdi.Catalog()
+        """The device names the node's CDI specs define (kept fresh by :mod:`running`)."""
         self.updated = False
         """False until the first :meth:`update`: nothing is served before detection has run."""
 
@@ -95,7 +105,11 @@ class Node:
         self._refresh()
         if self._retained is not None:  # the first pass is when retained ids can be resolved
             retained, self._retained = self._retained, None
-            self._apply(self.ledger.restore(retained, self._resolve, now=self._clock()))
+            changes = self.ledger.restore(retained, self._resolve, now=self._clock())
+            for change in changes:  # what each kept holding served stays reserved
+                if change.action == "allocated":
+                    self.claims.restore(change.holding)
+            self._apply(changes)
 
     def _refresh(self) -> None:
         held = self.ledger.held_modes()
@@ -161,7 +175,7 @@ class Node:
         for change in changes:
             self._publish(change.event(self._settings.node_name))
             if change.action == "released":
-                self._served.pop(change.holding.allocation_id, None)
+                self.claims.served.pop(change.holding.allocation_id, None)
                 self._remove_work_dir(change.holding.allocation_id)
                 if self.partitions is not None and change.holding.mode == "partitioned":
                     self.partitions.note_released(change.holding.allocation_id)
@@ -177,11 +191,10 @@ class Node:
         view = self._view(key)
         request = self._request(view, device_ids)
         grant = allocation.decide(view, device_ids, self.ledger, now=self._clock(), request=request)
-        injection = responders.respond(
-            grant,
-            host_lib_dir=self._settings.host_lib_dir,
-            host_work_dir=self._settings.host_work_dir,
-        )
+        if view.mode == "visibility":
+            injection = self._mirror(key, view, device_ids)
+        else:
+            injection = self._respond(grant)
         _make_dirs(injection.host_dirs)
         _write_files(injection.files)
         self._perform(injection.steps)
@@ -190,31 +203,73 @@ class Node:
             and self.ledger.holder(grant.holding.resource, grant.holding.device_ids) is None
         ):
             if grant.request is not None:
-                self._served[grant.holding.allocation_id] = grant.request
+                self.claims.served[grant.holding.allocation_id] = grant.request
             self._apply(self.ledger.charge(grant.holding))
         self.on_allocate()
         return injection
 
-    def _request(self, view: allocation.View, device_ids: Sequence[str]) -> PendingContainer | None:
-        """The pending container a sliced Allocate serves (the one it served, on a retry);
-        None: no pending record for it, and the grant is today's token share.
+    def _respond(self, grant: allocation.Grant) -> Injection:
+        injection = responders.respond(
+            grant,
+            host_lib_dir=self._settings.host_lib_dir,
+            host_work_dir=self._settings.host_work_dir,
+        )
+        if grant.cards and grant.cards[0][0].manufacturer == "nvidia":
+            cards = [(c.id, c.index) for c, _ in grant.cards]
+            injection = cdi.channel(
+                self._settings.nvidia_injection, injection, self.cdi_catalog, cards
+            )
+        return injection
 
-        kubelet's pod-resources does not list a container before its Allocate answers, so the
-        choice is the oldest feasible pending one (:func:`pending.choose`).
+    def _mirror(self, key: Key, view: allocation.View, device_ids: Sequence[str]) -> Injection:
+        """A visibility grant: the owning container's cards or partition (:mod:`mirroring`).
+
+        The claim a grant mirrored for is remembered by allocation id, so a kubelet retry gets
+        the same answer and the next sidecar is matched to another Pod's claim.
         """
-        if view.mode != "sliced":
+        alloc = ledger.allocation_id(view.resource, device_ids)
+        claim = self.claims.mirrored_claim(alloc, view.resource, len(device_ids))
+        if claim is None:
+            raise errors.Conflict(
+                f"no pending container on this node asks for {len(device_ids)} {view.resource}; "
+                "a visibility request only mirrors its Pod's owner, so it is refused"
+            )
+        found = mirroring.mirror(
+            claim, self.ledger.holdings(), self._cards, manufacturer=key[0], size=len(device_ids)
+        )
+        self.claims.note_mirrored(alloc, claim)
+        if found.partition_id is not None:
+            return Injection(envs={"NVIDIA_VISIBLE_DEVICES": found.partition_id})
+        grant = allocation.Grant(
+            mode="visibility", cards=tuple((c, (0,)) for c in found.cards), holding=None
+        )
+        return self._respond(grant)
+
+    def _request(self, view: allocation.View, device_ids: Sequence[str]) -> PendingContainer | None:
+        """The pending container a sliced, exclusive or shared Allocate serves (the one it
+        served, on a retry); None: no pending record for it (a sliced grant is then today's
+        token share; an exclusive or shared one just goes unnamed until pod-resources names it).
+
+        The choice (:meth:`Claims.choose`): the pending container kubelet's pod-resources lists
+        without a device of this resource yet (asked just before, :meth:`ask_kubelet_first`),
+        else the oldest feasible one.
+        """
+        if view.mode not in ("sliced", "exclusive", "shared"):
             return None
-        served = self._served.get(ledger.allocation_id(view.resource, device_ids))
+        served = self.claims.served.get(ledger.allocation_id(view.resource, device_ids))
         if served is not None:
             return served
         cards = {view.tokens[d].card for d in device_ids if d in view.tokens}
-        return pending.choose(
-            self._pending(),
-            view.resource,
-            len(device_ids),
-            reserved={(p.pod_uid, p.container) for p in self._served.values()},
-            remaining={c: self.ledger.remaining(c) for c in cards},
-        )
+        return self.claims.choose(view.resource, len(device_ids), self._remaining(view, cards))
+
+    def _remaining(self, view: allocation.View, cards: Iterable[str]) -> dict[str, int] | None:
+        """What a sliced choice must fit in (None: any other mode, where units do not decide)."""
+        return {c: self.ledger.remaining(c) for c in cards} if view.mode == "sliced" else None
+
+    async def ask_kubelet_first(self) -> None:
+        """Refresh kubelet's view when a pending container could be the one allocated for."""
+        if self.ask_kubelet is not None and self.claims.pending():
+            await self.ask_kubelet()
 
     async def allocate_partitioned(self, key: Key, device_ids: Sequence[str]) -> Injection:
         """Give the container its own MIG instance: reuse the one recorded for this allocation
@@ -225,20 +280,29 @@ class Node:
             return self.allocate(key, device_ids)
         view = self._view(key)
         allocation.partition_request(view, device_ids)
+        alloc = ledger.allocation_id(view.resource, device_ids)
         record = self._record(view.resource, device_ids)
+        request = self.claims.served.get(alloc)
         if record is None:
-            alloc = ledger.allocation_id(view.resource, device_ids)
             if self.partitions.pending(alloc):
                 raise errors.Conflict(f"the instance of {alloc} is being created; retry")
+            request = await self._partition_claim(view, device_ids)
             cards = [
                 c
                 for c in self._cards.values()
                 if c.manufacturer == key[0] and c.partition_count > 0
             ]
-            record = await self.partitions.create(alloc, view.resource, device_ids, cards)
+            record = await self.partitions.create(
+                alloc, view.resource, device_ids, cards, profile=request.profile
+            )
         card = self._cards.get(record.card_id)
         if card is not None and self.ledger.holder(view.resource, device_ids) is None:
-            holding = allocation.partition_holding(view, device_ids, card, now=self._clock())
+            holding = allocation.partition_holding(
+                view, device_ids, card, now=self._clock(), request=request
+            )
+            holding = replace(holding, profile=record.profile_name, partition_id=record.mig_uuid)
+            if request is not None:
+                self.claims.served[alloc] = request
             self._apply(self.ledger.charge(holding))
         self.on_allocate()
         return Injection(envs={"NVIDIA_VISIBLE_DEVICES": record.mig_uuid})
@@ -257,6 +321,36 @@ class Node:
                 )
             control(step)
 
+    async def _partition_claim(
+        self, view: allocation.View, device_ids: Sequence[str]
+    ) -> PendingContainer:
+        """The pending container a new partitioned Allocate serves, and so its profile.
+
+        The worker publishes a Pod's claim within a second or so of its binding, which may be
+        after kubelet's Allocate: wait up to ``pending_wait_s`` for it.
+
+        :raises errors.Conflict: no pending container asks for this, or it names no profile
+            (kubelet shows the Pod ``UnexpectedAdmissionError``; never a guessed profile).
+        """
+        waited = 0.0
+        while True:
+            request = self.claims.choose(view.resource, len(device_ids))
+            if request is not None or waited >= self._settings.pending_wait_s:
+                break
+            await anyio.sleep(PENDING_POLL_S)
+            waited += PENDING_POLL_S
+        if request is None:
+            raise errors.Conflict(
+                f"no pending container on this node asks for {len(device_ids)} "
+                f"{view.resource}; its partition profile is unknown"
+            )
+        if not request.profile:
+            raise errors.Conflict(
+                f"{request.namespace}/{request.pod} container {request.container} names no "
+                f"partition profile ({view.resource}.<kind>-<profile>: 1)"
+            )
+        return request
+
     def held_partitions(self) -> set[str]:
         return {h.allocation_id for h in self.ledger.holdings() if h.mode == "partitioned"}
 
@@ -273,12 +367,22 @@ class Node:
     def prefer(
         self, key: Key, available: Sequence[str], must_include: Sequence[str], size: int
     ) -> list[str]:
+        """GetPreferredAllocation: for a sliced request, the units and slot of the container it
+        is most likely for (the one Allocate will choose), so no card is suggested that the
+        sliced gate would then refuse."""
+        view = self._view(key)
+        charge = None
+        if view.mode == "sliced":
+            cards = {view.tokens[d].card for d in available if d in view.tokens}
+            request = self.claims.choose(view.resource, size, self._remaining(view, cards))
+            charge = request.units if request is not None else None
         return allocation.prefer(
-            self._view(key),
+            view,
             self.ledger,
             available=available,
             must_include=must_include,
             size=size,
+            charge=charge,
         )
 
     def reconcile(self, live: Sequence[ledger.LiveContainer]) -> None:

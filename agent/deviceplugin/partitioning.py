@@ -238,20 +238,26 @@ class Partitions:
             self.wake.set()
 
     async def create(
-        self, allocation_id: str, resource: str, device_ids: Sequence[str], cards: Sequence[Card]
+        self,
+        allocation_id: str,
+        resource: str,
+        device_ids: Sequence[str],
+        cards: Sequence[Card],
+        *,
+        profile: str | None = None,
     ) -> Record:
-        """Place, create and record one instance for ``len(device_ids)`` tokens.
+        """Place, create and record one instance of ``profile`` (None: the one
+        ``len(device_ids)`` tokens cover).
 
         :raises errors.Exhausted: no card on this node can host it.
         :raises errors.ActuationFailed: NVML refused for another reason.
         """
         tokens = len(device_ids)
         survey = await anyio.to_thread.run_sync(self.control.survey, [c.id for c in cards])
-        choice = partitions.choose(self._states(cards, survey), tokens)
+        choice = partitions.choose(self._states(cards, survey), tokens, profile)
         if choice is None:
-            raise errors.Exhausted(
-                f"no card on this node can host 1 instance for {tokens} partitioned token(s)"
-            )
+            what = f"partition profile {profile}" if profile else f"{tokens} partitioned token(s)"
+            raise errors.Exhausted(f"no card on this node can host 1 instance of {what}")
         p = choice.profile
         self._reserved[allocation_id] = (
             choice.card_id,

@@ -1,7 +1,9 @@
 """MIG decisions, pure: which profile a request gets, where it goes, and which instances to reclaim.
 
-**Profile choice.** kubelet's Allocate names only device ids, so the profile comes from how many
-``<base>.partitioned`` tokens the container asked for. A card advertises ``physicalSliced.count``
+**Profile choice.** kubelet's Allocate names only device ids, so the profile is the one the
+container's own limit ``<base>.partitioned.<kind>-<profile>`` names, learnt from the pending record
+the worker publishes (:mod:`pending`). Only without a name (a direct caller, preflight) does it
+come from how many ``<base>.partitioned`` tokens the container asked for. A card advertises ``physicalSliced.count``
 tokens (the largest ``instanceCount`` of its profiles: 7 on an H100, one per compute slice), so
 one token is one ``1/count`` share of the card's compute slices. ``k`` tokens get one instance of
 the smallest profile whose compute slices cover ``ceil(k × slices / count)``: on an H100 1 token
@@ -68,9 +70,14 @@ def usable_profiles(profiles: Iterable[GpuInstanceProfile]) -> list[GpuInstanceP
     return [p for p in profiles if p.placements and "+" not in p.name]
 
 
-def profile_for(card: CardState, tokens: int) -> GpuInstanceProfile | None:
-    """The smallest profile whose compute slices cover ``tokens`` of the card's tokens."""
+def profile_for(
+    card: CardState, tokens: int, named: str | None = None
+) -> GpuInstanceProfile | None:
+    """The profile ``named`` (the container's own limit) when given; else the smallest whose
+    compute slices cover ``tokens`` of the card's tokens."""
     usable = usable_profiles(card.profiles)
+    if named is not None:
+        return next((p for p in usable if p.name == named), None)
     if not usable or card.token_count <= 0 or tokens <= 0 or tokens > card.token_count:
         return None
     total = max(p.slice_count for p in usable)
@@ -100,13 +107,16 @@ def first_fit(card: CardState, profile: GpuInstanceProfile) -> tuple[int, int] |
     return None
 
 
-def choose(cards: Iterable[CardState], tokens: int) -> Choice | None:
-    """Pack the most-occupied card that fits; first fit on it. None: no card can host it."""
+def choose(cards: Iterable[CardState], tokens: int, named: str | None = None) -> Choice | None:
+    """Pack the most-occupied card that fits; first fit on it. None: no card can host it.
+
+    ``named``: the profile the container asked for; cards that do not offer it are skipped.
+    """
     best: tuple[tuple[int, int], Choice] | None = None
     for card in cards:
         if not card.mig_enabled or not card.healthy:
             continue
-        profile = profile_for(card, tokens)
+        profile = profile_for(card, tokens, named)
         where = first_fit(card, profile) if profile is not None else None
         if profile is None or where is None:
             continue

@@ -18,19 +18,42 @@ class PodResourcesUnavailable(errors.DevicePluginError):
     """kubelet's pod-resources socket did not answer; the ledger is left as it is."""
 
 
+async def _list(path: str, timeout_s: float) -> podresources.ListPodResourcesResponse:
+    channel = Channel(path=path)
+    try:
+        stub = podresources.PodResourcesListerStub(channel)
+        return await stub.list(podresources.ListPodResourcesRequest(), timeout=timeout_s)
+    except (GRPCError, StreamTerminatedError, OSError, TimeoutError) as e:
+        raise PodResourcesUnavailable(f"pod-resources at {path}: {e}") from e
+    finally:
+        channel.close()
+
+
+async def list_containers(
+    path: str, *, timeout_s: float
+) -> dict[tuple[str, str, str], frozenset[str]]:
+    """Every container kubelet lists, ``(namespace, pod, container)``, with the resources it
+    holds device ids of: one listed without a device of a resource may be the one kubelet is
+    allocating that resource for (§3.5 step 3, "identify by kubelet").
+
+    :raises PodResourcesUnavailable: the socket is missing or the call failed.
+    """
+    reply = await _list(path, timeout_s)
+    return {
+        (pod.namespace, pod.name, container.name): frozenset(
+            d.resource_name for d in container.devices if d.device_ids
+        )
+        for pod in reply.pod_resources
+        for container in pod.containers
+    }
+
+
 async def list_live(path: str, *, timeout_s: float) -> list[LiveContainer]:
     """Every (container, resource) with device ids, as kubelet reports them now.
 
     :raises PodResourcesUnavailable: the socket is missing or the call failed.
     """
-    channel = Channel(path=path)
-    try:
-        stub = podresources.PodResourcesListerStub(channel)
-        reply = await stub.list(podresources.ListPodResourcesRequest(), timeout=timeout_s)
-    except (GRPCError, StreamTerminatedError, OSError, TimeoutError) as e:
-        raise PodResourcesUnavailable(f"pod-resources at {path}: {e}") from e
-    finally:
-        channel.close()
+    reply = await _list(path, timeout_s)
     return [
         LiveContainer(
             namespace=pod.namespace,

@@ -38,6 +38,7 @@ from agent.deviceplugin.resources import Card
 from agent.deviceplugin.slicing import (
     VGPU_DIR,
     Where,
+    cores_percent,
     grant_allocation_id,
     hami_core,
     memory_limit,
@@ -132,7 +133,8 @@ def _amd(grant: Grant, host_lib_dir: str) -> Injection:
     masks = []
     for position, (card, tokens) in enumerate(grant.cards):
         envs[f"VROCM_DEVICE_MEMORY_LIMIT_{position}"] = str(memory_limit(grant, card, len(tokens)))
-        masks.append(f"{position}:{cu_mask(card, tokens)}")
+        percent = cores_percent(grant) if grant.request is not None else None
+        masks.append(f"{position}:{cu_mask(card, tokens, percent=percent)}")
     envs["HSA_CU_MASK"] = ";".join(masks)
     envs["LIBVROCM_LOG_LEVEL"] = "1"
     lib = os.path.join(host_lib_dir, "amd")
@@ -143,8 +145,12 @@ def _amd(grant: Grant, host_lib_dir: str) -> Injection:
     return Injection(envs=envs, mounts=mounts, devices=tuple(devices))
 
 
-def cu_mask(card: Card, tokens: tuple[int, ...]) -> str:
+def cu_mask(card: Card, tokens: tuple[int, ...], *, percent: int | None = None) -> str:
     """The compute units a sliced share of ``card`` may use, as an ``HSA_CU_MASK`` CU list.
+
+    ``percent``: the container's own ``.sliced.cores-percentage`` (a pending request): the run
+    is ``floor(C·percent/100)`` CUs, starting where its lowest slice falls but moved down so it
+    ends on the last CU at the latest. Otherwise, the token share:
 
     With ``C`` compute units and ``S`` slices, holding ``k`` slices whose lowest index is ``m``
     gives ``floor(C·k/S)`` CUs starting at CU ``floor(C·m/S)``. Both round down, so a share
@@ -157,6 +163,16 @@ def cu_mask(card: Card, tokens: tuple[int, ...]) -> str:
     total, slices = card.compute_units or 0, card.sliced_count
     if total <= 0 or slices <= 0:
         raise errors.CannotInject(f"card {card_name(card)} reports no compute units to slice")
+    if percent is not None:
+        count = total * percent // 100
+        if count < 1:
+            least = -(-100 // total)
+            raise errors.CannotInject(
+                f"{percent}% of the {total} compute units of card {card_name(card)} is below "
+                f"one; ask for at least {least}% cores"
+            )
+        start = min(total * min(tokens) // slices, total - count)
+        return str(start) if count == 1 else f"{start}-{start + count - 1}"
     count = total * len(tokens) // slices
     if count < 1:
         least = -(-slices // total)

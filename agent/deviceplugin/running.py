@@ -8,13 +8,15 @@ removes every socket file, whatever it was doing (binding, registering, waiting)
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 
 import anyio
+import anyio.to_thread
 
-from agent.deviceplugin import podresources
+from agent.deviceplugin import cdi, podresources
 from agent.deviceplugin.ledger import Ledger
 from agent.deviceplugin.node import DriverControl, Node
 from agent.deviceplugin.partitioning import MigControl, Partitions
@@ -26,6 +28,8 @@ from bus.records import PendingContainer
 
 log = logging.getLogger(__name__)
 
+KUBELET_ASK_S = 1.0
+"""The longest an Allocate waits for kubelet's pod-resources list to identify its container."""
 POD_RESOURCES_DELAY_S = 0.5
 """After an Allocate, how long to give kubelet to record the container before asking it."""
 
@@ -109,6 +113,10 @@ async def device_plugins(
         pending_containers=pending,
         controls=controls,
     )
+    if settings.nvidia_injection != "envvar":
+        node.cdi_catalog = await _read_cdi(settings)
+    if settings.pod_resources_socket is not None:
+        node.ask_kubelet = functools.partial(_ask_kubelet, settings, node)
     registrar = Registrar(settings, lambda: node.servicers, ready=lambda: node.updated)
     plugins = Plugins(node, registrar)
     node.on_allocate = plugins.note_allocated
@@ -118,6 +126,8 @@ async def device_plugins(
             tg.start_soon(_resync, settings, node, plugins, name="deviceplugin-podresources")
         if partitions is not None:
             tg.start_soon(_reclaim, settings, node, partitions, name="deviceplugin-mig-reclaim")
+        if settings.nvidia_injection != "envvar":
+            tg.start_soon(_refresh_cdi, settings, node, name="deviceplugin-cdi-specs")
         try:
             yield plugins
         finally:
@@ -140,6 +150,30 @@ async def _resync(settings: DevicePluginSettings, node: Node, plugins: Plugins) 
             log.debug("%s", e)
             continue
         node.reconcile(live)
+
+
+async def _ask_kubelet(settings: DevicePluginSettings, node: Node) -> None:
+    """Which containers kubelet lists, and what they hold, just before an Allocate; bounded by
+    :data:`KUBELET_ASK_S` (an unanswered ask leaves the last view: the choice falls back to the
+    oldest feasible pending container)."""
+    path = settings.pod_resources_socket
+    assert path is not None
+    try:
+        containers = await podresources.list_containers(path, timeout_s=KUBELET_ASK_S)
+        node.claims.note_kubelet(containers)
+    except podresources.PodResourcesUnavailable as e:
+        log.debug("%s", e)
+
+
+async def _read_cdi(settings: DevicePluginSettings) -> cdi.Catalog:
+    return await anyio.to_thread.run_sync(cdi.read_catalog, settings.cdi_spec_dirs)
+
+
+async def _refresh_cdi(settings: DevicePluginSettings, node: Node) -> None:
+    """Read the CDI specs again every period: they may be generated after the agent started."""
+    while True:
+        await anyio.sleep(settings.cdi_refresh_s)
+        node.cdi_catalog = await _read_cdi(settings)
 
 
 async def _reclaim(settings: DevicePluginSettings, node: Node, partitions: Partitions) -> None:

@@ -39,6 +39,9 @@ class Allocator(Protocol):
 
     def allocate(self, key: Key, device_ids: Sequence[str]) -> Injection: ...
 
+    async def ask_kubelet_first(self) -> None:
+        """Before an Allocate: refresh which containers kubelet is waiting to allocate for."""
+
     async def allocate_partitioned(self, key: Key, device_ids: Sequence[str]) -> Injection: ...
 
     def prefer(
@@ -156,6 +159,7 @@ class ResourceServicer(dp.DevicePluginBase):
     async def allocate(self, request: dp.AllocateRequest) -> dp.AllocateResponse:
         with _grpc_errors(self.spec.resource):
             check_requests(self.spec.resource, [c.devices_ids for c in request.container_requests])
+            await self._allocator.ask_kubelet_first()
             if self.spec.mode == "partitioned":  # NVML actuation: awaits worker threads
                 injections = [
                     await self._allocator.allocate_partitioned(self.spec.key, c.devices_ids)

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from agent.deviceplugin.cdi import Strategy
 
 
 @dataclass(frozen=True)
@@ -44,6 +47,16 @@ class DevicePluginSettings:
     """Tries to destroy a MIG instance that answers IN_USE, per reclaim pass."""
     partition_destroy_backoff_s: float = 0.2
     """Seconds between those tries."""
+    nvidia_injection: Strategy = "envvar"
+    """How NVIDIA cards reach a container: ``NVIDIA_VISIBLE_DEVICES``, CDI annotations, or CDI
+    where the node's specs name every granted card (:mod:`agent.deviceplugin.cdi`)."""
+    cdi_spec_dirs: tuple[str, ...] = ("/etc/cdi", "/var/run/cdi")
+    """Where the CDI specs are read from (never written)."""
+    cdi_refresh_s: float = 30.0
+    """How often the specs are read again (``nvidia-ctk cdi generate`` may run after start)."""
+    pending_wait_s: float = 3.0
+    """How long a partitioned Allocate waits for the worker's pending record naming its
+    container (the record follows the Pod's binding by about a second)."""
 
     @property
     def socket_dir(self) -> str:
@@ -63,5 +76,6 @@ class DevicePluginSettings:
             register_timeout_s=2.0,
             partition_resync_s=0.2,
             partition_destroy_backoff_s=0.01,
+            pending_wait_s=0.3,
         )
         return replace(base, **kw)

@@ -14,6 +14,12 @@ resource            mode          units charged per token
 ``<base>.partitioned`` Partitioned one card / ``physicalSliced.count``
 ==================  ============  ==========================================================
 
+That table is the fallback for an agent that predates the event's ``charges``: an event that
+carries them is charged exactly what the agent's ledger charged (a sliced container its own
+``.sliced.units``, a partition its profile's), on the cards they name. A sliced allocation
+counts one ``allocatedSlices`` on each card it holds (one container, one slice), and a
+partitioned one with a ``profile`` counts one instance of it in ``allocatedProfiles``.
+
 Visibility tokens and tokens naming an unknown accelerator charge nothing (the latter are
 counted in :attr:`Status.unknown_tokens`). Charges are capped so ``remaining`` never goes below 0.
 """
@@ -27,7 +33,7 @@ from typing import Any, Final
 from bus import events
 from bus.devices import Accelerator, DeviceGroup
 
-__all__ = ["MODES", "UNITS", "Status", "devices_status"]
+__all__ = ["MODES", "UNITS", "Status", "devices_status", "mode_of", "units_by_card"]
 
 UNITS: Final = 1_600_000
 """One whole accelerator."""
@@ -44,6 +50,7 @@ class _Card:
     mode: str = "None"
     allocated: int = 0
     slices: int = 0
+    profiles: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -64,22 +71,65 @@ def _mode_of(resource: str) -> str | None:
     )
 
 
-def _charge(card: _Card, mode: str) -> None:
-    status = card.accelerator.status
+def _token_units(accelerator: Accelerator, mode: str) -> int:
+    status = accelerator.status
     if mode == "Exclusive":
-        units = UNITS
-    elif mode == "Shared":
-        units = UNITS // SHARES
-    elif mode == "Sliced":
+        return UNITS
+    if mode == "Shared":
+        return UNITS // SHARES
+    if mode == "Sliced":
         count = status.logical_sliced.count if status.logical_sliced else 0
-        units = UNITS // count if count > 0 else UNITS
-        card.slices += 1
     else:
         count = status.physical_sliced.count if status.physical_sliced else 0
-        units = UNITS // count if count > 0 else UNITS
-    card.allocated = min(UNITS, card.allocated + units)
-    if _RANK[mode] > _RANK[card.mode]:
-        card.mode = mode
+    return UNITS // count if count > 0 else UNITS
+
+
+def mode_of(event: events.AllocationEvent) -> str | None:
+    """The ``Devices.status`` mode an allocation holds its cards in; None: it charges nothing."""
+    return _mode_of(event.resource)
+
+
+def units_by_card(
+    accelerators: Mapping[str, Accelerator], event: events.AllocationEvent
+) -> tuple[dict[str, int], int]:
+    """What one allocation charges per known card, and how many of its tokens named none.
+
+    The agent's own ``charges`` win over the token share (see the module docstring).
+    """
+    mode = _mode_of(event.resource)
+    if mode is None:
+        return {}, 0
+    unknown = 0
+    per_card: dict[str, int] = {}
+    for token in event.device_ids:
+        parts = token.split(":")
+        accelerator = accelerators.get(parts[1]) if len(parts) == 3 else None
+        if accelerator is None:
+            unknown += 1
+            continue
+        per_card[accelerator.id] = per_card.get(accelerator.id, 0) + _token_units(accelerator, mode)
+    if event.charges:
+        per_card = {
+            c.accelerator_id: min(UNITS, max(0, c.units))
+            for c in event.charges
+            if c.accelerator_id in accelerators
+        }
+    return per_card, unknown
+
+
+def _fold(cards: Mapping[str, _Card], event: events.AllocationEvent, mode: str) -> int:
+    """Charge one live allocation; the tokens that named no known card."""
+    per_card, unknown = units_by_card({k: c.accelerator for k, c in cards.items()}, event)
+    for card_id, units in per_card.items():
+        card = cards[card_id]
+        card.allocated = min(UNITS, card.allocated + units)
+        if _RANK[mode] > _RANK[card.mode]:
+            card.mode = mode
+        if mode == "Sliced":
+            card.slices += 1
+        if mode == "Partitioned" and event.profile:
+            card.profiles[event.profile] = card.profiles.get(event.profile, 0) + 1
+    return unknown
 
 
 def devices_status(
@@ -94,13 +144,7 @@ def devices_status(
         mode = _mode_of(event.resource)
         if event.action != "allocated" or mode is None:
             continue
-        for token in event.device_ids:
-            parts = token.split(":")
-            card = cards.get(parts[1]) if len(parts) == 3 else None
-            if card is None:
-                unknown += 1
-                continue
-            _charge(card, mode)
+        unknown += _fold(cards, event, mode)
     body = {
         "groups": [
             {
@@ -122,4 +166,13 @@ def _card_body(card: _Card) -> dict[str, Any]:
         "allocated": card.allocated,
         "remaining": UNITS - card.allocated,
         "allocatedSlices": card.slices,
+        **(
+            {
+                "allocatedProfiles": [
+                    {"name": n, "count": c} for n, c in sorted(card.profiles.items())
+                ]
+            }
+            if card.profiles
+            else {}
+        ),
     }

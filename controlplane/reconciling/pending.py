@@ -24,6 +24,7 @@ from controlplane import errors
 from controlplane.admission.pods import parse_quantity
 from controlplane.admission.requests import SLICING, Family, family_of
 from controlplane.k8s.client import KubeClient
+from controlplane.reconciling.allocating import UNITS
 from controlplane.resources import PODS
 
 __all__ = ["PendingPublisher", "pending_for"]
@@ -31,22 +32,64 @@ __all__ = ["PendingPublisher", "pending_for"]
 log = logging.getLogger(__name__)
 _DONE: Final = frozenset({"Running", "Succeeded", "Failed"})
 _EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
+VISIBILITY_PREFIX: Final = "device.gpustack.ai/"
 
 
 def pending_for(node: str, pods: Iterable[Mapping[str, Any]]) -> records.PendingContainers:
     """The containers of ``pods`` bound to ``node`` that may still be allocated a sliced or
-    partitioned device: the Pod is scheduled there, not deleted, and not yet running."""
+    partitioned device: the Pod is scheduled there, not deleted, and not yet running.
+
+    A Pod with a visibility request (the SSH sidecar's ``device.gpustack.ai/<mfr>.visibility``)
+    also has its visibility and exclusive or shared claims listed: the agent mirrors the owning
+    container's cards to the sidecar, so it must know both belong to one Pod.
+    """
     found: list[records.PendingContainer] = []
     for pod in pods:
         spec, meta = pod.get("spec") or {}, pod.get("metadata") or {}
         phase = (pod.get("status") or {}).get("phase")
         if spec.get("nodeName") != node or phase in _DONE or meta.get("deletionTimestamp"):
             continue
-        for c in [*(spec.get("initContainers") or ()), *(spec.get("containers") or ())]:
-            limits = (c.get("resources") or {}).get("limits") or {}
-            found += _claims(meta, str(c.get("name", "")), limits)
+        containers = [*(spec.get("initContainers") or ()), *(spec.get("containers") or ())]
+        named = [(str(c.get("name", "")), _limits(c)) for c in containers]
+        mirrored = any(_visibility(k) for _, limits in named for k in limits)
+        for name, limits in named:
+            found += _claims(meta, name, limits)
+            if mirrored:
+                found += _whole_claims(meta, name, limits)
     found.sort(key=lambda p: (p.created_at, p.namespace, p.pod, p.container))
     return records.PendingContainers(node=node, containers=tuple(found))
+
+
+def _limits(container: Mapping[str, Any]) -> Mapping[str, Any]:
+    return (container.get("resources") or {}).get("limits") or {}
+
+
+def _visibility(key: str) -> bool:
+    return key.startswith(VISIBILITY_PREFIX) and key.endswith(".visibility")
+
+
+def _whole_claims(
+    meta: Mapping[str, Any], container: str, limits: Mapping[str, Any]
+) -> list[records.PendingContainer]:
+    """The visibility, exclusive and shared claims of one container of a mirrored Pod."""
+    out = []
+    for key, value in limits.items():
+        fam = family_of(key)
+        whole = fam is not None and fam[1] in (Family.EXCLUSIVE, Family.SHARED)
+        if not (whole or _visibility(key)):
+            continue
+        count = _int(value)
+        if count is None or count < 1:
+            continue
+        per = 0 if not whole else UNITS if fam and fam[1] is Family.EXCLUSIVE else UNITS // 10
+        out.append(
+            records.PendingContainer(
+                pod_uid=str(meta.get("uid", "")), namespace=str(meta.get("namespace", "")),
+                pod=str(meta.get("name", "")), container=container, resource=key, count=count,
+                units=per * count, created_at=_created(meta),
+            )
+        )  # fmt: skip
+    return out
 
 
 def _claims(

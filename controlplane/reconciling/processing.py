@@ -63,6 +63,8 @@ class Processor:
         self._retry_s = retry_s
         self._wallclock = wallclock
         self._on_models = on_models
+        self.on_allocation: Callable[[events.AllocationEvent], None] = _ignore
+        """Told every allocation event that changed the ledger (the Pod annotation writer)."""
 
     def ingest(self, event: events.Event) -> None:
         """Fold one event and queue its node when its objects may change (never blocks)."""
@@ -80,6 +82,8 @@ class Processor:
             self._enqueue(event.node)
             if isinstance(event, events.ModelsEvent):
                 self._on_models({m.digest or m.model for m in (*old_models, *event.models)})
+            elif isinstance(event, events.AllocationEvent):
+                self.on_allocation(event)
 
     def _enqueue(self, node: str) -> None:
         if not self.queue.add(node):
@@ -174,3 +178,7 @@ class Processor:
                 log.warning("watching Nodes failed: %s; watching again", e)
                 since = None
                 await anyio.sleep(self._retry_s)
+
+
+def _ignore(event: events.AllocationEvent) -> None:
+    pass

@@ -68,6 +68,18 @@ def test_the_oldest_comes_first_and_a_partition_names_its_profile() -> None:
     ]
 
 
+def test_a_pod_with_a_sidecar_lists_the_owner_and_the_sidecar_to_mirror() -> None:
+    body = pod("s", {"nvidia.com/gpu": "2"})
+    body["spec"]["containers"][0]["resources"] = {
+        "limits": {"device.gpustack.ai/nvidia.visibility": "2"}}  # fmt: skip
+    plain = pod("x", {"nvidia.com/gpu": "2"})  # no sidecar: nothing to mirror, not listed
+    got = pending_for("n1", [body, plain]).containers
+    assert [(c.pod, c.container, c.resource, c.count, c.units) for c in got] == [
+        ("s", "main", "nvidia.com/gpu", 2, 3_200_000),
+        ("s", "side", "device.gpustack.ai/nvidia.visibility", 2, 0),
+    ]
+
+
 async def _record(conn: connection.Connection, node: str) -> records.PendingContainers | None:
     got = await (await kv.open_bucket(conn, kv.AGENTS_BUCKET)).get(kv.pending_key(node))
     return None if got is None else msgspec.json.decode(got[0], type=records.PendingContainers)

@@ -359,3 +359,21 @@ def test_an_amd_card_without_a_cu_count_cannot_be_sliced(
 
     with pytest.raises(errors.CannotInject, match="reports no compute units"):
         _respond(_grant(view, _ids(view, 0, *range(64))))
+
+
+@pytest.mark.parametrize(
+    ("slices", "percent", "mask"),
+    [
+        ((0,), 50, "0-29"),  # a pending container's own 50 % of 60 CUs, from its slice's CU
+        ((64,), 50, "30-59"),
+        ((127,), 25, "45-59"),  # moved down so the run ends on the last CU
+        ((10,), 2, "4"),  # 1.2 CUs: one
+    ],
+)
+def test_a_pending_containers_cores_percentage_sizes_its_cu_mask(
+    rx7800: list[devices.DeviceGroup], slices: tuple[int, ...], percent: int, mask: str
+) -> None:
+    card = resources.cards_of(rx7800)[rx7800[0].accelerators[0].id]
+    assert responders.cu_mask(card, slices, percent=percent) == mask
+    with pytest.raises(errors.CannotInject, match="ask for at least 2% cores"):
+        responders.cu_mask(card, slices, percent=1)

@@ -107,7 +107,8 @@ async def test_allocate_sees_tokens_that_came_and_went(
 ) -> None:
     node, _ = _node(tmp_path)
     node.update(h200)
-    node.allocate(("nvidia", "visibility"), [_token(h200, 6)])
+    with pytest.raises(errors.Conflict, match="only mirrors"):  # known id; no Pod to mirror
+        node.allocate(("nvidia", "visibility"), [_token(h200, 6)])
     fewer = [msgspec.structs.replace(h200[0], accelerators=h200[0].accelerators[:6])]
 
     node.update(fewer)

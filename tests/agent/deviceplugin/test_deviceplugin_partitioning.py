@@ -5,11 +5,13 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
+from datetime import UTC, datetime
 from pathlib import Path
 
 import anyio
 import anyio.to_thread
 import grpc
+import msgspec
 import pytest
 
 from agent.deviceplugin import partitioning
@@ -19,6 +21,7 @@ from agent.devices import nvml
 from agent.devices.simulation import fakenvml, profiles
 from agent.testing import FakeKubelet, unary
 from bus import devices, events
+from bus.records import PendingContainer
 from bus.testing import eventually
 from proto.deviceplugin import v1beta1 as dp
 
@@ -34,19 +37,38 @@ def sim() -> fakenvml.SimulatedNvml:
     return fakenvml.SimulatedNvml(profiles.load("nvidia-h100x8-mig").nvidia)
 
 
+def _claims(*wanted: tuple[str, int]) -> list[PendingContainer]:
+    """One pending container per (profile, token count), oldest first, as the worker publishes
+    them: what tells each Allocate its profile."""
+    return [
+        PendingContainer(
+            pod_uid=f"uid-{n}", namespace="ns", pod=f"p{n}", container="main",
+            resource="nvidia.com/gpu.partitioned", count=tokens, units=tokens * (1_600_000 // 7),
+            profile=profile, created_at=datetime(2026, 1, 1, 0, n, tzinfo=UTC),
+        )
+        for n, (profile, tokens) in enumerate(wanted)
+    ]  # fmt: skip
+
+
 @asynccontextmanager
 async def _plugins(
     tmp_path: Path,
     groups: Sequence[devices.DeviceGroup],
     sim: fakenvml.SimulatedNvml,
     retained: Sequence[events.AllocationEvent] = (),
+    *,
+    claims: Sequence[PendingContainer] = (),
     **kw: object,
 ) -> AsyncIterator[tuple[Plugins, list[events.Event]]]:
     published: list[events.Event] = []
     settings = DevicePluginSettings.for_tests(str(tmp_path), **kw)
     mig = partitioning.NvmlMig(nvml.Nvml(sim))
     async with device_plugins(
-        settings, publish=published.append, initial_allocations=retained, mig=mig
+        settings,
+        publish=published.append,
+        initial_allocations=retained,
+        mig=mig,
+        pending=lambda: tuple(claims),
     ) as plugins:
         plugins.update(groups)
         yield plugins, published
@@ -75,7 +97,10 @@ async def test_allocate_creates_an_instance_and_names_its_mig_uuid(
     h100_mig: list[devices.DeviceGroup],
     sim: fakenvml.SimulatedNvml,
 ) -> None:
-    async with _plugins(tmp_path, h100_mig, sim) as (plugins, published):
+    async with _plugins(tmp_path, h100_mig, sim, claims=_claims(("1g.10gb", 1))) as (
+        plugins,
+        published,
+    ):
         await kubelet.registered_all(["nvidia.com/gpu.partitioned"])
         envs = await _allocate(tmp_path / SOCKET, _tokens(plugins, 1))
 
@@ -94,7 +119,8 @@ async def test_second_allocate_packs_and_a_full_card_moves_on(
     h100_mig: list[devices.DeviceGroup],
     sim: fakenvml.SimulatedNvml,
 ) -> None:
-    async with _plugins(tmp_path, h100_mig, sim) as (plugins, _):
+    claims = _claims(("1g.10gb", 1), ("1g.10gb", 1), ("7g.80gb", 7), ("3g.40gb", 3))
+    async with _plugins(tmp_path, h100_mig, sim, claims=claims) as (plugins, _):
         await kubelet.registered_all(["nvidia.com/gpu.partitioned"])
         path = tmp_path / SOCKET
         await _allocate(path, _tokens(plugins, 1))
@@ -116,7 +142,8 @@ async def test_no_room_is_resource_exhausted_and_charges_nothing(
     h100_mig: list[devices.DeviceGroup],
     sim: fakenvml.SimulatedNvml,
 ) -> None:
-    async with _plugins(tmp_path, h100_mig, sim) as (plugins, _):
+    claims = _claims(*[("7g.80gb", 7)] * 4, ("1g.10gb", 1))
+    async with _plugins(tmp_path, h100_mig, sim, claims=claims) as (plugins, _):
         await kubelet.registered_all(["nvidia.com/gpu.partitioned"])
         path = tmp_path / SOCKET
         for n in range(4):  # four MIG cards, one 7g.80gb each
@@ -136,10 +163,10 @@ async def test_retry_reuses_and_restart_adopts_the_instance(
     h100_mig: list[devices.DeviceGroup],
     sim: fakenvml.SimulatedNvml,
 ) -> None:
-    async with _plugins(tmp_path, h100_mig, sim, partition_orphan_debounce_s=0.0) as (
-        plugins,
-        published,
-    ):
+    claims = _claims(("2g.20gb", 2))
+    async with _plugins(
+        tmp_path, h100_mig, sim, claims=claims, partition_orphan_debounce_s=0.0
+    ) as (plugins, published):
         await kubelet.registered_all(["nvidia.com/gpu.partitioned"])
         ids = _tokens(plugins, 2)
         first = await _allocate(tmp_path / SOCKET, ids)
@@ -159,13 +186,43 @@ async def test_retry_reuses_and_restart_adopts_the_instance(
         assert await _allocate(tmp_path / SOCKET, ids) == first
 
 
+async def test_the_profile_is_the_containers_own_and_without_one_nothing_is_made(
+    tmp_path: Path,
+    kubelet: FakeKubelet,
+    h100_mig: list[devices.DeviceGroup],
+    sim: fakenvml.SimulatedNvml,
+) -> None:
+    claims = _claims(("3g.40gb", 1))
+    async with _plugins(tmp_path, h100_mig, sim, claims=claims) as (plugins, published):
+        await kubelet.registered_all(["nvidia.com/gpu.partitioned"])
+        path = tmp_path / SOCKET
+        envs = await _allocate(path, _tokens(plugins, 1))  # one token, yet a 3g.40gb
+        assert sim.instances(0) == [("3g.40gb", 0, 4, (envs["NVIDIA_VISIBLE_DEVICES"],))]
+        (event,) = [e for e in published if isinstance(e, events.AllocationEvent)]
+        assert (event.pod_name, event.profile) == ("p0", "3g.40gb")
+        assert event.partition_id == envs["NVIDIA_VISIBLE_DEVICES"]
+        with pytest.raises(grpc.RpcError) as unclaimed:  # the only claim is served already
+            await _allocate(path, _tokens(plugins, 1, skip=1))
+        claims[:] = [msgspec.structs.replace(c, pod_uid="uid-x", profile=None) for c in claims]
+        with pytest.raises(grpc.RpcError) as nameless:
+            await _allocate(path, _tokens(plugins, 1, skip=2))
+    assert unclaimed.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "no pending container on this node asks for 1" in str(unclaimed.value.details())
+    assert nameless.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "names no partition profile" in str(nameless.value.details())
+    assert [len(sim.instances(i)) for i in range(4)] == [1, 0, 0, 0]
+
+
 async def test_release_destroys_the_instance_retrying_in_use(
     tmp_path: Path,
     kubelet: FakeKubelet,
     h100_mig: list[devices.DeviceGroup],
     sim: fakenvml.SimulatedNvml,
 ) -> None:
-    async with _plugins(tmp_path, h100_mig, sim) as (plugins, published):
+    async with _plugins(tmp_path, h100_mig, sim, claims=_claims(("1g.10gb", 1))) as (
+        plugins,
+        published,
+    ):
         await kubelet.registered_all(["nvidia.com/gpu.partitioned"])
         ids = _tokens(plugins, 1)
         envs = await _allocate(tmp_path / SOCKET, ids)

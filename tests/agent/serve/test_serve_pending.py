@@ -102,3 +102,47 @@ async def test_a_sliced_allocate_is_capped_charged_and_gated_by_the_pending_cont
     assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert "1200000 units left, 1600000 asked" in (refused.value.details() or "")
     assert after == 400_000  # the refusal charged nothing
+
+
+async def test_a_restarted_agent_keeps_the_charge_and_never_serves_a_container_twice(
+    tmp_path: Path, kubelet: FakeKubelet
+) -> None:
+    second = _container("second", 2, memory=50, cores=100, units=800_000)
+    async with testing.nats_server(tmp_path / "nats") as server:
+        bus = testing.settings_for(server)
+        async with connection.connect(bus, retry=False) as conn:
+            await state.ensure_streams(conn, bus)
+            bucket = await kv.open_bucket(conn, kv.AGENTS_BUCKET)
+            key = kv.pending_key(NODE)
+            await bucket.put_record(key, PendingContainers(node=NODE, containers=(FIRST,)))
+            settings = ServeSettings.for_tests(str(tmp_path), bus=bus, node_name=NODE)
+            async with anyio.create_task_group() as tg:
+                running: Running = await tg.start(run, settings)
+                await _seen(running, 1)
+                card, ids = _tokens_of_first_card(running)
+                await _allocate(await _socket(kubelet, SLICED), ids[:1])
+                await testing.eventually(lambda: _published(running))
+                tg.cancel_scope.cancel()
+
+            kubelet.restart()  # a DaemonSet rollout: kubelet sees the plugin register again
+            # FIRST is still pending (kubelet has not started it yet), SECOND arrives.
+            await bucket.put_record(key, PendingContainers(node=NODE, containers=(FIRST, second)))
+            async with anyio.create_task_group() as tg:
+                running = await tg.start(run, settings)
+                await _seen(running, 2)
+                kept = running.plugins.ledger().used(card)
+                socket = await _socket(kubelet, SLICED)
+                retry = await _allocate(socket, ids[:1])  # kubelet retrying FIRST
+                reply = await _allocate(socket, ids[1:2])  # the next one is SECOND's
+                used = running.plugins.ledger().used(card)
+                tg.cancel_scope.cancel()
+
+    assert kept == 400_000  # FIRST's own units, not a 1/128 token share
+    assert retry.container_responses[0].envs["CUDA_DEVICE_SM_LIMIT"] == "50"
+    envs = reply.container_responses[0].envs
+    assert envs["CUDA_DEVICE_MEMORY_LIMIT_0"] == "71885m"  # SECOND's 50 %, not FIRST's 25 %
+    assert used == 400_000 + 800_000
+
+
+async def _published(running: Running) -> bool:
+    return running.publisher.pending == 0
