@@ -10,11 +10,12 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
-from agent.devices import amd, detection, nvidia, nvml, pci
+from agent.devices import amd, clib, detection, nvidia, nvml, pci, vendor
 from agent.devices.hostfs import HostFS
 from agent.devices.manufacturers import MANUFACTURERS, WITH_BACKEND
 from agent.settings import DetectSettings
@@ -33,7 +34,7 @@ def open_backends(settings: DetectSettings) -> Iterator[list[detection.Backend]]
         yield _backends(settings, host, nvml.Nvml(), simulated=False)
         return
     # Simulation is imported only when asked for: real runs never load it.
-    from agent.devices.simulation import fakenvml, profiles, sysfs
+    from agent.devices.simulation import fakenvml, libraries, profiles, sysfs
 
     profile = profiles.load(settings.simulate)
     with tempfile.TemporaryDirectory(prefix="gpustack-sim-", dir=_scratch_dir()) as directory:
@@ -44,7 +45,8 @@ def open_backends(settings: DetectSettings) -> Iterator[list[detection.Backend]]
             profile.description,
         )
         library = fakenvml.SimulatedNvml(profile.nvidia)
-        yield _backends(settings, host, nvml.Nvml(library), simulated=True)
+        simulators = {key: libraries.factory(key, profile) for key in libraries.simulated_keys()}
+        yield _backends(settings, host, nvml.Nvml(library), simulated=True, libraries=simulators)
 
 
 def _scratch_dir() -> str | None:
@@ -58,10 +60,19 @@ def _scratch_dir() -> str | None:
 
 
 def _backends(
-    settings: DetectSettings, host: HostFS, nvml_adapter: nvml.Nvml, *, simulated: bool
+    settings: DetectSettings,
+    host: HostFS,
+    nvml_adapter: nvml.Nvml,
+    *,
+    simulated: bool,
+    libraries: dict[str, Callable[[], Any]] | None = None,
 ) -> list[detection.Backend]:
+    """The backends asked for; the seven library-read ones share one PCI scan per pass."""
     backends: list[detection.Backend] = []
     missing: list[str] = []
+    census = vendor.PciCensus(
+        host, {MANUFACTURERS[k].pci_vendor for k in settings.manufacturers if k in vendor.READERS}
+    )
     for key in settings.manufacturers:
         if key == "nvidia":
             backends.append(
@@ -73,11 +84,33 @@ def _backends(
             backends.append(
                 amd.AmdBackend(host=host, pci_check=settings.pci_check, simulated=simulated)
             )
+        elif key in vendor.READERS:
+            backends.append(
+                vendor.VendorBackend(
+                    key,
+                    host=host,
+                    census=census,
+                    library=(libraries or {}).get(key, _absent(key)) if simulated else None,
+                    pci_check=settings.pci_check,
+                    simulated=simulated,
+                )
+            )
         else:
             missing.append(key)
     if missing:
         _note_missing_backends(settings, host, missing)
     return backends
+
+
+def _absent(key: str) -> Callable[[], Any]:
+    """A simulated host whose profile format has no section for ``key``: no library."""
+
+    def make() -> Any:
+        raise clib.LibUnavailable(
+            f"load {key} library", clib.LIBRARY_NOT_FOUND, "LIBRARY_NOT_FOUND", "not simulated"
+        )
+
+    return make
 
 
 def _note_missing_backends(settings: DetectSettings, host: HostFS, keys: list[str]) -> None:

@@ -197,14 +197,14 @@ def _detection(
             reason="no-backend",
             detail=f"this build detects only {', '.join(WITH_BACKEND)}",
         )
-    vendor = checking.VENDORS[key]
-    check = _host_check(host, vendor)
+    vendor = checking.VENDORS.get(key)
+    check = _host_check(host, vendor) if vendor else None
     count = sum(len(g.accelerators) for g in groups)
     if error is not None:
         return Detection(
             state="unavailable", reason="detection-failed", detail=error.message, host=check
         )
-    seen = check.accelerators
+    seen = check.accelerators if check else None
     if seen is not None and seen != count and not simulated:
         return Detection(
             state="unavailable",

@@ -118,11 +118,71 @@ class AmdHost(_Profile, frozen=True, kw_only=True):
     cards: tuple[AmdCard, ...] = ()
 
 
+class LibCard(_Profile, frozen=True, kw_only=True):
+    """What every card read through a vendor library has: its PCI place and injected faults."""
+
+    bus_id: str
+    """Lowercase ``dddd:bb:dd.f``; chips of one multi-chip card may share it."""
+    bridges: tuple[str, ...] = ()
+    pci_device_id: int
+    pci_class: int = 0x120000
+    """Processing accelerator; display controllers are ``0x0302xx``/``0x0300xx``."""
+    numa_node: int | None = None
+    cpu_list: str | None = None
+    faults: dict[str, str] = {}
+    """C function name → the vendor's error name it returns for this card."""
+
+
+class LibHost(_Profile, frozen=True, kw_only=True):
+    init_error: str | None = None
+    """If set, the library's init call returns this error name."""
+    library_installed: bool = True
+    """False: the cards are on the bus but the library cannot be loaded (``dlopen`` fails)."""
+
+
+class AscendChip(LibCard, frozen=True, kw_only=True):
+    """One NPU chip as DCMI reports it (a card may hold several)."""
+
+    card_id: int
+    device_id: int = 0
+    """The chip within its card."""
+    logic_id: int
+    physical_id: int
+    chip_name: str
+    aicore_count: int
+    die_id: tuple[int, int, int, int, int]
+    hbm: bool = True
+    """False for DDR products: the HBM call answers size 0 and memory comes from v3."""
+    memory_total_mib: int
+    memory_used_mib: int = 0
+    aicore_utilization: int = 0
+    temperature_c: int
+    power_deciwatts: int
+    """DCMI's unit: 0.1 W."""
+
+
+class AscendHost(LibHost, frozen=True, kw_only=True):
+    driver_version: str | None = None
+    cann_version: str | None = None
+    """The ``Version=`` of the CANN toolkit's ``version.info``; None: no toolkit on the host."""
+    mcu_cards: tuple[int, ...] = ()
+    """Cards that also list an MCU unit after their chips (A3 boards); detection must skip it."""
+    chips: tuple[AscendChip, ...] = ()
+
+
 class Profile(_Profile, frozen=True, kw_only=True):
     description: str
     kernel_release: str = "6.8.0-simulated"
     nvidia: NvidiaHost | None = None
     amd: AmdHost | None = None
+    ascend: AscendHost | None = None
+
+    def library_cards(self) -> dict[str, tuple[LibCard, ...]]:
+        """Manufacturer → its library-read cards, for the PCI tree."""
+        sections: dict[str, tuple[LibCard, ...]] = {}
+        if self.ascend is not None:
+            sections["ascend"] = self.ascend.chips
+        return sections
 
 
 PACKAGED = "agent.devices.simulation.builtin"

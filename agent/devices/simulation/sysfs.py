@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agent.devices.hostfs import HostFS
-from agent.devices.simulation.profiles import AmdCard, AmdHost, NvidiaCard, Profile
+from agent.devices.manufacturers import MANUFACTURERS
+from agent.devices.simulation.profiles import AmdCard, AmdHost, LibCard, NvidiaCard, Profile
 from agent.errors import ProfileError
 
 __all__ = ["materialize"]
@@ -73,11 +74,14 @@ def materialize(profile: Profile, root: Path) -> HostFS:
     nvidia_cards = profile.nvidia.cards if profile.nvidia else ()
     amd_cards = profile.amd.cards if profile.amd else ()
     functions = [_nvidia_function(c) for c in nvidia_cards] + [_amd_function(c) for c in amd_cards]
+    for key, cards in profile.library_cards().items():
+        functions.extend(_library_functions(key, cards))
     _check_consistent(functions, amd_cards)
     for function in functions:
         _write_function(root, function)
     if profile.amd is not None and amd_cards:
         _write_amd(root, profile.amd)
+    _write_library_hosts(root, profile)
     _write(root / "proc/sys/kernel/osrelease", profile.kernel_release + "\n")
     return HostFS(root)
 
@@ -112,6 +116,48 @@ def _amd_function(card: AmdCard) -> _Function:
         cpu_list=card.cpu_list,
         driver="amdgpu",
     )
+
+
+def _library_functions(key: str, cards: tuple[LibCard, ...]) -> list[_Function]:
+    """One PCI function per address: chips of one multi-chip card share theirs."""
+    functions: dict[str, _Function] = {}
+    for card in cards:
+        bdf = _bdf(card.bus_id)
+        function = _Function(
+            bdf=bdf,
+            bridges=tuple(_bdf(b) for b in card.bridges),
+            vendor=MANUFACTURERS[key].pci_vendor,
+            device=card.pci_device_id,
+            pci_class=card.pci_class,
+            revision=0x01,
+            subsystem_vendor=MANUFACTURERS[key].pci_vendor,
+            subsystem_device=0,
+            numa_node=card.numa_node,
+            cpu_list=card.cpu_list,
+            driver=_DRIVERS[key],
+        )
+        if functions.setdefault(bdf, function) != function:
+            raise ProfileError(f"{key} chips at {bdf} disagree on their PCI function")
+    return list(functions.values())
+
+
+_DRIVERS = {
+    "ascend": "devdrv_device_driver",
+    "cambricon": "cambricon",
+    "hygon": "hycu",
+    "iluvatar": "iluvatar",
+    "metax": "metax",
+    "mthreads": "mtgpu",
+    "thead": "alixpu",
+}
+"""The kernel driver each manufacturer's cards are bound to (the ``driver`` link's name)."""
+
+
+def _write_library_hosts(root: Path, profile: Profile) -> None:
+    """The host files the library-read backends look at besides the library itself."""
+    if profile.ascend is not None and profile.ascend.cann_version is not None:
+        text = f"Version={profile.ascend.cann_version}\n"
+        _write(root / "usr/local/Ascend/ascend-toolkit/latest/runtime/version.info", text)
 
 
 def _split_bdf(bdf: str) -> tuple[int, int, int, int]:
