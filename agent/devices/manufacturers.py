@@ -36,7 +36,7 @@ MANUFACTURERS: dict[str, Manufacturer] = {
     )
 }
 
-WITH_BACKEND = ("amd", "ascend", "nvidia")
+WITH_BACKEND = ("amd", "ascend", "iluvatar", "nvidia", "thead")
 """Manufacturers this build can detect, in output order."""
 
 

@@ -15,8 +15,10 @@ from agent.devices.simulation.profiles import Profile
 
 _SIMULATORS = {
     "ascend": ("agent.devices.simulation.fakedcmi", "SimulatedDcmi", "libdcmi.so"),
+    "iluvatar": ("agent.devices.simulation.fakenvmlabi", "iluvatar", "libixml.so"),
+    "thead": ("agent.devices.simulation.fakenvmlabi", "thead", "libhgml.so"),
 }
-"""Manufacturer → (module, class, the library it stands in for)."""
+"""Manufacturer → (module, its maker from the profile section, the library it stands in for)."""
 
 
 def factory(key: str, profile: Profile) -> Callable[[], Any]:

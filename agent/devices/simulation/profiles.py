@@ -170,18 +170,63 @@ class AscendHost(LibHost, frozen=True, kw_only=True):
     chips: tuple[AscendChip, ...] = ()
 
 
+class CloneMigProfile(_Profile, frozen=True, kw_only=True):
+    """One GPU-instance profile of an NVML clone's MIG (HGML)."""
+
+    id: int
+    slice_count: int
+    instance_count: int
+    multiprocessor_count: int = 0
+    memory_mib: int
+    placement_size: int
+    placement_starts: tuple[int, ...] = ()
+
+
+class CloneCard(LibCard, frozen=True, kw_only=True):
+    """A card of an NVML clone (IXML, HGML): NVML's calls, units and status codes."""
+
+    uuid: str
+    name: str
+    minor: int | None = None
+    memory_total_mib: int
+    """Reported in bytes by the library."""
+    memory_used_mib: int = 0
+    gpu_cores: int | None = None
+    compute_capability: tuple[int, int] | None = None
+    """None: the call answers ``NOT_SUPPORTED``."""
+    utilization_percent: int = 0
+    temperature_c: int
+    power_mw: int | None = None
+    """None: ``NOT_SUPPORTED`` (``ixsmi`` shows ``N/A``)."""
+    mig_mode: bool = False
+    mig_profiles: tuple[CloneMigProfile, ...] = ()
+
+
+class CloneHost(LibHost, frozen=True, kw_only=True):
+    driver_version: str
+    runtime_version: int | None = None
+    """CUDA-style ``major*1000 + minor*10 + patch``; None: ``NOT_SUPPORTED``."""
+    cards: tuple[CloneCard, ...] = ()
+
+
 class Profile(_Profile, frozen=True, kw_only=True):
     description: str
     kernel_release: str = "6.8.0-simulated"
     nvidia: NvidiaHost | None = None
     amd: AmdHost | None = None
     ascend: AscendHost | None = None
+    iluvatar: CloneHost | None = None
+    thead: CloneHost | None = None
 
     def library_cards(self) -> dict[str, tuple[LibCard, ...]]:
         """Manufacturer → its library-read cards, for the PCI tree."""
         sections: dict[str, tuple[LibCard, ...]] = {}
         if self.ascend is not None:
             sections["ascend"] = self.ascend.chips
+        for key in ("iluvatar", "thead"):
+            clone: CloneHost | None = getattr(self, key)
+            if clone is not None:
+                sections[key] = clone.cards
         return sections
 
 
