@@ -346,6 +346,22 @@ class VendorBackend:
 # -- shaping ------------------------------------------------------------------------------------
 
 
+def drm_numbers(host: HostFS, bdf: str) -> tuple[int, ...] | None:
+    """``(cardN, renderD minor)`` of a function from its sysfs ``drm`` entries; None without.
+
+    DRM numbers follow neither PCI order nor the library's ids, so they are read, not derived.
+    """
+    card = render = None
+    for entry in host.list_dir(f"{pci.PCI_DEVICES}/{bdf}/drm"):
+        if entry.startswith("card") and entry[4:].isdigit() and card is None:
+            card = int(entry[4:])
+        elif entry.startswith("renderD") and entry[7:].isdigit() and render is None:
+            render = int(entry[7:])
+    if card is None:
+        return None
+    return (card,) if render is None else (card, render)
+
+
 def pct(part: int, whole: int) -> int | None:
     """``part`` as an integer percent of ``whole``, rounded half up; None when ``whole`` is 0."""
     return (200 * part + whole) // (2 * whole) if whole > 0 else None

@@ -16,6 +16,7 @@ from agent.devices.simulation.profiles import Profile
 _SIMULATORS = {
     "ascend": ("agent.devices.simulation.fakedcmi", "SimulatedDcmi", "libdcmi.so"),
     "iluvatar": ("agent.devices.simulation.fakenvmlabi", "iluvatar", "libixml.so"),
+    "metax": ("agent.devices.simulation.fakemxsml", "SimulatedMxsml", "libmxsml.so"),
     "thead": ("agent.devices.simulation.fakenvmlabi", "thead", "libhgml.so"),
 }
 """Manufacturer → (module, its maker from the profile section, the library it stands in for)."""

@@ -170,6 +170,37 @@ class AscendHost(LibHost, frozen=True, kw_only=True):
     chips: tuple[AscendChip, ...] = ()
 
 
+class DrmCard(LibCard, frozen=True, kw_only=True):
+    """A card the kernel also exposes as DRM nodes (``/dev/dri/cardN``, ``renderD<M>``)."""
+
+    card: int
+    render_minor: int
+
+
+class MetaxCard(DrmCard, frozen=True, kw_only=True):
+    """A MetaX GPU as MXSML reports it, in MXSML's units."""
+
+    uuid: str
+    name: str
+    brand: int = 2
+    """1 N-class, 2 C-class, 3 G-class."""
+    mode: int = 0
+    """0 bare metal, 1 PF, 2 VF."""
+    driver_version: str
+    vram_total_kb: int
+    vram_used_kb: int = 0
+    hotspot_centidegrees: int
+    """Temperature × 100, as MXSML reports it."""
+    board_ways_mw: tuple[int, ...]
+    """Power per supply way, mW; the board's power is their sum."""
+    xcore_percent: int = 0
+
+
+class MetaxHost(LibHost, frozen=True, kw_only=True):
+    maca_version: str | None = None
+    cards: tuple[MetaxCard, ...] = ()
+
+
 class CloneMigProfile(_Profile, frozen=True, kw_only=True):
     """One GPU-instance profile of an NVML clone's MIG (HGML)."""
 
@@ -216,6 +247,7 @@ class Profile(_Profile, frozen=True, kw_only=True):
     amd: AmdHost | None = None
     ascend: AscendHost | None = None
     iluvatar: CloneHost | None = None
+    metax: MetaxHost | None = None
     thead: CloneHost | None = None
 
     def library_cards(self) -> dict[str, tuple[LibCard, ...]]:
@@ -223,10 +255,10 @@ class Profile(_Profile, frozen=True, kw_only=True):
         sections: dict[str, tuple[LibCard, ...]] = {}
         if self.ascend is not None:
             sections["ascend"] = self.ascend.chips
-        for key in ("iluvatar", "thead"):
-            clone: CloneHost | None = getattr(self, key)
-            if clone is not None:
-                sections[key] = clone.cards
+        for key in ("iluvatar", "metax", "thead"):
+            section: CloneHost | MetaxHost | None = getattr(self, key)
+            if section is not None:
+                sections[key] = section.cards
         return sections
 
 

@@ -22,7 +22,14 @@ from pathlib import Path
 
 from agent.devices.hostfs import HostFS
 from agent.devices.manufacturers import MANUFACTURERS
-from agent.devices.simulation.profiles import AmdCard, AmdHost, LibCard, NvidiaCard, Profile
+from agent.devices.simulation.profiles import (
+    AmdCard,
+    AmdHost,
+    DrmCard,
+    LibCard,
+    NvidiaCard,
+    Profile,
+)
 from agent.errors import ProfileError
 
 __all__ = ["materialize"]
@@ -155,6 +162,12 @@ _DRIVERS = {
 
 def _write_library_hosts(root: Path, profile: Profile) -> None:
     """The host files the library-read backends look at besides the library itself."""
+    drm = [c for cards in profile.library_cards().values() for c in cards if isinstance(c, DrmCard)]
+    _unique([c.card for c in drm], "card number card")
+    _unique([c.render_minor for c in drm], "render minor renderD")
+    for card in drm:
+        device_dir = _device_dir(_bdf(card.bus_id), tuple(_bdf(b) for b in card.bridges))
+        _write_drm(root, device_dir, card)
     if profile.ascend is not None and profile.ascend.cann_version is not None:
         text = f"Version={profile.ascend.cann_version}\n"
         _write(root / "usr/local/Ascend/ascend-toolkit/latest/runtime/version.info", text)
@@ -283,7 +296,7 @@ def _write_hwmon(root: Path, device_dir: str, number: int, card: AmdCard) -> Non
     _symlink(root, f"sys/class/hwmon/hwmon{number}", hwmon_dir)
 
 
-def _write_drm(root: Path, device_dir: str, card: AmdCard) -> None:
+def _write_drm(root: Path, device_dir: str, card: AmdCard | DrmCard) -> None:
     (root / "sys/class/drm").mkdir(parents=True, exist_ok=True)
     for node in (f"card{card.card}", f"renderD{card.render_minor}"):
         node_dir = f"{device_dir}/drm/{node}"

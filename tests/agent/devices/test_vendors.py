@@ -49,6 +49,10 @@ SPECS = [
         "nvmlDeviceGetTemperature", "temperature", "GPU_IS_LOST", "NOT_SUPPORTED",
     ),
     Spec(
+        "metax", "metax-c500-x8", "mxSmlGetDeviceInfo", "mxSmlGetDeviceVersion",
+        "mxSmlGetBoardPowerInfo", "powerUsage", "NO_DEVICE", "OPERATION_NOT_SUPPORTED",
+    ),
+    Spec(
         "thead", "thead-ppu-zw810e-x16", "hgmlDeviceGetUUID", "hgmlDeviceGetName",
         "hgmlDeviceGetPowerUsage", "powerUsage", "GPU_IS_LOST", "NOT_SUPPORTED",
     ),
