@@ -36,7 +36,7 @@ MANUFACTURERS: dict[str, Manufacturer] = {
     )
 }
 
-WITH_BACKEND = ("amd", "ascend", "iluvatar", "metax", "nvidia", "thead")
+WITH_BACKEND = ("amd", "ascend", "cambricon", "iluvatar", "metax", "nvidia", "thead")
 """Manufacturers this build can detect, in output order."""
 
 

@@ -15,6 +15,7 @@ from agent.devices.simulation.profiles import Profile
 
 _SIMULATORS = {
     "ascend": ("agent.devices.simulation.fakedcmi", "SimulatedDcmi", "libdcmi.so"),
+    "cambricon": ("agent.devices.simulation.fakecndev", "SimulatedCndev", "libcndev.so"),
     "iluvatar": ("agent.devices.simulation.fakenvmlabi", "iluvatar", "libixml.so"),
     "metax": ("agent.devices.simulation.fakemxsml", "SimulatedMxsml", "libmxsml.so"),
     "thead": ("agent.devices.simulation.fakenvmlabi", "thead", "libhgml.so"),

@@ -201,6 +201,30 @@ class MetaxHost(LibHost, frozen=True, kw_only=True):
     cards: tuple[MetaxCard, ...] = ()
 
 
+class CambriconCard(LibCard, frozen=True, kw_only=True):
+    """An MLU as CNDev reports it."""
+
+    uuid: str
+    """Bare, as CNDev gives it (tools print ``MLU-`` before it)."""
+    name: str
+    name_id: int
+    """``cndevNameEnum_t`` (23 is MLU370), for drivers without the name-string call."""
+    driver_version: tuple[int, int, int]
+    memory_total_mib: int
+    memory_used_mib: int = 0
+    utilization_percent: int = 0
+    chip_temperature_c: int
+    power_w: int
+
+
+class CambriconHost(LibHost, frozen=True, kw_only=True):
+    neuware_version: str | None = None
+    """Written to ``/usr/local/neuware/version.txt``; None: no Neuware on the host."""
+    name_strings: bool = True
+    """False: an older driver without ``cndevGetCardNameStringByDevId``."""
+    cards: tuple[CambriconCard, ...] = ()
+
+
 class CloneMigProfile(_Profile, frozen=True, kw_only=True):
     """One GPU-instance profile of an NVML clone's MIG (HGML)."""
 
@@ -246,6 +270,7 @@ class Profile(_Profile, frozen=True, kw_only=True):
     nvidia: NvidiaHost | None = None
     amd: AmdHost | None = None
     ascend: AscendHost | None = None
+    cambricon: CambriconHost | None = None
     iluvatar: CloneHost | None = None
     metax: MetaxHost | None = None
     thead: CloneHost | None = None
@@ -255,8 +280,8 @@ class Profile(_Profile, frozen=True, kw_only=True):
         sections: dict[str, tuple[LibCard, ...]] = {}
         if self.ascend is not None:
             sections["ascend"] = self.ascend.chips
-        for key in ("iluvatar", "metax", "thead"):
-            section: CloneHost | MetaxHost | None = getattr(self, key)
+        for key in ("cambricon", "iluvatar", "metax", "thead"):
+            section: CambriconHost | CloneHost | MetaxHost | None = getattr(self, key)
             if section is not None:
                 sections[key] = section.cards
         return sections

@@ -168,6 +168,9 @@ def _write_library_hosts(root: Path, profile: Profile) -> None:
     for card in drm:
         device_dir = _device_dir(_bdf(card.bus_id), tuple(_bdf(b) for b in card.bridges))
         _write_drm(root, device_dir, card)
+    if profile.cambricon is not None and profile.cambricon.neuware_version is not None:
+        text = f"Neuware Version: {profile.cambricon.neuware_version}\n"
+        _write(root / "usr/local/neuware/version.txt", text)
     if profile.ascend is not None and profile.ascend.cann_version is not None:
         text = f"Version={profile.ascend.cann_version}\n"
         _write(root / "usr/local/Ascend/ascend-toolkit/latest/runtime/version.info", text)

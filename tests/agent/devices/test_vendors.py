@@ -45,6 +45,10 @@ SPECS = [
         "dcmi_get_device_power_info", "powerUsage", "DEVICE_NOT_EXIST", "NOT_SUPPORT",
     ),
     Spec(
+        "cambricon", "cambricon-mlu370-x8-x4", "cndevGetUUID", "cndevGetMemoryUsageV2",
+        "cndevGetDevicePowerInfo", "powerUsage", "IN_PROBLEM", "NOT_SUPPORTED",
+    ),
+    Spec(
         "iluvatar", "iluvatar-bi-v150s-x2", "nvmlDeviceGetUUID", "nvmlDeviceGetName",
         "nvmlDeviceGetTemperature", "temperature", "GPU_IS_LOST", "NOT_SUPPORTED",
     ),
