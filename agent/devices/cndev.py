@@ -155,7 +155,7 @@ def load() -> Any:
 
 def _stamped(struct: type[ctypes.Structure]) -> Any:
     made = struct()
-    made.version = STRUCT_VERSION  # type: ignore[attr-defined]
+    made.version = STRUCT_VERSION
     return made
 
 
