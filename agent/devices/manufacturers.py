@@ -36,7 +36,9 @@ MANUFACTURERS: dict[str, Manufacturer] = {
     )
 }
 
-WITH_BACKEND = ("amd", "ascend", "cambricon", "iluvatar", "metax", "nvidia", "thead")
+WITH_BACKEND = (
+    "amd", "ascend", "cambricon", "iluvatar", "metax", "mthreads", "nvidia", "thead",
+)  # fmt: skip
 """Manufacturers this build can detect, in output order."""
 
 

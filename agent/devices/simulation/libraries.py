@@ -18,6 +18,7 @@ _SIMULATORS = {
     "cambricon": ("agent.devices.simulation.fakecndev", "SimulatedCndev", "libcndev.so"),
     "iluvatar": ("agent.devices.simulation.fakenvmlabi", "iluvatar", "libixml.so"),
     "metax": ("agent.devices.simulation.fakemxsml", "SimulatedMxsml", "libmxsml.so"),
+    "mthreads": ("agent.devices.simulation.fakemtml", "SimulatedMtml", "libmtml.so"),
     "thead": ("agent.devices.simulation.fakenvmlabi", "thead", "libhgml.so"),
 }
 """Manufacturer → (module, its maker from the profile section, the library it stands in for)."""

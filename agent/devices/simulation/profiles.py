@@ -225,6 +225,28 @@ class CambriconHost(LibHost, frozen=True, kw_only=True):
     cards: tuple[CambriconCard, ...] = ()
 
 
+class MthreadsCard(DrmCard, frozen=True, kw_only=True):
+    """A Moore Threads GPU as MTML reports it."""
+
+    uuid: str
+    name: str
+    audio_bus_id: str | None = None
+    """The card's HDMI/DP audio function (same vendor id, class 0x0403), if simulated."""
+    memory_total_mib: int
+    """Reported in bytes by the library."""
+    memory_used_mib: int = 0
+    gpu_cores: int | None = None
+    """None: ``NOT_SUPPORTED`` (no public figure)."""
+    utilization_percent: int = 0
+    temperature_c: int
+    power_mw: int
+
+
+class MthreadsHost(LibHost, frozen=True, kw_only=True):
+    driver_version: str
+    cards: tuple[MthreadsCard, ...] = ()
+
+
 class CloneMigProfile(_Profile, frozen=True, kw_only=True):
     """One GPU-instance profile of an NVML clone's MIG (HGML)."""
 
@@ -273,6 +295,7 @@ class Profile(_Profile, frozen=True, kw_only=True):
     cambricon: CambriconHost | None = None
     iluvatar: CloneHost | None = None
     metax: MetaxHost | None = None
+    mthreads: MthreadsHost | None = None
     thead: CloneHost | None = None
 
     def library_cards(self) -> dict[str, tuple[LibCard, ...]]:
@@ -280,8 +303,10 @@ class Profile(_Profile, frozen=True, kw_only=True):
         sections: dict[str, tuple[LibCard, ...]] = {}
         if self.ascend is not None:
             sections["ascend"] = self.ascend.chips
-        for key in ("cambricon", "iluvatar", "metax", "thead"):
-            section: CambriconHost | CloneHost | MetaxHost | None = getattr(self, key)
+        for key in ("cambricon", "iluvatar", "metax", "mthreads", "thead"):
+            section: CambriconHost | CloneHost | MetaxHost | MthreadsHost | None = getattr(
+                self, key
+            )
             if section is not None:
                 sections[key] = section.cards
         return sections

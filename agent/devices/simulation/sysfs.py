@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from agent.devices.hostfs import HostFS
@@ -41,6 +41,7 @@ AMD_VENDOR = 0x1002
 _NVIDIA_CLASS = 0x030200  # 3D controller
 _AMD_CLASS = 0x030000  # VGA compatible controller
 _BRIDGE_CLASS = 0x060400  # PCI-to-PCI bridge
+_AUDIO_CLASS = 0x040300  # HDMI/DP audio: same vendor id as the card, not an accelerator
 _BRIDGE_VENDOR = 0x1000  # a PCIe switch's ports; the exact vendor does not matter to detection
 _BRIDGE_DEVICE = 0xC010
 
@@ -145,6 +146,15 @@ def _library_functions(key: str, cards: tuple[LibCard, ...]) -> list[_Function]:
         )
         if functions.setdefault(bdf, function) != function:
             raise ProfileError(f"{key} chips at {bdf} disagree on their PCI function")
+        audio = getattr(card, "audio_bus_id", None)
+        if audio is not None:
+            functions[_bdf(audio)] = replace(
+                function,
+                bdf=_bdf(audio),
+                device=0x02FF,
+                pci_class=_AUDIO_CLASS,
+                driver="snd_hda_intel",
+            )
     return list(functions.values())
 
 

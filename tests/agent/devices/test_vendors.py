@@ -57,6 +57,10 @@ SPECS = [
         "mxSmlGetBoardPowerInfo", "powerUsage", "NO_DEVICE", "OPERATION_NOT_SUPPORTED",
     ),
     Spec(
+        "mthreads", "mthreads-s4000-x8", "mtmlDeviceGetUUID", "mtmlDeviceGetName",
+        "mtmlDeviceGetPowerUsage", "powerUsage", "DRIVER_FAILURE", "NOT_SUPPORTED",
+    ),
+    Spec(
         "thead", "thead-ppu-zw810e-x16", "hgmlDeviceGetUUID", "hgmlDeviceGetName",
         "hgmlDeviceGetPowerUsage", "powerUsage", "GPU_IS_LOST", "NOT_SUPPORTED",
     ),
