@@ -36,10 +36,8 @@ MANUFACTURERS: dict[str, Manufacturer] = {
     )
 }
 
-WITH_BACKEND = (
-    "amd", "ascend", "cambricon", "iluvatar", "metax", "mthreads", "nvidia", "thead",
-)  # fmt: skip
-"""Manufacturers this build can detect, in output order."""
+WITH_BACKEND = tuple(sorted(MANUFACTURERS))
+"""Manufacturers this build can detect, in output order: all nine."""
 
 
 class UnknownManufacturer(ValueError):

@@ -1,8 +1,9 @@
 """Build the backends a pass runs: real hardware under a host root, or a simulated profile.
 
 A simulated profile is turned into a sysfs tree in a temporary directory plus a pynvml-compatible
-object, so exactly the same backend code runs in both cases; only where the bytes come from
-differs. The context manager removes the temporary tree.
+object and, for the seven library-read manufacturers, objects answering their libraries' C calls
+(made only if a backend gets past its PCI check), so exactly the same backend code runs in both
+cases; only where the bytes come from differs. The context manager removes the temporary tree.
 """
 
 from __future__ import annotations
@@ -15,9 +16,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from agent.devices import amd, clib, detection, nvidia, nvml, pci, vendor
+from agent.devices import amd, detection, nvidia, nvml, vendor
 from agent.devices.hostfs import HostFS
-from agent.devices.manufacturers import MANUFACTURERS, WITH_BACKEND
+from agent.devices.manufacturers import MANUFACTURERS
 from agent.settings import DetectSettings
 
 log = logging.getLogger(__name__)
@@ -67,9 +68,12 @@ def _backends(
     simulated: bool,
     libraries: dict[str, Callable[[], Any]] | None = None,
 ) -> list[detection.Backend]:
-    """The backends asked for; the seven library-read ones share one PCI scan per pass."""
+    """A backend per manufacturer asked for; the seven library-read ones share one PCI scan.
+
+    ``libraries`` makes each library-read manufacturer's simulated library (simulation only);
+    on real hardware the backends load the host's libraries themselves, on first need.
+    """
     backends: list[detection.Backend] = []
-    missing: list[str] = []
     census = vendor.PciCensus(
         host, {MANUFACTURERS[k].pci_vendor for k in settings.manufacturers if k in vendor.READERS}
     )
@@ -84,54 +88,15 @@ def _backends(
             backends.append(
                 amd.AmdBackend(host=host, pci_check=settings.pci_check, simulated=simulated)
             )
-        elif key in vendor.READERS:
+        else:
             backends.append(
                 vendor.VendorBackend(
                     key,
                     host=host,
                     census=census,
-                    library=(libraries or {}).get(key, _absent(key)) if simulated else None,
+                    library=(libraries or {})[key] if simulated else None,
                     pci_check=settings.pci_check,
                     simulated=simulated,
                 )
             )
-        else:
-            missing.append(key)
-    if missing:
-        _note_missing_backends(settings, host, missing)
     return backends
-
-
-def _absent(key: str) -> Callable[[], Any]:
-    """A simulated host whose profile format has no section for ``key``: no library."""
-
-    def make() -> Any:
-        raise clib.LibUnavailable(
-            f"load {key} library", clib.LIBRARY_NOT_FOUND, "LIBRARY_NOT_FOUND", "not simulated"
-        )
-
-    return make
-
-
-def _note_missing_backends(settings: DetectSettings, host: HostFS, keys: list[str]) -> None:
-    """Say on stderr when a manufacturer we cannot detect may be present, instead of hiding it.
-
-    One pass over the PCI tree covers every such manufacturer.
-    """
-    supported = ", ".join(WITH_BACKEND)
-    if settings.explicit_manufacturers:
-        for key in keys:
-            log.warning("detection of %s is not available in this build (only %s)", key, supported)
-        return
-    found = pci.scan_vendors(host, {MANUFACTURERS[k].pci_vendor for k in keys})
-    for key in keys:
-        functions = found.get(MANUFACTURERS[key].pci_vendor, [])
-        if functions:
-            log.warning(
-                "%d %s accelerator(s) on PCI (%s) but this build cannot detect %s (only %s)",
-                len(functions),
-                key,
-                ", ".join(f.bdf for f in functions),
-                key,
-                supported,
-            )

@@ -40,6 +40,9 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
+PER_DECISION = 5
+"""The launcher's ``-v=3`` level: a line every pass per manufacturer, too chatty for ``-v=2``."""
+
 READERS: dict[str, str] = {
     "ascend": "agent.devices.ascend",
     "cambricon": "agent.devices.cambricon",
@@ -245,7 +248,7 @@ class VendorBackend:
             vendor = MANUFACTURERS[self.manufacturer].pci_vendor
             functions = {f.bdf: f for f in self.census.functions(vendor)}
             if not functions:
-                log.debug("no %s PCI device; its library is not loaded", self.manufacturer)
+                log.log(PER_DECISION, "no %s PCI device; library not loaded", self.manufacturer)
                 return None
         try:
             reader = self.reader()

@@ -16,6 +16,7 @@ from agent.devices.simulation.profiles import Profile
 _SIMULATORS = {
     "ascend": ("agent.devices.simulation.fakedcmi", "SimulatedDcmi", "libdcmi.so"),
     "cambricon": ("agent.devices.simulation.fakecndev", "SimulatedCndev", "libcndev.so"),
+    "hygon": ("agent.devices.simulation.fakerocmsmi", "SimulatedRocmSmi", "librocm_smi64.so"),
     "iluvatar": ("agent.devices.simulation.fakenvmlabi", "iluvatar", "libixml.so"),
     "metax": ("agent.devices.simulation.fakemxsml", "SimulatedMxsml", "libmxsml.so"),
     "mthreads": ("agent.devices.simulation.fakemtml", "SimulatedMtml", "libmtml.so"),

@@ -247,6 +247,30 @@ class MthreadsHost(LibHost, frozen=True, kw_only=True):
     cards: tuple[MthreadsCard, ...] = ()
 
 
+class HygonCard(DrmCard, frozen=True, kw_only=True):
+    """A Hygon DCU as DTK's ROCm SMI and KFD report it, in their units."""
+
+    unique_id: int
+    name: str
+    vram_total_bytes: int
+    vram_used_bytes: int = 0
+    busy_percent: int = 0
+    edge_temperature_mc: int
+    power_average_uw: int
+    simd_count: int
+    simd_per_cu: int = 4
+    gfx_target_version: int
+    """KFD encoding: ``90208`` is gfx928."""
+
+
+class HygonHost(LibHost, frozen=True, kw_only=True):
+    module_version: str | None = None
+    """``/sys/module/hycu/version``; None: the module publishes none."""
+    dtk_version: str | None = None
+    """``/opt/dtk/.info/version``; None: no DTK on the host."""
+    cards: tuple[HygonCard, ...] = ()
+
+
 class CloneMigProfile(_Profile, frozen=True, kw_only=True):
     """One GPU-instance profile of an NVML clone's MIG (HGML)."""
 
@@ -286,6 +310,9 @@ class CloneHost(LibHost, frozen=True, kw_only=True):
     cards: tuple[CloneCard, ...] = ()
 
 
+LibSection = CambriconHost | CloneHost | HygonHost | MetaxHost | MthreadsHost
+
+
 class Profile(_Profile, frozen=True, kw_only=True):
     description: str
     kernel_release: str = "6.8.0-simulated"
@@ -293,6 +320,7 @@ class Profile(_Profile, frozen=True, kw_only=True):
     amd: AmdHost | None = None
     ascend: AscendHost | None = None
     cambricon: CambriconHost | None = None
+    hygon: HygonHost | None = None
     iluvatar: CloneHost | None = None
     metax: MetaxHost | None = None
     mthreads: MthreadsHost | None = None
@@ -303,10 +331,8 @@ class Profile(_Profile, frozen=True, kw_only=True):
         sections: dict[str, tuple[LibCard, ...]] = {}
         if self.ascend is not None:
             sections["ascend"] = self.ascend.chips
-        for key in ("cambricon", "iluvatar", "metax", "mthreads", "thead"):
-            section: CambriconHost | CloneHost | MetaxHost | MthreadsHost | None = getattr(
-                self, key
-            )
+        for key in ("cambricon", "hygon", "iluvatar", "metax", "mthreads", "thead"):
+            section: LibSection | None = getattr(self, key)
             if section is not None:
                 sections[key] = section.cards
         return sections

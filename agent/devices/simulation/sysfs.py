@@ -26,6 +26,7 @@ from agent.devices.simulation.profiles import (
     AmdCard,
     AmdHost,
     DrmCard,
+    HygonHost,
     LibCard,
     NvidiaCard,
     Profile,
@@ -178,12 +179,43 @@ def _write_library_hosts(root: Path, profile: Profile) -> None:
     for card in drm:
         device_dir = _device_dir(_bdf(card.bus_id), tuple(_bdf(b) for b in card.bridges))
         _write_drm(root, device_dir, card)
+    if profile.hygon is not None:
+        _write_hygon(
+            root, profile.hygon, first_node=1 + len(profile.amd.cards if profile.amd else ())
+        )
     if profile.cambricon is not None and profile.cambricon.neuware_version is not None:
         text = f"Neuware Version: {profile.cambricon.neuware_version}\n"
         _write(root / "usr/local/neuware/version.txt", text)
     if profile.ascend is not None and profile.ascend.cann_version is not None:
         text = f"Version={profile.ascend.cann_version}\n"
         _write(root / "usr/local/Ascend/ascend-toolkit/latest/runtime/version.info", text)
+
+
+def _write_hygon(root: Path, host: HygonHost, first_node: int) -> None:
+    """KFD nodes for the DCUs (after any AMD ones), the hycu module and DTK's version file."""
+    if host.cards:
+        _write_kfd_cpu_node(root)
+    for offset, card in enumerate(host.cards):
+        domain, bus, dev, fn = _split_bdf(_bdf(card.bus_id))
+        props = {
+            "cpu_cores_count": 0,
+            "simd_count": card.simd_count,
+            "mem_banks_count": 1,
+            "simd_per_cu": card.simd_per_cu,
+            "gfx_target_version": card.gfx_target_version,
+            "vendor_id": MANUFACTURERS["hygon"].pci_vendor,
+            "device_id": card.pci_device_id,
+            "location_id": bus << 8 | dev << 3 | fn,
+            "domain": domain,
+            "drm_render_minor": card.render_minor,
+            "unique_id": card.unique_id,
+        }
+        _write_kfd_node(root, first_node + offset, props, gpu_id=0x2000 + offset)
+    (root / "sys/module/hycu").mkdir(parents=True, exist_ok=True)
+    if host.module_version is not None:
+        _write(root / "sys/module/hycu/version", host.module_version + "\n")
+    if host.dtk_version is not None:
+        _write(root / "opt/dtk/.info/version", host.dtk_version + "\n")
 
 
 def _split_bdf(bdf: str) -> tuple[int, int, int, int]:

@@ -49,6 +49,10 @@ SPECS = [
         "cndevGetDevicePowerInfo", "powerUsage", "IN_PROBLEM", "NOT_SUPPORTED",
     ),
     Spec(
+        "hygon", "hygon-k100-ai-x8", "rsmi_dev_unique_id_get", "rsmi_dev_name_get",
+        "rsmi_dev_power_ave_get", "powerUsage", "FILE_ERROR", "NOT_SUPPORTED",
+    ),
+    Spec(
         "iluvatar", "iluvatar-bi-v150s-x2", "nvmlDeviceGetUUID", "nvmlDeviceGetName",
         "nvmlDeviceGetTemperature", "temperature", "GPU_IS_LOST", "NOT_SUPPORTED",
     ),
