@@ -15,10 +15,12 @@ from pathlib import Path
 import pytest
 from vendor_helpers import accelerators, rig, validate_devices, wire
 
-from agent.devices import clib, detection, vendor
+from agent.devices import clib, detection, sources, vendor
 from agent.devices.hostfs import HostFS
+from agent.devices.manufacturers import MANUFACTURERS
 from agent.devices.simulation import profiles, sysfs
 from agent.errors import DetectionError
+from agent.settings import DetectSettings
 
 
 @dataclass(frozen=True)
@@ -235,3 +237,24 @@ def test_the_cli_detects_the_profile_and_lists_the_packaged_ones(spec: Spec) -> 
     )
     assert done.returncode == 0, done.stderr
     assert "not available" not in done.stderr and '"manufacturer": "' + spec.key in done.stdout
+
+
+def test_a_profile_without_the_library_fails_that_manufacturer_only(
+    spec: Spec, tmp_path: Path
+) -> None:
+    """Through ``open_backends``: the other manufacturers' cards are still reported."""
+    text = (profiles_dir() / f"{spec.profile}.yaml").read_text()
+    broken = text.replace(f"\n{spec.key}:\n", f"\n{spec.key}:\n  libraryInstalled: false\n", 1)
+    nvidia = (profiles_dir() / "amd-rx7800xt-x2.yaml").read_text().split("\namd:\n", 1)[1]
+    path = tmp_path / "node.yaml"
+    path.write_text(broken + "amd:\n" + nvidia)
+    settings = DetectSettings(manufacturers=tuple(sorted(MANUFACTURERS)), simulate=str(path))
+    with sources.open_backends(settings) as backends:
+        result = detection.detect(backends, fast_failed=False)
+    assert [g.manufacturer for g in result.items] == ["amd"]
+    (error,) = result.errors
+    assert error.manufacturer == spec.key and "PCI devices found but load" in error.message
+
+
+def profiles_dir() -> Path:
+    return Path(profiles.__file__).parent / "builtin"
