@@ -26,7 +26,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, ExitStack
 from dataclasses import dataclass, replace
 from typing import Any, Protocol, TypeVar
 
@@ -250,17 +250,14 @@ class VendorBackend:
             if not functions:
                 log.log(PER_DECISION, "no %s PCI device; library not loaded", self.manufacturer)
                 return None
-        try:
-            reader = self.reader()
-            session = reader.session()
-            session.__enter__()
-        except clib.LibError as e:
-            self._init_failed(len(functions), e)
-            return None
-        try:
+        with ExitStack() as stack:
+            try:
+                reader = self.reader()
+                stack.enter_context(reader.session())
+            except clib.LibError as e:
+                self._init_failed(len(functions), e)
+                return None
             return body(reader, functions)
-        finally:
-            session.__exit__(None, None, None)
 
     def _init_failed(self, found: int, e: clib.LibError) -> None:
         """Raise unless the library is simply absent and no card on the bus says it should be."""
