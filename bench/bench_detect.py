@@ -101,7 +101,8 @@ def compare(before: str) -> None:
     """
     print(f"{RUNS} alternating runs each (medians, then minimum CPU), before = {before}")
     print(
-        f"{'case':<44} {'CPU before':>11} {'CPU after':>10} {'wall before':>12} {'wall after':>11}"
+        f"{'case':<44} {'CPU before':>11} {'CPU after':>10} {'CPU min bef.':>11} "
+        f"{'CPU min aft.':>11} {'wall before':>12} {'wall after':>11}"
     )
     for name in COMPARED:
         # Both as ``python -m`` from their own directory: the same start-up path either way.
