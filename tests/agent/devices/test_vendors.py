@@ -258,3 +258,40 @@ def test_a_profile_without_the_library_fails_that_manufacturer_only(
 
 def profiles_dir() -> Path:
     return Path(profiles.__file__).parent / "builtin"
+
+
+def test_the_seven_share_one_pci_scan_per_pass_and_open_nothing_on_an_nvidia_node() -> None:
+    settings = DetectSettings(manufacturers=tuple(sorted(MANUFACTURERS)), simulate="nvidia-h200x8")
+    with sources.open_backends(settings) as backends:
+        library_read = [b for b in backends if isinstance(b, vendor.VendorBackend)]
+        assert sorted(b.manufacturer for b in library_read) == sorted(vendor.READERS)
+        (census,) = {id(b.census): b.census for b in library_read}.values()
+        for passes in (1, 2):
+            result = detection.detect(backends)
+            assert census.scans == passes
+        detection.sample(backends)
+        assert census.scans == 3
+    assert [g.manufacturer for g in result.items] == ["nvidia"]
+    assert all(b._reader is None for b in library_read)  # no adapter made, no library opened
+
+
+ADAPTERS = (
+    "agent.devices.dcmi", "agent.devices.cndev", "agent.devices.rocmsmi", "agent.devices.ixml",
+    "agent.devices.hgml", "agent.devices.mxsml", "agent.devices.mtml", "agent.devices.nvmlabi",
+    "agent.devices.ascend", "agent.devices.metax", "agent.devices.simulation.fakedcmi",
+)  # fmt: skip
+
+
+def test_dm_detect_on_an_nvidia_node_imports_no_vendor_adapter() -> None:
+    code = (
+        "import sys\n"
+        "from gpustack_operator.main import main\n"
+        "rc = main(['dm', 'detect', '--simulate', 'nvidia-h200x8'])\n"
+        f"print('LOADED', [m for m in {ADAPTERS!r} if m in sys.modules], file=sys.stderr)\n"
+        "sys.exit(rc)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    assert "LOADED []" in result.stderr
