@@ -22,6 +22,8 @@ log = logging.getLogger(__name__)
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
+LIST_PROFILES = "list"
+"""``--simulate list`` prints the packaged profile names, one per line, and detects nothing."""
 
 
 def detect_command(settings: DetectSettings) -> int:
@@ -52,6 +54,11 @@ def _monitor(settings: DetectSettings) -> detection.PassResult[Any]:
 def _one_pass(
     settings: DetectSettings, run_pass: Callable[[DetectSettings], detection.PassResult[Any]]
 ) -> int:
+    if settings.simulate == LIST_PROFILES:
+        from agent.devices.simulation import profiles
+
+        sys.stdout.write("".join(f"{name}\n" for name in profiles.packaged_names()))
+        return 0
     try:
         result = run_pass(settings)
     except ProfileError as e:

@@ -127,6 +127,12 @@ _SIMULATE = Flag(
     "",
     "simulate accelerators from a profile (a packaged name such as nvidia-h200x8, or a YAML file)",
 )
+_SIMULATE_OR_LIST = Flag(
+    "simulate",
+    "",
+    "simulate accelerators from a profile (a packaged name such as nvidia-h200x8, or a YAML "
+    "file); 'list' prints the packaged profile names",
+)
 _OUTPUT = Flag("output", "yaml", "output format", short="o", choices=("yaml", "json"))
 
 NATS_FLAGS = (
@@ -363,7 +369,7 @@ _MODEL_MANAGER = (
     *NATS_FLAGS,
 )
 
-_ONE_SHOT = (_MANUFACTURER, _NO_PCI_CHECK, _NO_FAST_FAILED, _OUTPUT, _SIMULATE)
+_ONE_SHOT = (_MANUFACTURER, _NO_PCI_CHECK, _NO_FAST_FAILED, _OUTPUT, _SIMULATE_OR_LIST)
 
 _PREFLIGHT = (
     _MANUFACTURER,

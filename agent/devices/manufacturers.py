@@ -1,8 +1,7 @@
 """The manufacturers the operator knows, with the facts detection and allocation key on.
 
-The nine keys follow the reference system, so ``--manufacturer=ascend`` is a valid request on any
-build; only NVIDIA and AMD have detection backends so far, and asking for another one says so on
-stderr instead of pretending the node has none.
+The nine keys follow the reference system. NVIDIA is read through NVML, AMD from sysfs, and the
+other seven through their vendor's management library (:mod:`agent.devices.vendor`).
 """
 
 from __future__ import annotations
@@ -37,8 +36,8 @@ MANUFACTURERS: dict[str, Manufacturer] = {
     )
 }
 
-WITH_BACKEND = ("amd", "nvidia")
-"""Manufacturers this build can detect, in output order."""
+WITH_BACKEND = tuple(sorted(MANUFACTURERS))
+"""Manufacturers this build can detect, in output order: all nine."""
 
 
 class UnknownManufacturer(ValueError):

@@ -1,8 +1,9 @@
 """Build the backends a pass runs: real hardware under a host root, or a simulated profile.
 
 A simulated profile is turned into a sysfs tree in a temporary directory plus a pynvml-compatible
-object, so exactly the same backend code runs in both cases; only where the bytes come from
-differs. The context manager removes the temporary tree.
+object and, for the seven library-read manufacturers, objects answering their libraries' C calls
+(made only if a backend gets past its PCI check), so exactly the same backend code runs in both
+cases; only where the bytes come from differs. The context manager removes the temporary tree.
 """
 
 from __future__ import annotations
@@ -10,13 +11,14 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
-from agent.devices import amd, detection, nvidia, nvml, pci
+from agent.devices import amd, detection, nvidia, nvml, vendor
 from agent.devices.hostfs import HostFS
-from agent.devices.manufacturers import MANUFACTURERS, WITH_BACKEND
+from agent.devices.manufacturers import MANUFACTURERS
 from agent.settings import DetectSettings
 
 log = logging.getLogger(__name__)
@@ -33,7 +35,7 @@ def open_backends(settings: DetectSettings) -> Iterator[list[detection.Backend]]
         yield _backends(settings, host, nvml.Nvml(), simulated=False)
         return
     # Simulation is imported only when asked for: real runs never load it.
-    from agent.devices.simulation import fakenvml, profiles, sysfs
+    from agent.devices.simulation import fakenvml, libraries, profiles, sysfs
 
     profile = profiles.load(settings.simulate)
     with tempfile.TemporaryDirectory(prefix="gpustack-sim-", dir=_scratch_dir()) as directory:
@@ -44,7 +46,8 @@ def open_backends(settings: DetectSettings) -> Iterator[list[detection.Backend]]
             profile.description,
         )
         library = fakenvml.SimulatedNvml(profile.nvidia)
-        yield _backends(settings, host, nvml.Nvml(library), simulated=True)
+        simulators = {key: libraries.factory(key, profile) for key in libraries.simulated_keys()}
+        yield _backends(settings, host, nvml.Nvml(library), simulated=True, libraries=simulators)
 
 
 def _scratch_dir() -> str | None:
@@ -58,10 +61,22 @@ def _scratch_dir() -> str | None:
 
 
 def _backends(
-    settings: DetectSettings, host: HostFS, nvml_adapter: nvml.Nvml, *, simulated: bool
+    settings: DetectSettings,
+    host: HostFS,
+    nvml_adapter: nvml.Nvml,
+    *,
+    simulated: bool,
+    libraries: dict[str, Callable[[], Any]] | None = None,
 ) -> list[detection.Backend]:
+    """A backend per manufacturer asked for; the seven library-read ones share one PCI scan.
+
+    ``libraries`` makes each library-read manufacturer's simulated library (simulation only);
+    on real hardware the backends load the host's libraries themselves, on first need.
+    """
     backends: list[detection.Backend] = []
-    missing: list[str] = []
+    census = vendor.PciCensus(
+        host, {MANUFACTURERS[k].pci_vendor for k in settings.manufacturers if k in vendor.READERS}
+    )
     for key in settings.manufacturers:
         if key == "nvidia":
             backends.append(
@@ -74,31 +89,14 @@ def _backends(
                 amd.AmdBackend(host=host, pci_check=settings.pci_check, simulated=simulated)
             )
         else:
-            missing.append(key)
-    if missing:
-        _note_missing_backends(settings, host, missing)
-    return backends
-
-
-def _note_missing_backends(settings: DetectSettings, host: HostFS, keys: list[str]) -> None:
-    """Say on stderr when a manufacturer we cannot detect may be present, instead of hiding it.
-
-    One pass over the PCI tree covers every such manufacturer.
-    """
-    supported = ", ".join(WITH_BACKEND)
-    if settings.explicit_manufacturers:
-        for key in keys:
-            log.warning("detection of %s is not available in this build (only %s)", key, supported)
-        return
-    found = pci.scan_vendors(host, {MANUFACTURERS[k].pci_vendor for k in keys})
-    for key in keys:
-        functions = found.get(MANUFACTURERS[key].pci_vendor, [])
-        if functions:
-            log.warning(
-                "%d %s accelerator(s) on PCI (%s) but this build cannot detect %s (only %s)",
-                len(functions),
-                key,
-                ", ".join(f.bdf for f in functions),
-                key,
-                supported,
+            backends.append(
+                vendor.VendorBackend(
+                    key,
+                    host=host,
+                    census=census,
+                    library=(libraries or {})[key] if simulated else None,
+                    pci_check=settings.pci_check,
+                    simulated=simulated,
+                )
             )
+    return backends

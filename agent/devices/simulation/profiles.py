@@ -118,11 +118,224 @@ class AmdHost(_Profile, frozen=True, kw_only=True):
     cards: tuple[AmdCard, ...] = ()
 
 
+class LibCard(_Profile, frozen=True, kw_only=True):
+    """What every card read through a vendor library has: its PCI place and injected faults."""
+
+    bus_id: str
+    """Lowercase ``dddd:bb:dd.f``; chips of one multi-chip card may share it."""
+    bridges: tuple[str, ...] = ()
+    pci_device_id: int
+    pci_class: int = 0x120000
+    """Processing accelerator; display controllers are ``0x0302xx``/``0x0300xx``."""
+    numa_node: int | None = None
+    cpu_list: str | None = None
+    faults: dict[str, str] = {}
+    """C function name → the vendor's error name it returns for this card."""
+
+
+class LibHost(_Profile, frozen=True, kw_only=True):
+    init_error: str | None = None
+    """If set, the library's init call returns this error name."""
+    library_installed: bool = True
+    """False: the cards are on the bus but the library cannot be loaded (``dlopen`` fails)."""
+
+
+class AscendChip(LibCard, frozen=True, kw_only=True):
+    """One NPU chip as DCMI reports it (a card may hold several)."""
+
+    card_id: int
+    device_id: int = 0
+    """The chip within its card."""
+    logic_id: int
+    physical_id: int
+    chip_name: str
+    aicore_count: int
+    die_id: tuple[int, int, int, int, int]
+    hbm: bool = True
+    """False for DDR products: the HBM call answers size 0 and memory comes from v3."""
+    memory_total_mib: int
+    memory_used_mib: int = 0
+    aicore_utilization: int = 0
+    temperature_c: int
+    power_deciwatts: int
+    """DCMI's unit: 0.1 W."""
+
+
+class AscendHost(LibHost, frozen=True, kw_only=True):
+    driver_version: str | None = None
+    cann_version: str | None = None
+    """The ``Version=`` of the CANN toolkit's ``version.info``; None: no toolkit on the host."""
+    mcu_cards: tuple[int, ...] = ()
+    """Cards that also list an MCU unit after their chips (A3 boards); detection must skip it."""
+    chips: tuple[AscendChip, ...] = ()
+
+
+class DrmCard(LibCard, frozen=True, kw_only=True):
+    """A card the kernel also exposes as DRM nodes (``/dev/dri/cardN``, ``renderD<M>``)."""
+
+    card: int
+    render_minor: int
+
+
+class MetaxCard(DrmCard, frozen=True, kw_only=True):
+    """A MetaX GPU as MXSML reports it, in MXSML's units."""
+
+    uuid: str
+    name: str
+    brand: int = 2
+    """1 N-class, 2 C-class, 3 G-class."""
+    mode: int = 0
+    """0 bare metal, 1 PF, 2 VF."""
+    driver_version: str
+    vram_total_kb: int
+    vram_used_kb: int = 0
+    hotspot_centidegrees: int
+    """Temperature × 100, as MXSML reports it."""
+    board_ways_mw: tuple[int, ...]
+    """Power per supply way, mW; the board's power is their sum."""
+    xcore_percent: int = 0
+
+
+class MetaxHost(LibHost, frozen=True, kw_only=True):
+    maca_version: str | None = None
+    cards: tuple[MetaxCard, ...] = ()
+
+
+class CambriconCard(LibCard, frozen=True, kw_only=True):
+    """An MLU as CNDev reports it."""
+
+    uuid: str
+    """Bare, as CNDev gives it (tools print ``MLU-`` before it)."""
+    name: str
+    name_id: int
+    """``cndevNameEnum_t`` (23 is MLU370), for drivers without the name-string call."""
+    driver_version: tuple[int, int, int]
+    memory_total_mib: int
+    memory_used_mib: int = 0
+    utilization_percent: int = 0
+    chip_temperature_c: int
+    power_w: int
+
+
+class CambriconHost(LibHost, frozen=True, kw_only=True):
+    neuware_version: str | None = None
+    """Written to ``/usr/local/neuware/version.txt``; None: no Neuware on the host."""
+    name_strings: bool = True
+    """False: an older driver without ``cndevGetCardNameStringByDevId``."""
+    cards: tuple[CambriconCard, ...] = ()
+
+
+class MthreadsCard(DrmCard, frozen=True, kw_only=True):
+    """A Moore Threads GPU as MTML reports it."""
+
+    uuid: str
+    name: str
+    audio_bus_id: str | None = None
+    """The card's HDMI/DP audio function (same vendor id, class 0x0403), if simulated."""
+    memory_total_mib: int
+    """Reported in bytes by the library."""
+    memory_used_mib: int = 0
+    gpu_cores: int | None = None
+    """None: ``NOT_SUPPORTED`` (no public figure)."""
+    utilization_percent: int = 0
+    temperature_c: int
+    power_mw: int
+
+
+class MthreadsHost(LibHost, frozen=True, kw_only=True):
+    driver_version: str
+    cards: tuple[MthreadsCard, ...] = ()
+
+
+class HygonCard(DrmCard, frozen=True, kw_only=True):
+    """A Hygon DCU as DTK's ROCm SMI and KFD report it, in their units."""
+
+    unique_id: int
+    name: str
+    vram_total_bytes: int
+    vram_used_bytes: int = 0
+    busy_percent: int = 0
+    edge_temperature_mc: int
+    power_average_uw: int
+    simd_count: int
+    simd_per_cu: int = 4
+    gfx_target_version: int
+    """KFD encoding: ``90208`` is gfx928."""
+
+
+class HygonHost(LibHost, frozen=True, kw_only=True):
+    module_version: str | None = None
+    """``/sys/module/hycu/version``; None: the module publishes none."""
+    dtk_version: str | None = None
+    """``/opt/dtk/.info/version``; None: no DTK on the host."""
+    cards: tuple[HygonCard, ...] = ()
+
+
+class CloneMigProfile(_Profile, frozen=True, kw_only=True):
+    """One GPU-instance profile of an NVML clone's MIG (HGML)."""
+
+    id: int
+    slice_count: int
+    instance_count: int
+    multiprocessor_count: int = 0
+    memory_mib: int
+    placement_size: int
+    placement_starts: tuple[int, ...] = ()
+
+
+class CloneCard(LibCard, frozen=True, kw_only=True):
+    """A card of an NVML clone (IXML, HGML): NVML's calls, units and status codes."""
+
+    uuid: str
+    name: str
+    minor: int | None = None
+    memory_total_mib: int
+    """Reported in bytes by the library."""
+    memory_used_mib: int = 0
+    gpu_cores: int | None = None
+    compute_capability: tuple[int, int] | None = None
+    """None: the call answers ``NOT_SUPPORTED``."""
+    utilization_percent: int = 0
+    temperature_c: int
+    power_mw: int | None = None
+    """None: ``NOT_SUPPORTED`` (``ixsmi`` shows ``N/A``)."""
+    mig_mode: bool = False
+    mig_profiles: tuple[CloneMigProfile, ...] = ()
+
+
+class CloneHost(LibHost, frozen=True, kw_only=True):
+    driver_version: str
+    runtime_version: int | None = None
+    """CUDA-style ``major*1000 + minor*10 + patch``; None: ``NOT_SUPPORTED``."""
+    cards: tuple[CloneCard, ...] = ()
+
+
+LibSection = CambriconHost | CloneHost | HygonHost | MetaxHost | MthreadsHost
+
+
 class Profile(_Profile, frozen=True, kw_only=True):
     description: str
     kernel_release: str = "6.8.0-simulated"
     nvidia: NvidiaHost | None = None
     amd: AmdHost | None = None
+    ascend: AscendHost | None = None
+    cambricon: CambriconHost | None = None
+    hygon: HygonHost | None = None
+    iluvatar: CloneHost | None = None
+    metax: MetaxHost | None = None
+    mthreads: MthreadsHost | None = None
+    thead: CloneHost | None = None
+
+    def library_cards(self) -> dict[str, tuple[LibCard, ...]]:
+        """Manufacturer → its library-read cards, for the PCI tree."""
+        sections: dict[str, tuple[LibCard, ...]] = {}
+        if self.ascend is not None:
+            sections["ascend"] = self.ascend.chips
+        for key in ("cambricon", "hygon", "iluvatar", "metax", "mthreads", "thead"):
+            section: LibSection | None = getattr(self, key)
+            if section is not None:
+                sections[key] = section.cards
+        return sections
 
 
 PACKAGED = "agent.devices.simulation.builtin"

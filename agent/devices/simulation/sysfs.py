@@ -17,11 +17,20 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from agent.devices.hostfs import HostFS
-from agent.devices.simulation.profiles import AmdCard, AmdHost, NvidiaCard, Profile
+from agent.devices.manufacturers import MANUFACTURERS
+from agent.devices.simulation.profiles import (
+    AmdCard,
+    AmdHost,
+    DrmCard,
+    HygonHost,
+    LibCard,
+    NvidiaCard,
+    Profile,
+)
 from agent.errors import ProfileError
 
 __all__ = ["materialize"]
@@ -33,6 +42,7 @@ AMD_VENDOR = 0x1002
 _NVIDIA_CLASS = 0x030200  # 3D controller
 _AMD_CLASS = 0x030000  # VGA compatible controller
 _BRIDGE_CLASS = 0x060400  # PCI-to-PCI bridge
+_AUDIO_CLASS = 0x040300  # HDMI/DP audio: same vendor id as the card, not an accelerator
 _BRIDGE_VENDOR = 0x1000  # a PCIe switch's ports; the exact vendor does not matter to detection
 _BRIDGE_DEVICE = 0xC010
 
@@ -73,11 +83,14 @@ def materialize(profile: Profile, root: Path) -> HostFS:
     nvidia_cards = profile.nvidia.cards if profile.nvidia else ()
     amd_cards = profile.amd.cards if profile.amd else ()
     functions = [_nvidia_function(c) for c in nvidia_cards] + [_amd_function(c) for c in amd_cards]
+    for key, cards in profile.library_cards().items():
+        functions.extend(_library_functions(key, cards))
     _check_consistent(functions, amd_cards)
     for function in functions:
         _write_function(root, function)
     if profile.amd is not None and amd_cards:
         _write_amd(root, profile.amd)
+    _write_library_hosts(root, profile)
     _write(root / "proc/sys/kernel/osrelease", profile.kernel_release + "\n")
     return HostFS(root)
 
@@ -112,6 +125,97 @@ def _amd_function(card: AmdCard) -> _Function:
         cpu_list=card.cpu_list,
         driver="amdgpu",
     )
+
+
+def _library_functions(key: str, cards: tuple[LibCard, ...]) -> list[_Function]:
+    """One PCI function per address: chips of one multi-chip card share theirs."""
+    functions: dict[str, _Function] = {}
+    for card in cards:
+        bdf = _bdf(card.bus_id)
+        function = _Function(
+            bdf=bdf,
+            bridges=tuple(_bdf(b) for b in card.bridges),
+            vendor=MANUFACTURERS[key].pci_vendor,
+            device=card.pci_device_id,
+            pci_class=card.pci_class,
+            revision=0x01,
+            subsystem_vendor=MANUFACTURERS[key].pci_vendor,
+            subsystem_device=0,
+            numa_node=card.numa_node,
+            cpu_list=card.cpu_list,
+            driver=_DRIVERS[key],
+        )
+        if functions.setdefault(bdf, function) != function:
+            raise ProfileError(f"{key} chips at {bdf} disagree on their PCI function")
+        audio = getattr(card, "audio_bus_id", None)
+        if audio is not None:
+            functions[_bdf(audio)] = replace(
+                function,
+                bdf=_bdf(audio),
+                device=0x02FF,
+                pci_class=_AUDIO_CLASS,
+                driver="snd_hda_intel",
+            )
+    return list(functions.values())
+
+
+_DRIVERS = {
+    "ascend": "devdrv_device_driver",
+    "cambricon": "cambricon",
+    "hygon": "hycu",
+    "iluvatar": "iluvatar",
+    "metax": "metax",
+    "mthreads": "mtgpu",
+    "thead": "alixpu",
+}
+"""The kernel driver each manufacturer's cards are bound to (the ``driver`` link's name)."""
+
+
+def _write_library_hosts(root: Path, profile: Profile) -> None:
+    """The host files the library-read backends look at besides the library itself."""
+    drm = [c for cards in profile.library_cards().values() for c in cards if isinstance(c, DrmCard)]
+    _unique([c.card for c in drm], "card number card")
+    _unique([c.render_minor for c in drm], "render minor renderD")
+    for card in drm:
+        device_dir = _device_dir(_bdf(card.bus_id), tuple(_bdf(b) for b in card.bridges))
+        _write_drm(root, device_dir, card)
+    if profile.hygon is not None:
+        _write_hygon(
+            root, profile.hygon, first_node=1 + len(profile.amd.cards if profile.amd else ())
+        )
+    if profile.cambricon is not None and profile.cambricon.neuware_version is not None:
+        text = f"Neuware Version: {profile.cambricon.neuware_version}\n"
+        _write(root / "usr/local/neuware/version.txt", text)
+    if profile.ascend is not None and profile.ascend.cann_version is not None:
+        text = f"Version={profile.ascend.cann_version}\n"
+        _write(root / "usr/local/Ascend/ascend-toolkit/latest/runtime/version.info", text)
+
+
+def _write_hygon(root: Path, host: HygonHost, first_node: int) -> None:
+    """KFD nodes for the DCUs (after any AMD ones), the hycu module and DTK's version file."""
+    if host.cards:
+        _write_kfd_cpu_node(root)
+    for offset, card in enumerate(host.cards):
+        domain, bus, dev, fn = _split_bdf(_bdf(card.bus_id))
+        props = {
+            "cpu_cores_count": 0,
+            "simd_count": card.simd_count,
+            "mem_banks_count": 1,
+            "simd_per_cu": card.simd_per_cu,
+            "gfx_target_version": card.gfx_target_version,
+            "vendor_id": MANUFACTURERS["hygon"].pci_vendor,
+            "device_id": card.pci_device_id,
+            "location_id": bus << 8 | dev << 3 | fn,
+            "domain": domain,
+            "drm_render_minor": card.render_minor,
+            "unique_id": card.unique_id,
+        }
+        _write_kfd_node(root, first_node + offset, props, gpu_id=0x2000 + offset)
+    (root / "sys/module/hycu").mkdir(parents=True, exist_ok=True)
+    if host.module_version is not None:
+        _write(root / "sys/module/hycu/version", host.module_version + "\n")
+    if host.dtk_version is not None:
+        _write(root / "opt/dtk/.info/version", host.dtk_version + "\n")
 
 
 def _split_bdf(bdf: str) -> tuple[int, int, int, int]:
@@ -237,7 +341,7 @@ def _write_hwmon(root: Path, device_dir: str, number: int, card: AmdCard) -> Non
     _symlink(root, f"sys/class/hwmon/hwmon{number}", hwmon_dir)
 
 
-def _write_drm(root: Path, device_dir: str, card: AmdCard) -> None:
+def _write_drm(root: Path, device_dir: str, card: AmdCard | DrmCard) -> None:
     (root / "sys/class/drm").mkdir(parents=True, exist_ok=True)
     for node in (f"card{card.card}", f"renderD{card.render_minor}"):
         node_dir = f"{device_dir}/drm/{node}"

@@ -410,7 +410,7 @@ def test_the_command_prints_json_and_reports_every_manufacturer(
     assert launcher.main(argv) == 0
     printed = json.loads(capsys.readouterr().out)
     groups = {g["manufacturer"]: g for g in printed["accelerators"]}
-    assert groups["ascend"]["detection"]["reason"] == "no-backend"
+    assert groups["ascend"]["detection"]["state"] == "not-declared"  # detected: none here
     mig = [r for r in groups["nvidia"]["checks"] if r["capability"] == "mig-partitioning"]
     assert [r["state"] for r in mig] == ["ok"] * 4 + ["not-declared"] * 4
     assert printed["topology"]["policy"] == "none"

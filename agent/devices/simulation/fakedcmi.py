@@ -1,0 +1,161 @@
+"""A simulated ``libdcmi.so`` built from a profile's ``ascend`` section.
+
+Answers the DCMI V1 calls :mod:`agent.devices.dcmi` makes, with DCMI's units (MB, 0.1 W) and
+its traps: the logic-id call takes its output first, DDR chips answer the HBM call with size 0,
+and a card listed in ``mcuCards`` reports an MCU unit after its chips (type 1), which refuses the
+per-chip calls with ``NOT_SUPPORT`` as the real MCU does for power.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agent.devices import dcmi
+from agent.devices.simulation.fakelib import SimulatedLibrary, put, put_text, target
+from agent.devices.simulation.profiles import AscendChip, AscendHost
+
+_UNIT_MCU = 1
+
+
+class SimulatedDcmi(SimulatedLibrary):
+    CODES = dcmi.CODES
+    LOST = "DEVICE_NOT_EXIST"
+    UNINITIALIZED = "UNINITIALIZED"
+
+    def __init__(self, host: AscendHost) -> None:
+        super().__init__(host.init_error, [c.faults for c in host.chips])
+        self.host = host
+        self.chips = host.chips
+        self._cards: list[int] = list(dict.fromkeys(c.card_id for c in host.chips))
+        for card in host.mcu_cards:
+            if card not in self._cards:
+                self._cards.append(card)
+
+    def _find(self, name: str, card: int, device: int) -> tuple[int, AscendChip | None]:
+        """Status and chip for ``(card, device)``; an MCU or unknown slot answers no chip."""
+        for position, chip in enumerate(self.chips):
+            if chip.card_id == card and chip.device_id == device:
+                return self._card(name, position), chip
+        self.calls.append((name, None))
+        if not self.initialized:
+            return dcmi.UNINITIALIZED, None
+        return (dcmi.NOT_SUPPORT if card in self.host.mcu_cards else dcmi.DEVICE_NOT_EXIST), None
+
+    # -- system --------------------------------------------------------------------------------
+
+    def dcmi_init(self) -> int:
+        return self._init("dcmi_init")
+
+    def dcmi_get_driver_version(self, buffer: Any, size: int) -> int:
+        status = self._system("dcmi_get_driver_version")
+        if status or self.host.driver_version is None:
+            return status or dcmi.NOT_SUPPORT
+        return put_text(buffer, self.host.driver_version, size) and -8001
+
+    def dcmi_get_card_list(self, count: Any, cards: Any, size: int) -> int:
+        status = self._system("dcmi_get_card_list")
+        if status:
+            return status
+        for i, card in enumerate(self._cards[:size]):
+            cards[i] = card
+        put(count, len(self._cards))
+        return 0
+
+    def dcmi_get_device_num_in_card(self, card: int, count: Any) -> int:
+        status = self._system("dcmi_get_device_num_in_card")
+        if status:
+            return status
+        chips = sum(1 for c in self.chips if c.card_id == card)
+        put(count, chips + (1 if card in self.host.mcu_cards else 0))
+        return 0
+
+    # -- per chip ------------------------------------------------------------------------------
+
+    def dcmi_get_device_type(self, card: int, device: int, unit: Any) -> int:
+        status, chip = self._find("dcmi_get_device_type", card, device)
+        if chip is None and status == dcmi.NOT_SUPPORT:
+            put(unit, _UNIT_MCU)
+            return 0
+        if status == 0:
+            put(unit, dcmi.UNIT_NPU)
+        return status
+
+    def dcmi_get_device_logic_id(self, logic: Any, card: int, device: int) -> int:
+        status, chip = self._find("dcmi_get_device_logic_id", card, device)
+        if status == 0 and chip is not None:
+            put(logic, chip.logic_id)
+        return status
+
+    def dcmi_get_device_phyid_from_logicid(self, logic: int, phy: Any) -> int:
+        for position, chip in enumerate(self.chips):
+            if chip.logic_id == logic:
+                status = self._card("dcmi_get_device_phyid_from_logicid", position)
+                if status == 0:
+                    put(phy, chip.physical_id)
+                return status
+        return -8007
+
+    def dcmi_get_device_chip_info(self, card: int, device: int, info: Any) -> int:
+        status, chip = self._find("dcmi_get_device_chip_info", card, device)
+        if status == 0 and chip is not None:
+            out = target(info)
+            out.chip_type = b"Ascend"
+            out.chip_name = chip.chip_name.encode()
+            out.chip_ver = b"V1"
+            out.aicore_cnt = chip.aicore_count
+        return status
+
+    def dcmi_get_device_die_v2(self, card: int, device: int, kind: int, die: Any) -> int:
+        status, chip = self._find("dcmi_get_device_die_v2", card, device)
+        if status == 0 and chip is not None:
+            for i, word in enumerate(chip.die_id):
+                target(die).soc_die[i] = word
+        return status
+
+    def dcmi_get_device_pcie_info_v2(self, card: int, device: int, info: Any) -> int:
+        status, chip = self._find("dcmi_get_device_pcie_info_v2", card, device)
+        if status == 0 and chip is not None:
+            domain, bus, rest = chip.bus_id.split(":")
+            dev, fn = rest.split(".")
+            out = target(info)
+            out.venderid, out.deviceid = 0x19E5, chip.pci_device_id
+            out.domain, out.bdf_busid = int(domain, 16), int(bus, 16)
+            out.bdf_deviceid, out.bdf_funcid = int(dev, 16), int(fn, 16)
+        return status
+
+    def dcmi_get_device_hbm_info(self, card: int, device: int, info: Any) -> int:
+        status, chip = self._find("dcmi_get_device_hbm_info", card, device)
+        if status == 0 and chip is not None:
+            out = target(info)
+            out.memory_size = chip.memory_total_mib if chip.hbm else 0
+            out.memory_usage = chip.memory_used_mib if chip.hbm else 0
+            out.temp = chip.temperature_c
+        return status
+
+    def dcmi_get_device_memory_info_v3(self, card: int, device: int, info: Any) -> int:
+        status, chip = self._find("dcmi_get_device_memory_info_v3", card, device)
+        if status == 0 and chip is not None:
+            out = target(info)
+            out.memory_size = chip.memory_total_mib
+            out.memory_available = chip.memory_total_mib - chip.memory_used_mib
+        return status
+
+    def dcmi_get_device_utilization_rate(self, card: int, device: int, kind: int, rate: Any) -> int:
+        status, chip = self._find("dcmi_get_device_utilization_rate", card, device)
+        if status == 0 and chip is not None:
+            if kind != dcmi.UTILIZATION_AICORE:
+                return dcmi.NOT_SUPPORT
+            put(rate, chip.aicore_utilization)
+        return status
+
+    def dcmi_get_device_temperature(self, card: int, device: int, temp: Any) -> int:
+        status, chip = self._find("dcmi_get_device_temperature", card, device)
+        if status == 0 and chip is not None:
+            put(temp, chip.temperature_c)
+        return status
+
+    def dcmi_get_device_power_info(self, card: int, device: int, power: Any) -> int:
+        status, chip = self._find("dcmi_get_device_power_info", card, device)
+        if status == 0 and chip is not None:
+            put(power, chip.power_deciwatts)
+        return status

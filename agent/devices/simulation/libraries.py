@@ -1,0 +1,45 @@
+"""Which simulated library stands in for each library-read manufacturer, made on demand.
+
+A profile without a manufacturer's section simulates a host without its library: opening it
+fails as ``dlopen`` would, with the adapter's "library not found" error.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import Any
+
+from agent.devices import clib
+from agent.devices.simulation.profiles import Profile
+
+_SIMULATORS = {
+    "ascend": ("agent.devices.simulation.fakedcmi", "SimulatedDcmi", "libdcmi.so"),
+    "cambricon": ("agent.devices.simulation.fakecndev", "SimulatedCndev", "libcndev.so"),
+    "hygon": ("agent.devices.simulation.fakerocmsmi", "SimulatedRocmSmi", "librocm_smi64.so"),
+    "iluvatar": ("agent.devices.simulation.fakenvmlabi", "iluvatar", "libixml.so"),
+    "metax": ("agent.devices.simulation.fakemxsml", "SimulatedMxsml", "libmxsml.so"),
+    "mthreads": ("agent.devices.simulation.fakemtml", "SimulatedMtml", "libmtml.so"),
+    "thead": ("agent.devices.simulation.fakenvmlabi", "thead", "libhgml.so"),
+}
+"""Manufacturer → (module, its maker from the profile section, the library it stands in for)."""
+
+
+def factory(key: str, profile: Profile) -> Callable[[], Any]:
+    """A maker of ``key``'s simulated library from ``profile`` (nothing is built before a call)."""
+
+    def make() -> Any:
+        module, cls, soname = _SIMULATORS[key]
+        section = getattr(profile, key)
+        if section is None or not section.library_installed:
+            raise clib.LibUnavailable(
+                f"load {soname}", clib.LIBRARY_NOT_FOUND, "LIBRARY_NOT_FOUND",
+                f"{soname}: cannot open shared object file (not in the simulated profile)",
+            )  # fmt: skip
+        return getattr(importlib.import_module(module), cls)(section)
+
+    return make
+
+
+def simulated_keys() -> tuple[str, ...]:
+    return tuple(_SIMULATORS)

@@ -1,0 +1,128 @@
+"""Ascend through simulated DCMI: values, units (0.1 W, MB), duo cards, MCU units, CANN."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from vendor_helpers import accelerators, rig, validate_devices, wire
+
+from agent.devices import ascend
+
+DUO_AND_MCU = """
+description: one 310P3 duo card (two chips on one PCI function) and an A3-style MCU unit
+ascend:
+  driverVersion: "23.0.rc3.3"
+  cannVersion: "8.2.RC1"
+  mcuCards: [4]
+  chips:
+    - &chip
+      busId: "0000:81:00.0"
+      pciDeviceId: 0xd500
+      cardId: 4
+      deviceId: 0
+      logicId: 0
+      physicalId: 0
+      chipName: "310P3"
+      aicoreCount: 8
+      dieId: [1, 2, 3, 4, 5]
+      hbm: false
+      memoryTotalMib: 44280
+      memoryUsedMib: 1380
+      aicoreUtilization: 55
+      temperatureC: 47
+      powerDeciwatts: 719
+    - <<: *chip
+      deviceId: 1
+      logicId: 1
+      physicalId: 1
+      dieId: [1, 2, 3, 4, 6]
+      memoryTotalMib: 43693
+"""
+
+
+def test_the_910b2_node_reads_as_captured(tmp_path: Path) -> None:
+    groups = rig("ascend", "ascend-910b2x8", tmp_path).backend.detect()
+    (group,) = wire(groups)
+    first = group.pop("accelerators")[0]
+    assert group == {
+        "id": "910b2",
+        "manufacturer": "ascend",
+        "name": "910B2",
+        "memory": 65536,
+        "cores": 24,
+        "driverVersion": "25.2.0",
+        "family": "910B",
+        "simulated": True,
+    }
+    assert first == {
+        "id": "NPU-7281a664-00c0c977-2879fd72-b9d00485-104301e3",
+        "index": 0,
+        "physicalIndexes": [0, 0, 0],
+        "topology": {"pciBusId": "0000:c1:00.0", "numaAffinity": "6"},
+        "status": {
+            "unhealthy": False,
+            "logicalSliced": {"coresPercentageOvercommit": True, "count": 63},
+        },
+    }
+
+
+def test_power_is_read_in_tenths_of_a_watt(tmp_path: Path) -> None:
+    samples = wire(rig("ascend", "ascend-910b2x8", tmp_path).backend.sample())
+    assert samples[0] == {
+        "id": "NPU-7281a664-00c0c977-2879fd72-b9d00485-104301e3",
+        "memory": 65536,
+        "memoryUsage": 3392,
+        "memoryUtilization": 5,
+        "coresUtilization": 0,
+        "temperature": 49,
+        "powerUsage": 100,  # 1003 tenths: 100.3 W, truncated
+        "unhealthy": False,
+    }
+    assert [s["powerUsage"] for s in samples] == [100, 117, 108, 104, 101, 112, 109, 106]
+
+
+def test_a_duo_card_gives_two_chips_and_its_mcu_is_skipped(tmp_path: Path) -> None:
+    r = rig("ascend", DUO_AND_MCU, tmp_path)
+    groups = r.backend.detect()
+    validate_devices(groups)
+    (group,) = wire(groups)
+    assert group["name"] == "310P3" and group["family"] == "310P" and group["memory"] == 43693
+    assert group["runtimeVersion"] == "8.2" and group["driverVersion"] == "23.0.rc3.3"
+    found = group["accelerators"]
+    assert [a["physicalIndexes"] for a in found] == [[0, 4, 0], [1, 4, 1]]
+    assert {a["topology"]["pciBusId"] for a in found} == {"0000:81:00.0"}
+    assert ("dcmi_get_device_type", None) in r.library.calls  # the MCU was asked and skipped
+    assert not any(c == ("dcmi_get_device_die_v2", None) for c in r.library.calls)
+
+
+def test_ddr_memory_comes_from_memory_info_v3(tmp_path: Path) -> None:
+    """The HBM call answers size 0 on DDR chips."""
+    r = rig("ascend", DUO_AND_MCU, tmp_path)
+    samples = wire(r.backend.sample())
+    assert [(s["memory"], s["memoryUsage"]) for s in samples] == [(44280, 1380), (43693, 1380)]
+    assert [s["coresUtilization"] for s in samples] == [55, 55]
+    assert ("dcmi_get_device_memory_info_v3", 0) in r.library.calls
+
+
+@pytest.mark.parametrize(
+    ("chip", "family"),
+    [("910B2", "910B"), ("310P3", "310P"), ("910", "910"), ("910_9391", "910_93"),
+     ("Ascend950PR", "950"), ("310B1", "310B"), ("weird", None)],
+)  # fmt: skip
+def test_family_from_the_chip_name(chip: str, family: str | None) -> None:
+    assert ascend.family(chip) == family
+
+
+def test_the_id_is_the_die_id_zero_padded() -> None:
+    assert ascend.uuid((0x7281A664, 0xC0C977, 1, 2, 3)) == (
+        "NPU-7281a664-00c0c977-00000001-00000002-00000003"
+    )
+
+
+def test_no_driver_version_call_leaves_the_field_out(tmp_path: Path) -> None:
+    r = rig("ascend", "ascend-910b2x8", tmp_path)
+    r.library.host = r.library.host.__class__(chips=r.library.host.chips)
+    (group,) = wire(r.backend.detect())
+    assert "driverVersion" not in group and "runtimeVersion" not in group
+    assert len(accelerators(r.backend.detect())) == 8

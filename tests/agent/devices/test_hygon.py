@@ -1,0 +1,62 @@
+"""Hygon through simulated DTK ROCm SMI plus KFD and sysfs: units, ids, CUs, versions."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from vendor_helpers import rig, wire
+
+from agent.devices import rocmsmi
+
+
+def test_the_k100_ai_node_reads_as_captured(tmp_path: Path) -> None:
+    (group,) = wire(rig("hygon", "hygon-k100-ai-x8", tmp_path).backend.detect())
+    found = group.pop("accelerators")
+    assert group == {
+        "id": "k100-ai",
+        "manufacturer": "hygon",
+        "name": "K100_AI",
+        "memory": 65520,
+        "cores": 120,
+        "runtimeVersion": "24.04",
+        "computeCapability": "gfx928",
+        "simulated": True,
+    }  # no driverVersion: the hycu module publishes none on that host
+    assert found[0]["id"] == "GPU-7100f95cee823041"
+    assert [a["physicalIndexes"] for a in found] == [[i + 1, 128 + i] for i in range(8)]
+    assert found[0]["topology"]["pciBusId"] == "0000:1d:00.0"  # partition bits masked
+
+
+def test_three_scalings_are_converted(tmp_path: Path) -> None:
+    samples = wire(rig("hygon", "hygon-k100-ai-x8", tmp_path).backend.sample())
+    assert samples[2] == {
+        "id": "GPU-7100f95cee825041",
+        "memory": 65520,
+        "memoryUsage": 2,
+        "memoryUtilization": 0,
+        "coresUtilization": 0,
+        "temperature": 65,  # 64500 m°C, rounded half up
+        "powerUsage": 110,  # 110000000 µW
+        "unhealthy": False,
+    }
+
+
+@pytest.mark.parametrize(
+    ("packed", "bdf"),
+    [(0x1D00, "0000:1d:00.0"), (1 << 32 | 0xC1 << 8 | 3 << 3 | 1, "0001:c1:03.1"),
+     (0xF << 28 | 0x9C00, "0000:9c:00.0")],
+)  # fmt: skip
+def test_the_packed_pci_id(packed: int, bdf: str) -> None:
+    assert rocmsmi.decode_bdf(packed) == bdf
+
+
+def test_a_leading_zero_unique_id_keeps_its_width(tmp_path: Path) -> None:
+    text = Path(__file__).parent.parent.parent.parent / "agent/devices/simulation/builtin"
+    yaml = (
+        (text / "hygon-k100-ai-x8.yaml")
+        .read_text()
+        .replace("0x7100f95cee823041", "0x0000f95cee823041", 1)
+    )
+    found = wire(rig("hygon", yaml, tmp_path).backend.detect())[0]["accelerators"]
+    assert found[0]["id"] == "GPU-0000f95cee823041"
