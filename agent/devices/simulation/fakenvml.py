@@ -26,6 +26,9 @@ with:
   CI handles are opaque integers (held in ``c_nvmlGpuInstance_t`` arrays like real handles); a
   destroyed one answers ``INVALID_ARGUMENT``. :meth:`SimulatedNvml.instances` shows the state.
 
+:func:`opened` lists the simulated NVMLs alive in this process, so an in-process demo or test
+(``standalone --simulate``, the dashboard's browser test) can make a running agent's card fail.
+
 Every call is logged as ``(function, card index or None)`` in :attr:`SimulatedNvml.calls`.
 """
 
@@ -34,6 +37,7 @@ from __future__ import annotations
 import ctypes
 import threading
 import time
+import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -81,6 +85,14 @@ def _words(numbers: Iterable[int], count: int) -> list[int]:
     return words
 
 
+_OPENED: weakref.WeakSet[SimulatedNvml] = weakref.WeakSet()
+
+
+def opened() -> list[SimulatedNvml]:
+    """The simulated NVMLs alive in this process (weakly held: a closed agent's goes away)."""
+    return list(_OPENED)
+
+
 class SimulatedNvml(MigCalls):
     """The pynvml module, simulated from a profile's ``nvidia`` section (None: no driver)."""
 
@@ -123,6 +135,7 @@ class SimulatedNvml(MigCalls):
                 raise ProfileError(f"nvidia {where}: unknown NVML error names {unknown}")
         if host and host.init_error and host.init_error not in ERROR_CODES:
             raise ProfileError(f"nvidia initError: unknown NVML error name {host.init_error!r}")
+        _OPENED.add(self)
 
     # -- health-loop hooks --------------------------------------------------------------------
 
