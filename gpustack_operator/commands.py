@@ -285,6 +285,14 @@ _DM_SERVE = (
     ),
     Flag("secure-port", "32443", "the HTTPS port", kind="int", bounds=PORT),
     Flag(
+        "metrics-port",
+        "0",
+        "also serve /metrics over plain HTTP on this port of --bind-address, with no token "
+        "(scrapers that expect DCGM exporter's :9400); 0 turns it off",
+        kind="int",
+        bounds=PORT,
+    ),
+    Flag(
         "node-name", "", "the node it runs on (default $KUBERNETES_NODE_NAME, else the host name)"
     ),
     Flag(

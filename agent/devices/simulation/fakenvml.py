@@ -48,6 +48,7 @@ from agent.devices.simulation.fakemig import (
     SimulatedHandle,
     SimulatedMigHandle,
 )
+from agent.devices.simulation.faketelemetry import TelemetryCalls
 from agent.devices.simulation.nvmlerrors import *
 from agent.devices.simulation.nvmlerrors import ERROR_CODES, NVMLError
 from agent.devices.simulation.profiles import NvidiaCard, NvidiaHost
@@ -93,7 +94,7 @@ def opened() -> list[SimulatedNvml]:
     return list(_OPENED)
 
 
-class SimulatedNvml(MigCalls):
+class SimulatedNvml(MigCalls, TelemetryCalls):
     """The pynvml module, simulated from a profile's ``nvidia`` section (None: no driver)."""
 
     NVMLError = NVMLError
@@ -116,6 +117,8 @@ class SimulatedNvml(MigCalls):
         self.system_faults = dict(system_faults or {})
         self.calls: list[tuple[str, int | None]] = []
         self.refcount = 0
+        self._reads: dict[tuple[str, int], int] = {}
+        """How often each simulated counter was read, per card (see faketelemetry)."""
         self.lost: set[int] = set()
         self._xids: dict[int, list[int]] = {i: list(c.xids) for i, c in enumerate(self.cards)}
         self._events = threading.Condition()
@@ -269,6 +272,12 @@ class SimulatedNvml(MigCalls):
         total = card.memory_total_mib << 20
         reserved = card.memory_reserved_mib << 20
         used = card.memory_used_mib << 20
+        if isinstance(handle, SimulatedMigHandle):  # what the MIG device sees: its GI's share
+            with self._mig:
+                self._mig_ci(handle)
+                gi = self._gis[handle.index][handle.gpu_instance_id]
+            share = gi.profile.memory_mib / card.memory_total_mib
+            total, reserved, used = gi.profile.memory_mib << 20, 0, int(used * share) >> 20 << 20
         if not version:  # v1: "used" includes what the driver reserved
             return SimpleNamespace(total=total, used=used + reserved, free=total - used - reserved)
         return SimpleNamespace(
@@ -311,7 +320,7 @@ class SimulatedNvml(MigCalls):
         card = self._card("nvmlDeviceGetUtilizationRates", handle)
         if card.utilization_percent is None or card.mig_mode:
             raise NVMLError(NOT_SUPPORTED)
-        return SimpleNamespace(gpu=card.utilization_percent, memory=0)
+        return SimpleNamespace(gpu=card.utilization_percent, memory=card.memory_copy_percent or 0)
 
     def nvmlDeviceGetTemperature(self, handle: SimulatedHandle, sensor: int) -> int:
         card = self._card("nvmlDeviceGetTemperature", handle)
