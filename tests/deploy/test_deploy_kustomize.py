@@ -37,6 +37,7 @@ def test_every_root_under_deploy_is_known() -> None:
     assert set(TREES) == {BASE, CRDS, *OVERLAYS}
     assert set(OVERLAYS) == {
         "deploy/overlays/dashboard",
+        "deploy/overlays/monitoring",
         "deploy/overlays/simulated",
         "deploy/overlays/websocket",
         "deploy/overlays/worker-gateway",
