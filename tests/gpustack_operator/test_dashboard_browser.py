@@ -1,122 +1,34 @@
-"""The dashboard in a real browser: headless Chromium, driven over its DevTools protocol,
-against a running ``standalone`` with the simulated 8 x H200 node.
+"""The dashboard in a real browser: headless Chromium, driven over its DevTools protocol.
 
-It reads the page's DOM (8 GPU cards), makes one simulated card fail with XID 79 through the
-running agent's own NVML, waits for the page to show it, and saves a screenshot
-(``dashboard.png``, and ``dashboard-unhealthy.png``) under the test's tmp directory.
-
-Chromium is Debian's ``chromium`` (``.ci/run`` installs it). Where it is missing the test is
-skipped, unless ``GPUSTACK_REQUIRE_BROWSER=1`` (CI sets it) makes that a failure.
+1. Against a running ``standalone`` with the simulated 8 x H200 node: the page shows the 8 GPUs,
+   one simulated card failing with XID 79 (through the running agent's own NVML) turns
+   unhealthy on the page, and when the server goes away the page says it is disconnected.
+   Screenshots (``dashboard.png``, ``dashboard-unhealthy.png``, ``dashboard-disconnected.png``)
+   are saved in the test's tmp directory.
+2. Against ``dashboard`` on a bare nats-server carrying hand-made events: a model downloading
+   shows its progress, an allocation shows its mode, pod and units, and an agent whose
+   heartbeat stopped is flagged.
 """
 
 from __future__ import annotations
 
-import base64
 import functools
-import itertools
-import json
-import os
-import shutil
-import subprocess
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import anyio
 import pytest
+from dashboard_browser import NEEDS_CHROMIUM, chromium, until
 
 from agent.devices.simulation import fakenvml
-from bus import testing
+from bus import connection, devices, events, publishing, state, testing
+from bus.metrics import BusMetrics
 from gpustack_operator import standalone
+from gpustack_operator.dashboard import serving
 from gpustack_operator.main import options_for
 
-pytestmark = [pytest.mark.anyio, pytest.mark.slow, pytest.mark.timeout(120)]
-
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-if CHROMIUM is None:
-    if os.environ.get("GPUSTACK_REQUIRE_BROWSER") == "1":
-        raise RuntimeError("GPUSTACK_REQUIRE_BROWSER=1 but no chromium on PATH")
-    pytestmark.append(pytest.mark.skip(reason="no chromium on PATH (apt-get install chromium)"))
-
-_STATE = """JSON.stringify({
-  ready: document.body.dataset.ready,
-  connection: document.getElementById("connection").textContent,
-  nodes: [...document.querySelectorAll(".node")].map((n) => n.dataset.node),
-  gpus: [...document.querySelectorAll(".gpu")].map((g) => ({
-    uuid: g.dataset.uuid, health: g.dataset.health,
-    text: g.querySelector(".health").textContent,
-    memory: g.querySelector(".memory").textContent,
-    charts: g.querySelectorAll("svg.chart polyline").length,
-  })),
-  models: document.querySelectorAll(".models").length,
-})"""
-
-
-class DevTools:
-    """One page target of a Chromium, over the DevTools protocol's WebSocket."""
-
-    def __init__(self, ws: aiohttp.ClientWebSocketResponse) -> None:
-        self.ws = ws
-        self.ids = itertools.count(1)
-
-    async def call(self, method: str, **params: Any) -> dict[str, Any]:
-        ident = next(self.ids)
-        await self.ws.send_json({"id": ident, "method": method, "params": params})
-        with anyio.fail_after(30):
-            async for message in self.ws:
-                reply = json.loads(message.data)
-                if reply.get("id") == ident:
-                    if "error" in reply:
-                        raise AssertionError(f"{method}: {reply['error']}")
-                    return dict(reply["result"])
-        raise AssertionError(f"the DevTools connection closed during {method}")
-
-    async def state(self) -> dict[str, Any]:
-        """What the page shows; ``{"error": …}`` while it cannot tell (still loading)."""
-        result = await self.call("Runtime.evaluate", expression=_STATE, returnByValue=True)
-        if "exceptionDetails" in result:
-            return {"error": result["exceptionDetails"].get("text", "")}
-        return dict(json.loads(result["result"]["value"]))
-
-    async def screenshot(self, path: Path) -> None:
-        shot = await self.call("Page.captureScreenshot", format="png", captureBeyondViewport=True)
-        await anyio.Path(path).write_bytes(base64.b64decode(shot["data"]))
-
-
-@asynccontextmanager
-async def chromium(profile: Path) -> AsyncIterator[DevTools]:
-    """A headless Chromium with a blank page; the DevTools port it picked is read back from
-    its profile (``--remote-debugging-port=0``)."""
-    assert CHROMIUM is not None
-    argv = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-            "--no-first-run", "--no-default-browser-check", "--remote-debugging-port=0",
-            "--remote-debugging-address=127.0.0.1", f"--user-data-dir={profile}",
-            "--window-size=1400,1800", "about:blank"]  # fmt: skip
-    process = await anyio.open_process(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        port_file = profile / "DevToolsActivePort"
-
-        async def listening() -> bool:
-            return port_file.exists() and bool(port_file.read_text().split())
-
-        await testing.eventually(listening, timeout_s=30)
-        port = int(port_file.read_text().split()[0])
-        async with aiohttp.ClientSession() as session:
-            async with session.get(f"http://127.0.0.1:{port}/json/list") as r:
-                pages = [t for t in await r.json() if t["type"] == "page"]
-            async with session.ws_connect(pages[0]["webSocketDebuggerUrl"], max_msg_size=0) as ws:
-                yield DevTools(ws)
-    finally:
-        with anyio.CancelScope(shield=True):
-            process.terminate()
-            with anyio.move_on_after(10):
-                await process.wait()
-            if process.returncode is None:
-                process.kill()
-                await process.wait()
-            await process.aclose()
+pytestmark = [pytest.mark.anyio, pytest.mark.slow, pytest.mark.timeout(150), NEEDS_CHROMIUM]
 
 
 def _settings(tmp_path: Path) -> standalone.StandaloneSettings:
@@ -132,30 +44,35 @@ async def test_the_page_shows_the_simulated_node_and_reacts_to_a_failing_card(
 ) -> None:
     banners, banner_reader = anyio.create_memory_object_stream[str](1)
     earlier = fakenvml.opened()  # other tests' agents, not yet collected (held: ids stay unique)
-    with banners, banner_reader:
-        async with anyio.create_task_group() as tg:
-            await tg.start(functools.partial(standalone.run, _settings(tmp_path), out=banners))
-            banner = await banner_reader.receive()
-            (line,) = [ln for ln in banner.splitlines() if "dashboard:" in ln]
-            url = line.split("dashboard:", 1)[1].strip()
-            assert url.startswith("http://127.0.0.1:")
-            async with chromium(tmp_path / "chromium") as page:
+    async with chromium(tmp_path / "chromium") as page:
+        with banners, banner_reader:
+            async with anyio.create_task_group() as tg:
+                await tg.start(functools.partial(standalone.run, _settings(tmp_path), out=banners))
+                banner = await banner_reader.receive()
+                (line,) = [ln for ln in banner.splitlines() if "dashboard:" in ln]
+                url = line.split("dashboard:", 1)[1].strip()
+                assert url.startswith("http://127.0.0.1:")
                 await page.call("Page.enable")
                 await page.call("Page.navigate", url=url)
-                seen = await _until(page, _eight_healthy_gpus_with_charts)
+                seen = await until(page, _eight_healthy_gpus_with_charts)
                 assert seen["nodes"] == ["laptop.example"]
                 assert all(g["memory"].endswith("/ 140.4 GiB") for g in seen["gpus"])
+                assert seen["badges"] == ["agent alive"]
                 await page.screenshot(tmp_path / "dashboard.png")
 
                 failing = seen["gpus"][3]["uuid"]
                 (library,) = [n for n in fakenvml.opened() if all(n is not e for e in earlier)]
                 library.inject_xid(3, 79)  # "GPU has fallen off the bus"
-                seen = await _until(page, functools.partial(_only_unhealthy, failing))
+                seen = await until(page, functools.partial(_only_unhealthy, failing))
                 (card,) = [g for g in seen["gpus"] if g["uuid"] == failing]
                 assert "Unhealthy" in card["text"] and "last XID 79" in card["text"]
                 await page.screenshot(tmp_path / "dashboard-unhealthy.png")
-            tg.cancel_scope.cancel()
-    for name in ("dashboard.png", "dashboard-unhealthy.png"):
+                tg.cancel_scope.cancel()
+        # The server is gone: the page says so, and keeps what it last knew.
+        seen = await until(page, lambda s: s.get("connection", "").startswith("disconnected"))
+        assert len(seen["gpus"]) == 8
+        await page.screenshot(tmp_path / "dashboard-disconnected.png")
+    for name in ("dashboard.png", "dashboard-unhealthy.png", "dashboard-disconnected.png"):
         assert (tmp_path / name).read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
 
 
@@ -173,15 +90,77 @@ def _only_unhealthy(uuid: str, state: dict[str, Any]) -> bool:
     return [g["uuid"] for g in state.get("gpus", []) if g["health"] == "unhealthy"] == [uuid]
 
 
-async def _until(page: DevTools, check: Any) -> dict[str, Any]:
-    """Poll the page's DOM until ``check(state)``; fail with the last state seen."""
-    state: dict[str, Any] = {}
-    try:
-        with anyio.fail_after(45):
-            while True:
-                state = await page.state()
-                if check(state):
-                    return state
-                await anyio.sleep(0.2)
-    except TimeoutError:
-        raise AssertionError(f"the page never got there; last seen: {state}") from None
+def _node_events(node: str) -> list[events.Event]:
+    """A node with one H200 held by a pod, a model half downloaded, and an agent whose last
+    heartbeat was ten minutes ago (30 s heartbeats: it is three periods silent)."""
+    now = datetime.now(UTC)
+    card = devices.Accelerator(
+        id="GPU-0", index=0, status=devices.AcceleratorStatus(unhealthy=False)
+    )
+    group = devices.DeviceGroup(id="nvidia-h200", manufacturer="nvidia", name="NVIDIA H200",
+                                memory=143771, accelerators=(card,))  # fmt: skip
+    sample = devices.AcceleratorSample(id="GPU-0", memory=143771, memory_usage=1024,
+                                       cores_utilization=42, unhealthy=False)  # fmt: skip
+    model = events.ModelState(model="sha256:abc", state="downloading", bytes_done=500,
+                              bytes_total=1000)  # fmt: skip
+    return [
+        events.DevicesEvent(node=node, ts=now, groups=(group,)),
+        events.SamplesEvent(
+            node=node,
+            ts=now,
+            period_s=15.0,
+            samples=(
+                devices.MonitorSample(
+                    manufacturer="nvidia", timestamp=now.isoformat(), accelerators=(sample,)
+                ),
+            ),
+        ),
+        events.AllocationEvent(
+            node=node,
+            ts=now,
+            allocation_id="a1",
+            action="allocated",
+            resource="nvidia.com/gpu.sliced",
+            device_ids=("nvidia-h200:GPU-0:0000", "nvidia-h200:GPU-0:0001"),
+            pod_namespace="ai",
+            pod_name="llm",
+            container="main",
+        ),
+        events.ModelsEvent(
+            node=node, ts=now, models=(model,), capacity_bytes=10_000, used_bytes=2_000
+        ),
+        events.AgentEvent(
+            node=node,
+            ts=now - timedelta(minutes=10),
+            version="9.9.9",
+            started_at=now - timedelta(hours=1),
+            heartbeat_s=30.0,
+        ),
+    ]
+
+
+async def test_models_allocations_and_a_silent_agent_are_shown(tmp_path: Path) -> None:
+    async with testing.nats_server(tmp_path) as server:
+        bus = testing.settings_for(server)
+        async with (
+            connection.connect(bus) as conn,
+            publishing.publisher(conn, settings=bus, metrics=BusMetrics()) as pub,
+        ):
+            await state.ensure_streams(conn, bus)
+            for event in _node_events("gpu-1"):
+                pub.publish(event)
+            await pub.wait_sent()
+            async with anyio.create_task_group() as tg, chromium(tmp_path / "chromium") as page:
+                url = await tg.start(
+                    functools.partial(serving.serve, serving.DashboardSettings(bus=bus))
+                )
+                await page.call("Page.navigate", url=url)
+                seen = await until(page, lambda s: bool(s.get("models")) and bool(s.get("gpus")))
+                await page.screenshot(tmp_path / "dashboard-models.png")
+                tg.cancel_scope.cancel()
+    (row,) = seen["models"]
+    assert (row["state"], row["progress"]) == ("downloading", 500)
+    assert "500 B / 1000 B" in row["text"]
+    assert seen["allocations"] == ["sliced ×2 (ai/llm)"]
+    (badge,) = seen["badges"]
+    assert badge.startswith("agent silent for ")
