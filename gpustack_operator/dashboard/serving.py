@@ -45,8 +45,8 @@ from bus.errors import BusError
 from bus.metrics import BusMetrics
 from bus.settings import BusSettings, from_options
 from gpustack_operator.dashboard.feed import Feed
-from kit.options import Options, SettingsError
-from kit.serving import bind_address
+from kit.options import Options
+from kit.serving import ServingFailed, bind_address
 
 __all__ = ["DashboardSettings", "Hub", "main", "serve", "settings_from"]
 
@@ -234,7 +234,7 @@ def application(hub: Hub) -> web.Application:
 async def http_server(settings: DashboardSettings, hub: Hub) -> AsyncIterator[str]:
     """Serve the page and the feed on plain HTTP until the block exits; yield the page's URL.
 
-    :raises SettingsError: the address cannot be bound (port taken, no such address).
+    :raises ServingFailed: the address cannot be bound (port taken, no such address).
     """
     runner = web.AppRunner(
         application(hub), access_log=None, handle_signals=False, handler_cancellation=True
@@ -246,7 +246,7 @@ async def http_server(settings: DashboardSettings, hub: Hub) -> AsyncIterator[st
     except OSError as e:
         with anyio.CancelScope(shield=True):
             await runner.cleanup()
-        raise SettingsError(
+        raise ServingFailed(
             f"cannot serve the dashboard on {settings.bind_address}:{settings.port}: "
             f"{e.strerror or e}"
         ) from e

@@ -21,6 +21,7 @@ from gpustack_operator.dashboard import serving
 from gpustack_operator.dashboard.feed import Feed
 from gpustack_operator.main import options_for
 from kit.options import SettingsError
+from kit.serving import ServingFailed
 
 pytestmark = pytest.mark.anyio
 
@@ -174,3 +175,13 @@ def test_the_command_reads_its_flags() -> None:
     assert built.bus.inbox_prefix == "_INBOX.dashboard"
     with pytest.raises(SettingsError, match="not an IP address"):
         serving.settings_from(options_for(("dashboard",), ["--bind-address=everywhere"]))
+
+
+async def test_a_taken_port_is_one_clear_error(bus: BusSettings) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        settings = serving.DashboardSettings(bus=bus, port=port)
+        with pytest.raises(ServingFailed, match=f"cannot serve the dashboard on 127.0.0.1:{port}"):
+            await serving.serve(settings)
