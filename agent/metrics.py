@@ -1,32 +1,29 @@
-"""The device agent's Prometheus metrics: per-accelerator gauges and the agent's own health.
+"""The device agent's Prometheus metrics: per-accelerator series and the agent's own health.
 
 Per-accelerator series are produced at scrape time from the latest detection and monitor pass
 (a custom collector), so a card that disappears takes its series with it and a value the
 hardware did not report is absent, never ``0``. Their labels are those of NVIDIA's DCGM exporter,
-so a Grafana dashboard written for DCGM is adapted by renaming the metrics only:
-
-=============================================  ========================================  =======
-gpustack-operator                              DCGM exporter                             unit
-=============================================  ========================================  =======
-``gpustack_accelerator_memory_total_mib``      ``DCGM_FI_DEV_FB_FREE`` + ``_FB_USED``     MiB
-``gpustack_accelerator_memory_used_mib``       ``DCGM_FI_DEV_FB_USED``                   MiB
-``gpustack_accelerator_utilization_percent``   ``DCGM_FI_DEV_GPU_UTIL``                  %
-``gpustack_accelerator_temperature_celsius``   ``DCGM_FI_DEV_GPU_TEMP``                  °C
-``gpustack_accelerator_power_watts``           ``DCGM_FI_DEV_POWER_USAGE``               W
-``gpustack_accelerator_unhealthy``             none (nearest ``DCGM_FI_DEV_XID_ERRORS``)  0/1
-=============================================  ========================================  =======
+so a Grafana dashboard written for DCGM is adapted by renaming the metrics only; docs/metrics.md
+maps every series to its DCGM field (:data:`SERIES` is the list).
 
 Labels on every accelerator series: ``gpu`` (the index within its manufacturer), ``UUID`` (the
 accelerator id), ``device`` (``nvidia<minor>``, ``card<N>`` for AMD), ``modelName``, ``Hostname``
-(the node name; DCGM's newest releases spell it ``hostname``), ``pci_bus_id``, plus
-``manufacturer`` (DCGM has none; dashboards may ignore it). A label the hardware did not report
-is the empty string.
+(the node name; DCGM's newest releases spell it ``hostname``), ``pci_bus_id``,
+``DCGM_FI_DRIVER_VERSION``, ``manufacturer`` (DCGM has none; dashboards may ignore it), the
+container holding the card (``pod``, ``namespace``, ``container``: from the device plugins'
+ledger, which kubelet's pod-resources API keeps current; a card several containers hold has
+one series per container, each with the card's value), and for a MIG instance ``GPU_I_ID`` and
+``GPU_I_PROFILE`` (the instance's own memory series; the card's series leave them empty). A
+label nobody reported is the empty string, which Prometheus treats as absent.
 
 Agent health: ``gpustack_agent_detection_pass_seconds`` and
 ``gpustack_agent_monitor_pass_seconds`` (histograms), ``gpustack_agent_pass_failures_total``
 (by manufacturer), ``gpustack_agent_nvml_errors_total`` (by NVML ``call``),
 ``gpustack_bus_outbox_depth`` and ``gpustack_bus_outbox_dropped_events_total`` (the latter from
 :class:`bus.metrics.BusMetrics`), ``gpustack_agent_kubelet_registrations_total``.
+
+No ``_created`` series anywhere (:mod:`kit.serving` turns them off): DCGM has none, and they
+double the series count of every counter.
 """
 
 from __future__ import annotations
@@ -40,18 +37,77 @@ from prometheus_client.registry import Collector
 
 from bus import devices
 
-LABELS = ("gpu", "UUID", "device", "modelName", "Hostname", "pci_bus_id", "manufacturer")
+LABELS = (
+    "gpu", "UUID", "device", "modelName", "Hostname", "pci_bus_id", "DCGM_FI_DRIVER_VERSION",
+    "manufacturer", "pod", "namespace", "container", "GPU_I_ID", "GPU_I_PROFILE",
+)  # fmt: skip
 
-_GAUGES: tuple[tuple[str, str, Callable[[devices.AcceleratorSample], float | None]], ...] = (
-    ("memory_total_mib", "Memory of the accelerator, MiB.", lambda s: s.memory),
-    ("memory_used_mib", "Memory in use, MiB.", lambda s: s.memory_usage),
-    ("utilization_percent", "Core utilization, percent.", lambda s: s.cores_utilization),
-    ("temperature_celsius", "Core temperature, degrees Celsius.", lambda s: s.temperature),
-    ("power_watts", "Power drawn, watts.", lambda s: s.power_usage),
-    ("unhealthy", "1 when the accelerator is Unhealthy.", lambda s: float(s.unhealthy)),
-)
+Reader = Callable[[devices.AcceleratorSample], float | None]
+
+
+def _flag(value: bool | None) -> float | None:
+    return None if value is None else float(value)
+
+
+@dataclass(frozen=True)
+class Series:
+    """One per-accelerator family: ``gpustack_accelerator_<name>`` (``_total`` for counters)."""
+
+    name: str
+    help: str
+    read: Reader
+    counter: bool = False
+
+
+SERIES: tuple[Series, ...] = (
+    Series("memory_total_mib", "Memory of the accelerator, driver-reserved included, MiB.",
+           lambda s: s.memory),
+    Series("memory_used_mib", "Memory in use, MiB.", lambda s: s.memory_usage),
+    Series("memory_free_mib", "Memory free, MiB.", lambda s: s.memory_free),
+    Series("memory_reserved_mib", "Memory the driver reserved, MiB.", lambda s: s.memory_reserved),
+    Series("utilization_percent", "Core utilization, percent.", lambda s: s.cores_utilization),
+    Series("memory_copy_utilization_percent", "Time memory was read or written, percent.",
+           lambda s: s.memory_copy_utilization),
+    Series("encoder_utilization_percent", "Video encoder utilization, percent.",
+           lambda s: s.encoder_utilization),
+    Series("decoder_utilization_percent", "Video decoder utilization, percent.",
+           lambda s: s.decoder_utilization),
+    Series("temperature_celsius", "Core temperature, degrees Celsius.", lambda s: s.temperature),
+    Series("power_watts", "Power drawn, watts.", lambda s: s.power_usage),
+    Series("sm_clock_mhz", "SM clock, MHz.", lambda s: s.sm_clock),
+    Series("memory_clock_mhz", "Memory clock, MHz.", lambda s: s.memory_clock),
+    Series("energy_millijoules", "Energy consumed since the driver loaded, millijoules.",
+           lambda s: s.energy, counter=True),
+    Series("pcie_tx_kilobytes_per_second", "PCIe data sent, KB/s.", lambda s: s.pcie_tx_throughput),
+    Series("pcie_rx_kilobytes_per_second", "PCIe data received, KB/s.",
+           lambda s: s.pcie_rx_throughput),
+    Series("pcie_replays", "PCIe replays since the driver loaded.", lambda s: s.pcie_replays,
+           counter=True),
+    Series("remapped_rows_correctable", "Memory rows remapped for correctable errors.",
+           lambda s: s.remapped_rows_correctable, counter=True),
+    Series("remapped_rows_uncorrectable", "Memory rows remapped for uncorrectable errors.",
+           lambda s: s.remapped_rows_uncorrectable, counter=True),
+    Series("row_remap_failure", "1 when a row remapping failed.", lambda s: _flag(s.row_remap_failed)),
+    Series("retired_pages_single_bit", "Pages retired for repeated single-bit ECC errors.",
+           lambda s: s.retired_pages_single_bit, counter=True),
+    Series("retired_pages_double_bit", "Pages retired for double-bit ECC errors.",
+           lambda s: s.retired_pages_double_bit, counter=True),
+    Series("nvlink_links_up", "NVLink links up.", lambda s: s.nvlink_links),
+    Series("nvlink_tx_kibibytes", "NVLink data sent since the driver loaded, KiB.",
+           lambda s: s.nvlink_tx, counter=True),
+    Series("nvlink_rx_kibibytes", "NVLink data received since the driver loaded, KiB.",
+           lambda s: s.nvlink_rx, counter=True),
+    Series("unhealthy", "1 when the accelerator is Unhealthy.", lambda s: float(s.unhealthy)),
+)  # fmt: skip
+LAST_XID = "gpustack_accelerator_last_xid"
+"""The last XID each card reported since the agent started (0: none), as DCGM_FI_DEV_XID_ERRORS."""
+_MIG_SERIES = ("memory_total_mib", "memory_used_mib")
 
 _PASS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+Holder = tuple[str, str, str]
+"""``(namespace, pod, container)`` of a container holding a card."""
 
 
 @dataclass
@@ -63,6 +119,10 @@ class Sources:
     nvml_errors: Callable[[], Mapping[str, int]]
     outbox_depth: Callable[[], int]
     registrations: Callable[[], int]
+    holders: Callable[[], Mapping[str, Sequence[Holder]]] = dict
+    """Accelerator id -> the containers holding it now."""
+    xids: Callable[[], Mapping[str, int]] = dict
+    """Accelerator id -> the last XID it reported."""
 
 
 class AgentMetrics:
@@ -106,7 +166,10 @@ class _Collector(Collector):
         return []  # dynamic families: never checked for collisions at registration
 
     def collect(self) -> Iterator[Metric]:
-        yield from accelerator_families(self.sources.node, *self.sources.view())
+        src = self.sources
+        yield from accelerator_families(
+            src.node, *src.view(), holders=src.holders(), xids=src.xids()
+        )
         errors = CounterMetricFamily(
             "gpustack_agent_nvml_errors", "NVML calls that failed, by function.", labels=["call"]
         )
@@ -129,23 +192,55 @@ def accelerator_families(
     node: str,
     groups: Sequence[devices.DeviceGroup],
     samples: Sequence[devices.MonitorSample],
-) -> list[GaugeMetricFamily]:
-    """The per-accelerator gauges for the latest view (pure; see the module docstring)."""
+    *,
+    holders: Mapping[str, Sequence[Holder]] | None = None,
+    xids: Mapping[str, int] | None = None,
+) -> list[Metric]:
+    """The per-accelerator families for the latest view (pure; see the module docstring)."""
     labels = {a.id: _labels(node, g, a) for g in groups for a in g.accelerators}
-    families = [
-        GaugeMetricFamily(f"gpustack_accelerator_{name}", text, labels=LABELS)
-        for name, text, _ in _GAUGES
-    ]
+    families: dict[str, Metric] = {
+        s.name: (CounterMetricFamily if s.counter else GaugeMetricFamily)(
+            f"gpustack_accelerator_{s.name}", s.help, labels=LABELS
+        )
+        for s in SERIES
+    }
+    last_xid = GaugeMetricFamily(
+        LAST_XID, "The last XID the accelerator reported (0: none since the agent started).",
+        labels=LABELS,
+    )  # fmt: skip
     for sample in samples:
         for accelerator in sample.accelerators:
-            values = labels.get(accelerator.id)
-            if values is None:
+            card = labels.get(accelerator.id)
+            if card is None:
                 continue  # sampled before detection named it: wait for the next pass
-            for family, (_, _, read) in zip(families, _GAUGES, strict=True):
-                value = read(accelerator)
-                if value is not None:
-                    family.add_metric(values, float(value))
-    return families
+            held = (holders or {}).get(accelerator.id) or [("", "", "")]
+            for holder in sorted(held):
+                values = [*card, holder[1], holder[0], holder[2], "", ""]
+                _add(families, accelerator, values)
+                last_xid.add_metric(values, float((xids or {}).get(accelerator.id, 0)))
+            for mig in accelerator.mig_instances or ():
+                _add_mig(
+                    families, mig, [*card, "", "", "", str(mig.gpu_instance_id), mig.profile or ""]
+                )
+    return [*families.values(), last_xid]
+
+
+def _add(
+    families: Mapping[str, Metric], sample: devices.AcceleratorSample, values: list[str]
+) -> None:
+    for series in SERIES:
+        value = series.read(sample)
+        if value is not None:
+            families[series.name].add_metric(values, float(value))  # type: ignore[attr-defined]
+
+
+def _add_mig(
+    families: Mapping[str, Metric], mig: devices.MigInstanceSample, values: list[str]
+) -> None:
+    """A MIG instance's own memory, on the card's families with GPU_I_ID and GPU_I_PROFILE."""
+    for name, value in zip(_MIG_SERIES, (mig.memory, mig.memory_usage), strict=True):
+        if value is not None:
+            families[name].add_metric(values, float(value))  # type: ignore[attr-defined]
 
 
 def _labels(node: str, group: devices.DeviceGroup, accelerator: devices.Accelerator) -> list[str]:
@@ -160,5 +255,6 @@ def _labels(node: str, group: devices.DeviceGroup, accelerator: devices.Accelera
         group.name,
         node,
         bus_id or "",
+        group.driver_version or "",
         group.manufacturer,
     ]

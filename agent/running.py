@@ -178,15 +178,36 @@ async def serve_https(
     *,
     task_status: anyio.abc.TaskStatus[serving.Server],
 ) -> None:
-    async with serving.https_server(
-        settings.https,
-        registry=registry,
-        ready=observer.is_ready,
-        routes={"/monitor/snapshot": observer.snapshot},
-        authorizer=reviewer,
-    ) as server:
+    async with (
+        serving.https_server(
+            settings.https,
+            registry=registry,
+            ready=observer.is_ready,
+            routes={"/monitor/snapshot": observer.snapshot},
+            authorizer=reviewer,
+        ) as server,
+        _plain_metrics(settings, registry) as plain,
+    ):
+        if plain is not None:
+            log.warning(
+                "serving /metrics over plain HTTP on %s to anyone, without tokens", plain.url
+            )
         task_status.started(server)
         await anyio.sleep_forever()
+
+
+@asynccontextmanager
+async def _plain_metrics(
+    settings: ServeSettings, registry: CollectorRegistry
+) -> AsyncIterator[serving.Server | None]:
+    """``--metrics-port``: the same registry over plain HTTP, or nothing when it is 0."""
+    if not settings.metrics_http_port:
+        yield None
+        return
+    async with serving.http_metrics_server(
+        settings.https.bind_address, settings.metrics_http_port, registry
+    ) as plain:
+        yield plain
 
 
 def mig_control(backends: Sequence[detection.Backend]) -> partitioning.NvmlMig | None:
@@ -272,6 +293,7 @@ class Observer:
         self.published: list[devices.DeviceGroup] = []
         self.samples: list[devices.MonitorSample] = []
         self.last_samples: events.SamplesEvent | None = None
+        self.last_xids: dict[str, int] = {}
         self.passes = 0
         self._limiter = anyio.CapacityLimiter(1)
         self._wake = anyio.Event()
@@ -307,7 +329,22 @@ class Observer:
             nvml_errors=nvml_errors,
             outbox_depth=outbox_depth,
             registrations=lambda: self.plugins.registrations if self.plugins else 0,
+            holders=self.holders,
+            xids=lambda: self.last_xids,
         )
+
+    def holders(self) -> dict[str, list[metrics.Holder]]:
+        """Accelerator id -> the containers holding it, as far as kubelet named them (its
+        pod-resources API fills the names in; an allocation it has not reported yet has none)."""
+        out: dict[str, list[metrics.Holder]] = {}
+        for h in self.plugins.ledger().holdings() if self.plugins is not None else ():
+            if h.pod_name is None:
+                continue
+            holder = (h.pod_namespace or "", h.pod_name, h.container or "")
+            for card, _units in h.charges:
+                if holder not in out.setdefault(card, []):
+                    out[card].append(holder)
+        return out
 
     # -- loops ----------------------------------------------------------------------------------
 
@@ -406,6 +443,7 @@ class Observer:
     def on_xid(self, accelerator_id: str, xid: int) -> None:
         """An XID from the watcher: decide, and on a transition publish and push at once."""
         now = anyio.current_time()
+        self.last_xids[accelerator_id] = xid  # every XID, ignored ones too, as DCGM reports
         change = self.book.xid(accelerator_id, xid, now)
         if change is None:
             log.info("XID %d on %s: no health change", xid, accelerator_id)

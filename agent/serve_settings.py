@@ -45,6 +45,9 @@ class ServeSettings(msgspec.Struct, frozen=True, kw_only=True):
     """Seconds one NVML event wait may block a worker thread (bounds shutdown, not latency)."""
     state_dir: str = "/var/lib/gpustack/device-manager"
     """The node's own state (``--state-dir``): the ledger kept for a start without the bus."""
+    metrics_http_port: int = 0
+    """``--metrics-port``: also serve ``/metrics`` over plain HTTP, with no token, on this port
+    of the HTTPS endpoint's address (as DCGM exporter does on 9400); 0: not at all."""
 
     @property
     def ledger_path(self) -> Path:
@@ -133,6 +136,7 @@ def assemble(
         heartbeat_s=options.seconds("heartbeat-period"),
         health_quarantine_s=options.seconds("health-quarantine"),
         state_dir=state_dir,
+        metrics_http_port=options.integer("metrics-port"),
     )
 
 

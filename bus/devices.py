@@ -25,6 +25,7 @@ __all__ = [
     "AcceleratorStatus",
     "DeviceGroup",
     "LogicalSliced",
+    "MigInstanceSample",
     "MonitorSample",
     "PhysicalSliced",
     "SliceProfile",
@@ -117,12 +118,31 @@ class DeviceGroup(_Wire, frozen=True, kw_only=True):
     accelerators: tuple[Accelerator, ...] = ()
 
 
+class MigInstanceSample(_Wire, frozen=True, kw_only=True):
+    """One MIG device (a compute instance of a GPU instance) of a partitioned card."""
+
+    uuid: str
+    """The ``MIG-`` UUID."""
+    gpu_instance_id: int
+    compute_instance_id: int | None = None
+    profile: str | None = None
+    """The GPU-instance profile, e.g. ``1g.10gb``."""
+    memory: int | None = None
+    """MiB total."""
+    memory_usage: int | None = None
+    """MiB used."""
+
+
 class AcceleratorSample(_Wire, frozen=True, kw_only=True):
-    """One accelerator's utilization at a moment. Percentages are integers 0-100."""
+    """One accelerator's utilization at a moment. Percentages are integers 0-100.
+
+    The fields after ``unhealthy`` were added within v1 (optional: absent where the hardware
+    or its library does not report them, and from older agents).
+    """
 
     id: str
     memory: int | None = None
-    """MiB total."""
+    """MiB total, driver-reserved memory included."""
     memory_usage: int | None = None
     """MiB used."""
     memory_utilization: int | None = None
@@ -132,6 +152,44 @@ class AcceleratorSample(_Wire, frozen=True, kw_only=True):
     power_usage: int | None = None
     """Watts drawn."""
     unhealthy: bool
+    memory_free: int | None = None
+    """MiB free."""
+    memory_reserved: int | None = None
+    """MiB the driver reserved (``memory`` = free + used + reserved)."""
+    memory_copy_utilization: int | None = None
+    """Percent of time memory was read or written."""
+    encoder_utilization: int | None = None
+    decoder_utilization: int | None = None
+    sm_clock: int | None = None
+    """MHz."""
+    memory_clock: int | None = None
+    """MHz."""
+    energy: int | None = None
+    """Millijoules consumed since the driver was last loaded (a counter)."""
+    pcie_tx_throughput: int | None = None
+    """KB/s sent over PCIe, over the driver's last 20 ms window."""
+    pcie_rx_throughput: int | None = None
+    """KB/s received over PCIe."""
+    pcie_replays: int | None = None
+    """PCIe replays since the driver loaded (a counter)."""
+    remapped_rows_correctable: int | None = None
+    """Memory rows remapped for correctable errors (a counter)."""
+    remapped_rows_uncorrectable: int | None = None
+    """Memory rows remapped for uncorrectable errors (a counter)."""
+    row_remap_failed: bool | None = None
+    """A row remapping failed: the card needs service."""
+    retired_pages_single_bit: int | None = None
+    """Pages retired for repeated single-bit ECC errors (cards before row remapping)."""
+    retired_pages_double_bit: int | None = None
+    """Pages retired for double-bit ECC errors."""
+    nvlink_links: int | None = None
+    """NVLink links up; absent where the card has none."""
+    nvlink_tx: int | None = None
+    """KiB of data sent over all NVLink links (a counter)."""
+    nvlink_rx: int | None = None
+    """KiB of data received over all NVLink links (a counter)."""
+    mig_instances: tuple[MigInstanceSample, ...] | None = None
+    """The MIG devices of a card in MIG mode."""
 
 
 class MonitorSample(_Wire, frozen=True, kw_only=True):

@@ -311,6 +311,14 @@ _DM_SERVE = (
     ),
     Flag("secure-port", "32443", "the HTTPS port", kind="int", bounds=PORT),
     Flag(
+        "metrics-port",
+        "0",
+        "also serve /metrics over plain HTTP on this port of --bind-address, with no token "
+        "(scrapers that expect DCGM exporter's :9400); 0 turns it off",
+        kind="int",
+        bounds=PORT,
+    ),
+    Flag(
         "node-name", "", "the node it runs on (default $KUBERNETES_NODE_NAME, else the host name)"
     ),
     Flag(
@@ -441,6 +449,13 @@ _STANDALONE = (
     ),
     Flag("run-for", "0s", "stop after this long (0 runs until interrupted)", kind="duration"),
     Flag(
+        "dashboard-port",
+        "31080",
+        "the dashboard's HTTP port, on --bind-address (0 picks a free one)",
+        kind="int",
+        bounds=PORT,
+    ),
+    Flag(
         "bind-address",
         "127.0.0.1",
         "the address every HTTPS endpoint serves on; they need no token here, so any other "
@@ -453,6 +468,17 @@ _STANDALONE = (
         not in ("kube-socket", "state-dir", "secure-port", "bind-address", "metrics-auth")
         and flag not in NATS_FLAGS
     ),
+)
+
+_DASHBOARD = (
+    Flag("port", "8080", "the HTTP port of the page and its event feed", kind="int", bounds=PORT),
+    Flag(
+        "bind-address",
+        "127.0.0.1",
+        "the address to serve on; the page needs no token, so any other address shows the "
+        "bus's contents to whoever reaches it",
+    ),
+    *NATS_FLAGS,
 )
 
 COMMANDS = (
@@ -541,6 +567,13 @@ COMMANDS = (
         _BUS_WATCH,
         settings="gpustack_operator.buscli:watch_settings",
         service="gpustack_operator.buswatching:main",
+    ),
+    Command(
+        ("dashboard",),
+        "Serve the read-only dashboard page: every node's accelerators and models, live.",
+        _DASHBOARD,
+        settings="gpustack_operator.dashboard.serving:settings_from",
+        service="gpustack_operator.dashboard.serving:main",
     ),
     Command(
         ("bus", "schema"),

@@ -8,7 +8,9 @@ retained state (JetStream KV) instead of a Kubernetes API: the same reconcile co
 different sink. With no API to review tokens, the HTTPS endpoints need none and bind
 ``127.0.0.1`` unless ``--bind-address`` says otherwise. The worker serves the Pod admission
 webhooks too, answering from that ledger, so an AdmissionReview can be tried against the
-simulated cards without a cluster. It prints how to watch, and stops cleanly on Ctrl-C or
+simulated cards without a cluster. The dashboard page (:mod:`gpustack_operator.dashboard`)
+serves on ``--dashboard-port``, reading the bus as the read-only ``dashboard`` identity. It
+prints how to watch, and stops cleanly on Ctrl-C or
 SIGTERM, leaving no
 process behind (the embedded server dies with its parent).
 
@@ -53,6 +55,8 @@ from controlplane.admission import webhooks
 from controlplane.busauth import BusAuthSettings
 from controlplane.settings import WorkerSettings
 from gpustack_operator import logs
+from gpustack_operator.dashboard import serving as dashboard_serving
+from gpustack_operator.dashboard.serving import DashboardSettings
 from hub import endpoints
 from kit.options import Options, SettingsError
 from kit.redaction import redact_urls
@@ -69,6 +73,8 @@ class StandaloneSettings(msgspec.Struct, frozen=True, kw_only=True):
     worker: WorkerSettings
     run_for_s: float
     """Stop after this many seconds (demos, smoke tests); 0 runs until interrupted."""
+    dashboard: DashboardSettings
+    """The page, reading the bus as the ``dashboard`` identity (its bus and token filled in by :func:`run`)."""
 
 
 def settings_from(options: Options) -> StandaloneSettings:
@@ -117,6 +123,9 @@ def settings_from(options: Options) -> StandaloneSettings:
         models=models,
         worker=worker,
         run_for_s=options.seconds("run-for"),
+        dashboard=DashboardSettings(
+            bus=bus, bind_address=agent.https.bind_address, port=options.integer("dashboard-port")
+        ),
     )
 
 
@@ -135,7 +144,10 @@ async def run(
     state = Path(settings.state_dir)
     address = settings.agent.https.bind_address
     if not ipaddress.ip_address(address).is_loopback:
-        log.warning("serving /metrics and the snapshots on %s to anyone, without tokens", address)
+        log.warning(
+            "serving /metrics, the snapshots and the dashboard on %s to anyone, without tokens",
+            address,
+        )
     for directory in ("device-plugins", "kubelet/pods", "models", "csi"):
         (state / directory).mkdir(parents=True, exist_ok=True)
     creds = generate_credentials(state / "nats" / "auth", settings.agent.node_name)
@@ -165,7 +177,9 @@ async def run(
         models_settings = msgspec.structs.replace(settings.models, bus=buses["model-manager"])
         # The model agent follows the worker's KV records (store spec, artifacts) like on a node.
         tg.start_soon(models_running.serve, models_settings, MemoryPolicy(), name="model-agent")
-        banner = _banner(server.url, agent.server.url, worker.url, settings, creds)
+        page_settings = msgspec.structs.replace(settings.dashboard, bus=buses["dashboard"])
+        page = await tg.start(dashboard_serving.serve, page_settings, name="dashboard")
+        banner = _banner(server.url, agent.server.url, worker.url, page, settings, creds)
         await _show(banner, out)
         task_status.started(server.url)
 
@@ -185,6 +199,7 @@ def _banner(
     nats_url: str,
     agent_url: str,
     worker_url: str,
+    dashboard_url: str,
     settings: StandaloneSettings,
     creds: Credentials,
 ) -> str:
@@ -195,6 +210,7 @@ def _banner(
         "",
         f"gpustack-operator standalone is running on node {settings.agent.node_name!r}.",
         f"  bus:             {nats_url} (state in {settings.state_dir})",
+        f"  dashboard:       {dashboard_url}",
         f"  watch events:    {watch}",
         f"  device metrics:  {agent_url}/metrics  (snapshot: /monitor/snapshot)",
         f"  worker metrics:  {worker_url}/metrics",

@@ -38,10 +38,19 @@ from typing import Literal
 import anyio
 import msgspec
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    disable_created_metrics,
+    generate_latest,
+)
 
 from kit.access import Authorizer, CachedAuthorizer, Decision, bearer_token
 from kit.options import Options, SettingsError
+
+# No ``<counter>_created`` series on any endpoint: DCGM exporter has none, scrapers rarely use
+# them, and they double the series of every counter and histogram (docs/metrics.md).
+disable_created_metrics()  # type: ignore[no-untyped-call]
 
 Auth = Literal["review", "none"]
 """``review``: every route but the probes needs a bearer token the reviewer allows for its path;
@@ -122,13 +131,14 @@ class Server:
     host: str
     port: int
     certificate_pem: bytes = field(repr=False, default=b"")
+    scheme: str = "https"
 
     @property
     def url(self) -> str:
         host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
         if ":" in host:
             host = f"[{host}]"
-        return f"https://{host}:{self.port}"
+        return f"{self.scheme}://{host}:{self.port}"
 
 
 @asynccontextmanager
@@ -185,6 +195,33 @@ async def https_server(  # noqa: PLR0913 - keyword-only, each a separate kind of
         yield Server(host=settings.bind_address, port=_bound_port(site), certificate_pem=pem)
     finally:
         with anyio.move_on_after(settings.shutdown_timeout_s, shield=True):
+            await runner.cleanup()
+
+
+@asynccontextmanager
+async def http_metrics_server(
+    bind_address: str, port: int, registry: CollectorRegistry, *, shutdown_timeout_s: float = 2.0
+) -> AsyncIterator[Server]:
+    """``/metrics`` alone, over plain HTTP and to anyone (``dm serve --metrics-port``): for
+    scrapers that expect DCGM exporter's convention. Nothing else is served on it.
+
+    :raises ServingFailed: the port cannot be bound.
+    """
+    app = web.Application()
+    app.router.add_get("/metrics", _metrics_handler(registry))
+    runner = web.AppRunner(app, access_log=None, handle_signals=False, handler_cancellation=True)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, bind_address, port)
+        await site.start()
+    except OSError as e:
+        with anyio.CancelScope(shield=True):
+            await runner.cleanup()
+        raise ServingFailed(f"cannot serve HTTP on {bind_address}:{port}: {e.strerror or e}") from e
+    try:
+        yield Server(host=bind_address, port=_bound_port(site), scheme="http")
+    finally:
+        with anyio.move_on_after(shutdown_timeout_s, shield=True):
             await runner.cleanup()
 
 

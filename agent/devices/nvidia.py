@@ -17,11 +17,12 @@ a reported figure never exceeds what was measured. Percentages are rounded half 
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import replace
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from agent.devices import pci
 from agent.devices.hostfs import HostFS
@@ -215,11 +216,12 @@ class NvidiaBackend:
         if known is None or known.uuid != uuid:
             self._last_seen[index] = CardFacts(index=index, uuid=uuid)
         reader = _CardReader(handle, f"card {index} ({uuid})")
-        memory = reader.get(self.nvml.memory)
+        memory = reader.get(self.nvml.memory_info)
         utilization = reader.get(self.nvml.utilization)
         temperature = reader.get(self.nvml.temperature)
         power_mw = reader.get(self.nvml.power_usage)
-        total, used = memory if memory else (None, None)
+        total, used = (memory.total, memory.used) if memory else (None, None)
+        extra = self._telemetry(reader, self._last_seen.get(index))
         return devices.AcceleratorSample(
             id=uuid,
             memory=total >> 20 if total is not None else None,
@@ -229,4 +231,72 @@ class NvidiaBackend:
             temperature=temperature,
             power_usage=power_mw // 1000 if power_mw is not None else None,
             unhealthy=reader.lost,
+            memory_free=memory.free >> 20 if memory else None,
+            memory_reserved=memory.reserved >> 20
+            if memory and memory.reserved is not None
+            else None,
+            **extra,
         )
+
+    def _telemetry(self, reader: _CardReader, known: CardFacts | None) -> dict[str, Any]:
+        """The DCGM exporter's default fields NVML gives (absent where the card has none)."""
+        nvml = self.nvml
+        pcie = reader.get(nvml.pcie_throughput)
+        rows = reader.get(nvml.remapped_rows)
+        retired = reader.get(nvml.retired_pages)
+        links = reader.get(nvml.nvlink_links_up)
+        nvlink = reader.get(nvml.nvlink_data) if links else None
+        return {
+            "memory_copy_utilization": reader.get(nvml.memory_copy_utilization),
+            "encoder_utilization": reader.get(nvml.encoder_utilization),
+            "decoder_utilization": reader.get(nvml.decoder_utilization),
+            "sm_clock": reader.get(nvml.sm_clock),
+            "memory_clock": reader.get(nvml.memory_clock),
+            "energy": reader.get(nvml.total_energy),
+            "pcie_tx_throughput": pcie[0] if pcie else None,
+            "pcie_rx_throughput": pcie[1] if pcie else None,
+            "pcie_replays": reader.get(nvml.pcie_replays),
+            "remapped_rows_correctable": rows[0] if rows else None,
+            "remapped_rows_uncorrectable": rows[1] if rows else None,
+            "row_remap_failed": rows[2] if rows else None,
+            "retired_pages_single_bit": retired[0] if retired else None,
+            "retired_pages_double_bit": retired[1] if retired else None,
+            "nvlink_links": links,
+            "nvlink_tx": nvlink[0] if nvlink else None,
+            "nvlink_rx": nvlink[1] if nvlink else None,
+            "mig_instances": self._mig_instances(reader, known),
+        }
+
+    def _mig_instances(
+        self, reader: _CardReader, known: CardFacts | None
+    ) -> tuple[devices.MigInstanceSample, ...] | None:
+        """Each MIG device of a card in MIG mode, with its GPU-instance profile and memory."""
+        if known is None or not known.mig_mode:
+            return None
+        found = reader.get(self.nvml.mig_devices)
+        if found is None:
+            return None
+        profiles: dict[int, str] = {}
+        for profile in known.mig_profiles or ():
+            instances = reader.get(
+                functools.partial(
+                    self.nvml.gpu_instances,
+                    profile_id=profile.index,
+                    capacity=profile.instance_count,
+                )
+            )
+            profiles.update({gi.id: profile.name for gi in instances or ()})
+        out = []
+        for mig in found:
+            memory = _CardReader(mig.handle, reader.label).get(self.nvml.memory_info)
+            out.append(
+                devices.MigInstanceSample(
+                    uuid=mig.uuid,
+                    gpu_instance_id=mig.gpu_instance_id,
+                    compute_instance_id=mig.compute_instance_id,
+                    profile=profiles.get(mig.gpu_instance_id),
+                    memory=memory.total >> 20 if memory else None,
+                    memory_usage=memory.used >> 20 if memory else None,
+                )
+            )
+        return tuple(out)

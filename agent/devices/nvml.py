@@ -204,6 +204,19 @@ class MigDevice:
     uuid: str
     gpu_instance_id: int
     compute_instance_id: int
+    handle: Handle = None
+    """The MIG device's own handle (memory, as that instance sees it)."""
+
+
+@dataclass(frozen=True)
+class MemoryInfo:
+    """Frame-buffer bytes; ``reserved`` is None where only NVML's v1 call exists (there
+    ``used`` includes it)."""
+
+    total: int
+    used: int
+    free: int
+    reserved: int | None
 
 
 @dataclass(frozen=True)
@@ -508,6 +521,7 @@ class Nvml:
                     uuid=self.uuid(mig),
                     gpu_instance_id=int(self._call("nvmlDeviceGetGpuInstanceId", mig)),
                     compute_instance_id=int(self._call("nvmlDeviceGetComputeInstanceId", mig)),
+                    handle=mig,
                 )
             )
         return tuple(found)
@@ -536,6 +550,92 @@ class Nvml:
     def power_usage(self, h: Handle) -> int:
         """Power drawn, mW."""
         return int(self._call("nvmlDeviceGetPowerUsage", h))
+
+    # -- the DCGM exporter's default fields that NVML gives (docs/metrics.md) -------------------
+
+    def memory_info(self, h: Handle) -> MemoryInfo:
+        """Total, used, free and (v2 only) driver-reserved bytes; total includes reserved."""
+        try:
+            info = self._call("nvmlDeviceGetMemoryInfo", h, version=self.library.nvmlMemory_v2)
+            reserved: int | None = int(info.reserved)
+        except NvmlUnsupported:
+            info, reserved = self._call("nvmlDeviceGetMemoryInfo", h), None
+        return MemoryInfo(int(info.total), int(info.used), int(info.free), reserved)
+
+    def memory_copy_utilization(self, h: Handle) -> int:
+        """Percent of time memory was read or written over the last sample period."""
+        return int(self._call("nvmlDeviceGetUtilizationRates", h).memory)
+
+    def encoder_utilization(self, h: Handle) -> int:
+        return int(self._call("nvmlDeviceGetEncoderUtilization", h)[0])
+
+    def decoder_utilization(self, h: Handle) -> int:
+        return int(self._call("nvmlDeviceGetDecoderUtilization", h)[0])
+
+    def sm_clock(self, h: Handle) -> int:
+        """MHz."""
+        return int(self._call("nvmlDeviceGetClockInfo", h, self.library.NVML_CLOCK_SM))
+
+    def memory_clock(self, h: Handle) -> int:
+        """MHz."""
+        return int(self._call("nvmlDeviceGetClockInfo", h, self.library.NVML_CLOCK_MEM))
+
+    def total_energy(self, h: Handle) -> int:
+        """Millijoules since the driver was last loaded."""
+        return int(self._call("nvmlDeviceGetTotalEnergyConsumption", h))
+
+    def pcie_throughput(self, h: Handle) -> tuple[int, int]:
+        """``(tx, rx)`` KB/s over the driver's last 20 ms window."""
+        tx = self._call("nvmlDeviceGetPcieThroughput", h, self.library.NVML_PCIE_UTIL_TX_BYTES)
+        rx = self._call("nvmlDeviceGetPcieThroughput", h, self.library.NVML_PCIE_UTIL_RX_BYTES)
+        return int(tx), int(rx)
+
+    def pcie_replays(self, h: Handle) -> int:
+        return int(self._call("nvmlDeviceGetPcieReplayCounter", h))
+
+    def remapped_rows(self, h: Handle) -> tuple[int, int, bool]:
+        """``(correctable, uncorrectable, failed)`` row remappings (Ampere and later)."""
+        corrected, uncorrected, _pending, failed = self._call("nvmlDeviceGetRemappedRows", h)
+        return int(corrected), int(uncorrected), bool(failed)
+
+    def retired_pages(self, h: Handle) -> tuple[int, int]:
+        """``(single-bit, double-bit)`` retired pages (cards before row remapping)."""
+        lib = self.library
+        single = self._call(
+            "nvmlDeviceGetRetiredPages",
+            h,
+            lib.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS,
+        )
+        double = self._call(
+            "nvmlDeviceGetRetiredPages", h, lib.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR
+        )
+        return len(single), len(double)
+
+    def nvlink_links_up(self, h: Handle) -> int:
+        """How many NVLink links are up; :class:`NvmlUnsupported` when the card has none.
+
+        Links are asked in order until the card says there is no such link.
+        """
+        absent = frozenset({NOT_SUPPORTED, INVALID_ARGUMENT, NOT_FOUND})
+        up = 0
+        for link in range(int(getattr(self.library, "NVML_NVLINK_MAX_LINKS", 18))):
+            state = self._call_unless(absent, "nvmlDeviceGetNvLinkState", h, link)
+            if state is _ABSENT:
+                if link == 0:
+                    raise NvmlUnsupported("nvmlDeviceGetNvLinkState", NOT_SUPPORTED, "no NVLink")
+                break
+            up += int(state) == 1  # NVML_FEATURE_ENABLED
+        return up
+
+    def nvlink_data(self, h: Handle) -> tuple[int, int]:
+        """``(tx, rx)`` KiB of data over every NVLink link since the driver loaded."""
+        lib = self.library
+        ids = [lib.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, lib.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX]
+        values = list(self._call("nvmlDeviceGetFieldValues", h, ids))
+        for v in values:
+            if int(v.nvmlReturn) != 0:
+                raise map_error("nvmlDeviceGetFieldValues", int(v.nvmlReturn), "NVLink data")
+        return int(values[0].value.ullVal), int(values[1].value.ullVal)
 
     # -- events -------------------------------------------------------------------------------
 

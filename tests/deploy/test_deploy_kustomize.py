@@ -36,7 +36,9 @@ def test_every_root_under_deploy_is_known() -> None:
     that runs over ``TREES`` (and, if it is a complete install, over ``INSTALLS``)."""
     assert set(TREES) == {BASE, CRDS, *OVERLAYS}
     assert set(OVERLAYS) == {
+        "deploy/overlays/dashboard",
         "deploy/overlays/kueue",
+        "deploy/overlays/monitoring",
         "deploy/overlays/simulated",
         "deploy/overlays/websocket",
         "deploy/overlays/worker-gateway",

@@ -21,8 +21,8 @@ def _registered() -> set[str]:
     BusMetrics(registry)
     ModelMetrics(registry)
     names = {family.name for family in registry.collect()}
-    accelerators = {f"gpustack_accelerator_{name}" for name, _, _ in agent_metrics._GAUGES}
-    return names | accelerators
+    accelerators = {f"gpustack_accelerator_{s.name}" for s in agent_metrics.SERIES}
+    return names | accelerators | {agent_metrics.LAST_XID}
 
 
 def test_every_documented_metric_is_registered() -> None:

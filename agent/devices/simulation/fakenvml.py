@@ -26,6 +26,9 @@ with:
   CI handles are opaque integers (held in ``c_nvmlGpuInstance_t`` arrays like real handles); a
   destroyed one answers ``INVALID_ARGUMENT``. :meth:`SimulatedNvml.instances` shows the state.
 
+:func:`opened` lists the simulated NVMLs alive in this process, so an in-process demo or test
+(``standalone --simulate``, the dashboard's browser test) can make a running agent's card fail.
+
 Every call is logged as ``(function, card index or None)`` in :attr:`SimulatedNvml.calls`.
 """
 
@@ -34,6 +37,7 @@ from __future__ import annotations
 import ctypes
 import threading
 import time
+import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -44,6 +48,7 @@ from agent.devices.simulation.fakemig import (
     SimulatedHandle,
     SimulatedMigHandle,
 )
+from agent.devices.simulation.faketelemetry import TelemetryCalls
 from agent.devices.simulation.nvmlerrors import *
 from agent.devices.simulation.nvmlerrors import ERROR_CODES, NVMLError
 from agent.devices.simulation.profiles import NvidiaCard, NvidiaHost
@@ -81,7 +86,15 @@ def _words(numbers: Iterable[int], count: int) -> list[int]:
     return words
 
 
-class SimulatedNvml(MigCalls):
+_OPENED: weakref.WeakSet[SimulatedNvml] = weakref.WeakSet()
+
+
+def opened() -> list[SimulatedNvml]:
+    """The simulated NVMLs alive in this process (weakly held: a closed agent's goes away)."""
+    return list(_OPENED)
+
+
+class SimulatedNvml(MigCalls, TelemetryCalls):
     """The pynvml module, simulated from a profile's ``nvidia`` section (None: no driver)."""
 
     NVMLError = NVMLError
@@ -104,6 +117,8 @@ class SimulatedNvml(MigCalls):
         self.system_faults = dict(system_faults or {})
         self.calls: list[tuple[str, int | None]] = []
         self.refcount = 0
+        self._reads: dict[tuple[str, int], int] = {}
+        """How often each simulated counter was read, per card (see faketelemetry)."""
         self.lost: set[int] = set()
         self._xids: dict[int, list[int]] = {i: list(c.xids) for i, c in enumerate(self.cards)}
         self._events = threading.Condition()
@@ -123,6 +138,7 @@ class SimulatedNvml(MigCalls):
                 raise ProfileError(f"nvidia {where}: unknown NVML error names {unknown}")
         if host and host.init_error and host.init_error not in ERROR_CODES:
             raise ProfileError(f"nvidia initError: unknown NVML error name {host.init_error!r}")
+        _OPENED.add(self)
 
     # -- health-loop hooks --------------------------------------------------------------------
 
@@ -256,6 +272,12 @@ class SimulatedNvml(MigCalls):
         total = card.memory_total_mib << 20
         reserved = card.memory_reserved_mib << 20
         used = card.memory_used_mib << 20
+        if isinstance(handle, SimulatedMigHandle):  # what the MIG device sees: its GI's share
+            with self._mig:
+                self._mig_ci(handle)
+                gi = self._gis[handle.index][handle.gpu_instance_id]
+            share = gi.profile.memory_mib / card.memory_total_mib
+            total, reserved, used = gi.profile.memory_mib << 20, 0, int(used * share) >> 20 << 20
         if not version:  # v1: "used" includes what the driver reserved
             return SimpleNamespace(total=total, used=used + reserved, free=total - used - reserved)
         return SimpleNamespace(
@@ -298,7 +320,7 @@ class SimulatedNvml(MigCalls):
         card = self._card("nvmlDeviceGetUtilizationRates", handle)
         if card.utilization_percent is None or card.mig_mode:
             raise NVMLError(NOT_SUPPORTED)
-        return SimpleNamespace(gpu=card.utilization_percent, memory=0)
+        return SimpleNamespace(gpu=card.utilization_percent, memory=card.memory_copy_percent or 0)
 
     def nvmlDeviceGetTemperature(self, handle: SimulatedHandle, sensor: int) -> int:
         card = self._card("nvmlDeviceGetTemperature", handle)

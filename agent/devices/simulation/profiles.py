@@ -71,6 +71,25 @@ class NvidiaCard(_Profile, frozen=True, kw_only=True):
     """NVML function name → error name (``GPU_IS_LOST``, ``NOT_SUPPORTED``, ...) it raises."""
     xids: tuple[int, ...] = ()
     """XID events this card reports, in order (consumed by the device agent's health loop)."""
+    # The DCGM exporter's default fields (docs/metrics.md); None: the card does not report it.
+    memory_copy_percent: int | None = 0
+    encoder_percent: int | None = None
+    decoder_percent: int | None = None
+    sm_clock_mhz: int | None = None
+    memory_clock_mhz: int | None = None
+    energy_mj: int | None = None
+    """Energy counter at start; it then grows by the card's power draw."""
+    pcie_tx_kbps: int | None = None
+    pcie_rx_kbps: int | None = None
+    pcie_replays: int | None = None
+    remapped_rows: tuple[int, int, bool] | None = None
+    """(correctable, uncorrectable, failed); None before Ampere (no row remapping)."""
+    retired_pages: tuple[int, int] | None = None
+    """(single-bit, double-bit) retired pages; None from Ampere on (row remapping instead)."""
+    nvlink_links: int = 0
+    """NVLink links up; 0: the card has no NVLink."""
+    nvlink_kibps: int = 0
+    """KiB/s of NVLink data each way, accumulated into the TX and RX counters."""
 
 
 class NvidiaHost(_Profile, frozen=True, kw_only=True):

@@ -363,7 +363,8 @@ def _samples(r: Any) -> list[dict[str, Any]]:
 
 
 def test_h200x8_sample_values(tmp_path: Path) -> None:
-    samples = _samples(rig(tmp_path))
+    r = rig(tmp_path)
+    samples = _samples(r)
     assert [s["id"][-2:] for s in samples] == [row[0] for row in _H200]
     assert samples[1] == {  # 71880 of 143771 MiB is 49.996 %; 512345 mW is 512 W
         "id": _UUID + "61",
@@ -374,7 +375,27 @@ def test_h200x8_sample_values(tmp_path: Path) -> None:
         "temperature": 58,
         "powerUsage": 512,
         "unhealthy": False,
+        # The DCGM default fields (docs/metrics.md): total = free + used + reserved.
+        "memoryFree": 143771 - 71880 - 528,
+        "memoryReserved": 528,
+        "memoryCopyUtilization": 0,
+        "encoderUtilization": 0,
+        "decoderUtilization": 0,
+        "smClock": 1980,
+        "memoryClock": 3201,
+        "energy": 912345678 + 512345,  # one simulated second at 512345 mW
+        "pcieTxThroughput": 1200,
+        "pcieRxThroughput": 3400,
+        "pcieReplays": 0,
+        "remappedRowsCorrectable": 0,
+        "remappedRowsUncorrectable": 0,
+        "rowRemapFailed": False,
+        "nvlinkLinks": 18,
+        "nvlinkTx": 250000,
+        "nvlinkRx": 250000,
     }
+    again = _samples(r)[1]  # counters count
+    assert (again["energy"], again["nvlinkTx"]) == (912345678 + 2 * 512345, 500000)
     assert (samples[2]["memoryUtilization"], samples[2]["powerUsage"]) == (100, 689)
     assert (samples[3]["memoryUtilization"], samples[3]["memoryUsage"]) == (1, 1024)
 
@@ -386,11 +407,19 @@ def test_mig_cards_sample_without_core_utilization(tmp_path: Path) -> None:
 
 
 SAMPLE_CALLS = {
-    "nvmlDeviceGetMemoryInfo": ("memory", "memoryUsage", "memoryUtilization"),
-    "nvmlDeviceGetUtilizationRates": ("coresUtilization",),
+    "nvmlDeviceGetMemoryInfo": (
+        "memory", "memoryUsage", "memoryUtilization", "memoryFree", "memoryReserved"
+    ),
+    "nvmlDeviceGetUtilizationRates": ("coresUtilization", "memoryCopyUtilization"),
     "nvmlDeviceGetTemperature": ("temperature",),
     "nvmlDeviceGetPowerUsage": ("powerUsage",),
-}
+}  # fmt: skip
+TELEMETRY = (
+    "memoryCopyUtilization", "encoderUtilization", "decoderUtilization", "smClock", "memoryClock",
+    "energy", "pcieTxThroughput", "pcieRxThroughput", "pcieReplays", "remappedRowsCorrectable",
+    "remappedRowsUncorrectable", "rowRemapFailed", "nvlinkLinks", "nvlinkTx", "nvlinkRx",
+)  # fmt: skip
+"""Read after the four calls above: a card lost in any of them reports none of these."""
 
 
 @pytest.mark.parametrize("error", ERRORS)
@@ -405,9 +434,9 @@ def test_sample_failure_matrix(tmp_path: Path, call: str, error: str) -> None:
     else:
         order = list(SAMPLE_CALLS)
         dropped = order[order.index(call) :] if error == "GPU_IS_LOST" else [call]
-        for each in dropped:
-            for key in SAMPLE_CALLS[each]:
-                del expected[3][key]
+        keys = [k for each in dropped for k in SAMPLE_CALLS[each]]
+        for key in (*keys, *(TELEMETRY if error == "GPU_IS_LOST" else ())):
+            expected[3].pop(key, None)
         expected[3]["unhealthy"] = error == "GPU_IS_LOST"
     assert got == expected
     assert r.sim.refcount == 0

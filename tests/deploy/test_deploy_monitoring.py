@@ -1,0 +1,109 @@
+"""The monitoring overlay: a ServiceMonitor over the services' HTTPS /metrics, the RBAC a
+scraper needs, and a Grafana dashboard whose every query names metrics the agents export."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from deploy_helpers import BASE, REPO, find
+
+OVERLAY = "deploy/overlays/monitoring"
+DASHBOARD = REPO / OVERLAY / "grafana-dashboard.json"
+METRIC = re.compile(r"\b(gpustack_[a-z_]+)")
+
+
+def _documented() -> set[str]:
+    """Every metric docs/metrics.md names (tests/gpustack_operator/test_docs_metrics.py ties
+    that list to what the services register)."""
+    return set(re.findall(r"`(gpustack_[a-z_]+)`", (REPO / "docs" / "metrics.md").read_text()))
+
+
+def _queries(dashboard: dict[str, Any]) -> list[str]:
+    return [t["expr"] for p in dashboard["panels"] for t in p["targets"]] + [
+        v["definition"] for v in dashboard["templating"]["list"] if "definition" in v
+    ]
+
+
+def test_every_query_names_an_exported_metric() -> None:
+    dashboard = json.loads(DASHBOARD.read_text())
+    names = {m for q in _queries(dashboard) for m in METRIC.findall(q)}
+    wire = {n.removesuffix("_total") for n in names}  # counters carry _total on the wire
+    assert wire - _documented() == set()
+    # the headline DCGM-style panels are there
+    assert {"gpustack_accelerator_utilization_percent", "gpustack_accelerator_last_xid",
+            "gpustack_accelerator_energy_millijoules"} <= wire  # fmt: skip
+
+
+def test_every_panel_reads_the_chosen_data_source_and_node() -> None:
+    dashboard = json.loads(DASHBOARD.read_text())
+    variables = {v["name"] for v in dashboard["templating"]["list"]}
+    assert variables == {"datasource", "node"}
+    ids = [p["id"] for p in dashboard["panels"]]
+    assert len(ids) == len(set(ids))
+    for panel in dashboard["panels"]:
+        assert panel["datasource"]["uid"] == "${datasource}", panel["title"]
+        for target in panel["targets"]:
+            assert target["datasource"]["uid"] == "${datasource}"
+            if "gpustack_accelerator_" in target["expr"]:
+                assert 'Hostname=~"$node"' in target["expr"], panel["title"]
+
+
+def test_the_dashboard_ships_as_a_configmap_grafana_picks_up(
+    trees: dict[str, list[dict[str, Any]]],
+) -> None:
+    config = find(trees[OVERLAY], "ConfigMap", "gpustack-operator-grafana-dashboard")
+    assert config["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert json.loads(config["data"]["grafana-dashboard.json"]) == json.loads(DASHBOARD.read_text())
+
+
+def _selected(monitor: dict[str, Any], service: dict[str, Any]) -> bool:
+    labels = service["metadata"].get("labels", {})
+    selector = monitor["spec"]["selector"]
+    if any(labels.get(k) != v for k, v in selector.get("matchLabels", {}).items()):
+        return False
+    return all(
+        labels.get(e["key"]) in e["values"]
+        for e in selector.get("matchExpressions", [])
+        if e["operator"] == "In"
+    )
+
+
+def test_the_servicemonitor_scrapes_each_service_on_its_https_port(
+    trees: dict[str, list[dict[str, Any]]],
+) -> None:
+    objs = trees[OVERLAY]
+    monitor = find(objs, "ServiceMonitor", "gpustack-operator")
+    services = [o for o in trees[BASE] if o["kind"] == "Service"]
+    chosen = {s["metadata"]["name"] for s in services if _selected(monitor, s)}
+    assert chosen == {"gpustack-operator-worker", "gpustack-operator-device-manager",
+                      "gpustack-operator-model-manager"}  # fmt: skip
+    (endpoint,) = monitor["spec"]["endpoints"]
+    for name in chosen:
+        ports = find(trees[BASE], "Service", name)["spec"]["ports"]
+        assert endpoint["port"] in {p["name"] for p in ports}, name
+        annotations = find(trees[BASE], "Service", name)["metadata"]["annotations"]
+        assert annotations["prometheus.io/scheme"] == endpoint["scheme"] == "https"
+        assert annotations["prometheus.io/path"] == endpoint["path"]
+    assert endpoint["bearerTokenFile"].endswith("serviceaccount/token")
+    assert endpoint["honorLabels"] is True  # the accelerator series' own pod/namespace
+
+
+def test_the_scraper_may_get_metrics_and_nothing_else(
+    trees: dict[str, list[dict[str, Any]]],
+) -> None:
+    role = find(trees[OVERLAY], "ClusterRole", "gpustack-operator-metrics-reader")
+    assert role["rules"] == [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]
+    # Bound by the cluster admin to their own Prometheus, never to a guessed one here.
+    bindings = [o for o in trees[OVERLAY] if o["kind"] == "ClusterRoleBinding"]
+    assert all(b["roleRef"]["name"] != role["metadata"]["name"] for b in bindings)
+
+
+def test_the_json_file_is_what_grafana_imports() -> None:
+    dashboard = json.loads(Path(DASHBOARD).read_text())
+    assert dashboard["uid"] == "gpustack-accelerators" and dashboard["schemaVersion"] >= 36
+    for panel in dashboard["panels"]:
+        grid = panel["gridPos"]
+        assert grid["x"] + grid["w"] <= 24 and grid["w"] > 0 and grid["h"] > 0
