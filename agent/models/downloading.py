@@ -33,7 +33,7 @@ import anyio.to_thread
 import msgspec
 
 from agent.models.errors import NoSpace
-from agent.models.settings import Tuning
+from agent.models.tuning import Tuning
 from hub import client as hub_client
 from hub.errors import IntegrityMismatch, SourceUnavailable
 from hub.manifest import Entry
