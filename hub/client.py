@@ -132,6 +132,18 @@ class Body:
     """The file size the server claims (Content-Range total, or Content-Length of a 200)."""
     _response: aiohttp.ClientResponse
 
+    async def pieces(self) -> AsyncIterator[bytes]:
+        """Yield the body as the network delivered it: no joining, so no copy of any byte.
+
+        :raises SourceUnavailable: the connection broke or stalled (the caller resumes).
+        """
+        try:
+            async for piece, _ in self._response.content.iter_chunks():
+                if piece:
+                    yield piece
+        except (aiohttp.ClientError, TimeoutError, ConnectionError) as e:
+            raise SourceUnavailable(f"download interrupted: {e or type(e).__name__}") from e
+
     async def chunks(self, size: int) -> AsyncIterator[bytes]:
         """Yield the body in pieces of at most ``size`` bytes.
 
