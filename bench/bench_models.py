@@ -1,14 +1,21 @@
-"""Model materialization benchmark: our downloader vs huggingface_hub vs curl, same server.
+"""Model materialization benchmark: ``mm pull`` vs huggingface_hub vs curl, same server.
 
-Run: ``.venv/bin/python bench/bench_models.py [--size-mib 256] [--files 4]`` (needs
-``pip install huggingface_hub`` for the second contender; it is skipped otherwise).
+Run: ``.venv/bin/python bench/bench_models.py [--size-mib 256] [--files 4]``, or
+``--files 200 --file-kib 100`` for many small files (needs ``pip install huggingface_hub`` for
+the third contender; it is skipped otherwise).
 
 A synthetic repository (``--files`` LFS files sharing ``--size-mib``, plus two small regular
 files) is served by :mod:`hub.testing` (hub + CDN redirect, ``sendfile``, ranges) in its own
-process. Each contender runs in a fresh child process so its peak RSS (``ru_maxrss``) is its own:
+process. Each contender runs in a fresh child process so its peak RSS (``ru_maxrss``) is its own;
+the load average is printed before and after, since the machine may be shared:
 
-- **ours**: :class:`agent.models.materializing.Materializer` from empty cache to a published,
-  read-only tree: listing, SHA-256 / git-SHA-1 of every byte, fsync, atomic publish;
+- **pull**: the ``gpustack-operator mm pull`` command itself (a fresh process: imports
+  included) from empty cache to a published, read-only tree: listing, SHA-256 / git-SHA-1 of
+  every byte, fsync, atomic publish;
+- **ours**: the same materialization in-process (``agent.models.materializing``), without the
+  command's start-up (``--in-process``; what earlier runs of this bench measured);
+- **before**: the in-process path of another source tree (``--before-src DIR``, e.g. an
+  exported earlier commit), for before/after figures from one run;
 - **huggingface_hub**: ``snapshot_download(local_dir=...)`` (it does not hash the bytes);
 - **curl**: ``curl -Z -L`` of every file URL to /dev/null-like files (raw transfer, no hashing).
 """
@@ -26,7 +33,8 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+# BENCH_SRC: import the code under test from another tree (the "before" contender).
+sys.path.insert(0, os.environ.get("BENCH_SRC") or str(Path(__file__).resolve().parents[1]))
 
 MiB = 1024 * 1024
 # ``BENCH_SMOKE=1`` (``just bench-smoke``, run by CI): tiny sizes, seconds in all, to prove the
@@ -43,7 +51,7 @@ def _chunks(size: int, seed: int):  # type: ignore[no-untyped-def]
         left -= n
 
 
-def serve(root: str, size_mib: int, files: int) -> None:
+def serve(root: str, size_kib: int, files: int) -> None:
     """Child: serve the synthetic repo; print endpoint and commit; run until stdin closes."""
     import anyio
 
@@ -51,7 +59,7 @@ def serve(root: str, size_mib: int, files: int) -> None:
 
     async def main() -> None:
         hub = testing.FakeHub(Path(root))
-        per = size_mib * MiB // files
+        per = size_kib * 1024 // files
         specs = [(f"model-{i:05d}.safetensors", per, _chunks(per, i)) for i in range(files)]
         specs += [("config.json", 100, [b"x" * 100]), ("README.md", 10, [b"y" * 10])]
         commit = hub.add_streams("bench/model", specs)
@@ -103,6 +111,13 @@ def ours(endpoint: str, commit: str, dest: str) -> None:
     anyio.run(main)
 
 
+def pull(endpoint: str, commit: str, dest: str) -> None:
+    cli = Path(sys.executable).with_name("gpustack-operator")
+    env = {**os.environ, "HF_ENDPOINT": endpoint}
+    argv = [str(cli), "mm", "pull", "bench/model", "--revision", commit, "--cache-root", dest]
+    subprocess.run(argv, check=True, env=env, stdout=subprocess.DEVNULL)
+
+
 def hf(endpoint: str, commit: str, dest: str) -> None:
     os.environ["HF_HUB_DISABLE_XET"] = "1"
     os.environ["HF_HUB_DISABLE_TELEMETRY"] = "1"
@@ -126,16 +141,18 @@ def curl(endpoint: str, commit: str, dest: str) -> None:
 
 def child(kind: str, endpoint: str, commit: str, dest: str) -> None:
     start = time.perf_counter()
-    {"ours": ours, "hf": hf, "curl": curl}[kind](endpoint, commit, dest)
+    {"ours": ours, "pull": pull, "hf": hf, "curl": curl}[kind](endpoint, commit, dest)
     elapsed = time.perf_counter() - start
     usage = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    if kind == "curl":
+    if kind in ("curl", "pull"):
         usage = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     print(json.dumps({"seconds": elapsed, "rss_mib": usage / 1024}))
 
 
 def run(kind: str, endpoint: str, commit: str, work: Path, env: dict[str, str]) -> dict[str, float]:
     dest = work / kind
+    if kind == "before":
+        kind, env = "ours", {**env, "BENCH_SRC": env["BENCH_BEFORE"]}
     shutil.rmtree(dest, ignore_errors=True)
     subprocess.run(["sync"], check=False)
     out = subprocess.run(
@@ -154,12 +171,16 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--size-mib", type=int, default=4 if SMOKE else 256)
     parser.add_argument("--files", type=int, default=2 if SMOKE else 4)
-    parser.add_argument("--runs", type=int, default=1 if SMOKE else 2)
+    parser.add_argument("--file-kib", type=int, help="each file's size (overrides --size-mib)")
+    parser.add_argument("--runs", type=int, default=1 if SMOKE else 3)
+    parser.add_argument("--in-process", action="store_true", help="also time the in-process path")
+    parser.add_argument("--before-src", help="a source tree to time in-process as 'before'")
     parser.add_argument("--child", nargs=4)
     args = parser.parse_args()
     if args.child:
         child(*args.child)
         return
+    size_kib = args.files * args.file_kib if args.file_kib else args.size_mib * 1024
     work = Path(tempfile.mkdtemp(prefix="bench-models-", dir=os.environ.get("BENCH_DIR")))
     server = subprocess.Popen(
         [
@@ -167,7 +188,7 @@ def main() -> None:
             __file__,
             "--serve",
             str(work / "hub"),
-            str(args.size_mib),
+            str(size_kib),
             str(args.files),
         ],
         stdin=subprocess.PIPE,
@@ -182,7 +203,10 @@ def main() -> None:
             "README.md",
         ]
         env = {**os.environ, "BENCH_FILES": json.dumps(names)}
-        kinds = ["ours"]
+        kinds = ["pull", "ours"] if args.in_process else ["pull"]
+        if args.before_src:
+            kinds.append("before")
+            env["BENCH_BEFORE"] = args.before_src
         if shutil.which("curl"):
             kinds.insert(0, "curl")
         else:
@@ -193,16 +217,25 @@ def main() -> None:
             kinds.append("hf")
         except ImportError:
             print("huggingface_hub not installed: skipping it", file=sys.stderr)
-        size = args.size_mib * MiB
-        print(f"repository: {args.files} files, {args.size_mib} MiB; best of {args.runs} runs")
+        size = size_kib * 1024
+        print(
+            f"repository: {args.files} files + 2 small, {size_kib / 1024:.1f} MiB; median and "
+            f"best of {args.runs} runs, contenders interleaved; "
+            f"load average {os.getloadavg()[0]:.2f}"
+        )
+        results: dict[str, list[dict[str, float]]] = {kind: [] for kind in kinds}
+        for _ in range(args.runs):
+            for kind in kinds:
+                results[kind].append(run(kind, info["hub"], info["commit"], work, env))
         for kind in kinds:
-            results = [run(kind, info["hub"], info["commit"], work, env) for _ in range(args.runs)]
-            best = min(results, key=lambda r: r["seconds"])
-            rate = size / best["seconds"] / MiB
-            rss = max(r["rss_mib"] for r in results)
+            times = sorted(r["seconds"] for r in results[kind])
+            median = times[len(times) // 2]
+            rss = max(r["rss_mib"] for r in results[kind])
             print(
-                f"{kind:>6}: {best['seconds']:7.2f} s  {rate:8.1f} MiB/s  peak RSS {rss:6.1f} MiB"
+                f"{kind:>6}: median {median:7.2f} s ({size / median / MiB:7.1f} MiB/s), best "
+                f"{times[0]:7.2f} s  peak RSS {rss:6.1f} MiB"
             )
+        print(f"load average after: {os.getloadavg()[0]:.2f}")
     finally:
         if server.stdin is not None:
             server.stdin.close()

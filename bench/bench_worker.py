@@ -15,7 +15,13 @@ are spread evenly over the period (independent agents), or all at once with ``--
 Event-to-object latency is what the issue means: from the event's ``ts``, stamped when the
 publisher sends it, to the end of the reconcile that wrote the objects reflecting it
 (``gpustack_worker_event_to_object_seconds``, interpolated inside its buckets the way
-``histogram_quantile`` does). Two phases, each measured from ``/metrics`` differences:
+``histogram_quantile`` does). That metric counts one event per reconcile (the oldest one that
+changed the node), a few percent of what is consumed, so the bench also measures **every**
+consumed event (``all_p50_s``/``all_p99_s``): the worker child wraps the ledger's fold and the
+node reconcile (bench-only instrumentation, served on its own port), and an event's latency ends
+when it is folded if it changes nothing (the objects already reflect it), else when the first
+reconcile that started after its fold ends. Two phases, each measured from ``/metrics``
+differences:
 
 - *cold*: the first round, which creates every node's objects; the bench waits until the worker
   has drained it;
@@ -106,10 +112,55 @@ def samples(node: str, period_s: float) -> events.SamplesEvent:
 # --- child processes -------------------------------------------------------------------------
 
 
+ALL_LATENCY = "bench_worker_consumed_event_to_object_seconds"
+
+
+def instrument(port: int) -> None:
+    """Measure every consumed event's latency in this (worker) process; serve it on ``port``.
+
+    Wraps :meth:`Ledger.apply` and :meth:`NodeReconciler.reconcile` at class level: bench-only,
+    so production code carries no per-event bookkeeping for it.
+    """
+    import collections
+
+    from prometheus_client import CollectorRegistry, Histogram, start_http_server
+
+    from controlplane.reconciling.ledger import Ledger
+    from controlplane.reconciling.nodes import NodeReconciler
+
+    registry = CollectorRegistry()
+    buckets = [0.001 * 2**i for i in range(16)] + [60.0, 120.0]
+    hist = Histogram(ALL_LATENCY, "every consumed event", buckets=buckets, registry=registry)
+    pending: dict[str, collections.deque[float]] = collections.defaultdict(collections.deque)
+    apply, reconcile = Ledger.apply, NodeReconciler.reconcile
+
+    def applying(self: Ledger, event: events.Event) -> bool:
+        changed = apply(self, event)
+        if changed:
+            pending[event.node].append(event.ts.timestamp())
+        else:
+            hist.observe(max(0.0, time.time() - event.ts.timestamp()))
+        return changed
+
+    async def reconciling(self: NodeReconciler, node: str) -> None:
+        waiting = pending.get(node)
+        taken = len(waiting) if waiting else 0
+        await reconcile(self, node)
+        now = time.time()
+        for _ in range(taken):
+            hist.observe(max(0.0, now - pending[node].popleft()))
+
+    Ledger.apply = applying  # type: ignore[method-assign]
+    NodeReconciler.reconcile = reconciling  # type: ignore[method-assign]
+    start_http_server(port, addr="127.0.0.1", registry=registry)
+
+
 def worker_child(args: argparse.Namespace) -> None:
     """The worker (KV sink, or the fake API at ``--api``) until SIGTERM."""
     from controlplane import running
     from controlplane.k8s.client import KubeSettings
+
+    instrument(args.all_port)
 
     settings = running.WorkerSettings(
         bus=BusSettings.for_tests(args.url),
@@ -199,11 +250,15 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def scrape(port: int) -> Metrics:
+def scrape(port: int, all_port: int = 0) -> Metrics:
+    """The worker's ``/metrics`` (and, with ``all_port``, the bench's own latency of all)."""
     ctx = ssl.create_default_context()
     ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
     with urllib.request.urlopen(f"https://127.0.0.1:{port}/metrics", context=ctx) as r:
         text = r.read().decode()
+    if all_port:
+        with urllib.request.urlopen(f"http://127.0.0.1:{all_port}/metrics") as r:
+            text += r.read().decode()
     return {
         (s.name, tuple(sorted(s.labels.items()))): s.value
         for f in text_string_to_metric_families(text)
@@ -250,13 +305,13 @@ def proc_usage(pid: int) -> tuple[float, int]:
     return cpu, rss
 
 
-async def drained(port: int, timeout_s: float = 180.0) -> Metrics:
+async def drained(port: int, all_port: int, timeout_s: float = 600.0) -> Metrics:
     """Wait until the queue is empty and the latency count stopped moving; the last scrape."""
     last = -1.0
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         await anyio.sleep(0.5)
-        m = scrape(port)
+        m = scrape(port, all_port)
         count = total(m, f"{LATENCY}_count")
         if total(m, "gpustack_worker_queue_depth") == 0 and count == last and count > 0:
             return m
@@ -304,6 +359,9 @@ def phase(
         "events_per_s": round(consumed / elapsed, 1),
         "p50_s": round(quantile(m1, m0, LATENCY, 0.5), 3),
         "p99_s": round(quantile(m1, m0, LATENCY, 0.99), 3),
+        "all_p50_s": round(quantile(m1, m0, ALL_LATENCY, 0.5), 3),
+        "all_p99_s": round(quantile(m1, m0, ALL_LATENCY, 0.99), 3),
+        "all_count": int(total(m1, f"{ALL_LATENCY}_count") - total(m0, f"{ALL_LATENCY}_count")),
         "latencies": int(total(m1, f"{LATENCY}_count") - total(m0, f"{LATENCY}_count")),
         "writes": int(wrote),
         "writes_per_node_min": round(wrote / n / (elapsed / 60), 2),
@@ -323,8 +381,8 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
                         "--nodes", str(args.n),
                     ]))  # fmt: skip
                     worker_cmd += ["--api", f"http://127.0.0.1:{api_port}"]
-                port = free_port()
-                worker_cmd += ["--port", str(port)]
+                port, all_port = free_port(), free_port()
+                worker_cmd += ["--port", str(port), "--all-port", str(all_port)]
                 if args.profile:
                     worker_cmd += ["--profile", f"{args.profile}-{args.sink}-{args.n}"]
                 worker = subprocess.Popen(worker_cmd)  # noqa: ASYNC220 (a bench)
@@ -335,7 +393,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
                         break
                     except OSError:
                         await anyio.sleep(0.1)
-                return await measure(args, server.url, port, worker.pid)
+                return await measure(args, server.url, (port, all_port), worker.pid)
             finally:
                 # Before the server stops, so that no child sees its bus go away. The worker
                 # first (it writes its profile), then the fake API.
@@ -348,16 +406,19 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
                         child.wait()
 
 
-async def measure(args: argparse.Namespace, url: str, port: int, pid: int) -> dict[str, Any]:
+async def measure(
+    args: argparse.Namespace, url: str, ports: tuple[int, int], pid: int
+) -> dict[str, Any]:
     writes = API_WRITES if args.sink == "api" else KV_WRITES
-    m0 = scrape(port)
+    _, rss0 = proc_usage(pid)
+    m0 = scrape(*ports)
     sent0, cold_s = await run_publishers(args, url, first=0, rounds=1)
-    m1 = await drained(port)
+    m1 = await drained(*ports)
     cpu1, _ = proc_usage(pid)
     t1 = time.monotonic()
     rounds = max(1, round(args.seconds / args.period_s))
     sent1, _ = await run_publishers(args, url, first=1, rounds=rounds)
-    m2 = await drained(port)
+    m2 = await drained(*ports)
     steady_s = time.monotonic() - t1
     cpu2, rss = proc_usage(pid)
     return {
@@ -372,6 +433,8 @@ async def measure(args: argparse.Namespace, url: str, port: int, pid: int) -> di
         "steady_s": round(steady_s, 1),
         "worker_cpu_pct": round(100 * (cpu2 - cpu1) / steady_s, 1),
         "worker_rss_mib": round(rss / 2**20, 1),
+        "worker_rss_idle_mib": round(rss0 / 2**20, 1),
+        "load_average": round(os.getloadavg()[0], 2),
         "rejected": total(m2, "gpustack_worker_events_rejected_total"),
     }
 
@@ -389,7 +452,7 @@ def main() -> None:
     p.add_argument("--role", default="bench", help=argparse.SUPPRESS)
     for flag in ("--url", "--api"):
         p.add_argument(flag, default="", help=argparse.SUPPRESS)
-    for flag in ("--port", "--part", "--parts", "--first", "--rounds"):
+    for flag in ("--port", "--all-port", "--part", "--parts", "--first", "--rounds"):
         p.add_argument(flag, type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--start", type=float, default=0.0, help=argparse.SUPPRESS)
     args = p.parse_args()

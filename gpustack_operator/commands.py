@@ -534,6 +534,30 @@ COMMANDS = (
         usage=" REPOSITORY",
     ),
     Command(
+        ("model-manager", "pull"),
+        "Download and verify a Hugging Face snapshot into the node's model cache, as a mount would.",
+        (
+            Flag("revision", "main", "branch, tag or commit to pull"),
+            Flag("cache-root", "/var/lib/gpustack/models", "the node's cache directory"),
+            Flag(
+                "allow-pattern",
+                "",
+                "only files matching these globs (repeatable, or a,b)",
+                kind="list",
+            ),
+            Flag(
+                "ignore-pattern",
+                "",
+                "leave out files matching these globs (repeatable, or a,b)",
+                kind="list",
+            ),
+            Flag("hf-endpoint", "", "the Hub (default $HF_ENDPOINT, else https://huggingface.co)"),
+        ),
+        settings="agent.models.pull:settings_from",
+        oneshot="agent.models.pull:pull_command",
+        usage=" REPOSITORY",
+    ),
+    Command(
         ("device-manager", "detect"),
         "Run one detect pass and print the Devices spec.groups (a pure read).",
         _ONE_SHOT,

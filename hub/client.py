@@ -6,6 +6,10 @@ error is mapped here to :mod:`hub.errors` (``raise ... from e``) so callers see 
 Credentials: a token is sent only to the endpoint's own origin. Redirects are followed by hand
 (at most :data:`MAX_REDIRECTS`) and the ``Authorization`` header is dropped as soon as a hop
 leaves that origin or goes from https to http — the CDN a resolve URL redirects to never sees it.
+
+Proxies are chosen per request (a redirect may leave for a host ``NO_PROXY`` names), and with
+``offline`` set (``HF_HUB_OFFLINE``) no request is made at all: every call fails as
+SourceUnavailable saying so, so cached trees keep serving and nothing waits on a network.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import aiohttp
 import msgspec
 from yarl import URL
 
+from hub.endpoints import HubEnvironment, bypasses
 from hub.errors import (
     AccessDenied,
     HubError,
@@ -46,7 +51,25 @@ class HubSettings(msgspec.Struct, frozen=True, kw_only=True):
 
     endpoint: str = "https://huggingface.co"
     proxy: str | None = None
-    """An ``https_proxy`` URL, or None for a direct connection."""
+    """The proxy of ``https`` requests (``HTTPS_PROXY``), or None for a direct connection."""
+    http_proxy: str | None = None
+    """The proxy of plain ``http`` requests (``HTTP_PROXY``)."""
+    no_proxy: tuple[str, ...] = ()
+    """``NO_PROXY`` entries: hosts reached directly (see :func:`hub.endpoints.bypasses`)."""
+    offline: bool = False
+    """``HF_HUB_OFFLINE``: refuse every request."""
+
+    @classmethod
+    def of(cls, endpoint: str, env: HubEnvironment) -> HubSettings:
+        """Settings for ``endpoint`` under the environment's proxies and offline switch."""
+        return cls(
+            endpoint=endpoint,
+            proxy=env.https_proxy,
+            http_proxy=env.http_proxy,
+            no_proxy=env.no_proxy,
+            offline=env.offline,
+        )
+
     ca_file: str | None = None
     """A PEM bundle that replaces the system CAs (a private Hub mirror)."""
     connect_timeout_s: float = 30.0
@@ -109,6 +132,18 @@ class Body:
     """The file size the server claims (Content-Range total, or Content-Length of a 200)."""
     _response: aiohttp.ClientResponse
 
+    async def pieces(self) -> AsyncIterator[bytes]:
+        """Yield the body as the network delivered it: no joining, so no copy of any byte.
+
+        :raises SourceUnavailable: the connection broke or stalled (the caller resumes).
+        """
+        try:
+            async for piece, _ in self._response.content.iter_chunks():
+                if piece:
+                    yield piece
+        except (aiohttp.ClientError, TimeoutError, ConnectionError) as e:
+            raise SourceUnavailable(f"download interrupted: {e or type(e).__name__}") from e
+
     async def chunks(self, size: int) -> AsyncIterator[bytes]:
         """Yield the body in pieces of at most ``size`` bytes.
 
@@ -140,16 +175,24 @@ class HubClient:
             headers["Authorization"] = f"Bearer {token}"
         return headers
 
+    def _proxy(self, url: URL) -> str | None:
+        s = self._settings
+        if url.host is not None and bypasses(s.no_proxy, url.host, url.explicit_port):
+            return None
+        return s.proxy if url.scheme == "https" else s.http_proxy
+
     @asynccontextmanager
     async def _get(
         self, url: URL, token: str | None, extra: Mapping[str, str] | None = None
     ) -> AsyncIterator[aiohttp.ClientResponse]:
         """GET following redirects by hand; the token only goes to the endpoint's origin."""
+        if self._settings.offline:
+            raise SourceUnavailable(f"GET {url.host}{url.path}: HF_HUB_OFFLINE is set")
         for _ in range(MAX_REDIRECTS + 1):
             headers = {**self._headers(url, token), **(extra or {})}
             try:
                 response = await self._session.get(
-                    url, headers=headers, allow_redirects=False, proxy=self._settings.proxy
+                    url, headers=headers, allow_redirects=False, proxy=self._proxy(url)
                 )
             except (aiohttp.ClientError, TimeoutError, OSError) as e:
                 raise SourceUnavailable(f"GET {url.host}{url.path}: {e or type(e).__name__}") from e

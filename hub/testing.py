@@ -188,7 +188,8 @@ class FakeHub:
                 repository, _, rest = raw.partition(marker)
                 repo = self._authorize(request, unquote(repository))
                 if marker == "/revision/":
-                    commit = repo.revisions.get(unquote(rest))
+                    wanted = unquote(rest)  # a commit names itself, as on the Hub
+                    commit = wanted if wanted in repo.trees else repo.revisions.get(wanted)
                     if commit is None:
                         raise _error(404, "RevisionNotFound", f"Invalid rev id: {unquote(rest)}")
                     siblings = [{"rfilename": p} for p in sorted(repo.trees[commit])]

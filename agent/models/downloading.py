@@ -12,6 +12,11 @@ fsynced and the written length of each segment saved to ``state/<sha256(path)>``
 continues each segment from there (rehashing the kept bytes once, since a hash state cannot be
 saved). A verified file's state says ``verified`` and is never fetched again.
 
+Bytes are copied once, from the socket buffer to the page cache: the network's pieces are
+gathered (never joined) into batches of about :attr:`Tuning.chunk_bytes` and each batch is
+written with one ``pwritev`` and, at the frontier, hashed in the same worker-thread call (both
+release the GIL), so the event loop keeps receiving while a batch is stored.
+
 Invariants: a file whose hash or size differs is deleted with its state and raises
 :class:`IntegrityMismatch`; memory per stream is bounded by ``chunk_bytes``.
 """
@@ -21,19 +26,18 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-import aiofiles
 import anyio
 import anyio.to_thread
 import msgspec
 
 from agent.models.errors import NoSpace
-from agent.models.settings import Tuning
+from agent.models.tuning import Tuning
 from hub import client as hub_client
 from hub.errors import IntegrityMismatch, SourceUnavailable
 from hub.manifest import Entry
@@ -116,27 +120,43 @@ class _Assembly:
                 return start + self.written[i] - self.frontier
         return 0
 
-    async def arrived(self, offset: int, chunk: bytes, chunk_bytes: int) -> None:
-        """Hash what can be hashed now; call after ``chunk`` was written at ``offset``."""
+    def claim(self, offset: int) -> bool:
+        """Take the hash for a batch about to be written at ``offset``, if it is the frontier.
+
+        On True the caller holds :attr:`lock`, hashes the batch as it writes it, then calls
+        :meth:`advanced`.
+        """
+        if offset != self.frontier:
+            return False
+        try:
+            self.lock.acquire_nowait()
+        except anyio.WouldBlock:
+            return False
+        return True
+
+    async def advanced(self, n: int, chunk_bytes: int) -> None:
+        """The claimed batch of ``n`` bytes is written and hashed: move on, catch up, release."""
+        try:
+            self.frontier += n
+            await self._catch_up(chunk_bytes)
+        finally:
+            self.lock.release()
+
+    async def arrived(self, chunk_bytes: int) -> None:
+        """Bytes were written away from the frontier (or it was busy): hash what can be."""
         if self.lock.locked():
             return  # the holder's catch-up loop will read these bytes from the file
         async with self.lock:
-            if offset == self.frontier:
-                await anyio.to_thread.run_sync(self.hasher.update, chunk)
-                self.frontier += len(chunk)
             await self._catch_up(chunk_bytes)
 
     async def _catch_up(self, chunk_bytes: int) -> None:
-        if self._ahead() <= 0:
-            return
-        async with _opened(self.dest, "rb") as f:
-            while (n := min(self._ahead(), chunk_bytes)) > 0:
-                await f.seek(self.frontier)
-                data = await f.read(n)
-                if not data:
-                    raise SourceUnavailable(f"{self.entry.path}: file shorter than written")
-                await anyio.to_thread.run_sync(self.hasher.update, data)
-                self.frontier += len(data)
+        while (n := self._ahead()) > 0:
+            got = await anyio.to_thread.run_sync(
+                _hash_range, self.dest, self.hasher, self.frontier, n, chunk_bytes
+            )
+            if got < n:
+                raise SourceUnavailable(f"{self.entry.path}: file shorter than written")
+            self.frontier += got
 
     async def finish(self, chunk_bytes: int) -> None:
         async with self.lock:
@@ -153,6 +173,55 @@ def _bounds(size: int, segment: int) -> list[tuple[int, int]]:
     if size == 0:
         return [(0, 0)]
     return [(s, min(s + segment, size)) for s in range(0, size, segment)]
+
+
+def _hash_range(path: Path, hasher: Any, offset: int, n: int, chunk_bytes: int) -> int:
+    """Hash ``n`` bytes of ``path`` from ``offset``, in ``chunk_bytes`` reads; returns bytes read."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        done = 0
+        while done < n:
+            data = os.pread(fd, min(chunk_bytes, n - done), offset + done)
+            if not data:
+                break
+            hasher.update(data)
+            done += len(data)
+        return done
+    finally:
+        os.close(fd)
+
+
+def _store(fd: int, batch: Sequence[memoryview], offset: int, hasher: Any) -> None:
+    """Write ``batch`` at ``offset`` with as few ``pwritev`` calls as it takes, then hash it
+    when ``hasher`` is given (the batch is at the frontier; a failed write hashes nothing).
+    Runs in a worker thread."""
+    views = list(batch)
+    try:
+        while views:
+            n = os.pwritev(fd, views, offset)
+            offset += n
+            while views and n >= len(views[0]):
+                n -= len(views[0])
+                views.pop(0)
+            if n:
+                views[0] = views[0][n:]
+    except OSError as e:
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise NoSpace("the cache filesystem is full") from e
+        raise
+    if hasher is not None:
+        for view in batch:
+            hasher.update(view)
+
+
+def _start(state_path: Path, dest: Path, size: int, segments: int) -> tuple[_State, bool]:
+    """The file's resume state, or a fresh one with ``dest`` preallocated; and whether the
+    state was kept (one worker-thread call per file, not two)."""
+    kept = _load_state(state_path, size, segments, dest)
+    if kept is not None:
+        return kept, True
+    _prepare(dest, size)
+    return _State(size, [0] * segments), False
 
 
 def _load_state(path: Path, size: int, segments: int, dest: Path) -> _State | None:
@@ -199,20 +268,20 @@ def _forget(dest: Path, state_path: Path) -> None:
 
 
 @asynccontextmanager
-async def _opened(path: Path, mode: Literal["rb", "r+b"]) -> AsyncIterator[Any]:
-    """An aiofiles handle whose open and close cannot be cut by a cancellation.
+async def _opened(path: Path) -> AsyncIterator[int]:
+    """A writable descriptor of ``path`` whose open and close no cancellation can cut (a
+    cancelled open would leave the descriptor the worker thread opened unowned).
 
-    A cancelled ``await aiofiles.open`` leaves the file the worker thread opened unowned.
+    Writes go straight to the OS file (``pwritev``, no userspace buffer), where the hashing
+    catch-up, on another descriptor, reads them.
     """
     with anyio.CancelScope(shield=True):
-        # Unbuffered: a byte counted as written is in the OS file, where the hashing
-        # catch-up (another handle) reads it; a userspace buffer would hide it.
-        f = await aiofiles.open(path, mode, buffering=0)
+        fd = await anyio.to_thread.run_sync(os.open, path, os.O_WRONLY)
     try:
-        yield f
+        yield fd
     finally:
         with anyio.CancelScope(shield=True):
-            await f.close()
+            await anyio.to_thread.run_sync(os.close, fd)
 
 
 @contextmanager
@@ -252,12 +321,9 @@ async def fetch(
     """
     job = _FileFetch(origin, entry, dest, state_path, limits, tuning, progress)
     bounds = _bounds(entry.size, tuning.segment_bytes)
-    state = await anyio.to_thread.run_sync(_load_state, state_path, entry.size, len(bounds), dest)
-    if state is not None and state.verified:
+    state, _ = await anyio.to_thread.run_sync(_start, state_path, dest, entry.size, len(bounds))
+    if state.verified:
         return
-    if state is None:
-        state = _State(entry.size, [0] * len(bounds))
-        await anyio.to_thread.run_sync(_prepare, dest, entry.size)
     try:
         await job.run(state, bounds, ranged=True)
     except _NoRanges:
@@ -352,47 +418,51 @@ class _FileFetch:
     ) -> None:
         """Write (and hash) the body from ``pos``; ``skip``: leading bytes already written."""
         end = asm.bounds[i][1]
-        async with _opened(asm.dest, "r+b") as f:
-            await f.seek(pos)
-            async for piece in _buffered(body, self.tuning.chunk_bytes):
-                chunk = piece[skip:][: end - pos]
-                skip = max(0, skip - len(piece))
-                if not chunk:
-                    continue
-                await self.limits.take(len(chunk))
-                await _write(f, chunk)
-                asm.written[i] += len(chunk)
-                await self._moved(len(chunk))
-                await asm.arrived(pos, chunk, self.tuning.chunk_bytes)
-                pos += len(chunk)
+        async with _opened(asm.dest) as fd:
+            async for batch in _batches(body, self.tuning.chunk_bytes, skip, end - pos):
+                n = sum(len(v) for v in batch)
+                await self.limits.take(n)
+                if asm.claim(pos):
+                    try:
+                        await anyio.to_thread.run_sync(_store, fd, batch, pos, asm.hasher)
+                    except BaseException:
+                        asm.lock.release()
+                        raise
+                    asm.written[i] += n
+                    await asm.advanced(n, self.tuning.chunk_bytes)
+                else:
+                    await anyio.to_thread.run_sync(_store, fd, batch, pos, None)
+                    asm.written[i] += n
+                    await asm.arrived(self.tuning.chunk_bytes)
+                await self._moved(n)
+                pos += n
                 if pos >= end:
                     return
         raise SourceUnavailable(f"{self.entry.path}: the response ended at byte {pos} of {end}")
 
 
-async def _write(f: Any, chunk: bytes) -> None:
-    """Write all of ``chunk`` (an unbuffered write may take only part of it)."""
-    view = memoryview(chunk)
-    try:
-        while view:
-            n = await f.write(view)
-            view = view[n:]
-    except OSError as e:
-        if e.errno in (errno.ENOSPC, errno.EDQUOT):
-            raise NoSpace("the cache filesystem is full") from e
-        raise
-
-
-async def _buffered(body: hub_client.Body, size: int) -> AsyncIterator[bytes]:
-    """Group the network's small reads into ``size``-byte chunks (one write and hash each)."""
-    buf = bytearray()
-    async for piece in body.chunks(size):
-        if not buf and len(piece) >= size:
-            yield piece  # already big enough: no copy
+async def _batches(
+    body: hub_client.Body, size: int, skip: int, limit: int
+) -> AsyncIterator[list[memoryview]]:
+    """The body's pieces as views, ``skip`` bytes dropped and at most ``limit`` kept, grouped
+    into batches of about ``size`` bytes (one write and hash each; no byte is copied)."""
+    batch: list[memoryview] = []
+    held = 0
+    async for piece in body.pieces():
+        view = memoryview(piece)
+        if skip:
+            cut, skip = min(skip, len(view)), skip - min(skip, len(view))
+            view = view[cut:]
+        view = view[:limit]
+        if not view:
             continue
-        buf += piece
-        if len(buf) >= size:
-            yield bytes(buf)
-            buf.clear()
-    if buf:
-        yield bytes(buf)
+        limit -= len(view)
+        batch.append(view)
+        held += len(view)
+        if held >= size or not limit:
+            yield batch
+            batch, held = [], 0
+        if not limit:
+            return
+    if batch:
+        yield batch

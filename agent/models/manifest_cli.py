@@ -1,7 +1,9 @@
 """``gpustack-operator model-manager manifest REPOSITORY``: print what a ModelArtifact would pin.
 
 Standard output: the resolved commit, the canonical manifest text and the digest, so a person
-can set ``expectedDigest``. ``HF_ENDPOINT`` and ``HF_TOKEN`` come from the environment. Patterns
+can set ``expectedDigest``. ``HF_ENDPOINT``, the token (``HF_TOKEN``, ``HUGGING_FACE_HUB_TOKEN`` or
+the login file under ``HF_HOME``), ``HF_HUB_OFFLINE`` and the proxies come from the environment
+(:func:`hub.endpoints.environment`). Patterns
 are comma separated or repeated (``--allow-pattern '*.json' --allow-pattern '*.safetensors'``).
 """
 
@@ -13,6 +15,7 @@ import sys
 import anyio
 import msgspec
 
+from hub import client as hub_client
 from hub import endpoints, resolving
 from hub.errors import HubError
 from hub.manifest import Manifest
@@ -33,23 +36,30 @@ class ManifestSettings(msgspec.Struct, frozen=True, kw_only=True):
     repository: str
     revision: str
     endpoint: str
-    token: str | None
+    token: str | None = None
     allow: tuple[str, ...]
     ignore: tuple[str, ...]
+    hub_env: endpoints.HubEnvironment = endpoints.HubEnvironment()
+
+    @property
+    def hub(self) -> hub_client.HubSettings:
+        return hub_client.HubSettings.of(self.endpoint, self.hub_env)
 
 
 def settings_from(options: Options) -> ManifestSettings:
     """:raises SettingsError: no single repository id, or an endpoint that is not a URL."""
     if len(options.positionals) != 1:
         raise SettingsError("needs exactly one REPOSITORY (owner/name)")
+    env = endpoints.environment(options.env)
     try:
         return ManifestSettings(
             repository=endpoints.repository(options.positionals[0]),
             revision=options.text("revision") or "main",
             endpoint=endpoints.endpoint_from(options.optional_text("hf-endpoint"), options.env),
-            token=options.env.get("HF_TOKEN") or None,
+            token=env.token,
             allow=options.items("allow-pattern"),
             ignore=options.items("ignore-pattern"),
+            hub_env=env,
         )
     except endpoints.InvalidName as e:
         raise SettingsError(str(e)) from e
@@ -57,14 +67,15 @@ def settings_from(options: Options) -> ManifestSettings:
 
 def manifest_command(settings: ManifestSettings) -> int:
     async def main() -> Manifest:
-        return await resolving.resolve(
-            settings.repository,
-            settings.revision,
-            endpoint=settings.endpoint,
-            token=settings.token,
-            allow=settings.allow,
-            ignore=settings.ignore,
-        )
+        async with hub_client.client(settings.hub) as hub:
+            return await resolving.resolve(
+                settings.repository,
+                settings.revision,
+                token=settings.token,
+                allow=settings.allow,
+                ignore=settings.ignore,
+                hub=hub,
+            )
 
     try:
         manifest = anyio.run(main)

@@ -27,6 +27,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Protocol
 
 import anyio
 import anyio.to_thread
@@ -36,14 +37,13 @@ from anyio.abc import TaskGroup, TaskStatus
 from agent.models import backoff, downloading, layout
 from agent.models.backoff import Failure
 from agent.models.errors import BackingOff, Materializing, NoSpace
-from agent.models.metrics import ModelMetrics
-from agent.models.settings import Tuning
+from agent.models.tuning import Tuning
 from hub import client as hub_client
 from hub import resolving
 from hub.errors import AccessDenied, HubError, IntegrityMismatch, InvalidManifest
 from hub.manifest import Manifest
 
-__all__ = ["Job", "Materializer", "Source"]
+__all__ = ["Job", "JobMetrics", "Materializer", "Source"]
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +108,30 @@ class Job:
         )
 
 
+class _Count(Protocol):
+    def inc(self, amount: float = 1) -> None: ...
+
+
+class _Labelled(Protocol):
+    def labels(self, *, result: str = ..., source: str = ...) -> _Count: ...
+
+
+class _Observe(Protocol):
+    def observe(self, amount: float) -> None: ...
+
+
+class JobMetrics(Protocol):
+    """What the jobs count (:class:`agent.models.metrics.ModelMetrics` in the plugin; the
+    ``pull`` one-shot, which serves no metrics, passes a null one and skips prometheus)."""
+
+    @property
+    def download_bytes(self) -> _Labelled: ...
+    @property
+    def materializations(self) -> _Labelled: ...
+    @property
+    def publish_duration(self) -> _Observe: ...
+
+
 Reserve = Callable[[str, int], Awaitable[None]]
 """Make room for ``(hex, bytes)`` more, or raise :class:`NoSpace` (the collector's reserve)."""
 
@@ -126,7 +150,7 @@ class Materializer:
         limits: downloading.Limits,
         *,
         tuning: Tuning,
-        metrics: ModelMetrics,
+        metrics: JobMetrics,
         changed: Callable[[], None] = lambda: None,
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -166,26 +190,29 @@ class Materializer:
         """Bytes the running jobs other than ``hex_`` still have to write (for reservations)."""
         return sum(j.size - j.done for h, j in self.jobs.items() if h != hex_)
 
-    def ensure(self, hex_: str, source: Source) -> None:
+    def ensure(self, hex_: str, source: Source, *, forced: bool = False) -> None:
         """Start or join the job for ``hex_``; always raises while the tree is not published.
+
+        ``forced``: start even while backing off (a person asked, by ``model-manager pull``); the
+        outcome is recorded the same way.
 
         :raises Materializing: running (the message has the progress).
         :raises BackingOff: the last attempt failed and the next is not due.
         """
-        now = self._clock()
+        stamp = self._clock()
         job = self.jobs.get(hex_)
         if job is not None:
-            job.join(source, now)
+            job.join(source, stamp)
             raise Materializing(job.progress())
         record = self._unsaved.get(hex_)
         if record is None:
             record = self.cache.load_digest(hex_)
-        held = backoff.blocking(record, source.key, now)
-        if held is not None:
+        held = backoff.blocking(record, source.key, stamp)
+        if held is not None and not forced:
             raise backoff.refusal(hex_, held)
         if self._host is None:
             raise BackingOff.of("the materializer is not running", reason="SourceUnavailable")
-        job = Job(hex_, [source], started=now, asked=now)
+        job = Job(hex_, [source], started=stamp, asked=stamp)
         self.jobs[hex_] = job
         tg, reserve = self._host
         tg.start_soon(self._run_job, job, reserve, name=f"materialize-{hex_[:12]}")

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import anyio
 import anyio.to_thread
+import msgspec
 from prometheus_client import CollectorRegistry
 
 from agent.models import (
@@ -69,12 +70,22 @@ class Plugin:
 
 
 def _hub_settings(settings: ModelManagerSettings, spec: StoreSpec | None) -> hub_client.HubSettings:
+    """The environment's Hub conventions, with the NodeModelStore spec's endpoint and proxy
+    (which applies to every request, as it always has) winning once synced."""
+    own = hub_client.HubSettings.of(settings.hub_endpoint, settings.hub_env)
     if spec is None:
-        return hub_client.HubSettings(endpoint=settings.hub_endpoint)
-    return hub_client.HubSettings(
-        endpoint=spec.hub.hugging_face_endpoint or settings.hub_endpoint,
-        proxy=spec.hub.https_proxy,
+        return own
+    own = msgspec.structs.replace(
+        own, endpoint=spec.hub.hugging_face_endpoint or settings.hub_endpoint
     )
+    if spec.hub.https_proxy:
+        own = msgspec.structs.replace(
+            own, proxy=spec.hub.https_proxy, http_proxy=spec.hub.https_proxy, no_proxy=()
+        )
+    if spec.hub.no_proxy:
+        no_proxy = tuple(p.strip() for p in spec.hub.no_proxy.split(",") if p.strip())
+        own = msgspec.structs.replace(own, no_proxy=no_proxy)
+    return own
 
 
 async def _follow_spec(policy: Policy, limits: downloading.Limits, every_s: float) -> None:

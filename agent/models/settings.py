@@ -10,6 +10,7 @@ from typing import Final
 
 import msgspec
 
+from agent.models.tuning import Tuning
 from agent.settings import node_name_from
 from bus import identity
 from bus import settings as bus_settings
@@ -22,39 +23,6 @@ from kit.version import package_version
 __all__ = ["DRIVER", "ModelManagerSettings", "Tuning", "settings_from"]
 
 DRIVER: Final = "model.csi.gpustack.ai"
-MiB: Final = 1024 * 1024
-
-
-class Tuning(msgspec.Struct, frozen=True, kw_only=True):
-    """Download and bookkeeping constants; tests shrink them, production keeps the defaults."""
-
-    segment_bytes: int = 64 * MiB
-    """Files larger than this are fetched in byte-range segments of this size."""
-    window: int = 4
-    """Segments of one file in flight at a time (in file order)."""
-    files_per_attempt: int = 16
-    chunk_bytes: int = MiB
-    """Bytes written and hashed per step: bounds memory per stream."""
-    checkpoint_bytes: int = 256 * MiB
-    """A file's resume state is fsynced and saved every this many bytes."""
-    retries: int = 5
-    """Consecutive failures of one segment before the attempt fails (progress resets it)."""
-    retry_delay_s: float = 1.0
-    """Delay before retry n is ``n * retry_delay_s`` (at most 10 s)."""
-    backoff_first_s: float = 60.0
-    backoff_max_s: float = 3600.0
-    collect_every_s: float = 300.0
-    collect_idle_s: float = 600.0
-    """A published tree unreferenced for less than this is not collected."""
-    report_every_s: float = 30.0
-    """Progress (not state changes) goes on the bus at most this often..."""
-    report_step: float = 0.05
-    """...and only when a download moved at least this fraction of its size."""
-    resync_s: float = 300.0
-    """An unchanged models state is published again this often, so the bus's retained state
-    (which expires after ``--nats-state-max-age``) never loses a live node's cache."""
-    waiter_window_s: float = 300.0
-    """An attempt nobody asked about for this long is cancelled (partial files stay)."""
 
 
 class ModelManagerSettings(msgspec.Struct, frozen=True, kw_only=True):
@@ -69,7 +37,10 @@ class ModelManagerSettings(msgspec.Struct, frozen=True, kw_only=True):
     hub_endpoint: str = endpoints.DEFAULT_ENDPOINT
     """``HF_ENDPOINT``; the NodeModelStore spec overrides it once synced."""
     hub_token: str | None = None
-    """``HF_TOKEN``: used when a volume brings no ``token`` secret."""
+    """``HF_TOKEN`` (or the legacy variable, or the login file): used when a volume brings no
+    ``token`` secret."""
+    hub_env: endpoints.HubEnvironment = endpoints.HubEnvironment()
+    """``HF_HUB_OFFLINE`` and the proxies (the token is ``hub_token``)."""
     version: str = "0.1.0"
     tuning: Tuning = Tuning()
 
@@ -100,6 +71,7 @@ def settings_from(options: Options) -> ModelManagerSettings:
         hub_endpoint = endpoints.endpoint_from(None, options.env)
     except endpoints.InvalidName as e:
         raise SettingsError(f"HF_ENDPOINT: {e}") from e
+    hub_env = endpoints.environment(options.env)
     node = node_name_from(options)
     me = identity.Identity(role="model-manager", node=node)
     bus = msgspec.structs.replace(bus, inbox_prefix=identity.inbox_prefix(me))
@@ -111,7 +83,8 @@ def settings_from(options: Options) -> ModelManagerSettings:
         https=https_from(options),
         bus=bus if has_bus else None,
         hub_endpoint=hub_endpoint,
-        hub_token=options.env.get("HF_TOKEN") or None,
+        hub_token=hub_env.token,
+        hub_env=hub_env,
         version=package_version(),
         tuning=_tuning_for(bus),
     )

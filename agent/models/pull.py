@@ -1,0 +1,237 @@
+"""``gpustack-operator model-manager pull REPOSITORY``: materialize a snapshot into a node cache.
+
+How a person pre-warms a node, seeds an air-gapped cache or runs an init job. It is the CSI
+path's own machinery, not a copy of it: the same resolution (:func:`hub.resolving.resolve`),
+manifest and digest, the same :class:`~agent.models.materializing.Materializer` (attempt
+directories, resume, verification of every byte, fsync, publication by rename) and the same
+ledger records, so a later NodePublishVolume of the digest finds ``published/<hex>`` and mounts
+it without a request to the Hub.
+
+Differences, each deliberate: a pull starts even while the digest is backing off (a person
+asked now; the outcome is recorded as any attempt's), it never gives up for want of a waiter,
+and it reserves room by checking the filesystem's free space only — it never collects
+(deletes) a tree, since it cannot see what the node's plugin has mounted.
+
+Standard output: ``commit``, ``digest`` and ``path`` (the published tree) as YAML. Standard
+error: a progress line, only on a terminal; on failure one line and exit 1. One-shot: no bus,
+no HTTPS, no metrics server (nothing here imports them).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+from typing import TextIO
+
+import anyio
+import anyio.to_thread
+import msgspec
+
+from agent.models import downloading, layout, materializing
+from agent.models.errors import CacheCorrupt, Materializing, NoSpace
+from agent.models.tuning import Tuning
+from hub import client as hub_client
+from hub import endpoints, resolving
+from hub.errors import HubError
+from hub.manifest import Manifest
+from kit.options import Options, SettingsError
+
+__all__ = ["PullSettings", "pull_command", "settings_from"]
+
+log = logging.getLogger(__name__)
+EXIT_FAILED = 1
+CONCURRENCY = 8
+"""HTTP requests in flight, as the plugin's default ``download.concurrency``."""
+
+
+class PullSettings(msgspec.Struct, frozen=True, kw_only=True):
+    repository: str
+    revision: str
+    cache_root: Path
+    endpoint: str
+    token: str | None = None
+    allow: tuple[str, ...] = ()
+    ignore: tuple[str, ...] = ()
+    hub_env: endpoints.HubEnvironment = endpoints.HubEnvironment()
+    tuning: Tuning = Tuning(waiter_window_s=float("inf"))
+
+    @property
+    def hub(self) -> hub_client.HubSettings:
+        return hub_client.HubSettings.of(self.endpoint, self.hub_env)
+
+
+def settings_from(options: Options) -> PullSettings:
+    """:raises SettingsError: no single repository id, a relative cache root, a bad endpoint."""
+    if len(options.positionals) != 1:
+        raise SettingsError("needs exactly one REPOSITORY (owner/name)")
+    root = options.text("cache-root")
+    if not root.startswith("/"):
+        raise SettingsError(f"--cache-root must be an absolute path, not {root!r}")
+    env = endpoints.environment(options.env)
+    try:
+        return PullSettings(
+            repository=endpoints.repository(options.positionals[0]),
+            revision=options.text("revision") or "main",
+            cache_root=Path(root),
+            endpoint=endpoints.endpoint_from(options.optional_text("hf-endpoint"), options.env),
+            token=env.token,
+            allow=options.items("allow-pattern"),
+            ignore=options.items("ignore-pattern"),
+            hub_env=env,
+        )
+    except endpoints.InvalidName as e:
+        raise SettingsError(str(e)) from e
+
+
+class PullFailed(Exception):
+    """The pull ended without a published tree; the message is the one line to print."""
+
+
+class _Uncounted:
+    """A metric that counts nothing: the one-shot serves no metrics."""
+
+    def labels(self, *, result: str = "", source: str = "") -> _Uncounted:
+        return self
+
+    def inc(self, amount: float = 1) -> None:
+        return None
+
+    def observe(self, amount: float) -> None:
+        return None
+
+
+class _NoMetrics:
+    download_bytes = materializations = publish_duration = _Uncounted()
+
+
+def pull_command(settings: PullSettings) -> int:
+    try:
+        manifest, tree = anyio.run(pull, settings, sys.stderr)
+    except (PullFailed, HubError, CacheCorrupt, OSError) as e:
+        reason = getattr(e, "reason", None)
+        log.error("%s%s", f"{reason}: " if reason else "", e)
+        return EXIT_FAILED
+    sys.stdout.write(f"commit: {manifest.commit}\ndigest: {manifest.digest}\npath: {tree}\n")
+    return 0
+
+
+async def pull(settings: PullSettings, tty: TextIO | None = None) -> tuple[Manifest, Path]:
+    """Resolve, then materialize unless published; returns the manifest and the tree's path.
+
+    ``tty``: where a progress line goes, if it is a terminal. :raises PullFailed: the attempt
+    failed (its reason and message, as the ledger recorded them).
+    """
+    cache = await anyio.to_thread.run_sync(layout.Cache.open, settings.cache_root)
+    async with hub_client.client(settings.hub) as hub:
+        manifest = await resolving.resolve(
+            settings.repository,
+            settings.revision,
+            token=settings.token,
+            allow=settings.allow,
+            ignore=settings.ignore,
+            hub=hub,
+        )
+        hex_ = manifest.digest.removeprefix("sha256:")
+        if not await anyio.to_thread.run_sync(cache.is_published, hex_):
+            source = materializing.Source(
+                settings.repository, manifest.commit or "", settings.token,
+                settings.allow, settings.ignore,
+            )  # fmt: skip
+            await _materialize(cache, hub, hex_, source, settings.tuning, tty)
+    return manifest, cache.tree(hex_)
+
+
+async def _materialize(
+    cache: layout.Cache,
+    hub: hub_client.HubClient,
+    hex_: str,
+    source: materializing.Source,
+    tuning: Tuning,
+    tty: TextIO | None,
+) -> None:
+    ended = anyio.Event()
+    quiet = _Restated()
+    materializing.log.addFilter(quiet)  # the failure is this command's one line instead
+    try:
+        await _attempt(cache, hub, hex_, source, tuning, tty, ended)
+    finally:
+        materializing.log.removeFilter(quiet)
+    if not await anyio.to_thread.run_sync(cache.is_published, hex_):
+        record = cache.load_digest(hex_)
+        raise PullFailed(f"{record.reason or 'Failed'}: {record.message or 'no tree published'}")
+
+
+class _Restated(logging.Filter):
+    """Drops the materializer's warning about a failed attempt: the pull's error restates it."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno != logging.WARNING
+
+
+async def _attempt(
+    cache: layout.Cache,
+    hub: hub_client.HubClient,
+    hex_: str,
+    source: materializing.Source,
+    tuning: Tuning,
+    tty: TextIO | None,
+    ended: anyio.Event,
+) -> None:
+    m = materializing.Materializer(
+        cache,
+        hub,
+        downloading.Limits(CONCURRENCY, 0),
+        tuning=tuning,
+        metrics=_NoMetrics(),
+        changed=lambda: None if hex_ in m.jobs else ended.set(),
+    )
+    async with anyio.create_task_group() as tg:
+        await tg.start(m.run, _reserve_free_space(cache))
+        try:
+            m.ensure(hex_, source, forced=True)
+        except Materializing:
+            pass
+        if tty is not None and tty.isatty():
+            tg.start_soon(_progress, m, hex_, tty)
+        await ended.wait()
+        tg.cancel_scope.cancel()
+
+
+def _reserve_free_space(cache: layout.Cache) -> materializing.Reserve:
+    async def reserve(_: str, needed: int) -> None:
+        st = await anyio.to_thread.run_sync(os.statvfs, cache.root)
+        free = st.f_bavail * st.f_frsize
+        if needed > free:
+            raise NoSpace(f"needs {needed} more bytes but the cache filesystem has {free} free")
+
+    return reserve
+
+
+async def _progress(m: materializing.Materializer, hex_: str, out: TextIO) -> None:
+    """Redraw one progress line on the terminal until cancelled (then end the line)."""
+    begun = time.monotonic()
+    try:
+        while True:
+            job = m.jobs.get(hex_)
+            if job is not None:
+                out.write("\r\x1b[K" + _line(job, time.monotonic() - begun))
+                out.flush()
+            await anyio.sleep(0.2)
+    finally:
+        out.write("\r\x1b[K")
+        out.flush()
+
+
+def _line(job: materializing.Job, elapsed: float) -> str:
+    if job.phase != "downloading" or not job.size:
+        return f"sha256:{job.hex[:12]}: {job.phase}"
+    share = job.done / job.size
+    bar = "#" * int(share * 30)
+    rate = job.done / max(elapsed, 1e-3)
+    return (
+        f"sha256:{job.hex[:12]} [{bar:<30}] {share:4.0%} {materializing.human(job.done)} of "
+        f"{materializing.human(job.size)} {materializing.human(rate)}/s"
+    )
