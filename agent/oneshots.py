@@ -1,9 +1,11 @@
-"""``dm detect`` and ``dm monitor``: one pass, printed as YAML or JSON, for a person on a node.
+"""``dm detect`` and ``dm monitor``: one pass, printed as YAML, JSON or a table, for a person.
 
 Both are pure reads. Standard output carries only the document, so ``| yq`` and ``| jq`` work;
 every diagnostic goes to standard error. The document is printed even when one manufacturer
 failed (the others' cards are still true), and the exit code is then 1 with one stderr line per
-failure; "nothing found" is an empty list and exit 0.
+failure; "nothing found" is an empty list and exit 0. ``-o wide`` is a kubectl-style table,
+one accelerator per row, memory in human units (``No resources found.`` on stderr when empty,
+as kubectl says it).
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ from typing import Any
 from agent.devices import detection, sources
 from agent.errors import ProfileError
 from agent.settings import DetectSettings
+from bus.devices import DeviceGroup, MonitorSample
 from kit import rendering
+from kit.tables import human_mib, table
 
 log = logging.getLogger(__name__)
 
@@ -64,8 +68,69 @@ def _one_pass(
     except ProfileError as e:
         print(f"--simulate: {e}", file=sys.stderr)
         return EXIT_USAGE
-    sys.stdout.write(rendering.render(result.items, settings.output))
+    if settings.output == "wide":
+        if not result.items:
+            print("No resources found.", file=sys.stderr)
+        else:
+            sys.stdout.write(wide(result.items))
+    else:
+        sys.stdout.write(rendering.render(result.items, settings.output))
     sys.stdout.flush()
     for error in result.errors:
         log.error("%s", error)
     return EXIT_FAILED if result.errors else 0
+
+
+_DETECT_COLUMNS = (
+    "index",
+    "id",
+    "manufacturer",
+    "product",
+    "memory",
+    "health",
+    "sliced",
+    "partitions",
+)
+_MONITOR_COLUMNS = ("id", "manufacturer", "memory", "used", "util", "mem-util", "temp", "power")
+
+
+def wide(items: list[DeviceGroup] | list[MonitorSample]) -> str:
+    """Detect groups or monitor samples as a table, one accelerator per row (pure)."""
+    if all(isinstance(i, DeviceGroup) for i in items):
+        groups = [i for i in items if isinstance(i, DeviceGroup)]
+        return table(_DETECT_COLUMNS, [r for g in groups for r in _detect_rows(g)])
+    samples = [i for i in items if isinstance(i, MonitorSample)]
+    return table((*_MONITOR_COLUMNS, "health"), [r for s in samples for r in _sample_rows(s)])
+
+
+def _detect_rows(group: DeviceGroup) -> list[tuple[object, ...]]:
+    rows: list[tuple[object, ...]] = []
+    for a in group.accelerators:
+        logical, physical = a.status.logical_sliced, a.status.physical_sliced
+        mig = ",".join(f"{p.name}x{p.count}" for p in physical.profiles) if physical else None
+        health = "Unhealthy" if a.status.unhealthy else "Healthy"
+        sliced = logical.count if logical else None
+        row = (a.index, a.id, group.manufacturer, group.name, human_mib(group.memory), health)
+        rows.append((*row, sliced, mig))
+    return rows
+
+
+def _pct(value: int | None) -> str | None:
+    return None if value is None else f"{value}%"
+
+
+def _sample_rows(sample: MonitorSample) -> list[tuple[object, ...]]:
+    return [
+        (
+            a.id,
+            sample.manufacturer,
+            human_mib(a.memory),
+            human_mib(a.memory_usage),
+            _pct(a.cores_utilization),
+            _pct(a.memory_utilization),
+            None if a.temperature is None else f"{a.temperature}C",
+            None if a.power_usage is None else f"{a.power_usage}W",
+            "Unhealthy" if a.unhealthy else "Healthy",
+        )
+        for a in sample.accelerators
+    ]

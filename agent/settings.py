@@ -35,7 +35,7 @@ class DetectSettings(msgspec.Struct, frozen=True, kw_only=True):
     """Where the host's ``/`` is (``GPUSTACK_HOST_ROOT``): captured trees, containers."""
     simulate: str | None = None
     """A simulated-hardware profile name or path; None for real hardware."""
-    output: Literal["yaml", "json"] = "yaml"
+    output: Literal["yaml", "json", "wide"] = "yaml"
 
 
 def node_name_from(options: Options) -> str:
@@ -79,5 +79,5 @@ def detect_settings_from(options: Options) -> DetectSettings:
         fast_failed=not options.switch("no-fast-failed"),
         host_root=options.env.get("GPUSTACK_HOST_ROOT") or "/",
         simulate=options.optional_text("simulate"),
-        output=cast(Literal["yaml", "json"], output),
+        output=cast(Literal["yaml", "json", "wide"], output),
     )

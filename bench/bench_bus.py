@@ -1,4 +1,4 @@
-"""Bus benchmarks: decoding subscriber vs bare nats-py, and publishing for 1,000 nodes.
+"""Bus benchmarks: decoding subscriber and ``bus watch`` vs bare nats-py, publishing for 1,000 nodes.
 
 Run: ``.venv/bin/python bench/bench_bus.py [--messages N]``. Starts its own nats-server.
 
@@ -8,19 +8,28 @@ Run: ``.venv/bin/python bench/bench_bus.py [--messages N]``. Starts its own nats
    ``bus.subscribing`` (subject parse + strict decode + validation). Best of 3 runs each.
 2. Publishing: one ``Publisher`` sends a sample for each of 1,000 simulated nodes per round,
    and the full devices spec of 1,000 nodes (JetStream-acknowledged state events); median of 3
-   rounds each. ``--publish-only`` skips part 1.
+   rounds each. ``--publish-only`` skips parts 1 and 3.
+3. ``bus watch -o json`` as a user runs it: a child process whose standard output is a pipe this
+   script reads, against two bare nats-py peers on the same stream (the retained samples
+   stream, so the server works the same for both): a child that writes each payload as a line
+   to the same kind of pipe (what ``nats sub --raw`` does), and the in-process counting
+   subscriber of part 1. The rate is lines over the time from the first to the last line; a
+   subscriber that falls behind drops messages (reported) rather than stalling the run.
+   ``--watch-only`` runs this part alone.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import io
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import anyio
@@ -29,7 +38,7 @@ from nats.aio.msg import Msg
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bus import codec, connection, embedded, events, publishing, subjects, subscribing
+from bus import codec, connection, embedded, events, publishing, state, subjects, subscribing
 from bus.devices import AcceleratorSample, MonitorSample
 from bus.metrics import BusMetrics
 from bus.settings import BusSettings
@@ -160,12 +169,145 @@ async def publish_nodes(settings: BusSettings, nodes: int, rounds: int) -> tuple
     return statistics.median(samples_rates), statistics.median(state_rates)
 
 
-async def main(count: int, publish_only: bool) -> None:
+# --- part 3: ``bus watch -o json`` against bare nats-py, both reading the same stream ----------
+
+CLI = str(Path(sys.executable).with_name("gpustack-operator"))
+_IDLE_S = 3.0
+"""A run ends when its subscriber has written nothing for this long (it dropped the rest)."""
+
+
+async def bare_sub_process(url: str) -> None:
+    """Child process: the bare nats-py peer, writing each payload as a line (``nats sub --raw``).
+
+    Buffered like ours (whatever ``PYTHONUNBUFFERED`` says), flushed when nothing is pending,
+    so neither side pays a write per line.
+    """
+    out = io.BufferedWriter(io.FileIO(sys.stdout.fileno(), "wb", closefd=False))
+    nc = await nats.connect(url)
+    sub = None
+
+    async def cb(msg: Msg) -> None:
+        out.write(msg.data)
+        out.write(b"\n")
+        if sub is not None and sub.pending_msgs == 0:
+            out.flush()
+
+    sub = await nc.subscribe(subjects.filter_for(kind="samples"), cb=cb)
+    await nc.flush()
+    out.write(b"ready\n")
+    out.flush()
+    await asyncio.Event().wait()
+
+
+@dataclass
+class LineCount:
+    lines: int = 0
+    first: float = 0.0
+    last: float = 0.0
+
+    @property
+    def rate(self) -> float:
+        return (self.lines - 1) / (self.last - self.first) if self.lines > 1 else 0.0
+
+
+def count_lines(fd: int, expected: int) -> LineCount:
+    """Read ``fd`` until ``expected`` lines came or, once lines flow, it stayed idle for
+    :data:`_IDLE_S` (the publisher is a fresh process: the first line may take seconds)."""
+    import selectors
+
+    got = LineCount()
+    with selectors.DefaultSelector() as sel:
+        sel.register(fd, selectors.EVENT_READ)
+        while got.lines < expected and sel.select(_IDLE_S if got.lines else 60.0):
+            chunk = os.read(fd, 1 << 20)
+            if not chunk:
+                break
+            now = time.perf_counter()
+            if not got.lines:
+                got.first = now
+            got.lines += chunk.count(b"\n")
+            got.last = now
+    return got
+
+
+def _drain(fd: int, quiet_s: float) -> None:
+    """Wait for the subscriber's first line (a ready line, retained state), then discard what
+    ``fd`` holds until it is quiet."""
+    import selectors
+
+    with selectors.DefaultSelector() as sel:
+        sel.register(fd, selectors.EVENT_READ)
+        if not sel.select(60.0) or not os.read(fd, 1 << 20):
+            raise RuntimeError("the subscriber wrote nothing in 60 s")
+        while sel.select(quiet_s):
+            if not os.read(fd, 1 << 20):
+                return
+
+
+def piped_run(argv: list[str], url: str, count: int) -> LineCount:
+    """Start the subscriber ``argv``, wait for its first line, publish ``count``, count lines."""
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    assert proc.stdout is not None
+    fd = proc.stdout.fileno()
+    try:
+        _drain(fd, 1.0)
+        publisher = start_publisher(url, count)
+        got = count_lines(fd, count)
+        publisher.wait()
+    finally:
+        proc.stdout.close()  # first: a child blocked writing to a full pipe gets EPIPE
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return got
+
+
+async def watch_runs(server_url: str, count: int, runs: int) -> dict[str, list[float]]:
+    """Rates of each subscriber over ``runs`` interleaved runs (peers measured in the same run)."""
+    settings = BusSettings(url=server_url)
+    async with connection.connect(settings) as conn:
+        await state.ensure_streams(conn, settings)  # as a deployment has them: watch reads state
+        marker = codec.encode(sample_event("marker.local"))
+        await conn.publish_acked(subjects.subject("marker.local", "samples"), marker)
+    watch = [CLI, "bus", "watch", "-o", "json", "--nats-url", server_url]
+    watch += ["--subject", subjects.filter_for(kind="samples")]
+    bare = [sys.executable, __file__, "--bare-sub", server_url]
+    rates: dict[str, list[float]] = {"bare-count": [], "bare-pipe": [], "watch": []}
+    for _ in range(runs):
+        rates["bare-count"].append(await bare_run(server_url, count))
+        for name, argv in (("bare-pipe", bare), ("watch", watch)):
+            got = await anyio.to_thread.run_sync(piped_run, argv, server_url, count)
+            if got.lines < count:
+                print(f"  {name}: {count - got.lines} of {count} messages dropped")
+            rates[name].append(got.rate)
+    return rates
+
+
+def report_watch(rates: dict[str, list[float]]) -> None:
+    med = {k: statistics.median(v) for k, v in rates.items()}
+    load = os.getloadavg()[0]
+    print(f"watch runs: {len(rates['watch'])}, load average {load:.2f} (medians)")
+    print(f"bare nats-py, counting      : {med['bare-count']:10,.0f} msg/s")
+    print(f"bare nats-py, lines to pipe : {med['bare-pipe']:10,.0f} msg/s")
+    print(
+        f"bus watch -o json to pipe   : {med['watch']:10,.0f} msg/s"
+        f"  ({med['watch'] / med['bare-pipe']:.2f} of bare-pipe,"
+        f" {med['watch'] / med['bare-count']:.2f} of bare-count)"
+    )
+
+
+async def main(count: int, publish_only: bool, watch_only: bool) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         async with embedded.embedded_server(Path(tmp) / "nats") as server:
             settings = BusSettings(url=server.url)
             size = len(codec.encode(sample_event("node-0.local")))
             print(f"nats-server {server.url}; {count} messages of {size} bytes per run")
+            if watch_only:
+                report_watch(await watch_runs(server.url, count, 1 if SMOKE else 5))
+                return
             if not publish_only:
                 runs = 1 if SMOKE else 3
                 bare = max([await bare_run(server.url, count) for _ in range(runs)])
@@ -179,15 +321,21 @@ async def main(count: int, publish_only: bool) -> None:
             samples_rate, state_rate = await publish_nodes(settings, nodes, rounds)
             print(f"publish samples, {nodes} nodes : {samples_rate:10,.0f} events/s")
             print(f"publish devices (acked)     : {state_rate:10,.0f} events/s")
+            if not publish_only:
+                report_watch(await watch_runs(server.url, count, 1 if SMOKE else 3))
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--messages", type=int, default=2_000 if SMOKE else 100_000)
     parser.add_argument("--publisher", metavar="URL")
+    parser.add_argument("--bare-sub", metavar="URL")
     parser.add_argument("--publish-only", action="store_true")
+    parser.add_argument("--watch-only", action="store_true")
     args = parser.parse_args()
     if args.publisher:
         anyio.run(publisher_process, args.publisher, args.messages)
+    elif args.bare_sub:
+        anyio.run(bare_sub_process, args.bare_sub)
     else:
-        anyio.run(main, args.messages, args.publish_only)
+        anyio.run(main, args.messages, args.publish_only, args.watch_only)

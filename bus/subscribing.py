@@ -119,25 +119,39 @@ class Subscription:
         self._received = received
         self._consumed = 0
         self._source = source
-        self._states: deque[tuple[int, deque[events.Event]]] = deque()
+        self._states: deque[tuple[int, deque[state.Valid]]] = deque()
         """State reads waiting for their place: (live messages received before it, events)."""
 
     def __aiter__(self) -> Subscription:
         return self
 
     async def __anext__(self) -> events.Event:
+        return (await self.next_valid())[1]
+
+    async def next_valid(self) -> state.Valid:
+        """The next event with the message it was decoded from, as it arrived (same order and
+        checks as iterating): a relay writes the original payload and never encodes again.
+
+        :raises StopAsyncIteration: the subscription ended.
+        """
         while True:
             await self._read_state_if_stale()
-            event = self._next_state()
-            if event is not None:
-                return event
+            found = self._next_state()
+            if found is not None:
+                return found
             item = await self._receive_item()
             if item is None:
                 continue  # woken: a state read is due, or its place may have come
             self._consumed += 1
             event = self.guard.accept(*item)
             if event is not None:
-                return event
+                return item, event
+
+    @property
+    def backlog(self) -> int:
+        """Live messages received and not yet taken: 0 means the next take may wait (so a
+        relay flushes what it buffered before it does)."""
+        return self._received.count - self._consumed
 
     async def _receive_item(self) -> Item:
         try:
@@ -153,7 +167,7 @@ class Subscription:
                 raise StopAsyncIteration from None
         return None
 
-    def _next_state(self) -> events.Event | None:
+    def _next_state(self) -> state.Valid | None:
         while self._states and self._states[0][0] <= self._consumed:
             batch = self._states[0][1]
             if batch:
@@ -176,7 +190,7 @@ class Subscription:
 
     def add_state(self, retained: list[state.Valid]) -> None:
         """Queue a state read that just completed, at its place among the live messages."""
-        self._states.append((self._received.count, deque(e for _, e in retained)))
+        self._states.append((self._received.count, deque(retained)))
 
     def reconnected(self) -> None:
         """The connection came back: read the state again (in the consumer, never here)."""

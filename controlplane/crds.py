@@ -15,7 +15,7 @@ from typing import Any, Final
 
 import anyio
 
-from controlplane import errors
+from controlplane import crddocs, errors
 from controlplane.chain import schemas
 from controlplane.k8s.client import KubeClient
 from controlplane.resources import CRDS, GROUP, VERSION, Ref
@@ -145,7 +145,10 @@ DEVICES_SCHEMA: Final = _obj(
                     ),
                     "id",
                     "manufacturer",
-                )
+                ),
+                "summary": _obj(
+                    {"accelerators": _i(), "unhealthy": _i(), "allocated": _i(), "memory": _S}
+                ),
             }
         ),
     }
@@ -157,6 +160,7 @@ _MODEL: Final = _obj(
         "state": {"type": "string", "enum": ["Downloading", "Ready", "Failed"]},
         "sizeBytes": _i(),
         "downloadedBytes": _i(),
+        "progress": _S,
         "referenced": _i(),
         "lastUsedTime": {"type": "string", "format": "date-time"},
         "reason": _S,
@@ -201,10 +205,17 @@ NODEMODELSTORE_SCHEMA: Final = _obj(
             {
                 "observedGeneration": _i(),
                 "capacity": _obj(
-                    {"totalBytes": _i(), "storedBytes": _i(), "usedPercent": _i(0, 100)}
+                    {
+                        "totalBytes": _i(),
+                        "storedBytes": _i(),
+                        "usedPercent": _i(0, 100),
+                        "total": _S,
+                        "stored": _S,
+                    }
                 ),
                 "models": _list(_MODEL, "digest", max_items=256),
                 "modelCounts": _obj({"ready": _i(), "downloading": _i(), "failed": _i()}),
+                "downloading": _S,
                 "conditions": _CONDITIONS,
             }
         ),
@@ -313,7 +324,7 @@ def _crd(
                     "served": True,
                     "storage": True,
                     "subresources": {"status": {}},
-                    "schema": {"openAPIV3Schema": schema},
+                    "schema": {"openAPIV3Schema": crddocs.describe(kind, schema)},
                     "additionalPrinterColumns": [
                         *columns,
                         _col("Age", ".metadata.creationTimestamp", "date"),
@@ -336,10 +347,16 @@ def definitions() -> dict[str, dict[str, Any]]:
             short=["devs"],
             columns=[
                 _col("Product", ".spec.groups[0].name"),
-                _col("Accelerators", ".spec.groups[*].accelerators[*].index"),
-                _col("Memory", ".spec.groups[0].memory", "integer"),
-                _col("Unhealthy", ".spec.groups[*].accelerators[?(@.status.unhealthy==true)].id"),
+                _col("Accelerators", ".status.summary.accelerators", "integer"),
+                _col("Memory", ".status.summary.memory"),
+                _col("Unhealthy", ".status.summary.unhealthy", "integer"),
+                _col("Allocated", ".status.summary.allocated", "integer"),
                 _col("Driver", ".spec.groups[0].driverVersion", priority=1),
+                _col(
+                    "UnhealthyIDs",
+                    ".spec.groups[*].accelerators[?(@.status.unhealthy==true)].id",
+                    priority=1,
+                ),
             ],
         ),
         "nodemodelstores": _crd(
@@ -353,10 +370,11 @@ def definitions() -> dict[str, dict[str, Any]]:
                 _col("ModelsReady", ".status.modelCounts.ready", "integer"),
                 _col("Downloading", ".status.modelCounts.downloading", "integer"),
                 _col("Failed", ".status.modelCounts.failed", "integer"),
-                _col("Stored", ".status.capacity.storedBytes", "integer"),
+                _col("Stored", ".status.capacity.stored"),
                 _col("Used%", ".status.capacity.usedPercent", "integer"),
                 _col("CapacityLow", '.status.conditions[?(@.type=="CapacityLow")].status'),
-                _col("Total", ".status.capacity.totalBytes", "integer", priority=1),
+                _col("Progress", ".status.downloading"),
+                _col("Total", ".status.capacity.total", priority=1),
             ],
         ),
         "modelartifacts": _crd(

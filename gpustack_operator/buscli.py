@@ -1,8 +1,9 @@
 """``bus watch`` and ``bus schema``: the operator's and dashboard author's view of the bus.
 
 The process edge for the bus tools: their settings from the parsed flags (the ``--nats-*``
-family, with ``NATS_URL`` honoured as the nats tools do). ``bus watch`` runs as a service under
-the process runner (:func:`gpustack_operator.buswatching.main`); ``bus schema`` is a one-shot.
+family, under which the nats CLI's own environment and contexts apply:
+:mod:`gpustack_operator.natsenv`). ``bus watch`` runs as a service under the process runner
+(:func:`gpustack_operator.buswatching.main`); ``bus schema`` is a one-shot.
 """
 
 from __future__ import annotations
@@ -13,9 +14,10 @@ from typing import Literal, cast
 
 import msgspec
 
-from bus import codec, identity, subscribing
+from bus import codec, identity, subjects, subscribing
 from bus.errors import BusError
-from bus.settings import BusSettings, from_options
+from bus.settings import BusSettings, from_options, server_urls
+from gpustack_operator import natsenv
 from kit.options import Options, SettingsError
 
 __all__ = ["SchemaSettings", "WatchSettings", "schema_command", "schema_settings", "watch_settings"]
@@ -27,7 +29,11 @@ class WatchSettings(msgspec.Struct, frozen=True, kw_only=True):
     """Only this node; combined with ``subject`` when both are given."""
     subject: str | None
     """A filter such as ``gpustack.v1.node.*.health``."""
-    output: Literal["json", "yaml"]
+    kind: subjects.Kind | None = None
+    """Only this kind; combined with ``node`` and ``subject``."""
+    output: Literal["json", "yaml", "wide"]
+    once: bool = False
+    """Print the retained state and exit (the nats CLI's ``--terminate-at-end``)."""
 
 
 class SchemaSettings(msgspec.Struct, frozen=True):
@@ -39,23 +45,55 @@ _DASHBOARD_INBOX = identity.inbox_prefix(identity.Identity(role="dashboard"))
 
 def watch_settings(options: Options) -> WatchSettings:
     """:raises SettingsError: a ``--subject`` outside the bus's subject space, or one that
-    excludes ``--node``."""
+    excludes ``--node`` or ``--kind``; a bad ``NATS_*`` value or nats context."""
     subject = options.optional_text("subject")
     node = options.optional_text("node")
+    kind = cast(subjects.Kind | None, options.optional_text("kind"))
     if subject is not None:
         try:
-            sub_node, _ = subscribing.parse_filter(subject)
+            sub_node, sub_kind = subscribing.parse_filter(subject)
         except BusError as e:
             raise SettingsError(f"--subject: {e}") from e
         if node is not None and sub_node is not None and sub_node != node:
             raise SettingsError(f"--node {node} and --subject {subject} exclude each other")
+        if kind is not None and sub_kind is not None and sub_kind != kind:
+            raise SettingsError(f"--kind {kind} and --subject {subject} exclude each other")
     return WatchSettings(
         # A dashboard's reply subjects (bus.identity): what the servers let dashboards read.
-        bus=msgspec.structs.replace(from_options(options), inbox_prefix=_DASHBOARD_INBOX),
+        bus=msgspec.structs.replace(nats_cli_settings(options), inbox_prefix=_DASHBOARD_INBOX),
         node=node,
         subject=subject,
-        output=cast(Literal["json", "yaml"], options.text("output")),
+        kind=kind,
+        output=cast(Literal["json", "yaml", "wide"], options.text("output")),
+        once=options.switch("once"),
     )
+
+
+_FIELD_FLAGS = {
+    "url": "nats-url",
+    "user": "nats-user",
+    "password": "nats-password",
+    "token": "nats-token",
+    "creds_file": "nats-creds",
+    "nkey_seed_file": "nats-nkey-seed",
+    "tls_cert_file": "nats-tls-cert",
+    "tls_key_file": "nats-tls-key",
+    "tls_ca_file": "nats-tls-ca",
+}
+
+
+def nats_cli_settings(options: Options) -> BusSettings:
+    """The bus settings of a tool a person runs: the ``--nats-*`` flags, then the nats CLI's
+    ``NATS_*`` variables, then its context (:mod:`gpustack_operator.natsenv`).
+
+    :raises SettingsError: a bad URL, a missing or unreadable context.
+    """
+    base = from_options(options)
+    flags = {field: options.optional_text(flag) for field, flag in _FIELD_FLAGS.items()}
+    values = natsenv.layered(flags, options.env)
+    if "url" in values:
+        values["url"] = server_urls(values["url"])
+    return msgspec.structs.replace(base, **values)
 
 
 def schema_settings(options: Options) -> SchemaSettings:

@@ -1,78 +1,156 @@
 """``gpustack-operator bus watch``: print the retained state of the bus, then follow it live.
 
-One document per event, flushed per line so ``watch … | jq`` and ``| head`` work as expected:
-``json`` writes one compact JSON object per line; ``yaml`` writes documents separated by
-``---``. The output is the wire form (camelCase keys), so it can be replayed onto the bus.
+``json`` writes one compact JSON object per line, ``yaml`` documents separated by ``---``,
+``wide`` a kubectl-style table (:mod:`gpustack_operator.buswide`). JSON and YAML are the wire
+form (camelCase keys), so a line can be replayed onto the bus. ``--once`` prints the retained
+state and exits, as the nats CLI's ``--terminate-at-end`` does.
+
+The JSON path is a relay, and keeps up with a bare nats-py subscriber (docs/benchmarks.md):
+every message is decoded once, by the same :class:`~bus.codec.Guard` every subscriber passes,
+and the *payload it arrived as* is written, never encoded again (a payload holding a raw line
+break, valid JSON from another publisher, is the one exception: it is re-encoded so one line
+stays one event). Output is binary and buffered; it is flushed after every event on a
+terminal, and otherwise whenever nothing more is waiting, so ``| jq`` and ``| head`` still see
+each event as soon as the stream goes quiet, while a burst costs one write per buffer.
 """
 
 from __future__ import annotations
 
+import io
 import logging
+import os
 import sys
-from typing import Final, TextIO
+from typing import BinaryIO, Final
 
 import anyio
 import msgspec
-import yaml
 
-from bus import codec, connection, events, subjects, subscribing
+from bus import codec, connection, events, state, subjects, subscribing
 from bus.errors import StateUnavailable
 from bus.metrics import BusMetrics
 from bus.settings import BusSettings
+from gpustack_operator import buswide
 from gpustack_operator.buscli import WatchSettings
 
-__all__ = ["FORMATS", "format_event", "main", "watch"]
+__all__ = ["FORMATS", "Printer", "format_event", "main", "watch"]
 
 log = logging.getLogger(__name__)
 
-FORMATS: Final = ("json", "yaml")
+FORMATS: Final = ("json", "yaml", "wide")
 STATE_RETRY_S: Final = 1.0
+_BUFFER: Final = 1 << 16
+_BREAKS: Final = (b"\n", b"\r")
 
 
 def format_event(event: events.Event, fmt: str) -> str:
-    """One event as text in ``fmt``, ending with a newline.
+    """One event as text in ``fmt``, ending with a newline (a ``wide`` row has no header).
 
     :raises ValueError: ``fmt`` is not one of :data:`FORMATS`.
     """
+    return _render(codec.encode(event), event, fmt).decode()
+
+
+def _render(data: bytes, event: events.Event, fmt: str) -> bytes:
+    """``data`` (the payload ``event`` was decoded from) as ``fmt``, ending in a newline."""
     if fmt == "json":
-        return codec.encode(event).decode() + "\n"
+        if any(b in data for b in _BREAKS):
+            data = codec.encode(event)  # one event, one line
+        return data + b"\n"
     if fmt == "yaml":
-        # Through JSON first, so YAML shows exactly the wire form (camelCase, RFC 3339 strings).
-        doc = msgspec.json.decode(codec.encode(event))
-        return "---\n" + yaml.safe_dump(doc, sort_keys=False, allow_unicode=True)
+        import yaml  # JSON output never pays for the YAML import
+
+        # The payload itself, so YAML shows exactly the wire form (camelCase, RFC 3339 strings).
+        doc = msgspec.json.decode(data)
+        return ("---\n" + yaml.safe_dump(doc, sort_keys=False, allow_unicode=True)).encode()
+    if fmt == "wide":
+        return buswide.wide_row(event).encode()
     raise ValueError(f"unknown format {fmt!r}; expected one of {', '.join(FORMATS)}")
 
 
+class Printer:
+    """Writes events to a binary stream in one format; flushes as the module docstring says."""
+
+    def __init__(self, out: BinaryIO, fmt: str, *, tty: bool) -> None:
+        if fmt not in FORMATS:
+            raise ValueError(f"unknown format {fmt!r}; expected one of {', '.join(FORMATS)}")
+        self._out, self._fmt, self._tty = out, fmt, tty
+        self._json = fmt == "json"
+        if fmt == "wide":
+            out.write(buswide.HEADER.encode())
+
+    def print(self, valid: state.Valid, *, more: bool) -> None:
+        """Write one event; ``more``: another is already waiting (flush later, off a TTY)."""
+        (_, data), event = valid
+        if self._json and b"\n" not in data and b"\r" not in data:
+            write = self._out.write
+            write(data)  # the hot path: no copy, no encode, no str
+            write(b"\n")
+        else:
+            self._out.write(_render(data, event, self._fmt))
+        if self._tty or not more:
+            self._out.flush()
+
+    def flush(self) -> None:
+        self._out.flush()
+
+
 async def watch(
-    *, settings: BusSettings, node: str | None, subject: str | None, fmt: str, out: TextIO
+    *,
+    settings: BusSettings,
+    node: str | None,
+    subject: str | None,
+    fmt: str,
+    out: BinaryIO,
+    kind: subjects.Kind | None = None,
+    once: bool = False,
+    tty: bool = False,
 ) -> None:
     """Print retained state of every matching node, then live events, until cancelled.
 
-    :param node: only this node (combined with ``subject`` when both are given).
+    :param node: only this node (combined with ``subject`` and ``kind``).
     :param subject: a filter such as ``gpustack.v1.node.*.health``.
+    :param kind: only this kind of event.
+    :param once: print the retained state and return.
+    :param tty: ``out`` is a terminal: flush after every event.
     :raises ValueError: unknown ``fmt``.
     :raises InvalidSubject: ``subject`` is outside the bus's subject space.
     :raises InvalidNodeName: ``node`` cannot be put in a subject.
     :raises NotConnected: no server answered.
+    :raises StateUnavailable: ``once`` and the retained state cannot be read.
 
-    Until the retention streams exist (no agent or worker has run yet) it waits for them.
+    Until the retention streams exist (no agent or worker has run yet) a live watch waits.
     """
-    if fmt not in FORMATS:
-        raise ValueError(f"unknown format {fmt!r}; expected one of {', '.join(FORMATS)}")
-    kind = None
+    printer = Printer(out, fmt, tty=tty)
     if subject is not None:
-        sub_node, kind = subscribing.parse_filter(subject)
-        node = node or sub_node
-        if sub_node is not None and sub_node != node:
-            return  # the two filters exclude each other
+        sub_node, sub_kind = subscribing.parse_filter(subject)
+        if (sub_node and node and sub_node != node) or (sub_kind and kind and sub_kind != kind):
+            printer.flush()
+            return  # the filters exclude each other
+        node, kind = node or sub_node, kind or sub_kind
     async with connection.connect(settings, name="bus-watch", retry=False) as conn:
+        if once:
+            await _once(conn, settings, node, kind, printer)
+            return
         while True:
             try:
-                await _follow(conn, settings, node, kind, fmt, out)
+                await _follow(conn, settings, node, kind, printer)
             except StateUnavailable as e:
                 # A dashboard may start before any agent: wait for the state to appear.
                 log.warning("waiting for the bus's retained state: %s", e)
                 await anyio.sleep(STATE_RETRY_S)
+
+
+async def _once(
+    conn: connection.Connection,
+    settings: BusSettings,
+    node: str | None,
+    kind: subjects.Kind | None,
+    printer: Printer,
+) -> None:
+    found = await state.retained(conn, settings, node=node, kind=kind)
+    for valid in found:
+        printer.print(valid, more=True)
+    printer.flush()
 
 
 async def _follow(
@@ -80,23 +158,40 @@ async def _follow(
     settings: BusSettings,
     node: str | None,
     kind: subjects.Kind | None,
-    fmt: str,
-    out: TextIO,
+    printer: Printer,
 ) -> None:
     async with subscribing.subscribe(
         conn, settings=settings, metrics=BusMetrics(), node=node, kind=kind, include_state=True
     ) as sub:
-        async for event in sub:
-            out.write(format_event(event, fmt))
-            out.flush()
+        while True:
+            try:
+                valid = await sub.next_valid()
+            except StopAsyncIteration:
+                return
+            printer.print(valid, more=sub.backlog > 0)
 
 
-async def main(settings: WatchSettings) -> None:
-    """The ``bus watch`` service: print to standard output until stopped."""
-    await watch(
-        settings=settings.bus,
-        node=settings.node,
-        subject=settings.subject,
-        fmt=settings.output,
-        out=sys.stdout,
-    )
+async def main(settings: WatchSettings) -> int | None:
+    """The ``bus watch`` service: print to standard output until stopped (``--once``: until
+    the retained state is printed, then exit 0)."""
+    # Our own buffer on fd 1, whatever PYTHONUNBUFFERED says (an fd, not a file: nothing blocks).
+    out = io.BufferedWriter(io.FileIO(sys.stdout.fileno(), "wb", closefd=False), _BUFFER)
+    try:
+        try:
+            await watch(
+                settings=settings.bus,
+                node=settings.node,
+                kind=settings.kind,
+                subject=settings.subject,
+                fmt=settings.output,
+                once=settings.once,
+                out=out,
+                tty=out.isatty(),
+            )
+        finally:
+            out.flush()  # stopped mid-burst: what was taken is still printed
+    except BrokenPipeError:
+        # The reader went away (``| head``): that ends the watch, and is not a failure.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    return 0 if settings.once else None

@@ -377,7 +377,14 @@ _MODEL_MANAGER = (
     *NATS_FLAGS,
 )
 
-_ONE_SHOT = (_MANUFACTURER, _NO_PCI_CHECK, _NO_FAST_FAILED, _OUTPUT, _SIMULATE_OR_LIST)
+_OUTPUT_WIDE = Flag(
+    "output",
+    "yaml",
+    "output format: YAML, JSON, or wide (a table, one accelerator per row)",
+    short="o",
+    choices=("yaml", "json", "wide"),
+)
+_ONE_SHOT = (_MANUFACTURER, _NO_PCI_CHECK, _NO_FAST_FAILED, _OUTPUT_WIDE, _SIMULATE_OR_LIST)
 
 _PREFLIGHT = (
     _MANUFACTURER,
@@ -405,9 +412,22 @@ _BUS_WATCH = (
     Flag(
         "output",
         "json",
-        "output format: one JSON document per line, or YAML documents",
+        "output format: one JSON document per line, YAML documents, or wide (a table, one "
+        "event per row)",
         short="o",
-        choices=("json", "yaml"),
+        choices=("json", "yaml", "wide"),
+    ),
+    Flag(
+        "kind",
+        "",
+        "only this kind of event",
+        choices=("", "devices", "samples", "health", "allocations", "models", "agent"),
+    ),
+    Flag(
+        "once",
+        "false",
+        "print the retained state and exit (the nats CLI's --terminate-at-end)",
+        kind="bool",
     ),
     *NATS_FLAGS,
 )
@@ -587,7 +607,8 @@ COMMANDS = (
     ),
     Command(
         ("bus", "watch"),
-        "Print the retained state of every matching node, then live bus events.",
+        "Print the retained state of every matching node, then live bus events. The nats "
+        "CLI's NATS_* variables and contexts (NATS_CONTEXT) apply under the --nats-* flags.",
         _BUS_WATCH,
         settings="gpustack_operator.buscli:watch_settings",
         service="gpustack_operator.buswatching:main",

@@ -32,6 +32,7 @@ from typing import Any, Final
 
 from bus import events
 from bus.devices import Accelerator, DeviceGroup
+from kit.tables import human_mib
 
 __all__ = ["MODES", "UNITS", "Status", "devices_status", "mode_of", "units_by_card"]
 
@@ -153,9 +154,23 @@ def devices_status(
                 "accelerators": [_card_body(cards[a.id]) for a in g.accelerators],
             }
             for g in groups
-        ]
+        ],
+        "summary": _summary(groups, cards),
     }
     return Status(body=body, unknown_tokens=unknown, cards=cards)
+
+
+def _summary(groups: list[DeviceGroup], cards: Mapping[str, _Card]) -> dict[str, Any]:
+    """Counts for the printer columns (a count, not a list of UUIDs); memory in human units."""
+    accels = [a for g in groups for a in g.accelerators]
+    out: dict[str, Any] = {
+        "accelerators": len(accels),
+        "unhealthy": sum(a.status.unhealthy for a in accels),
+        "allocated": sum(cards[a.id].allocated > 0 for a in accels),
+    }
+    if groups and groups[0].memory is not None:
+        out["memory"] = human_mib(groups[0].memory)
+    return out
 
 
 def _card_body(card: _Card) -> dict[str, Any]:

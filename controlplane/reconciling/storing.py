@@ -10,6 +10,10 @@ The status (camelCase, as the CRD in :mod:`controlplane.crds` declares it):
   at most :data:`MAX_MODELS` (the CRD's ``maxItems``), so a huge cache never makes the whole
   status invalid.
 - ``modelCounts``: ready / downloading / failed over *all* models (printer columns).
+- progress a person reads (``kubectl get nms``, never as events): each downloading model's
+  ``progress`` (``42% (3.1 GiB of 7.5 GiB)``) and ``downloading``, all of them in one line
+  (``sha256:0123456789ab 42% (…); …``, absent when nothing downloads); ``capacity.total`` and
+  ``capacity.stored`` repeat the byte counts in binary units for the printer columns.
 - ``conditions``:
 
   ``Ready``: ``Unknown``/``NotReported`` until the model-manager sent a ``models`` event;
@@ -34,8 +38,9 @@ from datetime import UTC, datetime
 from typing import Any, Final
 
 from bus import events
+from kit.tables import human_bytes
 
-__all__ = ["MAX_MODELS", "StoreReport", "rfc3339", "store_status"]
+__all__ = ["MAX_MODELS", "StoreReport", "progress", "rfc3339", "store_status"]
 
 MAX_MODELS: Final = 256
 DEFAULT_HIGH_PERCENT: Final = 80
@@ -96,7 +101,19 @@ def store_status(
     }
     if capacity:
         status["capacity"] = capacity
+    moving = [f"{e['digest'][:19]} {e['progress']}" for e in entries if "progress" in e]
+    if moving:
+        status["downloading"] = "; ".join(moving)
     return status
+
+
+def progress(done: int | None, size: int | None) -> str | None:
+    """``42% (3.1 GiB of 7.5 GiB)``; without a known size, just what arrived (pure)."""
+    if done is None:
+        return None
+    if not size:
+        return f"{human_bytes(done)} received"
+    return f"{min(100, done * 100 // size)}% ({human_bytes(done)} of {human_bytes(size)})"
 
 
 def _entries(models: Iterable[events.ModelState]) -> list[dict[str, Any]]:
@@ -121,6 +138,10 @@ def _model(m: events.ModelState) -> dict[str, Any]:
         done = m.bytes_total  # a complete model: every byte is downloaded
     if done is not None and m.state != "failed":
         out["downloadedBytes"] = max(0, done)
+    if out["state"] == "Downloading":
+        text = progress(out.get("downloadedBytes"), out.get("sizeBytes"))
+        if text is not None:
+            out["progress"] = text
     if m.referenced is not None:
         out["referenced"] = max(0, m.referenced)
     if m.last_used is not None:
@@ -137,12 +158,12 @@ def _model(m: events.ModelState) -> dict[str, Any]:
     return out
 
 
-def _capacity(entries: list[dict[str, Any]], report: StoreReport) -> dict[str, int]:
+def _capacity(entries: list[dict[str, Any]], report: StoreReport) -> dict[str, Any]:
     stored = report.stored_bytes
     if stored is None:  # an agent without the capacity fields: the ready models' sizes
         sizes = [e.get("sizeBytes", 0) for e in entries if e["state"] == "Ready"]
         stored = sum(sizes) if sizes else None
-    out: dict[str, int] = {}
+    out: dict[str, Any] = {}
     total = report.capacity_bytes
     if total is not None and total > 0:
         out["totalBytes"] = total
@@ -151,6 +172,9 @@ def _capacity(entries: list[dict[str, Any]], report: StoreReport) -> dict[str, i
             out["usedPercent"] = min(100, max(0, used * 100 // total))
     if stored is not None:
         out["storedBytes"] = max(0, stored)
+    for key, human in (("totalBytes", "total"), ("storedBytes", "stored")):
+        if key in out:
+            out[human] = human_bytes(out[key])
     return out
 
 

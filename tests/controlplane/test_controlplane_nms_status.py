@@ -72,14 +72,17 @@ def conditions(status: Any) -> dict[str, tuple[str, str]]:
 def test_every_field_of_the_status() -> None:
     status = status_of(full_event())
 
-    assert status["capacity"] == {"totalBytes": 1000, "storedBytes": 400, "usedPercent": 70}
+    assert status["capacity"] == {"totalBytes": 1000, "storedBytes": 400, "usedPercent": 70,
+                                  "total": "1000 B", "stored": "400 B"}  # fmt: skip
     assert status["modelCounts"] == {"ready": 1, "downloading": 1, "failed": 1}
     failed, downloading, ready = status["models"]
     assert failed == {"digest": D[2], "state": "Failed", "referenced": 0,
                       "reason": "IntegrityMismatch", "message": "bad bytes",
                       "retryTime": "2026-01-01T00:05:00Z"}  # fmt: skip
     assert downloading == {"digest": D[1], "state": "Downloading", "sizeBytes": 90,
-                           "downloadedBytes": 30, "referenced": 0}  # fmt: skip
+                           "downloadedBytes": 30, "progress": "33% (30 B of 90 B)",
+                           "referenced": 0}  # fmt: skip
+    assert status["downloading"] == f"{D[1][:19]} 33% (30 B of 90 B)"
     assert ready == {"digest": D[0], "state": "Ready", "sizeBytes": 400, "downloadedBytes": 400,
                      "referenced": 2, "lastUsedTime": "2026-01-01T00:00:00Z"}  # fmt: skip
     assert conditions(status) == {
@@ -121,7 +124,7 @@ def test_an_agent_without_the_new_fields_still_gets_a_status() -> None:
 
     status = status_of(old)
 
-    assert status["capacity"] == {"storedBytes": 5}
+    assert status["capacity"] == {"storedBytes": 5, "stored": "5 B"}
     assert [m["digest"] for m in status["models"]] == [D[1], D[0]]
     assert status["models"][0]["message"] == "AccessDenied: 401"
     assert conditions(status)["CapacityLow"] == ("Unknown", "NotReported")
@@ -179,3 +182,22 @@ def test_the_ledger_notices_a_capacity_only_change() -> None:
     assert ledger.apply(full_event(used=710))
     state = ledger.get("n1")
     assert state is not None and state.store == storing.StoreReport(1000, 400, 710)
+
+
+def test_progress_a_person_reads() -> None:
+    """Per-model progress in human units, and the summary line the Progress column shows."""
+    assert storing.progress(3 << 30, 8 << 30) == "37% (3.0 GiB of 8.0 GiB)"
+    assert storing.progress(5 << 20, None) == "5.0 MiB received"
+    assert storing.progress(None, 10) is None
+    two = events.ModelsEvent(node="n1", ts=T0, models=tuple(
+        events.ModelState(model=d, digest=d, state="downloading", bytes_done=n, bytes_total=100)
+        for d, n in ((D[0], 10), (D[1], 100))
+    ))  # fmt: skip
+    status = status_of(two)
+    assert (
+        status["downloading"]
+        == f"{D[0][:19]} 10% (10 B of 100 B); {D[1][:19]} 100% (100 B of 100 B)"
+    )
+    ready_only = events.ModelsEvent(node="n1", ts=T0, models=(
+        events.ModelState(model=D[0], digest=D[0], state="ready", bytes_total=4),))  # fmt: skip
+    assert "downloading" not in status_of(ready_only)

@@ -52,6 +52,35 @@ def test_detect_json_is_exactly_one_json_document() -> None:
     assert len(document[0]["accelerators"]) == 8
 
 
+def test_detect_and_monitor_wide_are_kubectl_tables() -> None:
+    detect = run("dm", "detect", "-o", "wide", "--simulate", "nvidia-h100x8-mig")
+    assert detect.returncode == 0, detect.stderr
+    header, *rows = detect.stdout.splitlines()
+    assert header.split() == [
+        "INDEX", "ID", "MANUFACTURER", "PRODUCT", "MEMORY", "HEALTH", "SLICED", "PARTITIONS"
+    ]  # fmt: skip
+    assert [r.split()[0] for r in rows] == [str(i) for i in range(8)]
+    assert all("NVIDIA H100 80GB HBM3   79.6 GiB   Healthy" in r for r in rows)
+    assert "1g.10gbx7" in rows[0] and rows[7].split()[-2:] == ["128", "<none>"]
+    monitor = run("dm", "monitor", "-o", "wide", "--simulate", "amd-rx7800xt-x2")
+    assert monitor.returncode == 0, monitor.stderr
+    header, first, second = monitor.stdout.splitlines()
+    assert header.split()[:4] == ["ID", "MANUFACTURER", "MEMORY", "USED"]
+    assert first.split() == [
+        "GPU-5c88007d760374f3", "amd", "16.0", "GiB", "174.0", "MiB", "0%", "1%", "44C", "8W",
+        "Healthy",
+    ]  # fmt: skip
+    assert second.split()[0] == "GPU-d99e7fe92c7bdf75"
+
+
+def test_wide_with_nothing_found_says_so_on_stderr(tmp_path: Path) -> None:
+    result = run(
+        "dm", "detect", "-o", "wide", "--no-fast-failed", env={"GPUSTACK_HOST_ROOT": str(tmp_path)}
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "" and "No resources found." in result.stderr
+
+
 def test_monitor_simulated_amd_matches_the_seed_sample() -> None:
     result = run("dm", "monitor", "-o=json", "--simulate=amd-rx7800xt-x2")
     assert result.returncode == 0, result.stderr
