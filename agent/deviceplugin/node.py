@@ -236,7 +236,8 @@ class Node:
     def _request(self, view: allocation.View, device_ids: Sequence[str]) -> PendingContainer | None:
         """The pending container a sliced, exclusive or shared Allocate serves (the one it
         served, on a retry); None: no pending record for it (a sliced grant is then today's
-        token share; an exclusive or shared one just goes unnamed until pod-resources names it).
+        token share; an exclusive or shared one just goes unnamed until pod-resources names it,
+        and is named from a claim only when kubelet's view identifies it).
 
         The choice (:meth:`Claims.choose`): the pending container kubelet's pod-resources lists
         without a device of this resource yet (asked just before, :meth:`ask_kubelet_first`),
@@ -247,6 +248,8 @@ class Node:
         served = self.claims.served.get(ledger.allocation_id(view.resource, device_ids))
         if served is not None:
             return served
+        if view.mode != "sliced":
+            return self.claims.identified(view.resource, len(device_ids))
         cards = {view.tokens[d].card for d in device_ids if d in view.tokens}
         return self.claims.choose(view.resource, len(device_ids), self._remaining(view, cards))
 
