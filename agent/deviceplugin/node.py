@@ -278,14 +278,19 @@ class Node:
             if self.partitions.pending(alloc):
                 raise errors.Conflict(f"the instance of {alloc} is being created; retry")
             request = await self._partition_claim(view, device_ids)
+            self.claims.served[alloc] = request  # reserved now: creating the instance awaits
             cards = [
                 c
                 for c in self._cards.values()
                 if c.manufacturer == key[0] and c.partition_count > 0
             ]
-            record = await self.partitions.create(
-                alloc, view.resource, device_ids, cards, profile=request.profile
-            )
+            try:
+                record = await self.partitions.create(
+                    alloc, view.resource, device_ids, cards, profile=request.profile
+                )
+            except BaseException:
+                self.claims.served.pop(alloc, None)
+                raise
         card = self._cards.get(record.card_id)
         if card is not None and self.ledger.holder(view.resource, device_ids) is None:
             holding = allocation.partition_holding(
