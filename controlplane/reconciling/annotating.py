@@ -47,6 +47,9 @@ ANNOTATION: Final = "device.gpustack.ai/accelerator.allocated"
 MODE_NUMBERS: Final = {"Exclusive": 1, "Shared": 2, "Sliced": 3, "Partitioned": 4}
 """The reference's DeviceAllocationMode numbers (0 None and 5 Visibility are never written)."""
 MAX_CONFLICTS: Final = 5
+MAX_TRIES: Final = 10
+"""Failed writes of one entry before it is given up (a Pod that refuses the patch for good);
+the allocation's next event brings it back."""
 
 
 def named(event: events.Event) -> events.AllocationEvent | None:
@@ -124,6 +127,7 @@ class PodAnnotator:
         self._max = max_pending
         self._retry_s = retry_s
         self._wake = anyio.Event()
+        self._failures: dict[tuple[str, str], int] = {}
         self.written = 0
         """Annotations patched so far (tests, metrics)."""
 
@@ -148,10 +152,16 @@ class PodAnnotator:
                 try:
                     await self.write(api, event)
                 except errors.ApiError as e:
-                    log.warning("annotating %s/%s: %s; again", event.pod_namespace,
-                                event.pod_name, e)  # fmt: skip
-                    self._pending.setdefault(key, event)
-                    await anyio.sleep(self._retry_s)
+                    tries = self._failures[key] = self._failures.get(key, 0) + 1
+                    where = f"{event.pod_namespace}/{event.pod_name}"
+                    if tries >= MAX_TRIES:
+                        log.warning("annotating %s: %s; given up after %d tries", where, e, tries)
+                    else:
+                        log.warning("annotating %s: %s; again", where, e)
+                        self._pending.setdefault(key, event)
+                        await anyio.sleep(self._retry_s)
+                        continue
+                self._failures.pop(key, None)
 
     async def write(self, api: KubeClient, event: events.AllocationEvent) -> bool:
         """Patch one Pod's annotation; False when there was nothing to write.
