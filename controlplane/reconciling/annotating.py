@@ -14,6 +14,9 @@ it holds on that card) plus, for a slice, the caps injected (``memoryMib``,
 ``allocatedPhysicalID``. :func:`entry` and :func:`merged` are the pure decisions;
 :class:`PodAnnotator` writes, as leader only.
 
+An allocation whose node's cards are not known yet (its devices event still to come) is
+retried like a failed write, up to :data:`MAX_TRIES`.
+
 Invariants: a write only ever sets the entry of the container the event names, keeping the
 others'; it is conditional on the Pod's ``resourceVersion`` (a 409 re-reads); a Pod whose uid is
 not the event's is a different Pod of the same name and is left alone; nothing is written when
@@ -113,6 +116,10 @@ def merged(current: str | None, container: str, value: dict[str, Any]) -> str | 
     return json.dumps(existing, sort_keys=True, separators=(",", ":"))
 
 
+class NotYet(Exception):
+    """An entry cannot be built yet: retried like a failed write."""
+
+
 class PodAnnotator:
     """Writes each named allocation's entry onto its Pod.
 
@@ -151,7 +158,7 @@ class PodAnnotator:
                 key, event = self._pending.popitem(last=False)
                 try:
                     await self.write(api, event)
-                except errors.ApiError as e:
+                except (errors.ApiError, NotYet) as e:
                     tries = self._failures[key] = self._failures.get(key, 0) + 1
                     where = f"{event.pod_namespace}/{event.pod_name}"
                     if tries >= MAX_TRIES:
@@ -167,9 +174,12 @@ class PodAnnotator:
         """Patch one Pod's annotation; False when there was nothing to write.
 
         :raises errors.ApiError: the API failed (other than the Pod being gone).
+        :raises NotYet: the node's cards are not known yet (its devices event follows).
         """
         state = self._ledger.get(event.node)
-        value = entry(event, state.groups or ()) if state is not None else None
+        if state is None or state.groups is None:  # its devices event has not arrived yet
+            raise NotYet(f"the cards of node {event.node} are not known yet")
+        value = entry(event, state.groups)
         if value is None or event.container is None:
             return False
         ref = Ref(resource=PODS, name=event.pod_name or "", namespace=event.pod_namespace)

@@ -171,3 +171,26 @@ async def test_a_pod_that_refuses_the_patch_for_good_is_given_up_and_others_stil
 
 async def _given_up(annotator: PodAnnotator) -> bool:
     return not annotator._pending and not annotator._failures
+
+
+@pytest.mark.anyio
+async def test_an_allocation_before_its_nodes_cards_is_written_once_they_arrive() -> None:
+    ledger = Ledger()
+    annotator = PodAnnotator(ledger, retry_s=0.2)
+    async with (
+        fake_api() as (fake, url),
+        open_client(KubeSettings(host=url, backoff_s=0.01)) as api,
+        anyio.create_task_group() as tg,
+    ):
+        fake.put_object(PODS, pod())
+        tg.start_soon(annotator.run, api)
+        annotator.note(sliced())
+        await eventually(lambda: _tried(annotator))  # tried once: nothing known, nothing written
+        assert annotator.written == 0
+        ledger.apply(events.DevicesEvent(node="n1", groups=H200))
+        await eventually(lambda: _written(annotator, 1))
+        tg.cancel_scope.cancel()
+
+
+async def _tried(annotator: PodAnnotator) -> bool:
+    return bool(annotator._failures)
