@@ -53,6 +53,15 @@ class Claims:
             remaining=remaining,
         )
 
+    def identified(self, resource: str, size: int) -> PendingContainer | None:
+        """The claim kubelet's view positively names (an exclusive or shared Allocate); None
+        when it names none. A guess by age is not good enough here: the name decides which
+        cards a sidecar is shown (:mod:`mirroring`), and the Pod kubelet admits may list no
+        claim at all (only Pods with a sidecar do)."""
+        waiting = self.waiting_for(resource)
+        found = self.choose(resource, size) if waiting else None
+        return found if found is not None and (found.pod_uid, found.container) in waiting else None
+
     def waiting_for(self, resource: str) -> set[pending.ContainerKey]:
         """The pending containers kubelet lists without a device of ``resource`` yet: kubelet
         is allocating for one of them (§3.5 step 3, "identify by kubelet")."""
@@ -71,6 +80,7 @@ class Claims:
             self.pending(),
             resource,
             size,
+            by_kubelet=self.waiting_for(resource),
             reserved={(c.pod_uid, c.container) for c in self.mirrored.values()},
         )
 

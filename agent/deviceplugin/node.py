@@ -248,7 +248,8 @@ class Node:
     def _request(self, view: allocation.View, device_ids: Sequence[str]) -> PendingContainer | None:
         """The pending container a sliced, exclusive or shared Allocate serves (the one it
         served, on a retry); None: no pending record for it (a sliced grant is then today's
-        token share; an exclusive or shared one just goes unnamed until pod-resources names it).
+        token share; an exclusive or shared one just goes unnamed until pod-resources names it,
+        and is named from a claim only when kubelet's view identifies it).
 
         The choice (:meth:`Claims.choose`): the pending container kubelet's pod-resources lists
         without a device of this resource yet (asked just before, :meth:`ask_kubelet_first`),
@@ -259,6 +260,8 @@ class Node:
         served = self.claims.served.get(ledger.allocation_id(view.resource, device_ids))
         if served is not None:
             return served
+        if view.mode != "sliced":
+            return self.claims.identified(view.resource, len(device_ids))
         cards = {view.tokens[d].card for d in device_ids if d in view.tokens}
         return self.claims.choose(view.resource, len(device_ids), self._remaining(view, cards))
 
@@ -287,14 +290,19 @@ class Node:
             if self.partitions.pending(alloc):
                 raise errors.Conflict(f"the instance of {alloc} is being created; retry")
             request = await self._partition_claim(view, device_ids)
+            self.claims.served[alloc] = request  # reserved now: creating the instance awaits
             cards = [
                 c
                 for c in self._cards.values()
                 if c.manufacturer == key[0] and c.partition_count > 0
             ]
-            record = await self.partitions.create(
-                alloc, view.resource, device_ids, cards, profile=request.profile
-            )
+            try:
+                record = await self.partitions.create(
+                    alloc, view.resource, device_ids, cards, profile=request.profile
+                )
+            except BaseException:
+                self.claims.served.pop(alloc, None)
+                raise
         card = self._cards.get(record.card_id)
         if card is not None and self.ledger.holder(view.resource, device_ids) is None:
             holding = allocation.partition_holding(

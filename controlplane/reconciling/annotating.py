@@ -14,6 +14,9 @@ it holds on that card) plus, for a slice, the caps injected (``memoryMib``,
 ``allocatedPhysicalID``. :func:`entry` and :func:`merged` are the pure decisions;
 :class:`PodAnnotator` writes, as leader only.
 
+An allocation whose node's cards are not known yet (its devices event still to come) is
+retried like a failed write, up to :data:`MAX_TRIES`.
+
 Invariants: a write only ever sets the entry of the container the event names, keeping the
 others'; it is conditional on the Pod's ``resourceVersion`` (a 409 re-reads); a Pod whose uid is
 not the event's is a different Pod of the same name and is left alone; nothing is written when
@@ -47,6 +50,9 @@ ANNOTATION: Final = "device.gpustack.ai/accelerator.allocated"
 MODE_NUMBERS: Final = {"Exclusive": 1, "Shared": 2, "Sliced": 3, "Partitioned": 4}
 """The reference's DeviceAllocationMode numbers (0 None and 5 Visibility are never written)."""
 MAX_CONFLICTS: Final = 5
+MAX_TRIES: Final = 10
+"""Failed writes of one entry before it is given up (a Pod that refuses the patch for good);
+the allocation's next event brings it back."""
 
 
 def named(event: events.Event) -> events.AllocationEvent | None:
@@ -110,6 +116,10 @@ def merged(current: str | None, container: str, value: dict[str, Any]) -> str | 
     return json.dumps(existing, sort_keys=True, separators=(",", ":"))
 
 
+class NotYet(Exception):
+    """An entry cannot be built yet: retried like a failed write."""
+
+
 class PodAnnotator:
     """Writes each named allocation's entry onto its Pod.
 
@@ -124,6 +134,7 @@ class PodAnnotator:
         self._max = max_pending
         self._retry_s = retry_s
         self._wake = anyio.Event()
+        self._failures: dict[tuple[str, str], int] = {}
         self.written = 0
         """Annotations patched so far (tests, metrics)."""
 
@@ -147,19 +158,28 @@ class PodAnnotator:
                 key, event = self._pending.popitem(last=False)
                 try:
                     await self.write(api, event)
-                except errors.ApiError as e:
-                    log.warning("annotating %s/%s: %s; again", event.pod_namespace,
-                                event.pod_name, e)  # fmt: skip
-                    self._pending.setdefault(key, event)
-                    await anyio.sleep(self._retry_s)
+                except (errors.ApiError, NotYet) as e:
+                    tries = self._failures[key] = self._failures.get(key, 0) + 1
+                    where = f"{event.pod_namespace}/{event.pod_name}"
+                    if tries >= MAX_TRIES:
+                        log.warning("annotating %s: %s; given up after %d tries", where, e, tries)
+                    else:
+                        log.warning("annotating %s: %s; again", where, e)
+                        self._pending.setdefault(key, event)
+                        await anyio.sleep(self._retry_s)
+                        continue
+                self._failures.pop(key, None)
 
     async def write(self, api: KubeClient, event: events.AllocationEvent) -> bool:
         """Patch one Pod's annotation; False when there was nothing to write.
 
         :raises errors.ApiError: the API failed (other than the Pod being gone).
+        :raises NotYet: the node's cards are not known yet (its devices event follows).
         """
         state = self._ledger.get(event.node)
-        value = entry(event, state.groups or ()) if state is not None else None
+        if state is None or state.groups is None:  # its devices event has not arrived yet
+            raise NotYet(f"the cards of node {event.node} are not known yet")
+        value = entry(event, state.groups)
         if value is None or event.container is None:
             return False
         ref = Ref(resource=PODS, name=event.pod_name or "", namespace=event.pod_namespace)

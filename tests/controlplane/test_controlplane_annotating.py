@@ -142,3 +142,55 @@ async def test_the_annotator_writes_the_entry_onto_the_pod_it_names() -> None:
 
 async def _written(annotator: PodAnnotator, count: int) -> bool:
     return annotator.written == count
+
+
+@pytest.mark.anyio
+async def test_a_pod_that_refuses_the_patch_for_good_is_given_up_and_others_still_written() -> None:
+    ledger = Ledger()
+    ledger.apply(events.DevicesEvent(node="n1", groups=H200))
+    annotator = PodAnnotator(ledger, retry_s=0.01)
+    other = pod()
+    other["metadata"].update(name="q", uid="uid-q")
+    async with (
+        fake_api() as (fake, url),
+        open_client(KubeSettings(host=url, backoff_s=0.01)) as api,
+        anyio.create_task_group() as tg,
+    ):
+        fake.put_object(PODS, pod())
+        fake.put_object(PODS, other)
+        fake.fail_next("PATCH", "/api/v1/namespaces/ns/pods/p", 403, times=100)
+        tg.start_soon(annotator.run, api)
+        annotator.note(sliced())
+        annotator.note(sliced(allocation_id="other", pod_name="q", pod_uid="uid-q"))
+        await eventually(lambda: _written(annotator, 1))
+        await eventually(lambda: _given_up(annotator))
+        tg.cancel_scope.cancel()
+    assert ANNOTATION in fake.get(PODS, "q", "ns")["metadata"]["annotations"]
+    assert ANNOTATION not in (fake.get(PODS, "p", "ns")["metadata"].get("annotations") or {})
+
+
+async def _given_up(annotator: PodAnnotator) -> bool:
+    return not annotator._pending and not annotator._failures
+
+
+@pytest.mark.anyio
+async def test_an_allocation_before_its_nodes_cards_is_written_once_they_arrive() -> None:
+    ledger = Ledger()
+    annotator = PodAnnotator(ledger, retry_s=0.2)
+    async with (
+        fake_api() as (fake, url),
+        open_client(KubeSettings(host=url, backoff_s=0.01)) as api,
+        anyio.create_task_group() as tg,
+    ):
+        fake.put_object(PODS, pod())
+        tg.start_soon(annotator.run, api)
+        annotator.note(sliced())
+        await eventually(lambda: _tried(annotator))  # tried once: nothing known, nothing written
+        assert annotator.written == 0
+        ledger.apply(events.DevicesEvent(node="n1", groups=H200))
+        await eventually(lambda: _written(annotator, 1))
+        tg.cancel_scope.cancel()
+
+
+async def _tried(annotator: PodAnnotator) -> bool:
+    return bool(annotator._failures)

@@ -70,16 +70,16 @@ class Cluster:
 
         await eventually(seen, timeout_s=20)
 
-    def first_card(self) -> tuple[str, list[str]]:
+    def first_card(self, resource: str = SLICED) -> tuple[str, list[str]]:
         (servicer,) = [
-            s for s in self.agent.plugins.servicers().values() if s.spec.resource == SLICED
+            s for s in self.agent.plugins.servicers().values() if s.spec.resource == resource
         ]
         tokens = sorted(servicer.spec.tokens, key=lambda t: (t.card, t.index))
         return tokens[0].card, [t.id for t in tokens if t.card == tokens[0].card]
 
-    async def allocate(self, ids: list[str]) -> dp.AllocateResponse:
-        await self.kubelet.registered_all([SLICED])
-        path = self.kubelet.endpoint(SLICED)
+    async def allocate(self, ids: list[str], resource: str = SLICED) -> dp.AllocateResponse:
+        await self.kubelet.registered_all([resource])
+        path = self.kubelet.endpoint(resource)
         assert path is not None
         request = dp.AllocateRequest(
             container_requests=[dp.ContainerAllocateRequest(devices_ids=ids)]
@@ -91,7 +91,7 @@ class Cluster:
 
 
 @asynccontextmanager
-async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
+async def cluster(tmp_path: Path, simulate: str = "nvidia-h200x8") -> AsyncIterator[Cluster]:
     async with (
         nats_server(tmp_path / "nats") as server,
         fake_api() as (fake, url),
@@ -104,7 +104,9 @@ async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
             worker: running.Worker = await tg.start(
                 running.run, worker_settings(bus, url, leader_election=False)
             )
-            serve = ServeSettings.for_tests(str(tmp_path), bus=bus, node_name=NODE)
+            serve = ServeSettings.for_tests(
+                str(tmp_path), bus=bus, node_name=NODE, simulate=simulate
+            )
             agent: agent_running.Running = await tg.start(agent_running.run, serve)
             yield Cluster(fake, worker, agent, kubelet, session)
             tg.cancel_scope.cancel()
@@ -163,3 +165,37 @@ async def test_a_quarter_of_an_h200_is_admitted_allocated_capped_charged_and_ann
     assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert "1200000 units left, 1600000 asked" in (refused.value.details() or "")
     assert after == 400_000
+
+
+PARTITIONED = "nvidia.com/gpu.partitioned"
+
+
+async def test_a_mig_partition_gets_the_profile_its_container_named(tmp_path: Path) -> None:
+    async with cluster(tmp_path, simulate="nvidia-h100x8-mig") as c:
+
+        async def knows_the_cards() -> bool:  # the MIG profile fold needs the node's cards
+            state = c.worker.processor.ledger.get(NODE)
+            return state is not None and state.groups is not None
+
+        await eventually(knows_the_cards, timeout_s=20)
+        part = await c.admit("part", {PARTITIONED: "1", f"{PARTITIONED}.mig-3g.40gb": "1"})
+        await c.pending(1)
+        _, ids = c.first_card(PARTITIONED)
+        reply = await c.allocate(ids[:1], PARTITIONED)
+
+        async def annotated() -> bool:
+            meta = c.fake.get(PODS, "part", "team-a")["metadata"]
+            return ANNOTATION in (meta.get("annotations") or {})
+
+        await eventually(annotated, timeout_s=20)
+        written = c.fake.get(PODS, "part", "team-a")["metadata"]["annotations"][ANNOTATION]
+        holdings = c.agent.plugins.ledger().holdings()
+
+    units = int(part["spec"]["containers"][0]["resources"]["limits"][f"{PARTITIONED}.units"])
+    mig = reply.container_responses[0].envs["NVIDIA_VISIBLE_DEVICES"]
+    assert mig.startswith("MIG-")
+    (holding,) = holdings
+    assert (holding.profile, holding.partition_id, holding.charges[0][1]) == ("3g.40gb", mig, units)
+    (held,) = json.loads(written)["main"]["devices"]["groups"][0]["accelerators"]
+    assert (held["mode"], held["allocated"]) == (4, units)
+    assert (held["allocatedPhysicalProfile"], held["allocatedPhysicalID"]) == ("3g.40gb", mig)

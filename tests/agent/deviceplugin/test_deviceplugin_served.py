@@ -97,6 +97,10 @@ def test_a_restart_rebuilds_the_charge_and_the_reservation_from_the_kept_events(
 VISIBILITY = "device.gpustack.ai/nvidia.visibility"
 
 
+ADMITTING = {("ns", "s", "main"): frozenset[str](), ("ns", "s", "ssh"): frozenset[str]()}
+"""kubelet's pod-resources view while it admits Pod ``s``: its containers hold nothing yet."""
+
+
 def claim(container: str, resource: str, count: int, *, pod: str = "s") -> PendingContainer:
     return PendingContainer(
         pod_uid=f"uid-{pod}", namespace="ns", pod=pod, container=container, resource=resource,
@@ -118,6 +122,7 @@ def test_a_sidecar_sees_exactly_its_owners_cards_whatever_tokens_kubelet_picked(
 ) -> None:
     claims = [claim("main", "nvidia.com/gpu", 2), claim("ssh", VISIBILITY, 2)]
     n, published = node(tmp_path, h200, claims)
+    n.claims.note_kubelet(ADMITTING)
     whole = by_index(n, "exclusive")
     n.allocate(("nvidia", "exclusive"), whole[3:5])  # the owner: cards #3 and #4
     (event,) = [e for e in published if isinstance(e, events.AllocationEvent)]
@@ -140,6 +145,10 @@ def test_a_sidecar_fails_closed_without_an_owner_or_with_another_count(
     with pytest.raises(errors.Conflict, match="no other container of its Pod holds"):
         n.allocate(("nvidia", "visibility"), seen[0:2])
     n.allocate(("nvidia", "exclusive"), by_index(n, "exclusive")[:1])
+    with pytest.raises(errors.Conflict, match="no other container of its Pod holds"):
+        n.allocate(("nvidia", "visibility"), seen[0:2])  # kubelet never named the owner
+    n.claims.note_kubelet(ADMITTING)
+    n.allocate(("nvidia", "exclusive"), by_index(n, "exclusive")[1:2])
     with pytest.raises(errors.Conflict, match="asks to see 2 card.s.; its owner holds 1"):
         n.allocate(("nvidia", "visibility"), seen[0:2])
     with pytest.raises(errors.Conflict, match="no pending container on this node asks for 3"):
