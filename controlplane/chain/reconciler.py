@@ -145,6 +145,12 @@ class ChainReconciler:
                 continue
             await anyio.sleep(self.settings.fit_coalesce_s)
 
+    def instance_type_objects(self) -> list[dict[str, Any]]:
+        """The InstanceType objects as last listed or written (empty before the first list)."""
+        if self._cache is None:
+            return []
+        return list(self._cache[naming.INSTANCETYPES].values())
+
     async def reconcile(self) -> None:
         """One pass: list when due, plan from the ledger now, write what differs.
 
