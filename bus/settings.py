@@ -131,13 +131,14 @@ def server_urls(text: str) -> str:
     return text
 
 
-def from_options(options: Options) -> BusSettings:
+def from_options(options: Options, *, state: bool = True) -> BusSettings:
     """Build the bus settings from the ``--nats-*`` flags: every NATS-speaking process's edge.
 
-    ``NATS_URL`` fills an unset URL, as the nats tools do.
+    ``NATS_URL`` fills an unset URL, as the nats tools do. ``state=False``: a client that keeps
+    no retained state (the gateway); the ``--nats-state-*`` flags are then not read.
     """
     url = options.optional_text("nats-url") or options.env.get("NATS_URL") or DEFAULT_URL
-    return BusSettings(
+    client = BusSettings(
         url=server_urls(url),
         user=options.optional_text("nats-user"),
         password=options.optional_text("nats-password"),
@@ -148,6 +149,11 @@ def from_options(options: Options) -> BusSettings:
         tls_ca_file=options.optional_text("nats-tls-ca"),
         tls_cert_file=options.optional_text("nats-tls-cert"),
         tls_key_file=options.optional_text("nats-tls-key"),
+    )
+    if not state:
+        return client
+    return msgspec.structs.replace(
+        client,
         state_replicas=options.integer("nats-state-replicas"),
         state_max_age_s=options.seconds("nats-state-max-age"),
     )

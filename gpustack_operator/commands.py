@@ -239,30 +239,50 @@ _WORKER_GATEWAY = (
     Flag(
         "bind-unix-path",
         "/var/lib/gpustack/gpustack-operator-worker-gateway.sock",
-        "the socket to serve on; when set, --bind-address and --secure-port are ignored",
+        "the socket to serve on (plain HTTP, mode 0600); when set, --bind-address and "
+        "--secure-port are ignored; empty: serve HTTPS on --bind-address:--secure-port",
     ),
     Flag(
         "worker-conn-mode",
         "gpustack-api",
-        "how the worker is reached",
+        "how member workers are reached: 'loopback' asks them over the bus this gateway connects "
+        "to (members linked as NATS leaf nodes, docs/gateway.md); 'gpustack-api' (through a "
+        "GPUStack server's API) is refused: not built yet",
         choices=("gpustack-api", "loopback"),
     ),
     Flag(
         "worker-conn-gpustack-api-port",
         "30080",
-        "the GPUStack server's port",
+        "the GPUStack server's port (gpustack-api mode only; validated, otherwise unused)",
         kind="int",
         bounds=PORT,
     ),
-    Flag("worker-conn-gpustack-api-scheme", "", "http or https; derived from the port if empty"),
+    Flag(
+        "worker-conn-gpustack-api-scheme",
+        "",
+        "http or https, derived from the port if empty (gpustack-api mode only; validated, "
+        "otherwise unused)",
+    ),
     Flag(
         "worker-readiness-check-timeout",
         "30s",
-        "one readiness check of a worker's API services",
+        "how long one round waits for a member's answer; a member silent that long is not "
+        "Active. At most --kube-conn-timeout",
         kind="duration",
+        bounds=(0.1, 24 * 3600.0),
     ),
-    Flag("secure-port", "0", "the HTTPS port, when not on a socket", kind="int", bounds=PORT),
-    *_SERVING,
+    Flag("secure-port", "31444", "the HTTPS port, when not on a socket", kind="int", bounds=PORT),
+    Flag(
+        "kubeconfig",
+        "",
+        "kubeconfig path (default: in-cluster, else $KUBECONFIG), used to review tokens on the "
+        "HTTPS port (--metrics-auth=review); 'none': no cluster",
+    ),
+    *_HTTPS,
+    *_KUBE_CLIENT,
+    *inert(*_POOLS),
+    *NATS_FLAGS[:-2],
+    *inert(*NATS_FLAGS[-2:]),
 )
 
 _DM_SERVE = (
@@ -433,7 +453,8 @@ COMMANDS = (
         ("worker-gateway",),
         "Aggregates resources from upstream clusters for worker.",
         _WORKER_GATEWAY,
-        pending="a later issue",
+        settings="controlplane.gateway.settings:settings_from",
+        service="controlplane.gateway.running:run",
     ),
     Command(
         ("device-manager", "serve"),

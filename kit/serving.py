@@ -132,7 +132,7 @@ class Server:
 
 
 @asynccontextmanager
-async def https_server(
+async def https_server(  # noqa: PLR0913 - keyword-only, each a separate kind of route
     settings: HttpsSettings,
     *,
     registry: CollectorRegistry,
@@ -142,11 +142,13 @@ async def https_server(
     authorizer: Authorizer | None = None,
     posts: Mapping[str, PostRoute] | None = None,
     max_body_bytes: int = MAX_BODY_BYTES,
+    handlers: Mapping[str, Handler] | None = None,
 ) -> AsyncIterator[Server]:
     """Serve the endpoint until the block exits.
 
     ``authorizer`` decides for every route but the probes when ``settings.auth`` is
     ``review`` (wrapped in a decision cache here); it is not consulted under ``none``.
+    ``handlers`` are GET routes that need the request (query, streaming); gated the same way.
 
     :raises ServingFailed: when it cannot start, or ``review`` is asked for without an
         authorizer.
@@ -159,6 +161,8 @@ async def https_server(
     app.router.add_get("/livez", _probe_handler(live))
     for path, route in (routes or {}).items():
         app.router.add_get(path, gate(path, _route_handler(route)))
+    for path, handler in (handlers or {}).items():
+        app.router.add_get(path, gate(path, handler))
     # POST routes (the admission webhooks) are never gated: the API server calls them over TLS
     # with no bearer token, and AdmissionReview carries its own authorization.
     for path, post in (posts or {}).items():

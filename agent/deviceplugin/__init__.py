@@ -3,7 +3,8 @@
 Pure decisions live in :mod:`resources` (which servers and tokens exist), :mod:`ledger` (who holds
 what share of which card), :mod:`allocation` (Allocate and GetPreferredAllocation) and
 :mod:`responders` (what each vendor's runtime needs injected, as the plain data of
-:mod:`injection`, which one-shots such as ``dm preflight`` import without grpclib). The async
+:mod:`injection`, which one-shots such as ``dm preflight`` import without grpclib; NVIDIA and AMD
+there, the seven others in :mod:`vendors`, their shared caps and HAMi-core in :mod:`slicing`). The async
 layer only does I/O: :mod:`server` serves one resource on its socket (its hot replies written to
 the wire by :mod:`encoding`, which also turns an injection into kubelet's message),
 :mod:`partitions` decides MIG profiles, placements and reclaim (pure) and :mod:`partitioning`

@@ -32,6 +32,32 @@ class DeviceNode(msgspec.Struct, frozen=True, order=True):
     permissions: str
 
 
+class HostFile(msgspec.Struct, frozen=True, order=True):
+    """A small file the plugin writes on the host before answering (a slicing runtime's
+    per-container configuration), always inside one of the injection's ``host_dirs``."""
+
+    path: str
+    content: str
+
+
+class DriverStep(msgspec.Struct, frozen=True, order=True):
+    """A change to a card's driver state a grant needs before its container starts.
+
+    ``kind`` names the step (``ascend-container-share``, ``cambricon-smlu``, ``metax-sgpu``);
+    ``card`` is the accelerator id; ``parameters`` are the step's own, as ``key=value`` pairs in
+    a fixed order. The plugin performs a step through the control registered for its kind and
+    refuses the grant when none is (never starting a container that would run unconfined).
+    """
+
+    kind: str
+    card: str
+    parameters: tuple[tuple[str, str], ...] = ()
+
+    def describe(self) -> str:
+        shown = " ".join(f"{k}={v}" for k, v in self.parameters)
+        return f"{self.kind} on {self.card}" + (f" ({shown})" if shown else "")
+
+
 class Injection(msgspec.Struct, frozen=True, kw_only=True):
     """One container's share of a node's accelerators, in the allocator's own terms."""
 
@@ -43,6 +69,10 @@ class Injection(msgspec.Struct, frozen=True, kw_only=True):
     """Host directories that must exist before the container starts: the per-allocation work
     directories the plugin creates (and removes once the allocation is released). Not sent to
     kubelet."""
+    files: tuple[HostFile, ...] = ()
+    """Files the plugin writes inside ``host_dirs`` before answering. Not sent to kubelet."""
+    steps: tuple[DriverStep, ...] = ()
+    """Driver changes the plugin makes before answering. Not sent to kubelet."""
 
     def library_mounts(self) -> list[Mount]:
         """Mounts of shared objects: what a slicing runtime preloads into every process."""

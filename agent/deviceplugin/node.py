@@ -9,8 +9,12 @@ once unless the cards or a card's mode changed (the first holding of a card, the
 re-plans from cached per-card tokens, and re-keys and re-sends only the lists that changed.
 
 The node also owns the host side of an injection: the per-allocation work directories a sliced
-container mounts are created before Allocate answers and removed when the allocation is
-released (a ``mkdir`` and an ``rmtree`` of a near-empty directory: cheap enough for the loop).
+container mounts, and the small files a slicing runtime reads there, are created before Allocate
+answers and removed when the allocation is released (a ``mkdir``, a short write and an
+``rmtree`` of a near-empty directory: cheap enough for the loop). A driver step the injection
+needs (:class:`injection.DriverStep`) is performed through the control registered for its kind
+before the grant is charged; with none registered the grant is refused, naming the step, so a
+container never starts without the isolation its mode promises.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from agent.deviceplugin import (
     allocation,
@@ -30,7 +34,7 @@ from agent.deviceplugin import (
     resources,
     responders,
 )
-from agent.deviceplugin.injection import Injection
+from agent.deviceplugin.injection import DriverStep, HostFile, Injection
 from agent.deviceplugin.partitioning import Partitions
 from agent.deviceplugin.server import Key, ResourceServicer
 from agent.deviceplugin.settings import DevicePluginSettings
@@ -41,6 +45,10 @@ log = logging.getLogger(__name__)
 
 _Index = tuple[tuple[resources.Token, ...], dict[str, resources.Token]]
 """A server's token list and its tokens by id."""
+
+DriverControl = Callable[[DriverStep], None]
+"""Performs one driver step (idempotent: a retried Allocate asks again); raises
+:class:`errors.ActuationFailed` when the driver refuses."""
 
 
 class Node:
@@ -53,8 +61,11 @@ class Node:
         clock: Callable[[], float] = time.monotonic,
         partitions: Partitions | None = None,
         pending_containers: Callable[[], Sequence[PendingContainer]] = tuple,
+        controls: Mapping[str, DriverControl] | None = None,
     ) -> None:
         self._settings = settings
+        self._controls = dict(controls or {})
+        """Driver-step kind to the control that performs it."""
         self._pending = pending_containers
         """The node's pending sliced/partitioned containers, as the worker last published them."""
         self._served: dict[str, PendingContainer] = {}
@@ -172,6 +183,8 @@ class Node:
             host_work_dir=self._settings.host_work_dir,
         )
         _make_dirs(injection.host_dirs)
+        _write_files(injection.files)
+        self._perform(injection.steps)
         if (
             grant.holding is not None
             and self.ledger.holder(grant.holding.resource, grant.holding.device_ids) is None
@@ -208,7 +221,7 @@ class Node:
         (a kubelet retry, or an allocation adopted after a restart), else create one. The ledger
         is charged only once the instance and its record exist, so a failure changes nothing.
         """
-        if self.partitions is None:
+        if self.partitions is None or key[0] != "nvidia":  # MIG control is NVML's
             return self.allocate(key, device_ids)
         view = self._view(key)
         allocation.partition_request(view, device_ids)
@@ -229,6 +242,20 @@ class Node:
             self._apply(self.ledger.charge(holding))
         self.on_allocate()
         return Injection(envs={"NVIDIA_VISIBLE_DEVICES": record.mig_uuid})
+
+    def _perform(self, steps: Sequence[DriverStep]) -> None:
+        """Every step through its control, in order.
+
+        :raises errors.CannotInject: no control performs a step's kind.
+        """
+        for step in steps:
+            control = self._controls.get(step.kind)
+            if control is None:
+                raise errors.CannotInject(
+                    f"the grant needs {step.describe()}, which this device plugin has no "
+                    "driver control for"
+                )
+            control(step)
 
     def held_partitions(self) -> set[str]:
         return {h.allocation_id for h in self.ledger.holdings() if h.mode == "partitioned"}
@@ -263,6 +290,20 @@ class Node:
 
 def _nothing() -> None:
     pass
+
+
+def _write_files(files: Sequence[HostFile]) -> None:
+    """Write each file (world-readable: the container may not run as root).
+
+    :raises errors.CannotInject: naming the file that could not be written.
+    """
+    for file in files:
+        try:
+            with open(file.path, "w", encoding="utf-8") as f:
+                f.write(file.content)
+            os.chmod(file.path, 0o644)
+        except OSError as e:
+            raise errors.CannotInject(f"cannot write {file.path}: {e}") from e
 
 
 def _make_dirs(paths: Sequence[str]) -> None:

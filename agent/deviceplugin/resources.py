@@ -32,8 +32,8 @@ UNITS_PER_CARD: Final = 1_600_000
 SHARED_TOKENS: Final = 10
 VISIBILITY_TOKENS: Final = 512
 MAX_ID_LENGTH: Final = 63
-PARTITIONING_VENDORS: Final = frozenset({"nvidia"})
-"""Manufacturers with a hardware partition kind (NVIDIA MIG)."""
+PARTITIONING_VENDORS: Final = frozenset({"nvidia", "hygon", "thead"})
+"""Manufacturers with a hardware partition kind (``mig``: NVIDIA, Hygon DMI-MIG, T-Head)."""
 
 HEALTHY: Final = "Healthy"
 UNHEALTHY: Final = "Unhealthy"
@@ -60,6 +60,10 @@ class Card:
     """``physicalSliced.count``; 0 when the card is not in partition mode."""
     compute_units: int | None = None
     """The group's ``cores`` (AMD: compute units, which sliced ``HSA_CU_MASK`` divides)."""
+    family: str | None = None
+    """The group's ``family`` (Ascend: the CANN variant its slicing runtime is built for)."""
+    pci_bus_id: str | None = None
+    """``topology.pciBusId`` (MetaX: the sysfs directory its slices are made under)."""
 
 
 @dataclass(frozen=True)
@@ -154,6 +158,8 @@ def _card(group: devices.DeviceGroup, acc: devices.Accelerator) -> Card:
         sliced_count=status.logical_sliced.count if status.logical_sliced else 0,
         partition_count=status.physical_sliced.count if status.physical_sliced else 0,
         compute_units=group.cores,
+        family=group.family,
+        pci_bus_id=acc.topology.pci_bus_id if acc.topology else None,
     )
 
 

@@ -17,39 +17,56 @@ of the visible-devices list, because that is the order the runtimes number the c
   does not add every card on top. Sliced adds libvrocm: the preload library, a memory cap per
   card and a compute-unit mask (:func:`cu_mask`).
 
+The seven other manufacturers answer from :mod:`vendors`, one module each.
+
 Work directories: kubelet's Allocate request names no pod, so a sliced container's work
-directory is keyed by its allocation id (:func:`work_dir`); kubelet retrying the same container
-gets the same directory. The responder only names it (``Injection.host_dirs``); the node creates
-it before replying and removes it when the allocation is released.
+directory is keyed by its allocation id (:func:`slicing.work_dir`); kubelet retrying the same
+container gets the same directory. The responder only names it (``Injection.host_dirs``, and the
+files to write there, ``Injection.files``); the node creates them before replying and removes
+them when the allocation is released.
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
-import re
+from collections.abc import Callable
 
-from agent.deviceplugin import errors, pending
+from agent.deviceplugin import errors, vendors
 from agent.deviceplugin.allocation import Grant, card_name
 from agent.deviceplugin.injection import DeviceNode, Injection, Mount
-from agent.deviceplugin.ledger import allocation_id
-from agent.deviceplugin.resources import Card, device_id, resource_name
+from agent.deviceplugin.resources import Card
+from agent.deviceplugin.slicing import (
+    VGPU_DIR,
+    Where,
+    grant_allocation_id,
+    hami_core,
+    memory_limit,
+    work_dir,
+)
+
+__all__ = ["VGPU_DIR", "cu_mask", "grant_allocation_id", "respond", "work_dir"]
 
 DEFAULT_CUDA_MAJOR = 12
 """The libvgpu build to mount when the driver reports no CUDA version."""
-VGPU_DIR = "/tmp/vgpu"
-"""HAMi-core's per-container work directory (container path)."""
 VROCM_LIBRARY = "/usr/local/vrocm/libvrocm.so"
 """Where the AMD slicing runtime is mounted; ``<host_lib_dir>/amd/ld.so.preload`` names it."""
 
-_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
-
-def respond(grant: Grant, *, host_lib_dir: str, host_work_dir: str) -> Injection:
+def respond(
+    grant: Grant,
+    *,
+    host_lib_dir: str,
+    host_work_dir: str,
+    exists: Callable[[str], bool] = os.path.exists,
+) -> Injection:
     """The runtime injection for ``grant``.
 
+    ``exists`` says whether an optional host device node is there (the vendors that pass
+    optional per-card or control nodes ask it).
+
     :raises errors.CannotInject: the vendor is unsupported, a card lacks a needed fact, or a
-        sliced AMD share is below one compute unit.
+        sliced share cannot be expressed (below one compute unit, several cards for a runtime
+        that slices one).
     """
     if not grant.cards:
         raise errors.CannotInject("nothing granted")
@@ -58,28 +75,10 @@ def respond(grant: Grant, *, host_lib_dir: str, host_work_dir: str) -> Injection
         return _nvidia(grant, host_lib_dir, host_work_dir)
     if manufacturer == "amd":
         return _amd(grant, host_lib_dir)
-    raise errors.CannotInject(f"no runtime injection for manufacturer {manufacturer!r}")
-
-
-def work_dir(host_work_dir: str, allocation: str) -> str:
-    """The host directory of one allocation: a readable form of its id plus a hash of it.
-
-    The hash keeps two ids that read the same once sanitized (``/`` and ``:`` become ``_``)
-    apart; the name stays well under 255 bytes because token ids are at most 63 characters.
-    """
-    digest = hashlib.sha256(allocation.encode()).hexdigest()[:12]
-    readable = _UNSAFE.sub("_", allocation).strip("._-")[:120]
-    return os.path.join(host_work_dir, f"{readable}-{digest}")
-
-
-def grant_allocation_id(grant: Grant) -> str:
-    """The allocation id of ``grant``: its holding's, or derived from its tokens (visibility,
-    or a grant built outside the ledger, as preflight does)."""
-    if grant.holding is not None:
-        return grant.holding.allocation_id
-    card = grant.cards[0][0]
-    ids = [device_id(c.group, c.id, i) for c, indexes in grant.cards for i in indexes]
-    return allocation_id(resource_name(card.manufacturer, grant.mode), ids)
+    responder = vendors.RESPONDERS.get(manufacturer)
+    if responder is None:
+        raise errors.CannotInject(f"no runtime injection for manufacturer {manufacturer!r}")
+    return responder(grant, Where(host_lib_dir, host_work_dir, exists))
 
 
 # ------------------------------------------------------------------ NVIDIA
@@ -93,51 +92,16 @@ def _nvidia(grant: Grant, host_lib_dir: str, host_work_dir: str) -> Injection:
     envs = {"NVIDIA_VISIBLE_DEVICES": ",".join(c.id for c in cards)}
     if grant.mode != "sliced":
         return Injection(envs=envs)
-    shares = [(card, len(indexes)) for card, indexes in grant.cards]
-    for position, (card, tokens) in enumerate(shares):
-        envs[f"CUDA_DEVICE_MEMORY_LIMIT_{position}"] = f"{_memory_limit(grant, card, tokens)}m"
-    envs["CUDA_DEVICE_SM_LIMIT"] = str(
-        pending.cores_percentage(grant.request)
-        if grant.request is not None
-        else min(_percent(card, tokens) for card, tokens in shares)
+    lib = os.path.join(host_lib_dir, "nvidia", f"cuda-{_cuda_major(cards)}")
+    injection = hami_core(grant, envs, lib, host_work_dir)
+    preload = Mount(
+        "/etc/ld.so.preload", os.path.join(host_lib_dir, "nvidia", "ld.so.preload"), read_only=True
+    )  # one preload list for every CUDA major
+    return Injection(
+        envs=injection.envs,
+        mounts=(preload, *injection.mounts[1:]),
+        host_dirs=injection.host_dirs,
     )
-    envs["CUDA_DEVICE_MEMORY_SHARED_CACHE"] = f"{VGPU_DIR}/cudevshr.cache"
-    envs["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
-    envs["LIBCUDA_LOG_LEVEL"] = "0"
-    lib = os.path.join(host_lib_dir, "nvidia")
-    major = _cuda_major(cards)
-    vgpu = os.path.join(work_dir(host_work_dir, grant_allocation_id(grant)), VGPU_DIR.lstrip("/"))
-    mounts = (
-        Mount("/etc/ld.so.preload", os.path.join(lib, "ld.so.preload"), read_only=True),
-        Mount(
-            "/usr/local/vgpu/libvgpu.so",
-            os.path.join(lib, f"cuda-{major}", "libvgpu.so"),
-            read_only=True,
-        ),
-        Mount("/tmp/vgpulock", "/tmp/vgpulock", read_only=False),  # HAMi's node-wide lock dir
-        Mount(VGPU_DIR, vgpu, read_only=False),  # this container's shared usage cache
-        Mount("/dev/shm", "/dev/shm", read_only=False),  # HAMi's shared-memory region
-    )
-    return Injection(envs=envs, mounts=mounts, host_dirs=(vgpu,))
-
-
-def _memory_limit(grant: Grant, card: Card, tokens: int) -> int:
-    """MiB: the pending container's own cap when the grant serves one, else the token share."""
-    if grant.request is None:
-        return _memory_share(card, tokens)
-    if not card.memory_mib:
-        raise errors.CannotInject(f"card {card_name(card)} reports no memory size to slice")
-    return max(1, pending.memory_cap_mib(grant.request, card.memory_mib))
-
-
-def _memory_share(card: Card, tokens: int) -> int:
-    if not card.memory_mib or not card.sliced_count:
-        raise errors.CannotInject(f"card {card_name(card)} reports no memory size to slice")
-    return max(1, card.memory_mib * tokens // card.sliced_count)
-
-
-def _percent(card: Card, tokens: int) -> int:
-    return max(1, min(100, 100 * tokens // max(1, card.sliced_count)))
 
 
 def _cuda_major(cards: list[Card]) -> int:
@@ -167,7 +131,7 @@ def _amd(grant: Grant, host_lib_dir: str) -> Injection:
         return Injection(envs=envs, devices=tuple(devices))
     masks = []
     for position, (card, tokens) in enumerate(grant.cards):
-        envs[f"VROCM_DEVICE_MEMORY_LIMIT_{position}"] = str(_memory_limit(grant, card, len(tokens)))
+        envs[f"VROCM_DEVICE_MEMORY_LIMIT_{position}"] = str(memory_limit(grant, card, len(tokens)))
         masks.append(f"{position}:{cu_mask(card, tokens)}")
     envs["HSA_CU_MASK"] = ";".join(masks)
     envs["LIBVROCM_LOG_LEVEL"] = "1"

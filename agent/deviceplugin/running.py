@@ -9,14 +9,14 @@ removes every socket file, whatever it was doing (binding, registering, waiting)
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 
 import anyio
 
 from agent.deviceplugin import podresources
 from agent.deviceplugin.ledger import Ledger
-from agent.deviceplugin.node import Node
+from agent.deviceplugin.node import DriverControl, Node
 from agent.deviceplugin.partitioning import MigControl, Partitions
 from agent.deviceplugin.registration import Registrar
 from agent.deviceplugin.server import Key, ResourceServicer
@@ -77,6 +77,7 @@ async def device_plugins(
     initial_allocations: Sequence[events.AllocationEvent] = (),
     mig: MigControl | None = None,
     pending: Callable[[], Sequence[PendingContainer]] = tuple,
+    controls: Mapping[str, DriverControl] | None = None,
 ) -> AsyncIterator[Plugins]:
     """Serve and register the node's device plugins while the context is open.
 
@@ -86,7 +87,9 @@ async def device_plugins(
     ``partitioning.NvmlMig(nvml_adapter)``) makes ``<base>.partitioned`` create and reclaim MIG
     instances; without it partitioned grants name instances someone else made. ``pending``
     returns the node's pending containers (:mod:`agent.kvpending`): a sliced Allocate serving
-    one is charged and capped by its own request.
+    one is charged and capped by its own request. ``controls`` perform the driver steps some
+    vendors' grants need (:class:`injection.DriverStep`), by kind; a grant needing a step no
+    control performs is refused.
     """
     partitions = None
     if mig is not None:
@@ -104,6 +107,7 @@ async def device_plugins(
         initial_allocations=initial_allocations,
         partitions=partitions,
         pending_containers=pending,
+        controls=controls,
     )
     registrar = Registrar(settings, lambda: node.servicers, ready=lambda: node.updated)
     plugins = Plugins(node, registrar)

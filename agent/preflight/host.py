@@ -101,3 +101,26 @@ def _kill_group(child: subprocess.Popen[str]) -> None:
         os.killpg(child.pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
+
+
+class RootedView:
+    """:class:`checking.HostView` over the host root: host paths read under ``root``."""
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+
+    def _local(self, path: str) -> str:
+        return os.path.join(self.root, path.lstrip("/"))
+
+    def exists(self, path: str) -> bool:
+        return os.path.exists(self._local(path))
+
+    def is_link(self, path: str) -> bool:
+        return os.path.islink(self._local(path))
+
+    def read(self, path: str) -> str | None:
+        try:
+            with open(self._local(path), encoding="utf-8", errors="replace") as f:
+                return f.read(1 << 20)
+        except OSError:
+            return None

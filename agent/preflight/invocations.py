@@ -22,6 +22,7 @@ READER_END = "gpustack-preflight-reader-end"
 _VENDOR_RUNTIME = {
     ("docker", "nvidia"): ("--runtime", "nvidia"),
     ("nerdctl", "nvidia"): ("--gpus", "all"),
+    ("docker", "ascend"): ("--runtime", "ascend"),
 }
 """How each CLI hands a container to the vendor's runtime (others need nothing)."""
 

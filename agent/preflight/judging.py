@@ -40,7 +40,7 @@ def judge(
     blocked: str = "",
 ) -> list[Row]:
     """Rows for ``probe``: ran (``results``), emitted (``why``) or blocked (reason ``blocked``)."""
-    command = render(probe.argv)
+    command = render(probe.argv) if probe.argv else ""
     base = {"accelerator": probe.accelerator, "command": command}
     if probe.kind == "visibility":
         envs = ", ".join(f"{k}={v}" for k, v in sorted(probe.injection.envs.items()))
@@ -64,19 +64,20 @@ def judge(
         **base, capability="sliced-quota-in-force", mode="sliced", state="ok", depth="simulated"
     )
     libraries = probe.injection.library_mounts()
-    cap = _cap_mib(probe, vendor)
+    enforcer = vendor.enforcer(probe.injection)
+    cap = vendor.cap(probe.injection)
     out: list[Row] = []
-    if not libraries:
+    if not enforcer:
         out.append(
             _set(
                 loaded,
                 state="unavailable",
                 reason="no-preload-library",
-                detail="the sliced injection mounts no preload library",
+                detail="the sliced injection carries nothing that enforces a slice",
             )
         )
-    elif results is None:
-        out.append(_not_run(loaded, why, blocked))
+    elif results is None or not libraries:
+        out.append(_not_run(loaded, why, blocked, f"the slice is enforced by {enforcer}"))
     else:
         out.append(_loaded(loaded, libraries[0].container_path, results[0]))
     if cap is None:
@@ -85,11 +86,11 @@ def judge(
                 quota,
                 state="unavailable",
                 reason="no-cap",
-                detail=f"the sliced injection sets no {vendor.cap_env}",
+                detail=f"the sliced injection sets no {vendor.cap_source}",
             )
         )
     elif results is None:
-        out.append(_not_run(quota, why, blocked))
+        out.append(_not_run(quota, why, blocked, f"the injection caps memory at {cap} MiB"))
     else:
         out.append(_quota(quota, cap, results[0]))
     return out
@@ -99,10 +100,11 @@ def _set(row: Row, **changes: str) -> Row:
     return msgspec.structs.replace(row, **changes)
 
 
-def _not_run(row: Row, why: str, blocked: str) -> Row:
+def _not_run(row: Row, why: str, blocked: str, what: str = "") -> Row:
+    said = f"{what}; not run: {why}" if what else f"not run: {why}"
     if blocked:
-        return _set(row, state="unavailable", reason=blocked, detail=f"not run: {why}")
-    return _set(row, detail=f"not run: {why}")
+        return _set(row, state="unavailable", reason=blocked, detail=said)
+    return _set(row, detail=said)
 
 
 def _loaded(row: Row, library: str, result: Result) -> Row:
@@ -205,9 +207,3 @@ def _failed(row: Row, result: Result) -> Row:
 
 def _tail(output: str) -> list[str]:
     return output.splitlines()[-_TAIL_LINES:]
-
-
-def _cap_mib(probe: Probe, vendor: Vendor) -> int | None:
-    value = probe.injection.envs.get(vendor.cap_env, "")
-    digits = value.lower().removesuffix("m")
-    return int(digits) if digits.isdigit() else None

@@ -19,7 +19,7 @@ from agent.devices.manufacturers import WITH_BACKEND
 from agent.errors import DetectionError, ProfileError
 from agent.preflight import checking, invocations, judging, resolving, staging
 from agent.preflight.checking import Plan, Result
-from agent.preflight.host import Host
+from agent.preflight.host import Host, RootedView
 from agent.preflight.model import (
     Detection,
     Document,
@@ -42,6 +42,11 @@ EXIT_USAGE = 2
 _ORDER = (
     "mig-partitioning",
     "cu-mask-topology",
+    "container-share",
+    "smlu-mode",
+    "sgpu-mode",
+    "ascend-docker-runtime",
+    "hccl-ranktable",
     "sliced-runtime-loaded",
     "sliced-quota-in-force",
     "co-tenancy",
@@ -124,6 +129,7 @@ def run(settings: PreflightSettings) -> Document:
                 image=settings.probe_image,
                 host_lib_dir=HOST_LIB_DIR,
                 hold_s=settings.hold_s,
+                view=RootedView(settings.host_root),
             )
     why = "this is a dry run" if settings.dry_run else choice.why_not
     if why:
@@ -198,13 +204,13 @@ def _detection(
             detail=f"this build detects only {', '.join(WITH_BACKEND)}",
         )
     vendor = checking.VENDORS[key]
-    check = _host_check(host, vendor)
+    check = _host_check(host, vendor) if vendor.host_cli else None
     count = sum(len(g.accelerators) for g in groups)
     if error is not None:
         return Detection(
             state="unavailable", reason="detection-failed", detail=error.message, host=check
         )
-    seen = check.accelerators
+    seen = check.accelerators if check is not None else None
     if seen is not None and seen != count and not simulated:
         return Detection(
             state="unavailable",
@@ -239,6 +245,9 @@ def _stage(p: _Pass, settings: PreflightSettings, *, apply: bool) -> bool:
     p.staging = [verb + s.describe() for s in steps] + [
         f"missing from {settings.lib_source}: {m}" for m in missing
     ]
+    driver = sorted({d for i in injections for d in i.steps})
+    p.staging += [f"driver step the device plugin takes (not preflight): {d.describe()}"
+                  for d in driver]  # fmt: skip
     if missing:
         p.why = f"staging failed: this image carries no {', '.join(missing)}"
         return False
@@ -265,11 +274,28 @@ def _execute(
                     )
                     p.extra = [_sweep_row(acc, swept) for g in p.groups for acc in g.accelerators]
                     continue
-                if _stage(p, settings, apply=True):
+                unprobed = _unprobed(p, prefix)
+                if unprobed:  # listed as it would be staged; the reason stays this one
+                    _stage(p, settings, apply=False)
+                    p.why = unprobed
+                elif _stage(p, settings, apply=True):
                     _probe(p, settings, host)
     except (staging.Locked, staging.StagingError) as e:
         for p in passes:
             p.why, p.blocked = str(e), "preflight-locked"
+
+
+def _unprobed(p: _Pass, prefix: list[str]) -> str:
+    """Why no probe container runs for ``p``'s manufacturer here; empty when they run."""
+    vendor = checking.VENDORS.get(p.manufacturer)
+    if vendor is not None and not vendor.probes:
+        return (
+            f"preflight judges {p.manufacturer} from the allocator's injection: no probe "
+            "container runs for it"
+        )
+    if p.manufacturer == "ascend" and prefix[2:3] == ["nerdctl"]:
+        return "nerdctl cannot hand a container to the Ascend runtime; run it with docker"
+    return ""
 
 
 def _sweep(host: Host, prefix: list[str]) -> str:

@@ -33,14 +33,18 @@ class Locked(AgentError):
 
 @dataclass(frozen=True)
 class Step:
-    """Copy ``source`` (in this image) to ``target`` (a host path); mkdir when no source."""
+    """Copy ``source`` (in this image) to ``target`` (a host path); write ``content`` there
+    when given (a file a responder renders); else mkdir."""
 
     target: str
     source: str = ""
+    content: str | None = None
 
     def describe(self) -> str:
         if self.source:
             return f"copy {self.source} to {self.target}"
+        if self.content is not None:
+            return f"write {self.target}"
         return f"create directory {self.target}"
 
 
@@ -70,6 +74,10 @@ def plan_staging(
                 step = Step(host_path)
                 if step not in steps:
                     steps.append(step)
+        for rendered in [*map(Step, injection.host_dirs),
+                         *(Step(f.path, content=f.content) for f in injection.files)]:  # fmt: skip
+            if rendered not in steps:
+                steps.append(rendered)
     return steps, missing
 
 
@@ -90,6 +98,10 @@ def apply(steps: Sequence[Step], host_root: str) -> None:
                 tmp = target + ".preflight-tmp"
                 shutil.copy2(step.source, tmp)
                 os.replace(tmp, target)  # atomic: a reader sees old or new, never half
+            elif step.content is not None:
+                os.makedirs(os.path.dirname(target), exist_ok=True)
+                with open(target, "w", encoding="utf-8") as f:
+                    f.write(step.content)
             else:
                 os.makedirs(target, exist_ok=True)
         except OSError as e:

@@ -33,7 +33,7 @@ BASES: Final[Mapping[str, str]] = {
     "amd": "amd.com/gpu",
     "ascend": "huawei.com/npu",
     "hygon": "hygon.com/dcu",
-    "iluvatar": "iluvatar.ai/gpu",
+    "iluvatar": "iluvatar.com/gpu",
     "cambricon": "cambricon.com/mlu",
     "metax": "metax-tech.com/gpu",
     "mthreads": "mthreads.com/gpu",

@@ -58,6 +58,11 @@ def test_a_pod_bound_agent_token_proves_the_agent_of_its_pods_node() -> None:
         _review(_sa("gpustack-operator-dashboard"), node=None, pod=None), AUTH
     )
     assert (dash.role, dash.node) == ("dashboard", None)
+    # The worker connects as its static user; its ServiceAccount's bus token is the gateway
+    # sidecar's, and gets only the gateway's role (ask the fleet, read its own inbox).
+    for account in ("gpustack-operator-worker", "gpustack-operator-worker-gateway"):
+        gw = busauth.identity_from_review(_review(_sa(account), node=None, pod=None), AUTH)
+        assert (gw.role, gw.node) == ("gateway", None)
 
 
 @pytest.mark.parametrize(
@@ -68,7 +73,7 @@ def test_a_pod_bound_agent_token_proves_the_agent_of_its_pods_node() -> None:
         (_review(_sa(DM_SA), audiences=["https://kubernetes.default.svc"]), "audience"),
         (_review(_sa(DM_SA, ns="tenant")), "not a ServiceAccount of gpustack-system"),
         (_review("system:node:gpu-a"), "not a ServiceAccount"),
-        (_review(_sa("gpustack-operator-worker")), "no role on the bus"),
+        (_review(_sa("default")), "no role on the bus"),
         (_review(_sa(DM_SA), node=None), "not bound to a Pod on a node"),
         (_review(_sa(DM_SA), pod=None), "not bound to a Pod on a node"),
         (_review(_sa(DM_SA), node="gpu>a"), "node 'gpu>a'"),

@@ -14,16 +14,21 @@ from typing import Any
 import pytest
 from deploy_helpers import BASE, INSTALLS, build, find, help_text, pod_spec, workloads
 
+from agent.devices.manufacturers import MANUFACTURERS
 from gpustack_operator import commands
 from gpustack_operator import flags as flagparsing
 from gpustack_operator import main as launcher
 
 # Read by the container runtime, not by the binary.
-FOREIGN_ENV = {"NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES"}
+FOREIGN_ENV = {
+    "NVIDIA_VISIBLE_DEVICES",
+    "NVIDIA_DRIVER_CAPABILITIES",
+    "MTHREADS_VISIBLE_DEVICES",
+    "MTHREADS_DRIVER_CAPABILITIES",
+}
 SUBCOMMANDS = {("device-manager",): 2, ("dm",): 2, ("bus",): 2}
 AGENTS = (
-    "gpustack-operator-device-manager-nvidia",
-    "gpustack-operator-device-manager-amd",
+    *(f"gpustack-operator-device-manager-{m}" for m in sorted(MANUFACTURERS)),
     "gpustack-operator-model-manager",
 )
 NODE = "node-under-test"

@@ -93,6 +93,7 @@ def test_every_namespaced_object_is_in_the_system_namespace(base: list[dict[str,
         "ClusterRole",
         "ClusterRoleBinding",
         "CSIDriver",
+        "RuntimeClass",
         "MutatingWebhookConfiguration",
         "ValidatingWebhookConfiguration",
     }
@@ -140,7 +141,12 @@ def test_worker_gateway_overlay_fills_the_sidecar_slot(
     worker, gateway = spec["containers"]
     assert (worker["name"], gateway["name"]) == ("worker", "worker-gateway")
     assert gateway["image"] == "gpustack/gpustack-operator:0.1.0"
-    assert {m["name"] for m in gateway["volumeMounts"]} >= {"run"}
+    assert {m["name"] for m in gateway["volumeMounts"]} >= {"run", "gateway-nats-token"}
+    env = {e["name"]: e.get("value") for e in gateway["env"]}
+    assert env["GPUSTACK_WORKER_CONN_MODE"] == "loopback"
+    assert env["GPUSTACK_NATS_TOKEN_FILE"] == "/var/run/secrets/gpustack-nats/token"
+    token = next(v for v in spec["volumes"] if v["name"] == "gateway-nats-token")
+    assert token["projected"]["sources"][0]["serviceAccountToken"]["audience"] == "gpustack-nats"
     base_spec = pod_spec(find(trees[BASE], "Deployment", "gpustack-operator-worker"))
     assert [c["name"] for c in base_spec["containers"]] == ["worker"]
     assert worker == base_spec["containers"][0]

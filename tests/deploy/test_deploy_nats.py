@@ -298,7 +298,7 @@ def test_agents_prove_their_node_with_a_bus_only_token(tree: str) -> None:
     audience only (no API rights), and runs as a ServiceAccount the callout gives its role."""
     objs = build(tree)
     agents = [o for o in workloads(objs) if o["kind"] == "DaemonSet"]
-    assert len(agents) == 3
+    assert len(agents) == 10  # a device agent per manufacturer, and the model cache
     for obj in agents:
         spec = pod_spec(obj)
         role = busauth.ROLES_BY_SERVICE_ACCOUNT[spec["serviceAccountName"]]

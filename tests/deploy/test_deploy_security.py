@@ -7,6 +7,8 @@ from typing import Any
 import pytest
 from deploy_helpers import INSTALLS, build, find, pod_spec, workloads
 
+from agent.devices.manufacturers import MANUFACTURERS
+
 AGENTS = ("gpustack-operator-device-manager", "gpustack-operator-model-manager")
 DM_HOST_MOUNTS = {
     "/var/lib/kubelet/device-plugins": False,
@@ -17,6 +19,18 @@ DM_HOST_MOUNTS = {
     "/var/lib/gpustack/operator/pods": False,
 }
 PORTS = {"worker": 31443, "device-manager": 32443, "model-manager": 32444}
+PCI_VENDOR = {m.key: f"{m.pci_vendor:04x}" for m in MANUFACTURERS.values()}
+RUNTIME_CLASS = {"nvidia": "nvidia", "mthreads": "mthreads"}
+"""The agents whose vendor runtime injects their management library (the others mount it)."""
+VENDOR_LIBRARIES = {
+    "ascend": ("/usr/local/Ascend/driver",),
+    "cambricon": ("/usr/local/neuware",),
+    "hygon": ("/opt/hyhal",),
+    "iluvatar": ("/usr/local/corex",),
+    "metax": ("/opt/mxdriver",),
+    "thead": ("/usr/local/PPU_SDK",),
+}
+"""Read-only host trees holding the vendor library detection loads."""
 
 
 def _bindings(objs: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -57,14 +71,14 @@ def test_worker_rbac_is_what_the_control_plane_needs(base: list[dict[str, Any]])
     assert leases["rules"][0]["resources"] == ["leases"]
 
 
-@pytest.mark.parametrize("mfr", ["nvidia", "amd"])
+@pytest.mark.parametrize("mfr", sorted(MANUFACTURERS))
 def test_device_manager_is_unprivileged_and_mounts_exactly_its_list(
     base: list[dict[str, Any]], mfr: str
 ) -> None:
     spec = pod_spec(find(base, "DaemonSet", f"gpustack-operator-device-manager-{mfr}"))
-    vendor = {"nvidia": "10de", "amd": "1002"}[mfr]
+    vendor = PCI_VENDOR[mfr]
     assert spec["nodeSelector"] == {f"feature.node.kubernetes.io/pci-{vendor}.present": "true"}
-    assert spec.get("runtimeClassName") == ("nvidia" if mfr == "nvidia" else None)
+    assert spec.get("runtimeClassName") == RUNTIME_CLASS.get(mfr)
     assert not spec.get("hostNetwork") and not spec.get("hostPID") and not spec.get("hostIPC")
     (c,) = spec["containers"]
     sc = c["securityContext"]
@@ -76,8 +90,21 @@ def test_device_manager_is_unprivileged_and_mounts_exactly_its_list(
         host[m["name"]]: m.get("readOnly", False) for m in c["volumeMounts"] if m["name"] in host
     }
     state = f"/var/lib/gpustack/device-manager/{mfr}"  # per manufacturer: both may share a node
-    assert mounted == {**DM_HOST_MOUNTS, state: False}
-    assert set(host.values()) == {*DM_HOST_MOUNTS, state}
+    libraries = dict.fromkeys(VENDOR_LIBRARIES.get(mfr, ()), True)
+    assert mounted == {**DM_HOST_MOUNTS, state: False, **libraries}
+    assert set(host.values()) == {*DM_HOST_MOUNTS, state, *libraries}
+
+
+def test_runtime_classes_exist_exactly_where_the_runtime_injects(
+    base: list[dict[str, Any]],
+) -> None:
+    classes = {o["metadata"]["name"]: o for o in base if o["kind"] == "RuntimeClass"}
+    # NVIDIA's comes with NVIDIA's toolkit; these three with ours, for their workloads.
+    assert sorted(classes) == ["ascend", "iluvatar", "mthreads"]
+    for name, obj in classes.items():
+        assert obj["handler"] == name
+        selector = obj["scheduling"]["nodeSelector"]
+        assert selector == {f"feature.node.kubernetes.io/pci-{PCI_VENDOR[name]}.present": "true"}
 
 
 def test_model_manager_mounts_kubelet_pods_bidirectionally(base: list[dict[str, Any]]) -> None:

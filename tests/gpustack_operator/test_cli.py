@@ -141,13 +141,34 @@ def test_bad_profile_is_a_usage_error(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    "command",
-    [["wg"], ["worker-gateway"]],
+    ("argv", "needle"),
+    [
+        (["wg"], "--worker-conn-mode=gpustack-api"),
+        (
+            [
+                "worker-gateway",
+                "--worker-conn-mode=loopback",
+                "--worker-readiness-check-timeout=6m",
+            ],
+            "must not exceed --kube-conn-timeout (300s)",
+        ),
+        (
+            ["wg", "--worker-conn-mode=loopback", "--worker-conn-gpustack-api-scheme=ftp"],
+            "http or https",
+        ),
+        (["wg", "--worker-conn-mode=udp"], "--worker-conn-mode"),
+        (["wg", "--worker-conn-mode=loopback", "--worker-readiness-check-timeout=0s"], "timeout"),
+        (
+            ["wg", "--worker-conn-mode=loopback", "--kubeconfig=none", "--bind-unix-path="],
+            "--metrics-auth=review needs the Kubernetes API",
+        ),
+    ],
 )
-def test_services_not_built_yet_say_so(command: list[str]) -> None:
-    result = run(*command)
-    assert result.returncode == 3
-    assert "not implemented yet" in result.stderr and result.stdout == ""
+def test_the_gateway_refuses_bad_flags_in_one_line(argv: list[str], needle: str) -> None:
+    result = run(*argv)
+    assert result.returncode == 2, result.stderr
+    assert needle in result.stderr and result.stdout == ""
+    assert "Traceback" not in result.stderr
 
 
 def test_flags_from_the_environment_and_print_cmdline(tmp_path: Path) -> None:

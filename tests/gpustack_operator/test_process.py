@@ -344,6 +344,25 @@ def test_worker_as_pid1_stops(tmp_path: Path, nats: str) -> None:
 
 
 @pid1
+def test_worker_gateway_as_pid1_stops_and_removes_its_socket(tmp_path: Path, nats: str) -> None:
+    sock = tmp_path / "gw.sock"
+    service = Pid1(
+        [
+            "wg",
+            "--worker-conn-mode=loopback",
+            "--kubeconfig=none",
+            f"--bind-unix-path={sock}",
+            f"--nats-url={nats}",
+        ],
+        tmp_path / "gateway.log",
+    )
+    service.wait_for("worker-gateway serving on unix:")
+    assert sock.is_socket()
+    _stopped_within_5s(service)
+    assert not sock.exists()
+
+
+@pid1
 def test_bus_watch_as_pid1_stops(tmp_path: Path, nats: str) -> None:
     service = Pid1(["bus", "watch", f"--nats-url={nats}"], tmp_path / "watch.log")
     # Started before any agent: it waits for the retained state rather than failing.

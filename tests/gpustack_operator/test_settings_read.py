@@ -28,8 +28,11 @@ def _builder(command: Command) -> Callable[..., Any]:
 def _argv(command: Command, tmp_path: Path) -> list[str]:
     """The least a command needs to build its settings on a machine with no kubelet."""
     argv = ["org/model"] if command.usage else []
-    if "kube-socket" in {f.name for f in command.flags}:
+    names = {f.name for f in command.flags}
+    if "kube-socket" in names:
         argv.append(f"--kube-socket={tmp_path}/kubelet.sock")
+    if "worker-conn-mode" in names:
+        argv.append("--worker-conn-mode=loopback")  # gpustack-api is refused (not built)
     return argv
 
 
