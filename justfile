@@ -35,6 +35,7 @@ bench:
     {{python}} bench/bench_serve.py
     {{python}} bench/bench_models.py
     {{python}} bench/bench_worker.py
+    {{python}} bench/bench_worker.py --chain
 
 # Every benchmark at tiny sizes, seconds each (CI runs it): proves they still run; the figures
 # mean nothing. A peer that is not installed (the `bench` extra, curl) is skipped, with a message.
@@ -45,3 +46,4 @@ bench-smoke:
     BENCH_SMOKE=1 {{python}} bench/bench_serve.py
     BENCH_SMOKE=1 {{python}} bench/bench_models.py
     BENCH_SMOKE=1 {{python}} bench/bench_worker.py
+    BENCH_SMOKE=1 {{python}} bench/bench_worker.py --chain

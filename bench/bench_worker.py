@@ -1,6 +1,8 @@
 """Worker benchmark: ingest and event-to-object latency for N simulated nodes x 8 GPUs.
 
-Run: ``.venv/bin/python bench/bench_worker.py --nodes 1000 --period 1 --seconds 30 --sink kv api``.
+Run: ``.venv/bin/python bench/bench_worker.py --nodes 1000 --period 1 --seconds 30 --sink kv api``;
+``--chain --nodes 1000`` measures the scheduling chain's reconcile passes instead (see
+:func:`chain_bench`).
 
 Every part is its own process, so none steals the worker's event loop and the worker's CPU
 seconds and RSS are its own: a nats-server, the worker, ``--publishers`` publisher processes
@@ -68,6 +70,7 @@ from bus.devices import (
     MonitorSample,
 )
 from bus.settings import BusSettings
+from controlplane.chain.naming import NAMESPACES as NAMESPACES_RESOURCE
 from kit.serving import HttpsSettings
 
 Metrics = dict[tuple[str, tuple[tuple[str, str], ...]], float]
@@ -439,6 +442,88 @@ async def measure(
     }
 
 
+# --- the scheduling chain (``--chain``) ------------------------------------------------------
+
+
+async def chain_bench(args: argparse.Namespace) -> dict[str, Any]:
+    """The chain's reconcile cost at ``args.n`` nodes, in this process, against the fake API in
+    its own process: a cold pass (every object created), the pass after it (the queues take
+    the now Active check), an idle pass (nothing changed: no write), a pass after ``--change``
+    of the nodes got an allocation, and the pure plan alone."""
+    from collections import Counter
+
+    from controlplane.chain.inventory import facts_of
+    from controlplane.chain.kueue import plan_chain
+    from controlplane.chain.reconciler import ChainReconciler
+    from controlplane.chain.settings import ChainSettings
+    from controlplane.k8s.client import KubeSettings, open_client
+    from controlplane.reconciling.ledger import Ledger
+    from controlplane.resources import Ref
+
+    api_port = free_port()
+    child = subprocess.Popen([  # noqa: ASYNC220 (a bench)
+        sys.executable, __file__, "--role", "fakeapi", "--port", str(api_port),
+        "--nodes", str(args.n),
+    ])  # fmt: skip
+    requests: Counter[str] = Counter()
+    try:
+        ledger = Ledger(max_nodes=args.n + 1)
+        names = node_names(args.n)
+        for name in names:
+            ledger.apply(events.DevicesEvent(node=name, groups=groups(name)))
+        settings = KubeSettings(host=f"http://127.0.0.1:{api_port}", qps=1e6, burst=1_000_000)
+        observe = lambda verb, result: requests.update([verb])
+        async with open_client(settings, observe=observe) as api:
+            for _ in range(600):
+                try:
+                    await api.list(NAMESPACES_RESOURCE)
+                    break
+                except Exception:  # noqa: BLE001 (the child is starting)
+                    await anyio.sleep(0.1)
+            for i in range(10):
+                ns = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": f"team-{i}"}}
+                await api.create(Ref(resource=NAMESPACES_RESOURCE, name=f"team-{i}"), ns)
+            chain = ChainReconciler(api=api, ledger=ledger, settings=ChainSettings())
+
+            async def one() -> dict[str, float]:
+                requests.clear()
+                start = time.perf_counter()
+                await chain.reconcile()
+                writes = sum(requests[v] for v in API_WRITES)
+                return {"seconds": round(time.perf_counter() - start, 3), "writes": writes}
+
+            out: dict[str, Any] = {"nodes": args.n, "cold": await one()}
+            out["settle"] = await one()  # the checks are Active now: the queues list them
+            out["idle"] = await one()
+            changed = names[: max(1, int(len(names) * args.change))]
+            for name in changed:
+                g = groups(name)[0]
+                ledger.apply(events.AllocationEvent(
+                    node=name, allocation_id=f"{name}/p", action="allocated",
+                    resource="nvidia.com/gpu", device_ids=(f"{g.id}:{g.accelerators[0].id}:0000",),
+                ))  # fmt: skip
+            out["changed"] = {**await one(), "nodes_changed": len(changed)}
+            facts = [facts_of(b, ledger.get(b["metadata"]["name"])) for b in chain_nodes(names)]
+            start = time.perf_counter()
+            plan_chain(
+                facts, allocations={}, namespaces=[f"team-{i}" for i in range(10)],
+                instance_types={}, cluster_queues={}, active_checks=[], settings=ChainSettings(),
+            )  # fmt: skip
+            out["plan_seconds"] = round(time.perf_counter() - start, 3)
+            return out
+    finally:
+        child.send_signal(signal.SIGTERM)
+        child.wait(60)
+
+
+def chain_nodes(names: Sequence[str]) -> list[dict[str, Any]]:
+    return [
+        {"metadata": {"name": n, "labels": {"gpustack.ai/managed": "true"}},
+         "status": {"capacity": {"cpu": "8"}}}
+        for n in names
+    ]  # fmt: skip
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     p.add_argument("--nodes", type=int, nargs="+", default=[20] if SMOKE else [1000])
@@ -449,6 +534,7 @@ def main() -> None:
     p.add_argument("--publishers", type=int, default=1 if SMOKE else 2)
     p.add_argument("--burst", action="store_true", help="every node publishes at once")
     p.add_argument("--profile", default="", help="pyinstrument output prefix")
+    p.add_argument("--chain", action="store_true", help="the scheduling chain's reconcile cost")
     p.add_argument("--role", default="bench", help=argparse.SUPPRESS)
     for flag in ("--url", "--api"):
         p.add_argument(flag, default="", help=argparse.SUPPRESS)
@@ -464,6 +550,11 @@ def main() -> None:
     if args.role == "publish":
         args.nodes, args.period = args.nodes[0], args.period[0]
         return anyio.run(publisher_child, args)
+    if args.chain:
+        for n in args.nodes:
+            run = argparse.Namespace(**vars(args), n=n)
+            print(json.dumps(anyio.run(chain_bench, run)), flush=True)
+        return
     for period in args.period:
         for sink in args.sink:
             for n in args.nodes:

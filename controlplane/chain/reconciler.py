@@ -124,6 +124,8 @@ class ChainReconciler:
         self.nodes: dict[str, NodeFacts] = {}
         """Managed nodes as last planned (the admission check reads them)."""
         self.flavor_nodes: dict[str, list[str]] = {}
+        self._replan = False
+        """A write this pass changes the next plan (a check turned Active): plan again."""
         self._seen: dict[str, tuple[tuple[Any, ...], NodeFacts | None]] = {}
         """Per node: the signature last reconciled and the facts it gave."""
 
@@ -158,7 +160,7 @@ class ChainReconciler:
         nothing (a thousand idle nodes cost one signature comparison each).
         """
         started = self._clock()
-        changed = False
+        changed, self._replan = self._replan, False
         if self._cache is None or started - self._listed_at >= self.settings.period_s:
             await self._list()
             changed = True
@@ -404,6 +406,7 @@ class ChainReconciler:
             if c.get("type") != "Active"
         ]
         meta = {"resourceVersion": body["metadata"].get("resourceVersion")}
+        self._replan = True  # the queues list the check once it is Active
         checks[ref] = await self._api.patch(
             ref, {"metadata": meta, "status": {"conditions": [*others, condition]}},
             subresource="status",

@@ -298,3 +298,72 @@ def test_check_answers_ready_or_retry_per_family() -> None:
     assert (
         fit.decide(mig, [("p", [fit.Demand(Family.PARTITIONED, M)], [("m", 5)])]).state == "Retry"
     )
+
+
+def test_owned_patch_sets_only_what_differs_and_keeps_defaults() -> None:
+    from controlplane.chain.reconciler import owned_patch
+
+    current = {"a": 1, "b": {"c": 2, "defaulted": "x"}, "gone": 3, "list": [1, 2]}
+    assert owned_patch(current, {"a": 1, "b": {"c": 2}, "list": [1, 2]}) == {}
+    assert owned_patch(current, {"b": {"c": 5}, "gone": None, "list": [1]}) == {
+        "b": {"c": 5}, "gone": None, "list": [1],
+    }  # fmt: skip
+    assert owned_patch(current, {"absent": None}) == {}
+    assert owned_patch(current, {"new": {"x": None, "y": 1}}) == {"new": {"y": 1}}
+
+
+def test_pin_adds_fit_requirements_to_every_term() -> None:
+    from controlplane.chain.workloads import pin
+
+    spec = spec_of(**{"nvidia.com/gpu.sliced": "1", "nvidia.com/gpu.sliced.units": "800k"})
+    spec["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": [{"key": "a", "operator": "Exists"}]},
+                              {"matchExpressions": [{"key": "b", "operator": "Exists"}]}]}}}  # fmt: skip
+    wl = {"spec": {"podSets": [{"name": "main", "template": {"spec": spec}}]}}
+    (op,) = pin(wl, "nvidia-h200")
+    terms = op.value["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    want = {"key": "sliced-max-free-units.fit.gpustack.ai/nvidia-h200", "operator": "Gt",
+            "values": ["799999"]}  # fmt: skip
+    assert [t["matchExpressions"][-1] for t in terms["nodeSelectorTerms"]] == [want, want]
+    assert [t["matchExpressions"][0]["key"] for t in terms["nodeSelectorTerms"]] == ["a", "b"]
+    # pinned already: nothing to add; exclusive requests are not pinned
+    spec["affinity"] = op.value
+    assert pin(wl, "nvidia-h200") == []
+    shared = {"spec": {"podSets": [{"template": {"spec": spec_of(**{"amd.com/gpu.shared": "2"})}}]}}
+    (op,) = pin(shared, "amd-radeon-rx-7800-xt")
+    term = op.value["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert term["nodeSelectorTerms"] == [{"matchExpressions": [{
+        "key": "shared-free-cards.fit.gpustack.ai/amd-radeon-rx-7800-xt", "operator": "Gt",
+        "values": ["1"]}]}]  # fmt: skip
+    assert (
+        pin(
+            {"spec": {"podSets": [{"template": {"spec": spec_of(**{"nvidia.com/gpu": "1"})}}]}}, "g"
+        )
+        == []
+    )
+
+
+def test_check_assignments_from_topology_or_the_flavor() -> None:
+    from controlplane.chain import checking
+
+    wl: dict[str, Any] = {
+        "spec": {"podSets": [{"name": "main", "count": 2, "template": {"spec": spec_of(**{"amd.com/gpu": "1"})}}]},
+        "status": {
+            "conditions": [{"type": "QuotaReserved", "status": "True"}],
+            "admissionChecks": [{"name": naming.CHECK_NODE_DEVICES, "state": "Pending"}],
+            "admission": {"podSetAssignments": [{"name": "main", "count": 2, "flavors": {"credits.gpustack.ai/amd": "f"}}]},
+        },
+    }  # fmt: skip
+    assert checking.pending_check(wl)
+    ((name, demands, where),) = checking.assignments(wl, {"f": ["r1", "r2"]})
+    assert (name, demands, where) == (
+        "main",
+        [fit.Demand(Family.EXCLUSIVE, 1)],
+        [(("r1", "r2"), 2)],
+    )
+    wl["status"]["admission"]["podSetAssignments"][0]["topologyAssignment"] = {
+        "levels": ["kubernetes.io/hostname"], "domains": [{"values": ["r1"], "count": 2}],
+    }  # fmt: skip
+    assert checking.assignments(wl, {})[0][2] == [("r1", 2)]
+    wl["status"]["conditions"].append({"type": "Evicted", "status": "True"})
+    assert not checking.pending_check(wl)  # evicted workloads are skipped

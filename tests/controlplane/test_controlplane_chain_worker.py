@@ -33,6 +33,9 @@ H200 = msgspec.json.decode(
 AMD = msgspec.json.decode(
     (HERE / "controlplane_detect_amd_x2.json").read_bytes(), type=tuple[DeviceGroup, ...]
 )
+MIG = msgspec.json.decode(
+    (HERE / "controlplane_detect_h100x8_mig.json").read_bytes(), type=tuple[DeviceGroup, ...]
+)
 KUEUE = "apis/kueue.x-k8s.io/v1beta2"
 OURS = "apis/worker.gpustack.ai/v1alpha1"
 IT_H200 = "gpustack--nvidia-h200-linux-amd64"
@@ -102,9 +105,13 @@ def writes(fake: FakeApi) -> tuple[int, int, dict[Any, int]]:
 
 
 async def settled(fake: FakeApi) -> bool:
-    cq = kueue(fake, "clusterqueues").get(IT_H200)
+    """Every queue has its LocalQueue in both namespaces and the H200 queue lists the check."""
+    cqs = kueue(fake, "clusterqueues")
+    cq = cqs.get(IT_H200)
     return bool(
-        cq and cq["spec"].get("admissionChecksStrategy") and len(kueue(fake, "localqueues")) == 6
+        cq
+        and cq["spec"].get("admissionChecksStrategy")
+        and len(kueue(fake, "localqueues")) == 2 * len(cqs)
     )
 
 
@@ -230,12 +237,16 @@ CASES = {
     "shared-too-many": ({"nvidia.com/gpu.shared": "9"}, 1, "Retry"),
     "sliced-fits": ({"nvidia.com/gpu.sliced": "1", "nvidia.com/gpu.sliced.units": "800k"}, 16, "Ready"),
     "sliced-too-many": ({"nvidia.com/gpu.sliced": "1", "nvidia.com/gpu.sliced.units": "800k"}, 17, "Retry"),
+    "partitioned-fits": ({"nvidia.com/gpu.partitioned": "1", "nvidia.com/gpu.partitioned.units": "400k"}, 4, "Ready"),
     "partitioned-no-mig": ({"nvidia.com/gpu.partitioned": "1", "nvidia.com/gpu.partitioned.units": "400k"}, 1, "Retry"),
 }  # fmt: skip
 
 
 async def test_admission_check_answers_ready_or_retry_per_family(tmp_path: Path) -> None:
-    async with cluster(tmp_path) as (fake, _worker, _bus):
+    async with cluster(tmp_path) as (fake, _worker, bus):
+        # a third node with MIG on cards 0-3, for the partitioned family
+        fake.put_object("api/v1/nodes", a_node("mig", "64"))
+        await publish(bus, [events.DevicesEvent(node="mig", ts=events.now(), groups=MIG)])
         await eventually(lambda: settled(fake), timeout_s=30)
 
         def state(name: str) -> dict[str, Any]:
@@ -243,7 +254,8 @@ async def test_admission_check_answers_ready_or_retry_per_family(tmp_path: Path)
             return dict(body["status"]["admissionChecks"][0])
 
         async def answer(name: str, limits: dict[str, str], count: int) -> dict[str, Any]:
-            fake.put_object(f"{KUEUE}/workloads", workload(name, limits, count))
+            node = "mig" if name == "partitioned-fits" else "h200"
+            fake.put_object(f"{KUEUE}/workloads", workload(name, limits, count, node))
 
             async def answered() -> bool:
                 return state(name).get("state") != "Pending"
