@@ -16,6 +16,7 @@ __all__ = [
     "GROUP",
     "LEASES",
     "MODELARTIFACTS",
+    "MODELSTORES",
     "MUTATING_WEBHOOKS",
     "NODEMODELSTORES",
     "NODES",
@@ -63,6 +64,7 @@ NODEMODELSTORES: Final = Resource(
 MODELARTIFACTS: Final = Resource(
     group=GROUP, version=VERSION, plural="modelartifacts", kind="ModelArtifact", namespaced=True
 )
+MODELSTORES: Final = Resource(group=GROUP, version=VERSION, plural="modelstores", kind="ModelStore")
 NODES: Final = Resource(group="", version="v1", plural="nodes", kind="Node")
 PODS: Final = Resource(group="", version="v1", plural="pods", kind="Pod", namespaced=True)
 SECRETS: Final = Resource(group="", version="v1", plural="secrets", kind="Secret", namespaced=True)

@@ -40,6 +40,7 @@ from controlplane.admission import certificates, webhooks
 from controlplane.admission.cards import LedgerCatalog
 from controlplane.k8s import client
 from controlplane.metrics import WorkerMetrics
+from controlplane.modelstores import ModelStores
 from controlplane.reconciling.artifacting import ArtifactReconciler
 from controlplane.reconciling.ledger import Ledger
 from controlplane.reconciling.nodes import NodeReconciler
@@ -48,6 +49,7 @@ from controlplane.reconciling.processing import Processor
 from controlplane.resolving import Resolver
 from controlplane.reviewing import KubeReviewer
 from controlplane.settings import WorkerSettings
+from controlplane.settingsource import KvBackend, SecretBackend, SettingsSource
 from controlplane.sinks import KubeSink, KvSink, Sink
 from kit import serving
 from kit.access import CachedAuthorizer
@@ -67,6 +69,8 @@ class Worker:
     processor: Processor
     artifacts: ArtifactReconciler
     leading: bool = False
+    settings: SettingsSource | None = None
+    """The cluster's Settings, swapped on change (reconcilers and webhooks read ``values``)."""
 
 
 @asynccontextmanager
@@ -83,6 +87,21 @@ async def _sink(
     async with client.open_client(settings.kube, observe=metrics.observe_request) as api:
         await crds.ensure(api)
         yield KubeSink(api), api
+
+
+async def _settings_source(
+    settings: WorkerSettings, conn: connection.Connection, api: client.KubeClient | None
+) -> tuple[SettingsSource, ModelStores]:
+    """The Settings, seeded or backfilled (every replica): the Secret, else the bus KV; and the
+    ModelStores, which make the NodeModelStore specs from them."""
+    if api is None:
+        bucket = await kv.open_bucket(conn, kv.LEDGER_BUCKET, replicas=settings.bus.state_replicas)
+        backend: KvBackend | SecretBackend = KvBackend(bucket, settings.namespace)
+    else:
+        backend = SecretBackend(api, settings.namespace)
+    source = SettingsSource(backend, settings.settings_seed, period_s=settings.settings_period_s)
+    await source.prepare()
+    return source, ModelStores(lambda: source.values)
 
 
 @asynccontextmanager
@@ -177,8 +196,11 @@ async def run(
             resolver = await stack.enter_async_context(
                 resolving.hub_resolver(settings.hub_endpoint)
             )
+        source, stores = await _settings_source(settings, conn, api)
         ledger = Ledger(max_nodes=settings.max_nodes)
-        reconciler = NodeReconciler(ledger=ledger, sink=sink, metrics=metrics, agents=agents)
+        reconciler = NodeReconciler(
+            ledger=ledger, sink=sink, metrics=metrics, agents=agents, store_specs=stores
+        )
         artifacts = ArtifactReconciler(
             sink=sink, resolver=resolver, ledger=ledger, metrics=metrics, agents=agents,
             retry_base_s=settings.artifact_retry_base_s, retry_cap_s=settings.artifact_retry_cap_s,
@@ -192,7 +214,9 @@ async def run(
                 conn, settings=settings.bus, metrics=bus_metrics, include_state=True
             )
         )
-        worker = Worker(url="", metrics=metrics, processor=processor, artifacts=artifacts)
+        worker = Worker(
+            url="", metrics=metrics, processor=processor, artifacts=artifacts, settings=source
+        )
         server = await stack.enter_async_context(
             _endpoint(settings, conn, api, registry, LedgerCatalog(ledger))
         )
@@ -207,6 +231,7 @@ async def run(
                     start_forever(tg, "node-watch", processor.watch_nodes, api)
                     start_forever(tg, "artifact-watch", artifacts.watch, api)
                     start_forever(tg, "pod-watch", PendingPublisher(agents).watch, api)
+                    start_forever(tg, "model-stores", stores.run, api, settings.resync_s)
                 start_forever(
                     tg, "artifact-workers", artifacts.work, max(1, settings.concurrency // 4)
                 )
@@ -222,6 +247,7 @@ async def run(
         async with anyio.create_task_group() as tg:
             start_forever(tg, "ingest", _ingest, sub, processor)
             start_forever(tg, "bus-reconnects", conn.every_reconnect, reconnected)
+            start_forever(tg, "settings", source.run)
             if api is not None and settings.leader_election:
                 tg.start_soon(_elected, api, settings, lead, on_change, name="election")
             else:

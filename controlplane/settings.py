@@ -15,7 +15,7 @@ import msgspec
 from bus import identity
 from bus import settings as bus_settings
 from bus.settings import BusSettings
-from controlplane import busauth, leading
+from controlplane import busauth, leading, settingscatalog
 from controlplane.admission.webhooks import WebhookSettings
 from controlplane.k8s import client
 from hub import endpoints
@@ -49,6 +49,12 @@ class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
     """None: the worker serves no auth callout (the servers authenticate by themselves)."""
     webhooks: WebhookSettings = WebhookSettings()
     """Where the API server reaches the Pod webhooks (with a cluster only)."""
+    namespace: str = "gpustack-system"
+    """The system namespace: the settings Secret, Leases, the webhook CA."""
+    settings_seed: dict[str, str] = msgspec.field(default_factory=lambda: settingscatalog.seed({}))
+    """Every Setting's first text (``GPUSTACK_<NAME>`` or its default), validated at the edge."""
+    settings_period_s: float = 10.0
+    """How often the stored settings are re-read (a change reaches everyone within 30 s)."""
 
 
 def settings_from(options: Options) -> WorkerSettings:
@@ -74,7 +80,13 @@ def settings_from(options: Options) -> WorkerSettings:
     if service is not None and not _DNS_LABEL.fullmatch(service):
         raise SettingsError(f"--webhook-service {service!r} is not a Service name (DNS-1035 label)")
     webhooks = WebhookSettings(service=service, namespace=namespace, port=https.port)
+    try:
+        seed = settingscatalog.seed(env)
+    except settingscatalog.InvalidSetting as e:
+        raise SettingsError(f"GPUSTACK_* setting seed: {e}") from e
     return WorkerSettings(
+        namespace=namespace,
+        settings_seed=seed,
         bus=msgspec.structs.replace(
             bus, inbox_prefix=identity.inbox_prefix(identity.Identity(role="worker"))
         ),

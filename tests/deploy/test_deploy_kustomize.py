@@ -71,7 +71,7 @@ def test_every_overlay_holds_everything_the_base_does(
 
 def test_the_crds_root_is_exactly_the_base_crds(trees: dict[str, list[dict[str, Any]]]) -> None:
     in_base = [o for o in trees[BASE] if o["kind"] == "CustomResourceDefinition"]
-    assert trees[CRDS] == in_base and len(in_base) == 3
+    assert trees[CRDS] == in_base and len(in_base) == 4
 
 
 @pytest.mark.parametrize("tree", INSTALLS)
@@ -100,12 +100,13 @@ def test_every_namespaced_object_is_in_the_system_namespace(base: list[dict[str,
         assert ns == (None if obj["kind"] in cluster_scoped else "gpustack-system"), obj["metadata"]
 
 
-def test_the_base_includes_the_three_crds(base: list[dict[str, Any]]) -> None:
+def test_the_base_includes_every_crd(base: list[dict[str, Any]]) -> None:
     names = {o["metadata"]["name"] for o in base if o["kind"] == "CustomResourceDefinition"}
     assert names == {
         "devices.worker.gpustack.ai",
         "nodemodelstores.worker.gpustack.ai",
         "modelartifacts.worker.gpustack.ai",
+        "modelstores.worker.gpustack.ai",
     }
 
 

@@ -87,7 +87,12 @@ def test_custom_objects_validate_against_our_crds(
 def test_crd_schemas_are_valid_json_schema(
     crd_validators: dict[tuple[str, str], jsonschema.Validator],
 ) -> None:
-    assert {k for _, k in crd_validators} == {"Devices", "NodeModelStore", "ModelArtifact"}
+    assert {k for _, k in crd_validators} == {
+        "Devices",
+        "NodeModelStore",
+        "ModelArtifact",
+        "ModelStore",
+    }
     for validator in crd_validators.values():
         jsonschema.Draft7Validator.check_schema(validator.schema)
 
