@@ -11,6 +11,8 @@ from typing import Any, Final
 import msgspec
 
 __all__ = [
+    "APISERVICES",
+    "CONFIGMAPS",
     "CRDS",
     "DEVICES",
     "GROUP",
@@ -67,6 +69,12 @@ MODELARTIFACTS: Final = Resource(
 MODELSTORES: Final = Resource(group=GROUP, version=VERSION, plural="modelstores", kind="ModelStore")
 NODES: Final = Resource(group="", version="v1", plural="nodes", kind="Node")
 PODS: Final = Resource(group="", version="v1", plural="pods", kind="Pod", namespaced=True)
+CONFIGMAPS: Final = Resource(
+    group="", version="v1", plural="configmaps", kind="ConfigMap", namespaced=True
+)
+APISERVICES: Final = Resource(
+    group="apiregistration.k8s.io", version="v1", plural="apiservices", kind="APIService"
+)
 SECRETS: Final = Resource(group="", version="v1", plural="secrets", kind="Secret", namespaced=True)
 LEASES: Final = Resource(
     group="coordination.k8s.io", version="v1", plural="leases", kind="Lease", namespaced=True

@@ -25,19 +25,21 @@ import itertools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import anyio
 from anyio.abc import TaskStatus
 from prometheus_client import CollectorRegistry
 
-from bus import callout, connection, kv, state, subscribing
+from bus import callout, connection, events, kv, state, subscribing
 from bus.errors import BusError, NotConnected
 from bus.metrics import BusMetrics
 from bus.reviewing import serve_reviews
 from controlplane import busauth, crds, errors, leading, resolving
 from controlplane.admission import certificates, webhooks
 from controlplane.admission.cards import LedgerCatalog
+from controlplane.extension import auth, registration
+from controlplane.extension.api import ExtensionApi
 from controlplane.k8s import client
 from controlplane.metrics import WorkerMetrics
 from controlplane.modelstores import ModelStores
@@ -71,6 +73,8 @@ class Worker:
     leading: bool = False
     settings: SettingsSource | None = None
     """The cluster's Settings, swapped on change (reconcilers and webhooks read ``values``)."""
+    samples: registration.LatestSamples = field(default_factory=registration.LatestSamples)
+    """Each node's latest utilization sample (the extension API's ``nodeutilizations``)."""
 
 
 @asynccontextmanager
@@ -110,14 +114,16 @@ async def _endpoint(
     conn: connection.Connection,
     api: client.KubeClient | None,
     registry: CollectorRegistry,
-    catalog: LedgerCatalog,
+    ledger: Ledger,
+    worker: Worker,
 ) -> AsyncIterator[serving.Server]:
-    """HTTPS with the Pod webhooks, and with an API the access reviews: for this endpoint and,
-    on the bus, the agents' (answered whatever this endpoint's own ``--metrics-auth`` says).
+    """HTTPS with the Pod webhooks and the extension API, and with an API the access reviews:
+    for this endpoint and, on the bus, the agents' (answered whatever this endpoint's own
+    ``--metrics-auth`` says).
 
     With a cluster it serves a certificate the API server can verify, and the configurations
-    naming its CA are applied once it listens: the API server is never sent to an endpoint
-    that is not up.
+    naming its CA (webhooks, APIService) are applied once it listens: the API server is never
+    sent to an endpoint that is not up.
     """
     async with AsyncExitStack() as stack:
         reviewer = None if api is None else KubeReviewer(api)
@@ -129,15 +135,40 @@ async def _endpoint(
                 certificates.serving_identity(api, settings.https, settings.webhooks)
             )
             https, ca_bundle = ident.https, ident.ca_bundle
+        extension, proxy = await _extension(settings, api, ledger, worker)
         server = await stack.enter_async_context(
             serving.https_server(
                 https, registry=registry, ready=lambda: conn.is_connected,
-                authorizer=reviewer, posts=webhooks.posts(catalog),
+                authorizer=reviewer, posts=webhooks.posts(LedgerCatalog(ledger)),
+                handlers=extension.handlers(), client_ca=proxy.client_ca if proxy else None,
             )
         )  # fmt: skip
         if api is not None and ca_bundle is not None:
             await webhooks.ensure(api, settings.webhooks, ca_bundle)
+            await registration.ensure(api, settings.webhooks, ca_bundle)
         yield server
+
+
+async def _extension(
+    settings: WorkerSettings, api: client.KubeClient | None, ledger: Ledger, worker: Worker
+) -> tuple[ExtensionApi, auth.FrontProxy | None]:
+    """The extension API; its front proxy read from the cluster unless ``--disable-auths``."""
+    assert worker.settings is not None
+    proxy = None
+    if api is not None and not settings.disable_auths:
+        proxy = await auth.load_front_proxy(api)
+
+    def models() -> list[tuple[str, tuple[events.ModelState, ...]]]:
+        states = ((n, ledger.get(n)) for n in ledger.nodes())
+        return [(n, s.models) for n, s in states if s is not None and s.models]
+
+    extension = ExtensionApi(
+        source=worker.settings, namespace=settings.namespace, samples=worker.samples,
+        models=models,
+        authenticator=None if settings.disable_auths else auth.Authenticator(proxy, api),
+        authorizer=None if settings.disable_auths or api is None else auth.Authorizer(api),
+    )  # fmt: skip
+    return extension, proxy
 
 
 @asynccontextmanager
@@ -218,7 +249,7 @@ async def run(
             url="", metrics=metrics, processor=processor, artifacts=artifacts, settings=source
         )
         server = await stack.enter_async_context(
-            _endpoint(settings, conn, api, registry, LedgerCatalog(ledger))
+            _endpoint(settings, conn, api, registry, ledger, worker)
         )
         worker.url = server.url
 
@@ -245,7 +276,7 @@ async def run(
             await _rebuild_after_reconnect(conn, settings, worker, sink)
 
         async with anyio.create_task_group() as tg:
-            start_forever(tg, "ingest", _ingest, sub, processor)
+            start_forever(tg, "ingest", _ingest, sub, processor, worker.samples)
             start_forever(tg, "bus-reconnects", conn.every_reconnect, reconnected)
             start_forever(tg, "settings", source.run)
             if api is not None and settings.leader_election:
@@ -267,8 +298,13 @@ async def _elected(
     await leading.run_elected(api, settings.leader, settings.identity, lead, on_change=on_change)
 
 
-async def _ingest(sub: subscribing.Subscription, processor: Processor) -> None:
+async def _ingest(
+    sub: subscribing.Subscription,
+    processor: Processor,
+    samples: registration.LatestSamples,
+) -> None:
     async for event in sub:
+        samples.record(event)
         processor.ingest(event)
 
 

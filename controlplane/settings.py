@@ -6,6 +6,8 @@ part (``bus``, ``kube``, ``https``, ``leader``) explicitly.
 
 from __future__ import annotations
 
+import ipaddress
+import logging
 import os
 import re
 import socket
@@ -23,6 +25,8 @@ from kit.options import Options, SettingsError
 from kit.serving import HttpsSettings, https_from
 
 __all__ = ["WorkerSettings", "settings_from"]
+
+log = logging.getLogger(__name__)
 
 _DNS_LABEL = re.compile(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?")
 
@@ -54,6 +58,8 @@ class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
     settings_seed: dict[str, str] = msgspec.field(default_factory=lambda: settingscatalog.seed({}))
     """Every Setting's first text (``GPUSTACK_<NAME>`` or its default), validated at the edge."""
     settings_period_s: float = 10.0
+    disable_auths: bool = False
+    """``--disable-auths``: the extension API authenticates and authorizes nobody (loopback only)."""
     """How often the stored settings are re-read (a change reaches everyone within 30 s)."""
 
 
@@ -85,6 +91,7 @@ def settings_from(options: Options) -> WorkerSettings:
     except settingscatalog.InvalidSetting as e:
         raise SettingsError(f"GPUSTACK_* setting seed: {e}") from e
     return WorkerSettings(
+        disable_auths=_disable_auths(options, https),
         namespace=namespace,
         settings_seed=seed,
         bus=msgspec.structs.replace(
@@ -115,6 +122,19 @@ def _https(options: Options, kube: client.KubeSettings | None) -> HttpsSettings:
             "with --kubeconfig=none pass --metrics-auth=none (the endpoint is then open)"
         )
     return https
+
+
+def _disable_auths(options: Options, https: HttpsSettings) -> bool:
+    """``--disable-auths``, refused unless the endpoint listens on a loopback address."""
+    if not options.switch("disable-auths"):
+        return False
+    if not ipaddress.ip_address(https.bind_address).is_loopback:
+        raise SettingsError(
+            f"--disable-auths: refused on --bind-address={https.bind_address}; it would let "
+            "anyone who reaches it read and change the settings (use 127.0.0.1)"
+        )
+    log.warning("--disable-auths: the extension API checks nobody; serving on loopback only")
+    return True
 
 
 def _bus_auth(

@@ -186,7 +186,13 @@ _WORKER = (
         "the Service (in the worker's namespace, on --secure-port) the API server calls the Pod "
         "webhooks through; empty: register no webhook configuration",
     ),
-    *inert(Flag("disable-auths", "false", "skip authentication and authorization", kind="bool")),
+    Flag(
+        "disable-auths",
+        "false",
+        "skip authentication and authorization of the extension API (refused unless "
+        "--bind-address is a loopback address)",
+        kind="bool",
+    ),
     Flag(
         "kube-leader-election",
         "true",

@@ -33,7 +33,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import anyio
 import msgspec
@@ -109,6 +109,7 @@ class Response:
 
 
 Route = Callable[[], Awaitable[Response]]
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 PostRoute = Callable[[bytes], Awaitable[Response]]
 """Called with the request's body."""
 MAX_BODY_BYTES = 3 * 1024 * 1024
@@ -132,7 +133,7 @@ class Server:
 
 
 @asynccontextmanager
-async def https_server(
+async def https_server(  # noqa: PLR0913 - keyword-only parts of one endpoint, each optional
     settings: HttpsSettings,
     *,
     registry: CollectorRegistry,
@@ -142,17 +143,29 @@ async def https_server(
     authorizer: Authorizer | None = None,
     posts: Mapping[str, PostRoute] | None = None,
     max_body_bytes: int = MAX_BODY_BYTES,
+    handlers: Mapping[str, Handler] | None = None,
+    client_ca: bytes | None = None,
 ) -> AsyncIterator[Server]:
     """Serve the endpoint until the block exits.
 
     ``authorizer`` decides for every route but the probes when ``settings.auth`` is
     ``review`` (wrapped in a decision cache here); it is not consulted under ``none``.
+    ``handlers`` are aiohttp handlers for every method of a path pattern (``/apis/{tail:.*}``),
+    which authenticate and authorize by themselves (the aggregated extension API).
+    ``client_ca``: client certificates are asked for (optional) and verified against it; a
+    handler reads the verified one with :func:`peer_certificate`.
 
     :raises ServingFailed: when it cannot start, or ``review`` is asked for without an
         authorizer.
     """
     gate = _gate(settings, authorizer)
     context, pem = _tls_context(settings.cert_dir)
+    if client_ca:
+        context.verify_mode = ssl.CERT_OPTIONAL
+        try:
+            context.load_verify_locations(cadata=client_ca.decode())
+        except (ssl.SSLError, ValueError) as e:
+            raise ServingFailed(f"cannot load the client CA bundle: {e}") from e
     app = web.Application(client_max_size=max_body_bytes)
     app.router.add_get("/metrics", gate("/metrics", _metrics_handler(registry)))
     app.router.add_get("/readyz", _probe_handler(ready))  # never gated: kubelet sends no token
@@ -163,6 +176,8 @@ async def https_server(
     # with no bearer token, and AdmissionReview carries its own authorization.
     for path, post in (posts or {}).items():
         app.router.add_post(path, _post_handler(post))
+    for path, handler in (handlers or {}).items():
+        app.router.add_route("*", path, handler)
     # handler_cancellation: a connection the client closed ends its handler, including one
     # lingering to drain the rest of a refused (413) body, which aiohttp would otherwise keep
     # reading for ten seconds past the connection's end, and past the server's.
@@ -190,7 +205,14 @@ def _bound_port(site: web.TCPSite) -> int:
     return int(sockets[0].getsockname()[1]) if sockets else 0
 
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+def peer_certificate(request: web.Request) -> dict[str, Any] | None:
+    """The client certificate TLS verified against ``client_ca`` (``ssl.getpeercert`` form);
+    None when the client presented none."""
+    ssl_object = request.transport.get_extra_info("ssl_object") if request.transport else None
+    if ssl_object is None:
+        return None
+    cert = ssl_object.getpeercert()
+    return cert or None
 
 
 def _gate(

@@ -24,7 +24,8 @@ What it does, like the real API server:
 - per-verb counters of successful writes (``writes``);
 - TokenReview and SubjectAccessReview (create only, nothing stored): :attr:`FakeApi.tokens` maps
   a token to the ``status.user`` it authenticates as, :attr:`FakeApi.grants` holds the
-  ``(user or group, non-resource path)`` pairs RBAC would allow a ``get`` of, and
+  ``(user or group, non-resource path)`` pairs RBAC would allow a ``get`` of,
+  :attr:`FakeApi.resource_grants` the ``(user or group, verb, group, resource)`` ones, and
   :attr:`FakeApi.reviews` counts the reviews answered, per resource.
 """
 
@@ -108,6 +109,11 @@ class FakeApi:
         self.grants: set[tuple[str, str]] = set()
         """``(user or group, path)`` allowed to ``get`` a non-resource URL (SubjectAccessReview)."""
         self.reviews: Counter[str] = Counter()
+        self.resource_grants: set[tuple[str, str, str, str]] = set()
+        """``(user or group, verb, API group, resource)`` RBAC would allow (SubjectAccessReview
+        with ``resourceAttributes``)."""
+        self.access_reviews: list[dict[str, Any]] = []
+        """The ``spec`` of every resource SubjectAccessReview answered."""
         self._rv = itertools.count(1)
         self._faults: list[tuple[str, str, int]] = []
         self._holds: list[Hold] = []
@@ -297,10 +303,17 @@ class FakeApi:
         spec = body.get("spec") or {}
         if REVIEWS[coll] == "TokenReview":
             status = self._authenticate(spec)
+        elif "resourceAttributes" in spec:
+            self.access_reviews.append(spec)
+            attrs = spec["resourceAttributes"]
+            who = {spec["user"], *spec.get("groups", [])}
+            grant = (attrs.get("verb"), attrs.get("group", ""), attrs.get("resource"))
+            allowed = any((w, *grant) in self.resource_grants for w in who)
         else:
             attrs = spec["nonResourceAttributes"]
             who = {spec["user"], *spec.get("groups", [])}
             allowed = attrs["verb"] == "get" and any((w, attrs["path"]) in self.grants for w in who)
+        if REVIEWS[coll] != "TokenReview":
             status = {"allowed": allowed} if allowed else {"allowed": False, "reason": "no rule"}
         return web.json_response({**body, "spec": spec, "status": status}, status=201)
 

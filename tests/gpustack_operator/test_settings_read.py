@@ -85,6 +85,7 @@ def test_inert_flags_say_so_in_help(capsys: pytest.CaptureFixture[str]) -> None:
         (["worker", "--metrics-auth=open"], "--metrics-auth"),
         (["standalone", "--metrics-auth=none"], "--metrics-auth"),
         (["worker", "--webhook-service=Worker_Svc"], "--webhook-service"),
+        (["worker", "--disable-auths"], "--disable-auths"),
         (["mm", "--cert-dir=/nonexistent"], "--cert-dir"),
         (["worker", "--nats-url=not a url"], "--nats-url"),
         (["worker", "--nats-url=http://bus:4222"], "--nats-url"),
