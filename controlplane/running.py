@@ -38,7 +38,7 @@ from bus.reviewing import serve_reviews
 from controlplane import busauth, crds, errors, leading, resolving
 from controlplane.admission import certificates, webhooks
 from controlplane.admission.cards import LedgerCatalog
-from controlplane.extension import auth, registration
+from controlplane.extension import auth, guards, registration
 from controlplane.extension.api import ExtensionApi
 from controlplane.k8s import client
 from controlplane.metrics import WorkerMetrics
@@ -136,16 +136,24 @@ async def _endpoint(
             )
             https, ca_bundle = ident.https, ident.ca_bundle
         extension, proxy = await _extension(settings, api, ledger, worker)
+        posts = webhooks.posts(LedgerCatalog(ledger))
+        if api is not None:  # the API server calls the status guards; they need who we are
+            writers = guards.allowed_writers(
+                await guards.whoami(api), settings.namespace,
+                settings.model_manager_service_account,
+            )  # fmt: skip
+            posts.update(guards.posts(writers))
         server = await stack.enter_async_context(
             serving.https_server(
                 https, registry=registry, ready=lambda: conn.is_connected,
-                authorizer=reviewer, posts=webhooks.posts(LedgerCatalog(ledger)),
+                authorizer=reviewer, posts=posts,
                 handlers=extension.handlers(), client_ca=proxy.client_ca if proxy else None,
             )
         )  # fmt: skip
         if api is not None and ca_bundle is not None:
             await webhooks.ensure(api, settings.webhooks, ca_bundle)
             await registration.ensure(api, settings.webhooks, ca_bundle)
+            await guards.ensure(api, settings.webhooks, ca_bundle)
         yield server
 
 

@@ -58,6 +58,9 @@ class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
     settings_seed: dict[str, str] = msgspec.field(default_factory=lambda: settingscatalog.seed({}))
     """Every Setting's first text (``GPUSTACK_<NAME>`` or its default), validated at the edge."""
     settings_period_s: float = 10.0
+    model_manager_service_account: str = "gpustack-operator-model-manager"
+    """The only ServiceAccount (in ``namespace``) besides the worker that may write a
+    NodeModelStore's status (the status guard)."""
     disable_auths: bool = False
     """``--disable-auths``: the extension API authenticates and authorizes nobody (loopback only)."""
     """How often the stored settings are re-read (a change reaches everyone within 30 s)."""
@@ -92,6 +95,7 @@ def settings_from(options: Options) -> WorkerSettings:
         raise SettingsError(f"GPUSTACK_* setting seed: {e}") from e
     return WorkerSettings(
         disable_auths=_disable_auths(options, https),
+        model_manager_service_account=_service_account(options),
         namespace=namespace,
         settings_seed=seed,
         bus=msgspec.structs.replace(
@@ -122,6 +126,15 @@ def _https(options: Options, kube: client.KubeSettings | None) -> HttpsSettings:
             "with --kubeconfig=none pass --metrics-auth=none (the endpoint is then open)"
         )
     return https
+
+
+def _service_account(options: Options) -> str:
+    name = options.text("model-manager-service-account")
+    if not re.fullmatch(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?", name):
+        raise SettingsError(
+            f"--model-manager-service-account {name!r} is not a ServiceAccount name"
+        )
+    return name
 
 
 def _disable_auths(options: Options, https: HttpsSettings) -> bool:

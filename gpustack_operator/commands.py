@@ -212,11 +212,12 @@ _WORKER = (
             "allowed cross-domain origins (anchored regular expressions)",
             kind="list",
         ),
-        Flag(
-            "model-manager-service-account",
-            "gpustack-operator-model-manager",
-            "the ServiceAccount the model-manager plugin runs as",
-        ),
+    ),
+    Flag(
+        "model-manager-service-account",
+        "gpustack-operator-model-manager",
+        "the ServiceAccount, in the worker's namespace, the model-manager plugin runs as; only "
+        "it (and the worker, writing on the agents' behalf) may write a NodeModelStore's status",
     ),
     Flag(
         "hf-endpoint",

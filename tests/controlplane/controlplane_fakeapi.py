@@ -22,6 +22,7 @@ What it does, like the real API server:
 - :meth:`FakeApi.fail_next` injects one error response for a method and path prefix;
 - :meth:`FakeApi.hold` parks matching requests until the test releases them (cancellation tests);
 - per-verb counters of successful writes (``writes``);
+- SelfSubjectReview answers :attr:`FakeApi.self_user`;
 - TokenReview and SubjectAccessReview (create only, nothing stored): :attr:`FakeApi.tokens` maps
   a token to the ``status.user`` it authenticates as, :attr:`FakeApi.grants` holds the
   ``(user or group, non-resource path)`` pairs RBAC would allow a ``get`` of,
@@ -51,6 +52,7 @@ DEFAULT_AUDIENCE = "https://kubernetes.default.svc"
 REVIEWS = {
     "apis/authentication.k8s.io/v1/tokenreviews": "TokenReview",
     "apis/authorization.k8s.io/v1/subjectaccessreviews": "SubjectAccessReview",
+    "apis/authentication.k8s.io/v1/selfsubjectreviews": "SelfSubjectReview",
 }
 
 
@@ -114,6 +116,11 @@ class FakeApi:
         with ``resourceAttributes``)."""
         self.access_reviews: list[dict[str, Any]] = []
         """The ``spec`` of every resource SubjectAccessReview answered."""
+        self.self_user: dict[str, Any] = {
+            "username": "system:serviceaccount:gpustack-system:gpustack-operator-worker",
+            "groups": ["system:serviceaccounts", "system:authenticated"],
+        }
+        """Who the caller is, as a SelfSubjectReview answers (the worker's identity)."""
         self._rv = itertools.count(1)
         self._faults: list[tuple[str, str, int]] = []
         self._holds: list[Hold] = []
@@ -301,6 +308,8 @@ class FakeApi:
         """Answer a review as the API server does: 201 with ``status`` filled in."""
         self.reviews[REVIEWS[coll]] += 1
         spec = body.get("spec") or {}
+        if REVIEWS[coll] == "SelfSubjectReview":
+            return web.json_response({**body, "status": {"userInfo": self.self_user}}, status=201)
         if REVIEWS[coll] == "TokenReview":
             status = self._authenticate(spec)
         elif "resourceAttributes" in spec:
