@@ -28,6 +28,7 @@ from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 
 import anyio
+import msgspec
 from anyio.abc import TaskStatus
 from prometheus_client import CollectorRegistry
 
@@ -35,10 +36,10 @@ from bus import callout, connection, events, kv, state, subscribing
 from bus.errors import BusError, NotConnected
 from bus.metrics import BusMetrics
 from bus.reviewing import serve_reviews
-from controlplane import busauth, crds, errors, leading, resolving
+from controlplane import applications, busauth, crds, errors, leading, resolving
 from controlplane.admission import certificates, webhooks
 from controlplane.admission.cards import LedgerCatalog
-from controlplane.extension import auth, guards, registration
+from controlplane.extension import audit, auth, guards, registration
 from controlplane.extension.api import ExtensionApi
 from controlplane.k8s import client
 from controlplane.metrics import WorkerMetrics
@@ -90,6 +91,7 @@ async def _sink(
         return
     async with client.open_client(settings.kube, observe=metrics.observe_request) as api:
         await crds.ensure(api)
+        await applications.ensure(api, settings.applications)
         yield KubeSink(api), api
 
 
@@ -136,6 +138,10 @@ async def _endpoint(
             )
             https, ca_bundle = ident.https, ident.ca_bundle
         extension, proxy = await _extension(settings, api, ledger, worker)
+        middlewares = []
+        if settings.audit.enabled:
+            auditor = await stack.enter_async_context(audit.Auditor(settings.audit).running())
+            middlewares.append(auditor.middleware())
         posts = webhooks.posts(LedgerCatalog(ledger))
         if api is not None:  # the API server calls the status guards; they need who we are
             writers = guards.allowed_writers(
@@ -148,6 +154,7 @@ async def _endpoint(
                 https, registry=registry, ready=lambda: conn.is_connected,
                 authorizer=reviewer, posts=posts,
                 handlers=extension.handlers(), client_ca=proxy.client_ca if proxy else None,
+                middlewares=middlewares,
             )
         )  # fmt: skip
         if api is not None and ca_bundle is not None:
@@ -284,7 +291,9 @@ async def run(
             await _rebuild_after_reconnect(conn, settings, worker, sink)
 
         async with anyio.create_task_group() as tg:
-            start_forever(tg, "ingest", _ingest, sub, processor, worker.samples)
+            start_forever(
+                tg, "ingest", _ingest, sub, processor, worker.samples, settings.manufacturers
+            )
             start_forever(tg, "bus-reconnects", conn.every_reconnect, reconnected)
             start_forever(tg, "settings", source.run)
             if api is not None and settings.leader_election:
@@ -310,10 +319,22 @@ async def _ingest(
     sub: subscribing.Subscription,
     processor: Processor,
     samples: registration.LatestSamples,
+    manufacturers: tuple[str, ...],
 ) -> None:
     async for event in sub:
         samples.record(event)
-        processor.ingest(event)
+        processor.ingest(_managed(event, manufacturers))
+
+
+def _managed(event: events.Event, manufacturers: tuple[str, ...]) -> events.Event:
+    """The event with only the device groups of ``--manufacturer`` (all when empty): the worker
+    manages Devices groups, node labels and capacity for those manufacturers only."""
+    if not manufacturers or not isinstance(event, events.DevicesEvent):
+        return event
+    groups = tuple(g for g in event.groups if g.manufacturer in manufacturers)
+    return (
+        event if len(groups) == len(event.groups) else msgspec.structs.replace(event, groups=groups)
+    )
 
 
 async def _ensure_bus(conn: connection.Connection, settings: WorkerSettings) -> bool:

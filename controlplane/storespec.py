@@ -128,7 +128,9 @@ def _merge(desired: Any, observed: Any, applied: Any) -> Any:
     if isinstance(desired, dict) and isinstance(observed, dict):
         applied_d = applied if isinstance(applied, dict) else {}
         out: dict[str, Any] = {}
-        for key in {*desired, *observed}:
+        # The desired keys first, in their order, then the user's additions: the same spec is
+        # always the same bytes (what the agents' bucket receives is compared as bytes).
+        for key in [*desired, *(k for k in observed if k not in desired)]:
             d = desired.get(key, _MISSING)
             o = observed.get(key, _MISSING)
             a = applied_d.get(key, _MISSING)

@@ -167,17 +167,25 @@ NATS_FLAGS = (
 )
 
 _WORKER = (
-    *inert(_MANUFACTURER),
+    Flag(
+        "manufacturer",
+        "",
+        "which manufacturers' devices the worker manages objects for (Devices groups, node "
+        "labels and capacity), comma separated; all if empty",
+    ),
     Flag(
         "kubeconfig",
         "",
         "kubeconfig path (default: in-cluster, else $KUBECONFIG); 'none' keeps the ledger "
         "in the bus instead of a cluster",
     ),
-    *inert(
-        Flag(
-            "disable-applications", "", "applications to skip installing, or * for all", kind="list"
-        )
+    Flag(
+        "disable-applications",
+        "",
+        "bundled applications whose objects the worker does not ensure (kueue, "
+        "node-feature-discovery, device-manager, model-manager, csi-driver-nfs, csi-driver-s3), "
+        "or * for all; see docs/settings.md",
+        kind="list",
     ),
     Flag("secure-port", "31443", "the HTTPS port", kind="int", bounds=PORT),
     Flag(
@@ -202,16 +210,28 @@ _WORKER = (
     Flag("kube-leader-election-id", "worker.gpustack.ai", "the election's unique ID"),
     Flag("kube-leader-lease", "15s", "how long leadership is held", kind="duration"),
     Flag("kube-leader-renew-timeout", "10s", "how long renewing may take", kind="duration"),
-    *inert(
-        Flag("audit-log-path", "", "request audit log path"),
-        Flag("audit-policy-file", "", "request audit policy file"),
-        Flag("audit-webhook-config-file", "", "request audit webhook configuration"),
-        Flag(
-            "cors-allowed-origins",
-            "",
-            "allowed cross-domain origins (anchored regular expressions)",
-            kind="list",
-        ),
+    Flag(
+        "audit-log-path",
+        "",
+        "append an audit event (JSON line) per request to the extension API and webhooks to "
+        "this file ('-': standard output)",
+    ),
+    Flag(
+        "audit-policy-file",
+        "",
+        "audit policy (audit.k8s.io/v1 Policy; levels None, Metadata, Request); without one "
+        "every request is audited at Metadata",
+    ),
+    Flag(
+        "audit-webhook-config-file",
+        "",
+        "kubeconfig naming the server audit events are POSTed to (EventList batches)",
+    ),
+    Flag(
+        "cors-allowed-origins",
+        "",
+        "allowed cross-domain origins, anchored regular expressions; all if empty",
+        kind="list",
     ),
     Flag(
         "model-manager-service-account",
@@ -238,7 +258,19 @@ _WORKER = (
     ),
     *_HTTPS,
     *_KUBE_CLIENT,
-    *inert(*_POOLS),
+    Flag(
+        "informer-cache-resync-period",
+        "1h",
+        "how often every watch starts over with a full list (0: never)",
+        kind="duration",
+    ),
+    Flag(
+        "gopool-worker-factor",
+        "100",
+        "reconcile concurrency per CPU core (at most 1024 in all)",
+        kind="int",
+        bounds=(1, 10_000),
+    ),
     *NATS_FLAGS,
 )
 

@@ -26,18 +26,19 @@ from __future__ import annotations
 import datetime as dt
 import ipaddress
 import os
+import re
 import socket
 import ssl
 import tempfile
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 import anyio
 import msgspec
-from aiohttp import web
+from aiohttp import typedefs, web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from kit.access import Authorizer, CachedAuthorizer, Decision, bearer_token
@@ -63,6 +64,10 @@ class HttpsSettings(msgspec.Struct, frozen=True, kw_only=True):
     auth: Auth = "review"
     """Who may read the routes other than the probes (``--metrics-auth``). Secure by default:
     a caller that forgets to pass an authorizer fails to start rather than serving openly."""
+    cors_allowed_origins: tuple[str, ...] | None = None
+    """Regular expressions, each matched against a request's whole ``Origin``: a match gets
+    the CORS headers (and a preflight ``OPTIONS`` its 204), anything else none (preflight 403).
+    None: no CORS handling at all (the agents)."""
 
 
 def https_from(
@@ -110,6 +115,7 @@ class Response:
 
 Route = Callable[[], Awaitable[Response]]
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+Middleware = typedefs.Middleware
 PostRoute = Callable[[bytes], Awaitable[Response]]
 """Called with the request's body."""
 MAX_BODY_BYTES = 3 * 1024 * 1024
@@ -145,6 +151,7 @@ async def https_server(  # noqa: PLR0913 - keyword-only parts of one endpoint, e
     max_body_bytes: int = MAX_BODY_BYTES,
     handlers: Mapping[str, Handler] | None = None,
     client_ca: bytes | None = None,
+    middlewares: Sequence[Middleware] = (),
 ) -> AsyncIterator[Server]:
     """Serve the endpoint until the block exits.
 
@@ -166,7 +173,10 @@ async def https_server(  # noqa: PLR0913 - keyword-only parts of one endpoint, e
             context.load_verify_locations(cadata=client_ca.decode())
         except (ssl.SSLError, ValueError) as e:
             raise ServingFailed(f"cannot load the client CA bundle: {e}") from e
-    app = web.Application(client_max_size=max_body_bytes)
+    chain = list(middlewares)
+    if settings.cors_allowed_origins is not None:
+        chain.insert(0, _cors(settings.cors_allowed_origins))
+    app = web.Application(client_max_size=max_body_bytes, middlewares=chain)
     app.router.add_get("/metrics", gate("/metrics", _metrics_handler(registry)))
     app.router.add_get("/readyz", _probe_handler(ready))  # never gated: kubelet sends no token
     app.router.add_get("/livez", _probe_handler(live))
@@ -203,6 +213,39 @@ def _bound_port(site: web.TCPSite) -> int:
     server = site._server  # aiohttp keeps the asyncio server here; no public accessor
     sockets: list[socket.socket] = list(getattr(server, "sockets", ()) or ())
     return int(sockets[0].getsockname()[1]) if sockets else 0
+
+
+_CORS_METHODS: Final = "GET, POST, PUT, PATCH, DELETE, OPTIONS"
+
+
+def _cors(patterns: tuple[str, ...]) -> Middleware:
+    """CORS for origins matching one of ``patterns`` (anchored: the whole origin must match)."""
+    compiled = [re.compile(p) for p in patterns]
+
+    @web.middleware
+    async def cors(request: web.Request, handler: Handler) -> web.StreamResponse:
+        origin = request.headers.get("Origin")
+        allowed = origin is not None and any(p.fullmatch(origin) for p in compiled)
+        preflight = (
+            request.method == "OPTIONS" and "Access-Control-Request-Method" in request.headers
+        )
+        if preflight:
+            response: web.StreamResponse = web.Response(status=204 if allowed else 403)
+        else:
+            response = await handler(request)
+        if allowed and origin is not None:
+            response.headers["Access-Control-Allow-Origin"] = origin
+            response.headers["Access-Control-Allow-Credentials"] = "true"
+            response.headers["Vary"] = "Origin"
+            if preflight:
+                response.headers["Access-Control-Allow-Methods"] = _CORS_METHODS
+                response.headers["Access-Control-Allow-Headers"] = request.headers.get(
+                    "Access-Control-Request-Headers", "Authorization, Content-Type"
+                )
+                response.headers["Access-Control-Max-Age"] = "600"
+        return response
+
+    return cors
 
 
 def peer_certificate(request: web.Request) -> dict[str, Any] | None:

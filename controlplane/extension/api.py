@@ -9,15 +9,15 @@ Every request under ``/apis`` is authenticated and, for resources, authorized
   server-side apply) of ``settings``; GET of the views. Other verbs are 405.
 
 Errors are ``metav1.Status`` documents with the HTTP code (400, 401, 403, 404, 405, 409, 422,
-503). Every request's outcome is handed to ``on_request`` (the audit log) with who made it.
+503). Who made each request and what it did is left on the request (:data:`audit.INFO_KEY`)
+for the audit log.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Awaitable, Callable, Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final
 
 import anyio
@@ -27,6 +27,7 @@ from aiohttp import web
 from bus import events
 from controlplane import errors, settingscatalog
 from controlplane.extension import objects
+from controlplane.extension.audit import INFO_KEY, RequestInfo
 from controlplane.extension.auth import (
     ANONYMOUS,
     Attributes,
@@ -47,16 +48,6 @@ log = logging.getLogger(__name__)
 
 PREFIX: Final = f"/apis/{objects.GROUP}/{objects.VERSION}"
 WATCH_TIMEOUT_S: Final = 1800
-
-
-@dataclass
-class RequestInfo:
-    """What the audit log needs of one request, filled in as it is understood."""
-
-    user: User | None = None
-    attrs: Attributes | None = None
-    code: int = 0
-    body: bytes = b""
 
 
 class Failure(Exception):
@@ -113,7 +104,6 @@ class ExtensionApi:
         models: Callable[[], Iterable[tuple[str, tuple[events.ModelState, ...]]]],
         authenticator: Authenticator | None,
         authorizer: Authorizer | None,
-        on_request: Callable[[web.Request, RequestInfo], Awaitable[None]] | None = None,
     ) -> None:
         self._source = source
         self._namespace = namespace
@@ -121,20 +111,17 @@ class ExtensionApi:
         self._models = models
         self._authenticator = authenticator
         self._authorizer = authorizer
-        self._on_request = on_request
 
     def handlers(self) -> dict[str, Handler]:
         return {"/apis": self.handle, "/apis/{tail:.*}": self.handle}
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
-        info = RequestInfo()
+        info = request[INFO_KEY] = RequestInfo()
         try:
             response = await self._handle(request, info)
         except Failure as e:
             response = _fail(e)
         info.code = response.status
-        if self._on_request is not None:
-            await self._on_request(request, info)
         return response
 
     async def _handle(self, request: web.Request, info: RequestInfo) -> web.StreamResponse:
@@ -150,8 +137,7 @@ class ExtensionApi:
         await self._authorize(info.user, attrs)
         if attrs.resource == "settings":
             if attrs.verb in ("update", "patch"):
-                info.body = await request.read()
-                return await self._write(request, attrs, info.body)
+                return await self._write(request, attrs, await request.read())
             if attrs.verb == "watch":
                 return await self._watch(request, attrs)
             return self._read_settings(request, attrs)

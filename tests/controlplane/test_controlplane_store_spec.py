@@ -138,3 +138,15 @@ async def test_a_model_store_overrides_its_nodes_and_reports_overlap(tmp_path: P
     assert spec["download"]["concurrency"] == 24
     overlap = {c["type"]: c for c in b_status["conditions"]}["SelectorOverlap"]
     assert overlap["status"] == "True"
+
+
+def test_the_merged_spec_is_the_same_bytes_every_time() -> None:
+    """The agents' bucket is written only when the encoded spec changes: key order matters."""
+    desired = storespec.from_settings(settingscatalog.validate_all({}))
+    observed = msgspec.json.decode(msgspec.json.encode(desired))
+    observed["mine"] = 1
+    merged = storespec.keep_user_edits(desired, observed, desired)
+    assert list(merged) == [*desired, "mine"]
+    assert msgspec.json.encode(storespec.keep_user_edits(desired, desired, desired)) == (
+        msgspec.json.encode(desired)
+    )

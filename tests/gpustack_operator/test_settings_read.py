@@ -59,9 +59,15 @@ def test_every_command_is_built_or_pending() -> None:
 
 
 def test_inert_flags_say_so_in_help(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["worker", "--help"]) == 0
-    lines = [ln for ln in capsys.readouterr().out.splitlines() if "--audit-log-path" in ln]
+    assert main(["device-manager", "serve", "--help"]) == 0
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if "--kube-conn-qps" in ln]
     assert len(lines) == 1 and "has no effect" in lines[0]
+
+
+def test_worker_help_has_no_flag_that_does_nothing(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["worker", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert "--audit-log-path" in out and "has no effect" not in out
 
 
 @pytest.mark.parametrize(
@@ -86,6 +92,13 @@ def test_inert_flags_say_so_in_help(capsys: pytest.CaptureFixture[str]) -> None:
         (["standalone", "--metrics-auth=none"], "--metrics-auth"),
         (["worker", "--webhook-service=Worker_Svc"], "--webhook-service"),
         (["worker", "--disable-auths"], "--disable-auths"),
+        (["worker", "--manufacturer=nvidai"], "--manufacturer"),
+        (["worker", "--disable-applications=kueue,helm"], "--disable-applications"),
+        (["worker", "--cors-allowed-origins=(unclosed"], "--cors-allowed-origins"),
+        (["worker", "--audit-policy-file=/nonexistent"], "--audit-policy-file"),
+        (["worker", "--audit-webhook-config-file=/nonexistent"], "--audit-webhook-config-file"),
+        (["worker", "--gopool-worker-factor=0"], "--gopool-worker-factor"),
+        (["worker", "--model-manager-service-account=Bad_Name"], "--model-manager-service-account"),
         (["mm", "--cert-dir=/nonexistent"], "--cert-dir"),
         (["worker", "--nats-url=not a url"], "--nats-url"),
         (["worker", "--nats-url=http://bus:4222"], "--nats-url"),
