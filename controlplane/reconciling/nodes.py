@@ -31,7 +31,7 @@ from bus import events, kv, records
 from controlplane import errors
 from controlplane.metrics import WorkerMetrics
 from controlplane.reconciling import labeling, objects
-from controlplane.reconciling.ledger import Ledger
+from controlplane.reconciling.ledger import Ledger, NodeState
 from controlplane.reconciling.planning import (
     Action,
     Create,
@@ -131,19 +131,33 @@ class NodeReconciler:
             self._metrics.rejected.labels(kind="allocations", reason="unknown_device").inc(unknown)
         if desired is not None:
             await self._converge(Ref(resource=DEVICES, name=node), desired)
-        spec = self._store_spec
-        respec = None
-        if self._store_specs is not None:
-            labels = (node_obs.body.get("metadata") or {}).get("labels") if node_obs else None
-            spec, respec = self._store_specs.spec_for(labels or {}), self._store_specs.respec
-        store = objects.node_model_store(node, uid, state, spec, now=self._wallclock())
-        if store is not None:
-            ref = Ref(resource=NODEMODELSTORES, name=node)
-            store = await self._converge(ref, store, respec)
-            await self._push_store_spec(node, store)
+        await self._converge_store(node, uid, state, node_obs)
         if node_obs is not None and state.groups is not None:
             await self._converge_node(node_obs, node, state.groups)
         self._metrics.reconcile_seconds.labels(kind="node").observe(self._clock() - started)
+
+    async def _converge_store(
+        self, node: str, uid: str | None, state: NodeState, node_obs: Observed | None
+    ) -> None:
+        """The node's NodeModelStore; with :class:`StoreSpecs`, its spec from the settings and
+        ModelStores with the user's edits kept, and its status judged against that spec."""
+        ref = Ref(resource=NODEMODELSTORES, name=node)
+        now, specs = self._wallclock(), self._store_specs
+        if specs is None:
+            store = objects.node_model_store(node, uid, state, self._store_spec, now=now)
+        elif state.models is not None or state.groups is not None:
+            labels = (node_obs.body.get("metadata") or {}).get("labels") if node_obs else None
+            pure = specs.spec_for(labels or {})
+            # The status reads the spec the node runs with (a hand-raised watermark included);
+            # the desired spec stays the computed one, which respec records as applied.
+            merged = specs.respec(Desired(spec=pure), await self._observe(ref)).spec
+            store = objects.node_model_store(node, uid, state, merged, now=now)
+            store = msgspec.structs.replace(store, spec=pure) if store is not None else None
+        else:
+            return
+        if store is not None:
+            store = await self._converge(ref, store, specs.respec if specs else None)
+            await self._push_store_spec(node, store)
 
     async def remove(self, node: str, *, reason: str) -> None:
         """Delete the node's objects (its Node is gone or not there yet); park its state.

@@ -107,11 +107,15 @@ async def test_settings_and_user_edits_make_the_spec(tmp_path: Path) -> None:
         await publish(bus, models_event(T0 + timedelta(seconds=1), done=2, used=2))
         await until(lambda: _spec(fake)["download"]["concurrency"] == 12)
         spec = _spec(fake)
-        await publish(bus, models_event(T0 + timedelta(seconds=2), done=3, used=3))
+        # 85 % used: above the settings' 80, below the user's 92: judged against the user's.
+        await publish(bus, models_event(T0 + timedelta(seconds=2), done=3, used=8_500))
         await until(lambda: fake.get(NMS, "n1")["status"]["models"][0]["downloadedBytes"] == 3)
+        status = fake.get(NMS, "n1")["status"]
         tg.cancel_scope.cancel()
     assert spec["watermarks"] == {"highPercent": 92, "lowPercent": 50}
     assert _spec(fake)["watermarks"]["highPercent"] == 92
+    low = {c["type"]: c for c in status["conditions"]}["CapacityLow"]
+    assert low["status"] == "False" and "92%" in low["message"]
 
 
 @pytest.mark.anyio
