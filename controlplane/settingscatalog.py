@@ -272,7 +272,10 @@ def check(name: str, text: str) -> object:
     try:
         return entry.convert(text)
     except (ValueError, ArithmeticError) as e:
-        raise InvalidSetting(f"setting {name} = {text!r}: {e}") from None
+        # A sensitive text (a proxy URL, perhaps with the very credentials refused) is never
+        # repeated: this message reaches logs, exit lines and API clients.
+        shown_text = MASK if entry.sensitive else repr(text)
+        raise InvalidSetting(f"setting {name} = {shown_text}: {e}") from None
 
 
 def _cross_check(values: Values) -> None:

@@ -175,3 +175,26 @@ async def test_without_a_cluster_the_settings_live_in_the_bus_kv(tmp_path: Any) 
             again = SettingsSource(KvBackend(bucket, NS), settingscatalog.seed({}))
             await again.prepare()
             assert again.values.node_management_manual is True
+
+
+@pytest.mark.anyio
+async def test_a_worker_without_a_cluster_keeps_its_settings_in_the_bus(tmp_path: Any) -> None:
+    import anyio
+    import msgspec
+    from test_controlplane_worker import worker_settings
+
+    from controlplane import running
+
+    async with nats_server(tmp_path) as server, anyio.create_task_group() as tg:
+        bus = settings_for(server)
+        conf = msgspec.structs.replace(
+            worker_settings(bus, None),
+            settings_seed=settingscatalog.seed({"GPUSTACK_NODE_MANAGEMENT_MANUAL": "true"}),
+        )
+        worker = await tg.start(running.run, conf)
+        async with connection.connect(bus, name="reader") as conn:
+            bucket = await kv.open_bucket(conn, kv.LEDGER_BUCKET)
+            stored = await KvBackend(bucket, "gpustack-system").load()
+        tg.cancel_scope.cancel()
+    assert stored is not None and stored.data["node-management-manual"] == "true"
+    assert worker.settings is not None and worker.settings.values.node_management_manual is True

@@ -122,3 +122,12 @@ def test_port_zero_means_any_free_port_not_the_default() -> None:
 
     settings = settings_from(options_for(("model-manager",), ["--secure-port=0"]))
     assert settings.https.port == 0
+
+
+def test_an_invalid_setting_seed_stops_the_worker(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("GPUSTACK_MODEL_ARTIFACT_HTTPS_PROXY", "http://user:secret@proxy:3128")
+    assert main(["worker"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "credentials" in err[0] and "secret" not in err[0]
