@@ -295,7 +295,7 @@ async def run(
                 tg, "ingest", _ingest, sub, processor, worker.samples, settings.manufacturers
             )
             start_forever(tg, "bus-reconnects", conn.every_reconnect, reconnected)
-            start_forever(tg, "settings", source.run)
+            start_forever(tg, "settings", _keep_settings, worker)
             if api is not None and settings.leader_election:
                 tg.start_soon(_elected, api, settings, lead, on_change, name="election")
             else:
@@ -313,6 +313,22 @@ async def _elected(
     on_change: Callable[[bool], None],
 ) -> None:
     await leading.run_elected(api, settings.leader, settings.identity, lead, on_change=on_change)
+
+
+async def _keep_settings(worker: Worker) -> None:
+    """Re-read the settings (every replica); as leader, queue every node when they change, so
+    the NodeModelStore specs follow within the re-read period, not at the next resync."""
+    source = worker.settings
+    assert source is not None
+    async with anyio.create_task_group() as tg, source.changes() as changes:
+        tg.start_soon(source.run, name="settings-refresh")
+        async for _ in changes:
+            if not worker.leading:
+                continue
+            try:
+                await worker.processor.resync()
+            except (errors.ApiError, BusError) as e:
+                log.warning("settings changed; queueing the nodes failed (resync follows): %s", e)
 
 
 async def _ingest(

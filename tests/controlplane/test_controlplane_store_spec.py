@@ -154,3 +154,25 @@ def test_the_merged_spec_is_the_same_bytes_every_time() -> None:
     assert msgspec.json.encode(storespec.keep_user_edits(desired, desired, desired)) == (
         msgspec.json.encode(desired)
     )
+
+
+@pytest.mark.anyio
+async def test_a_settings_change_reaches_the_spec_without_waiting_for_a_resync(
+    tmp_path: Path,
+) -> None:
+    async with (
+        nats_server(tmp_path) as server,
+        fake_api() as (fake, url),
+        anyio.create_task_group() as tg,
+    ):
+        bus = settings_for(server)
+        fake.put_object("api/v1/nodes", node("n1"))
+        conf = msgspec.structs.replace(
+            settings(bus, url), namespace="ns", settings_period_s=0.05, resync_s=3600.0
+        )
+        await tg.start(running.run, conf)
+        await publish(bus, models_event(T0, done=1, used=1))
+        await until(lambda: _spec(fake)["download"]["bytesPerSecond"] == 0)
+        _set(fake, "model-store-download-bandwidth", "1Mi")  # no event follows
+        await until(lambda: _spec(fake)["download"]["bytesPerSecond"] == 2**20)
+        tg.cancel_scope.cancel()
