@@ -21,6 +21,7 @@ The front-proxy configuration comes from the ConfigMap
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import time
@@ -141,9 +142,14 @@ def user_from_headers(proxy: FrontProxy, headers: Any) -> User:
 class Authenticator:
     """Front-proxy certificate first, then bearer token (see the module docstring)."""
 
-    def __init__(self, proxy: FrontProxy | None, api: KubeClient | None) -> None:
+    def __init__(
+        self, proxy: FrontProxy | None, api: KubeClient | None, *, token_ttl_s: float = 10.0
+    ) -> None:
         self.proxy = proxy
         self._api = api
+        self._ttl_s = token_ttl_s
+        self._tokens: dict[str, tuple[float, User | None]] = {}
+        """SHA-256 of a token → (expiry, who it is; None: refused). Never the token itself."""
 
     async def authenticate(
         self, cert: Mapping[str, Any] | None, headers: Any, token: str | None
@@ -155,20 +161,35 @@ class Authenticator:
                 raise AuthFailure(f"x509: subject with cn={cn} is not in the allowed list")
             return user_from_headers(self.proxy, headers)
         if token is not None and self._api is not None:
-            try:
-                body = await self._api.request(
-                    "POST", TOKENREVIEWS.collection_path(), reviewing.token_review(token)
-                )
-            except errors.ApiError as e:
-                raise AuthFailure(f"token review unavailable: {e}") from e
-            user = reviewing.authenticated_user(body)
+            user = await self._reviewed(token)
             if user is None:
                 raise AuthFailure("invalid bearer token")
-            return User(
-                name=user["username"], uid=str(user.get("uid") or ""),
-                groups=tuple(user.get("groups") or ()), extra=dict(user.get("extra") or {}),
-            )  # fmt: skip
+            return user
         raise AuthFailure("no client certificate from the front proxy and no bearer token")
+
+    async def _reviewed(self, token: str) -> User | None:
+        """Who the token is (TokenReview), remembered ``token_ttl_s`` as the delegating
+        authenticator does; an unreachable API is never remembered."""
+        assert self._api is not None
+        key, now = hashlib.sha256(token.encode()).hexdigest(), time.monotonic()
+        known = self._tokens.get(key)
+        if known is not None and known[0] > now:
+            return known[1]
+        try:
+            body = await self._api.request(
+                "POST", TOKENREVIEWS.collection_path(), reviewing.token_review(token)
+            )
+        except errors.ApiError as e:
+            raise AuthFailure(f"token review unavailable: {e}") from e
+        found = reviewing.authenticated_user(body)
+        user = None if found is None else User(
+            name=found["username"], uid=str(found.get("uid") or ""),
+            groups=tuple(found.get("groups") or ()), extra=dict(found.get("extra") or {}),
+        )  # fmt: skip
+        if len(self._tokens) >= 4096:
+            self._tokens.clear()
+        self._tokens[key] = (now + self._ttl_s, user)
+        return user
 
 
 class Attributes(msgspec.Struct, frozen=True, kw_only=True):

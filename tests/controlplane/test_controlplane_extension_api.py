@@ -269,3 +269,21 @@ async def test_the_apiservice_is_applied_with_the_ca(tmp_path: Path) -> None:
     assert spec["service"] == {"namespace": "ns", "name": "gpustack-operator-worker",
                                "port": 31443}  # fmt: skip
     assert base64.b64decode(spec["caBundle"]).startswith(b"-----BEGIN CERTIFICATE-----")
+
+
+async def test_a_bearer_token_is_reviewed_once_and_then_remembered(tmp_path: Path) -> None:
+    async with cluster(tmp_path) as c:
+        c.fake.user_token("carol-token", {"username": "carol", "groups": ["team-a"]})
+        c.fake.resource_grants |= alice()
+        bare = client_context(tmp_path, None)
+        auth = {"Authorization": "Bearer carol-token"}
+        async with aiohttp.ClientSession() as http:
+            first = await http.get(c.url + SETTINGS, ssl=bare, headers=auth)
+            second = await http.get(c.url + SETTINGS, ssl=bare, headers=auth)
+            wrong = await http.get(
+                c.url + SETTINGS, ssl=bare, headers={"Authorization": "Bearer nope"}
+            )
+        reviews = c.fake.reviews["TokenReview"]
+    assert (first.status, second.status, wrong.status) == (200, 200, 401)
+    assert reviews == 2  # carol once, the unknown token once
+    assert c.fake.access_reviews[0]["user"] == "carol"
