@@ -199,6 +199,7 @@ NODEMODELSTORE_SCHEMA: Final = _obj(
                         "caBundleConfigMap": _S,
                     }
                 ),
+                "store": _S,
             }
         ),
         "status": _obj(
@@ -286,6 +287,43 @@ MODELARTIFACT_SCHEMA: Final = _obj(
     ("spec",),
 )
 
+_SELECTOR: Final = _obj(
+    {
+        "matchLabels": {"type": "object", "additionalProperties": _S},
+        "matchExpressions": {
+            "type": "array",
+            "items": _obj(
+                {
+                    "key": _S,
+                    "operator": {
+                        "type": "string",
+                        "enum": ["In", "NotIn", "Exists", "DoesNotExist"],
+                    },
+                    "values": {"type": "array", "items": _S},
+                },
+                ("key", "operator"),
+            ),
+        },
+    }
+)
+MODELSTORE_SCHEMA: Final = _obj(
+    {
+        "apiVersion": _S,
+        "kind": _S,
+        "metadata": {"type": "object"},
+        "spec": _obj(
+            {
+                "nodeSelector": _SELECTOR,
+                "watermarks": _obj({"highPercent": _i(2, 95), "lowPercent": _i(1, 94)}),
+                "download": _obj({"concurrency": _i(1, 64), "bytesPerSecond": _i(0)}),
+            },
+            ("nodeSelector",),
+        ),
+        "status": _obj({"nodes": _i(), "conditions": _CONDITIONS}),
+    },
+    ("spec",),
+)
+
 
 def _col(name: str, path: str, kind: str = "string", priority: int = 0) -> dict[str, Any]:
     out: dict[str, Any] = {"name": name, "type": kind, "jsonPath": path}
@@ -337,7 +375,7 @@ def _crd(
 
 def definitions() -> dict[str, dict[str, Any]]:
     """Every CRD, keyed by file stem (``devices``, ``nodemodelstores``, ``modelartifacts``,
-    ``instancetypes``, ``instancetypeflavors``)."""
+    ``instancetypes``, ``instancetypeflavors``, ``modelstores``)."""
     return {
         "devices": _crd(
             "Devices",
@@ -408,6 +446,18 @@ def definitions() -> dict[str, dict[str, Any]]:
                 _col("Accelerator", ".spec.acceleratorGroup"),
                 _col("Count", ".spec.count", "integer"),
                 _col("Nodes", ".spec.nodes", "integer"),
+            ],
+        ),
+        "modelstores": _crd(
+            "ModelStore",
+            "modelstores",
+            MODELSTORE_SCHEMA,
+            scope="Cluster",
+            short=["ms"],
+            columns=[
+                _col("Nodes", ".status.nodes", "integer"),
+                _col("Ready", '.status.conditions[?(@.type=="Ready")].status'),
+                _col("Overlap", '.status.conditions[?(@.type=="SelectorOverlap")].status'),
             ],
         ),
     }

@@ -11,11 +11,14 @@ from typing import Any, Final
 import msgspec
 
 __all__ = [
+    "APISERVICES",
+    "CONFIGMAPS",
     "CRDS",
     "DEVICES",
     "GROUP",
     "LEASES",
     "MODELARTIFACTS",
+    "MODELSTORES",
     "MUTATING_WEBHOOKS",
     "NODEMODELSTORES",
     "NODES",
@@ -63,8 +66,15 @@ NODEMODELSTORES: Final = Resource(
 MODELARTIFACTS: Final = Resource(
     group=GROUP, version=VERSION, plural="modelartifacts", kind="ModelArtifact", namespaced=True
 )
+MODELSTORES: Final = Resource(group=GROUP, version=VERSION, plural="modelstores", kind="ModelStore")
 NODES: Final = Resource(group="", version="v1", plural="nodes", kind="Node")
 PODS: Final = Resource(group="", version="v1", plural="pods", kind="Pod", namespaced=True)
+CONFIGMAPS: Final = Resource(
+    group="", version="v1", plural="configmaps", kind="ConfigMap", namespaced=True
+)
+APISERVICES: Final = Resource(
+    group="apiregistration.k8s.io", version="v1", plural="apiservices", kind="APIService"
+)
 SECRETS: Final = Resource(group="", version="v1", plural="secrets", kind="Secret", namespaced=True)
 LEASES: Final = Resource(
     group="coordination.k8s.io", version="v1", plural="leases", kind="Lease", namespaced=True

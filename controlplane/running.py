@@ -25,24 +25,29 @@ import itertools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import anyio
+import msgspec
 from anyio.abc import TaskStatus
 from prometheus_client import CollectorRegistry
 
-from bus import callout, connection, kv, state, subscribing
+from bus import callout, connection, events, kv, state, subscribing
 from bus.errors import BusError, NotConnected
 from bus.metrics import BusMetrics
 from bus.reviewing import serve_reviews
-from controlplane import busauth, crds, errors, leading, resolving
+from controlplane import applications, busauth, crds, errors, leading, resolving, settingscatalog
 from controlplane.admission import certificates, webhooks
 from controlplane.admission.cards import LedgerCatalog
 from controlplane.chain import workloads
 from controlplane.chain.checking import AdmissionChecker
 from controlplane.chain.reconciler import ChainReconciler
+from controlplane.chain.settings import ChainSettings
+from controlplane.extension import audit, auth, guards, registration
+from controlplane.extension.api import ExtensionApi
 from controlplane.k8s import client
 from controlplane.metrics import WorkerMetrics
+from controlplane.modelstores import ModelStores
 from controlplane.reconciling.annotating import PodAnnotator
 from controlplane.reconciling.artifacting import ArtifactReconciler
 from controlplane.reconciling.ledger import Ledger
@@ -52,6 +57,7 @@ from controlplane.reconciling.processing import Processor
 from controlplane.resolving import Resolver
 from controlplane.reviewing import KubeReviewer
 from controlplane.settings import WorkerSettings
+from controlplane.settingsource import KvBackend, SecretBackend, SettingsSource
 from controlplane.sinks import KubeSink, KvSink, Sink
 from kit import serving
 from kit.access import CachedAuthorizer
@@ -73,6 +79,10 @@ class Worker:
     leading: bool = False
     chain: ChainReconciler | None = None
     """The scheduling chain (with a Kubernetes API only)."""
+    settings: SettingsSource | None = None
+    """The cluster's Settings, swapped on change (reconcilers and webhooks read ``values``)."""
+    samples: registration.LatestSamples = field(default_factory=registration.LatestSamples)
+    """Each node's latest utilization sample (the extension API's ``nodeutilizations``)."""
 
 
 @asynccontextmanager
@@ -88,7 +98,23 @@ async def _sink(
         return
     async with client.open_client(settings.kube, observe=metrics.observe_request) as api:
         await crds.ensure(api)
+        await applications.ensure(api, settings.applications)
         yield KubeSink(api), api
+
+
+async def _settings_source(
+    settings: WorkerSettings, conn: connection.Connection, api: client.KubeClient | None
+) -> tuple[SettingsSource, ModelStores]:
+    """The Settings, seeded or backfilled (every replica): the Secret, else the bus KV; and the
+    ModelStores, which make the NodeModelStore specs from them."""
+    if api is None:
+        bucket = await kv.open_bucket(conn, kv.LEDGER_BUCKET, replicas=settings.bus.state_replicas)
+        backend: KvBackend | SecretBackend = KvBackend(bucket, settings.namespace)
+    else:
+        backend = SecretBackend(api, settings.namespace)
+    source = SettingsSource(backend, settings.settings_seed, period_s=settings.settings_period_s)
+    await source.prepare()
+    return source, ModelStores(lambda: source.values)
 
 
 @asynccontextmanager
@@ -97,15 +123,16 @@ async def _endpoint(
     conn: connection.Connection,
     api: client.KubeClient | None,
     registry: CollectorRegistry,
-    catalog: LedgerCatalog,
-    chain: ChainReconciler | None = None,
+    ledger: Ledger,
+    worker: Worker,
 ) -> AsyncIterator[serving.Server]:
-    """HTTPS with the Pod webhooks, and with an API the access reviews: for this endpoint and,
-    on the bus, the agents' (answered whatever this endpoint's own ``--metrics-auth`` says).
+    """HTTPS with the Pod webhooks and the extension API, and with an API the access reviews:
+    for this endpoint and, on the bus, the agents' (answered whatever this endpoint's own
+    ``--metrics-auth`` says).
 
     With a cluster it serves a certificate the API server can verify, and the configurations
-    naming its CA are applied once it listens: the API server is never sent to an endpoint
-    that is not up.
+    naming its CA (webhooks, APIService) are applied once it listens: the API server is never
+    sent to an endpoint that is not up.
     """
     async with AsyncExitStack() as stack:
         reviewer = None if api is None else KubeReviewer(api)
@@ -117,16 +144,33 @@ async def _endpoint(
                 certificates.serving_identity(api, settings.https, settings.webhooks)
             )
             https, ca_bundle = ident.https, ident.ca_bundle
+        extension, proxy = await _extension(settings, api, ledger, worker)
+        middlewares = []
+        if settings.audit.enabled:
+            auditor = await stack.enter_async_context(audit.Auditor(settings.audit).running())
+            middlewares.append(auditor.middleware())
+        posts = {**webhooks.posts(LedgerCatalog(ledger)), **_workload_posts(worker.chain)}
+        if api is not None:  # the API server calls the status guards; they need who we are
+            writers = guards.allowed_writers(
+                await guards.whoami(api), settings.namespace,
+                settings.model_manager_service_account,
+            )  # fmt: skip
+            posts.update(guards.posts(writers))
         server = await stack.enter_async_context(
             serving.https_server(
                 https, registry=registry, ready=lambda: conn.is_connected,
-                authorizer=reviewer, posts={**webhooks.posts(catalog), **_workload_posts(chain)},
+                authorizer=reviewer, posts=posts,
+                handlers=extension.handlers(), client_ca=proxy.client_ca if proxy else None,
+                middlewares=middlewares,
             )
         )  # fmt: skip
         if api is not None and ca_bundle is not None:
             await webhooks.ensure(api, settings.webhooks, ca_bundle)
+            chain = worker.chain
             if chain is not None and chain.settings.manage_kueue:
                 await workloads.ensure(api, settings.webhooks, ca_bundle)
+            await registration.ensure(api, settings.webhooks, ca_bundle)
+            await guards.ensure(api, settings.webhooks, ca_bundle)
         yield server
 
 
@@ -135,6 +179,28 @@ def _workload_posts(chain: ChainReconciler | None) -> dict[str, serving.PostRout
     if chain is None:
         return {}
     return workloads.posts(chain.entrance, lambda: chain.settings.workload_fit_affinity)
+
+
+async def _extension(
+    settings: WorkerSettings, api: client.KubeClient | None, ledger: Ledger, worker: Worker
+) -> tuple[ExtensionApi, auth.FrontProxy | None]:
+    """The extension API; its front proxy read from the cluster unless ``--disable-auths``."""
+    assert worker.settings is not None
+    proxy = None
+    if api is not None and not settings.disable_auths:
+        proxy = await auth.load_front_proxy(api)
+
+    def models() -> list[tuple[str, tuple[events.ModelState, ...]]]:
+        states = ((n, ledger.get(n)) for n in ledger.nodes())
+        return [(n, s.models) for n, s in states if s is not None and s.models]
+
+    extension = ExtensionApi(
+        source=worker.settings, namespace=settings.namespace, samples=worker.samples,
+        models=models,
+        authenticator=None if settings.disable_auths else auth.Authenticator(proxy, api),
+        authorizer=None if settings.disable_auths or api is None else auth.Authorizer(api),
+    )  # fmt: skip
+    return extension, proxy
 
 
 @asynccontextmanager
@@ -164,6 +230,93 @@ async def _callout(
         tg.cancel_scope.cancel()
 
 
+@dataclass
+class _Parts:
+    """What one worker process is made of (built by :func:`_assemble`)."""
+
+    conn: connection.Connection
+    api: client.KubeClient | None
+    sink: Sink
+    agents: kv.Bucket
+    ledger: Ledger
+    annotator: PodAnnotator
+    stores: ModelStores
+    sub: subscribing.Subscription
+    worker: Worker
+
+
+async def _assemble(
+    stack: AsyncExitStack,
+    settings: WorkerSettings,
+    registry: CollectorRegistry,
+    resolver: Resolver | None,
+    verify: callout.Verifier | None,
+) -> _Parts:
+    """Connect, open the buckets and the API, build the reconcilers, start serving HTTPS."""
+    metrics = WorkerMetrics(registry)
+    conn = await stack.enter_async_context(connection.connect(settings.bus, name="worker"))
+    await state.ensure_streams(conn, settings.bus)
+    agents = await kv.open_bucket(
+        conn, kv.AGENTS_BUCKET, replicas=settings.bus.state_replicas,
+        observe=metrics.observe_request,
+    )  # fmt: skip
+    sink, api = await stack.enter_async_context(_sink(settings, conn, metrics))
+    await stack.enter_async_context(_callout(settings, conn, api, verify))
+    if resolver is None:
+        resolver = await stack.enter_async_context(resolving.hub_resolver(settings.hub_endpoint))
+    source, stores = await _settings_source(settings, conn, api)
+    ledger = Ledger(max_nodes=settings.max_nodes)
+    reconciler = NodeReconciler(
+        ledger=ledger, sink=sink, metrics=metrics, agents=agents, store_specs=stores
+    )
+    artifacts = ArtifactReconciler(
+        sink=sink, resolver=resolver, ledger=ledger, metrics=metrics, agents=agents,
+        retry_base_s=settings.artifact_retry_base_s, retry_cap_s=settings.artifact_retry_cap_s,
+    )  # fmt: skip
+    annotator = PodAnnotator(ledger)
+    processor = Processor(
+        ledger=ledger, reconciler=reconciler, sink=sink, metrics=metrics,
+        max_keys=settings.max_nodes, on_models=artifacts.models_changed,
+    )  # fmt: skip
+    processor.on_allocation = annotator.note
+    sub = await stack.enter_async_context(
+        subscribing.subscribe(
+            conn, settings=settings.bus, metrics=BusMetrics(registry), include_state=True
+        )
+    )
+    worker = Worker(
+        url="", metrics=metrics, processor=processor, artifacts=artifacts, settings=source,
+        chain=_chain(api, ledger, settings, metrics, source),
+    )  # fmt: skip
+    server = await stack.enter_async_context(
+        _endpoint(settings, conn, api, registry, ledger, worker)
+    )
+    worker.url = server.url
+    return _Parts(
+        conn=conn, api=api, sink=sink, agents=agents, ledger=ledger, annotator=annotator,
+        stores=stores, sub=sub, worker=worker,
+    )  # fmt: skip
+
+
+async def _lead(settings: WorkerSettings, parts: _Parts) -> None:
+    """What only the leader runs: watches, resyncs, the chain, the reconcile workers."""
+    worker, api = parts.worker, parts.api
+    processor, artifacts = worker.processor, worker.artifacts
+    async with anyio.create_task_group() as tg:
+        start_forever(tg, "node-resync", processor.resync_every, settings.resync_s)
+        start_forever(tg, "artifact-resync", artifacts.resync_every, settings.resync_s)
+        if api is not None:
+            start_forever(tg, "crd-check", crds.keep_present, api, settings.crd_check_s)
+            start_forever(tg, "node-watch", processor.watch_nodes, api)
+            start_forever(tg, "artifact-watch", artifacts.watch, api)
+            start_forever(tg, "pod-watch", PendingPublisher(parts.agents).watch, api)
+            _start_chain(tg, api, parts.ledger, worker.chain)
+            start_forever(tg, "pod-annotations", parts.annotator.run, api)
+            start_forever(tg, "model-stores", parts.stores.run, api, settings.resync_s)
+        start_forever(tg, "artifact-workers", artifacts.work, max(1, settings.concurrency // 4))
+        await processor.work(settings.concurrency)
+
+
 async def run(
     settings: WorkerSettings,
     *,
@@ -178,73 +331,27 @@ async def run(
     ``verify`` decides the bus's auth callout instead of TokenReview (``standalone``).
     """
     registry = registry or CollectorRegistry(auto_describe=True)
-    metrics = WorkerMetrics(registry)
-    bus_metrics = BusMetrics(registry)
     async with AsyncExitStack() as stack:
-        conn = await stack.enter_async_context(connection.connect(settings.bus, name="worker"))
-        await state.ensure_streams(conn, settings.bus)
-        agents = await kv.open_bucket(
-            conn, kv.AGENTS_BUCKET, replicas=settings.bus.state_replicas,
-            observe=metrics.observe_request,
-        )  # fmt: skip
-        sink, api = await stack.enter_async_context(_sink(settings, conn, metrics))
-        await stack.enter_async_context(_callout(settings, conn, api, verify))
-        if resolver is None:
-            resolver = await stack.enter_async_context(
-                resolving.hub_resolver(settings.hub_endpoint)
-            )
-        ledger = Ledger(max_nodes=settings.max_nodes)
-        reconciler = NodeReconciler(ledger=ledger, sink=sink, metrics=metrics, agents=agents)
-        artifacts = ArtifactReconciler(
-            sink=sink, resolver=resolver, ledger=ledger, metrics=metrics, agents=agents,
-            retry_base_s=settings.artifact_retry_base_s, retry_cap_s=settings.artifact_retry_cap_s,
-        )  # fmt: skip
-        annotator = PodAnnotator(ledger)
-        processor = Processor(
-            ledger=ledger, reconciler=reconciler, sink=sink, metrics=metrics,
-            max_keys=settings.max_nodes, on_models=artifacts.models_changed,
-        )  # fmt: skip
-        processor.on_allocation = annotator.note
-        sub = await stack.enter_async_context(
-            subscribing.subscribe(
-                conn, settings=settings.bus, metrics=bus_metrics, include_state=True
-            )
-        )
-        worker = Worker(
-            url="", metrics=metrics, processor=processor, artifacts=artifacts,
-            chain=_chain(api, ledger, settings, metrics),
-        )  # fmt: skip
-        server = await stack.enter_async_context(
-            _endpoint(settings, conn, api, registry, LedgerCatalog(ledger), worker.chain)
-        )
-        worker.url = server.url
-
-        async def lead() -> None:
-            async with anyio.create_task_group() as tg:
-                start_forever(tg, "node-resync", processor.resync_every, settings.resync_s)
-                start_forever(tg, "artifact-resync", artifacts.resync_every, settings.resync_s)
-                if api is not None:
-                    start_forever(tg, "crd-check", crds.keep_present, api, settings.crd_check_s)
-                    start_forever(tg, "node-watch", processor.watch_nodes, api)
-                    start_forever(tg, "artifact-watch", artifacts.watch, api)
-                    start_forever(tg, "pod-watch", PendingPublisher(agents).watch, api)
-                    _start_chain(tg, api, ledger, worker.chain)
-                    start_forever(tg, "pod-annotations", annotator.run, api)
-                start_forever(
-                    tg, "artifact-workers", artifacts.work, max(1, settings.concurrency // 4)
-                )
-                await processor.work(settings.concurrency)
+        parts = await _assemble(stack, settings, registry, resolver, verify)
+        worker, api, conn = parts.worker, parts.api, parts.conn
 
         def on_change(now_leading: bool) -> None:
             worker.leading = now_leading
-            metrics.leader.set(1 if now_leading else 0)
+            worker.metrics.leader.set(1 if now_leading else 0)
 
         async def reconnected() -> None:
-            await _rebuild_after_reconnect(conn, settings, worker, sink)
+            await _rebuild_after_reconnect(conn, settings, worker, parts.sink)
+
+        async def lead() -> None:
+            await _lead(settings, parts)
 
         async with anyio.create_task_group() as tg:
-            start_forever(tg, "ingest", _ingest, sub, processor)
+            start_forever(
+                tg, "ingest", _ingest, parts.sub, worker.processor, worker.samples,
+                settings.manufacturers,
+            )  # fmt: skip
             start_forever(tg, "bus-reconnects", conn.every_reconnect, reconnected)
+            start_forever(tg, "settings", _keep_settings, worker, settings)
             if api is not None and settings.leader_election:
                 tg.start_soon(_elected, api, settings, lead, on_change, name="election")
             else:
@@ -256,11 +363,25 @@ async def run(
 
 
 def _chain(
-    api: client.KubeClient | None, ledger: Ledger, settings: WorkerSettings, metrics: WorkerMetrics
+    api: client.KubeClient | None,
+    ledger: Ledger,
+    settings: WorkerSettings,
+    metrics: WorkerMetrics,
+    source: SettingsSource,
 ) -> ChainReconciler | None:
     if api is None:
         return None
-    return ChainReconciler(api=api, ledger=ledger, settings=settings.chain, metrics=metrics)
+    chain = _chain_settings(settings, source)
+    return ChainReconciler(api=api, ledger=ledger, settings=chain, metrics=metrics)
+
+
+def _chain_settings(settings: WorkerSettings, source: SettingsSource) -> ChainSettings:
+    """The chain's knobs: the Settings (fit affinity, derived InstanceTypes, manual node
+    management) and ``--disable-applications`` (whether Kueue's objects are managed)."""
+    fields = settingscatalog.chain_fields(
+        source.values, manage_kueue="kueue" in settings.applications
+    )
+    return msgspec.structs.replace(settings.chain, **fields)
 
 
 def _start_chain(
@@ -282,9 +403,44 @@ async def _elected(
     await leading.run_elected(api, settings.leader, settings.identity, lead, on_change=on_change)
 
 
-async def _ingest(sub: subscribing.Subscription, processor: Processor) -> None:
+async def _keep_settings(worker: Worker, settings: WorkerSettings) -> None:
+    """Re-read the settings (every replica); as leader, queue every node when they change, so
+    the NodeModelStore specs follow within the re-read period, not at the next resync."""
+    source = worker.settings
+    assert source is not None
+    async with anyio.create_task_group() as tg, source.changes() as changes:
+        tg.start_soon(source.run, name="settings-refresh")
+        async for _ in changes:
+            if worker.chain is not None:  # every replica answers the Workload webhook
+                worker.chain.settings = _chain_settings(settings, source)
+            if not worker.leading:
+                continue
+            try:
+                await worker.processor.resync()
+            except (errors.ApiError, BusError) as e:
+                log.warning("settings changed; queueing the nodes failed (resync follows): %s", e)
+
+
+async def _ingest(
+    sub: subscribing.Subscription,
+    processor: Processor,
+    samples: registration.LatestSamples,
+    manufacturers: tuple[str, ...],
+) -> None:
     async for event in sub:
-        processor.ingest(event)
+        samples.record(event)
+        processor.ingest(_managed(event, manufacturers))
+
+
+def _managed(event: events.Event, manufacturers: tuple[str, ...]) -> events.Event:
+    """The event with only the device groups of ``--manufacturer`` (all when empty): the worker
+    manages Devices groups, node labels and capacity for those manufacturers only."""
+    if not manufacturers or not isinstance(event, events.DevicesEvent):
+        return event
+    groups = tuple(g for g in event.groups if g.manufacturer in manufacturers)
+    return (
+        event if len(groups) == len(event.groups) else msgspec.structs.replace(event, groups=groups)
+    )
 
 
 async def _ensure_bus(conn: connection.Connection, settings: WorkerSettings) -> bool:

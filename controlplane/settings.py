@@ -6,6 +6,8 @@ part (``bus``, ``kube``, ``https``, ``leader``) explicitly.
 
 from __future__ import annotations
 
+import ipaddress
+import logging
 import os
 import re
 import socket
@@ -15,15 +17,19 @@ import msgspec
 from bus import identity
 from bus import settings as bus_settings
 from bus.settings import BusSettings
-from controlplane import busauth, leading
+from controlplane import applications, busauth, leading, settingscatalog
 from controlplane.admission.webhooks import WebhookSettings
 from controlplane.chain.settings import ChainSettings
+from controlplane.extension import audit
 from controlplane.k8s import client
+from controlplane.reconciling.labeling import BASES
 from hub import endpoints
 from kit.options import Options, SettingsError
 from kit.serving import HttpsSettings, https_from
 
 __all__ = ["WorkerSettings", "settings_from"]
+
+log = logging.getLogger(__name__)
 
 _DNS_LABEL = re.compile(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?")
 
@@ -53,6 +59,23 @@ class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
     chain: ChainSettings = ChainSettings()
     """The scheduling chain (with a cluster only): whether Kueue objects are managed, the fit
     pin, InstanceTypes derived from nodes, manual node management."""
+    namespace: str = "gpustack-system"
+    """The system namespace: the settings Secret, Leases, the webhook CA."""
+    settings_seed: dict[str, str] = msgspec.field(default_factory=lambda: settingscatalog.seed({}))
+    """Every Setting's first text (``GPUSTACK_<NAME>`` or its default), validated at the edge."""
+    settings_period_s: float = 10.0
+    model_manager_service_account: str = "gpustack-operator-model-manager"
+    """The only ServiceAccount (in ``namespace``) besides the worker that may write a
+    NodeModelStore's status (the status guard)."""
+    audit: audit.AuditSettings = audit.AuditSettings()
+    """``--audit-*``: where request audit events go and at which level."""
+    manufacturers: tuple[str, ...] = ()
+    """``--manufacturer``: the device groups the worker manages objects for; empty: all."""
+    applications: frozenset[str] = frozenset(applications.NAMES)
+    """The bundled applications whose objects the worker ensures (``--disable-applications``)."""
+    disable_auths: bool = False
+    """``--disable-auths``: the extension API authenticates and authorizes nobody (loopback only)."""
+    """How often the stored settings are re-read (a change reaches everyone within 30 s)."""
 
 
 def settings_from(options: Options) -> WorkerSettings:
@@ -60,12 +83,14 @@ def settings_from(options: Options) -> WorkerSettings:
     env = options.env
     kubeconfig = options.optional_text("kubeconfig") or env.get("KUBECONFIG") or None
     kube = None
+    relist_s = options.seconds("informer-cache-resync-period")
     if kubeconfig != "none":
         kube = client.KubeSettings(
             kubeconfig=kubeconfig,
             qps=options.number("kube-conn-qps"),
             burst=options.integer("kube-conn-burst"),
             timeout_s=options.seconds("kube-conn-timeout"),
+            relist_s=relist_s,
         )
     try:
         hub_endpoint = endpoints.endpoint_from(options.optional_text("hf-endpoint"), env)
@@ -74,11 +99,24 @@ def settings_from(options: Options) -> WorkerSettings:
     namespace = env.get("KUBERNETES_POD_NAMESPACE", "gpustack-system")
     bus = bus_settings.from_options(options)
     https = _https(options, kube)
+    https = msgspec.structs.replace(https, cors_allowed_origins=_cors(options))
     service = options.optional_text("webhook-service")
     if service is not None and not _DNS_LABEL.fullmatch(service):
         raise SettingsError(f"--webhook-service {service!r} is not a Service name (DNS-1035 label)")
     webhooks = WebhookSettings(service=service, namespace=namespace, port=https.port)
+    try:
+        seed = settingscatalog.seed(env)
+    except settingscatalog.InvalidSetting as e:
+        raise SettingsError(f"GPUSTACK_* setting seed: {e}") from e
     return WorkerSettings(
+        disable_auths=_disable_auths(options, https),
+        audit=_audit(options),
+        manufacturers=_manufacturers(options),
+        applications=_applications(options),
+        concurrency=_concurrency(options),
+        model_manager_service_account=_service_account(options),
+        namespace=namespace,
+        settings_seed=seed,
         bus=msgspec.structs.replace(
             bus, inbox_prefix=identity.inbox_prefix(identity.Identity(role="worker"))
         ),
@@ -107,6 +145,83 @@ def _https(options: Options, kube: client.KubeSettings | None) -> HttpsSettings:
             "with --kubeconfig=none pass --metrics-auth=none (the endpoint is then open)"
         )
     return https
+
+
+def _cors(options: Options) -> tuple[str, ...]:
+    """Anchored origin patterns; none given: every origin (``.*``)."""
+    patterns = options.items("cors-allowed-origins") or (".*",)
+    for pattern in patterns:
+        try:
+            re.compile(pattern)
+        except re.error as e:
+            raise SettingsError(f"--cors-allowed-origins: {pattern!r}: {e}") from e
+    return patterns
+
+
+def _audit(options: Options) -> audit.AuditSettings:
+    policy, hook = options.optional_text("audit-policy-file"), None
+    try:
+        rules = audit.policy_from(policy) if policy else None
+    except ValueError as e:
+        raise SettingsError(f"--audit-policy-file: {e}") from e
+    webhook = options.optional_text("audit-webhook-config-file")
+    try:
+        hook = audit.webhook_from(webhook) if webhook else None
+    except ValueError as e:
+        raise SettingsError(f"--audit-webhook-config-file: {e}") from e
+    return audit.AuditSettings(
+        log_path=options.optional_text("audit-log-path"), rules=rules, webhook=hook
+    )
+
+
+def _manufacturers(options: Options) -> tuple[str, ...]:
+    names = [n.strip().lower() for n in options.text("manufacturer").split(",") if n.strip()]
+    if any(n in ("all", "*") for n in names):
+        return ()
+    unknown = sorted(set(names) - set(BASES))
+    if unknown:
+        raise SettingsError(
+            f"--manufacturer: unknown {', '.join(unknown)} (known: {', '.join(sorted(BASES))})"
+        )
+    return tuple(sorted(set(names)))
+
+
+def _applications(options: Options) -> frozenset[str]:
+    try:
+        return applications.enabled(options.items("disable-applications"))
+    except ValueError as e:
+        raise SettingsError(f"--disable-applications: {e}") from e
+
+
+MAX_CONCURRENCY = 1024
+
+
+def _concurrency(options: Options) -> int:
+    """``--gopool-worker-factor`` reconciles per CPU core this process may use."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, min(MAX_CONCURRENCY, options.integer("gopool-worker-factor") * (cores or 1)))
+
+
+def _service_account(options: Options) -> str:
+    name = options.text("model-manager-service-account")
+    if not re.fullmatch(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?", name):
+        raise SettingsError(
+            f"--model-manager-service-account {name!r} is not a ServiceAccount name"
+        )
+    return name
+
+
+def _disable_auths(options: Options, https: HttpsSettings) -> bool:
+    """``--disable-auths``, refused unless the endpoint listens on a loopback address."""
+    if not options.switch("disable-auths"):
+        return False
+    if not ipaddress.ip_address(https.bind_address).is_loopback:
+        raise SettingsError(
+            f"--disable-auths: refused on --bind-address={https.bind_address}; it would let "
+            "anyone who reaches it read and change the settings (use 127.0.0.1)"
+        )
+    log.warning("--disable-auths: the extension API checks nobody; serving on loopback only")
+    return True
 
 
 def _bus_auth(

@@ -173,17 +173,25 @@ NATS_FLAGS = (
 )
 
 _WORKER = (
-    *inert(_MANUFACTURER),
+    Flag(
+        "manufacturer",
+        "",
+        "which manufacturers' devices the worker manages objects for (Devices groups, node "
+        "labels and capacity), comma separated; all if empty",
+    ),
     Flag(
         "kubeconfig",
         "",
         "kubeconfig path (default: in-cluster, else $KUBECONFIG); 'none' keeps the ledger "
         "in the bus instead of a cluster",
     ),
-    *inert(
-        Flag(
-            "disable-applications", "", "applications to skip installing, or * for all", kind="list"
-        )
+    Flag(
+        "disable-applications",
+        "",
+        "bundled applications whose objects the worker does not ensure (kueue, "
+        "node-feature-discovery, device-manager, model-manager, csi-driver-nfs, csi-driver-s3), "
+        "or * for all; see docs/settings.md",
+        kind="list",
     ),
     Flag("secure-port", "31443", "the HTTPS port", kind="int", bounds=PORT),
     Flag(
@@ -192,7 +200,13 @@ _WORKER = (
         "the Service (in the worker's namespace, on --secure-port) the API server calls the Pod "
         "webhooks through; empty: register no webhook configuration",
     ),
-    *inert(Flag("disable-auths", "false", "skip authentication and authorization", kind="bool")),
+    Flag(
+        "disable-auths",
+        "false",
+        "skip authentication and authorization of the extension API (refused unless "
+        "--bind-address is a loopback address)",
+        kind="bool",
+    ),
     Flag(
         "kube-leader-election",
         "true",
@@ -202,21 +216,34 @@ _WORKER = (
     Flag("kube-leader-election-id", "worker.gpustack.ai", "the election's unique ID"),
     Flag("kube-leader-lease", "15s", "how long leadership is held", kind="duration"),
     Flag("kube-leader-renew-timeout", "10s", "how long renewing may take", kind="duration"),
-    *inert(
-        Flag("audit-log-path", "", "request audit log path"),
-        Flag("audit-policy-file", "", "request audit policy file"),
-        Flag("audit-webhook-config-file", "", "request audit webhook configuration"),
-        Flag(
-            "cors-allowed-origins",
-            "",
-            "allowed cross-domain origins (anchored regular expressions)",
-            kind="list",
-        ),
-        Flag(
-            "model-manager-service-account",
-            "gpustack-operator-model-manager",
-            "the ServiceAccount the model-manager plugin runs as",
-        ),
+    Flag(
+        "audit-log-path",
+        "",
+        "append an audit event (JSON line) per request to the extension API and webhooks to "
+        "this file ('-': standard output)",
+    ),
+    Flag(
+        "audit-policy-file",
+        "",
+        "audit policy (audit.k8s.io/v1 Policy; levels None, Metadata, Request); without one "
+        "every request is audited at Metadata",
+    ),
+    Flag(
+        "audit-webhook-config-file",
+        "",
+        "kubeconfig naming the server audit events are POSTed to (EventList batches)",
+    ),
+    Flag(
+        "cors-allowed-origins",
+        "",
+        "allowed cross-domain origins, anchored regular expressions; all if empty",
+        kind="list",
+    ),
+    Flag(
+        "model-manager-service-account",
+        "gpustack-operator-model-manager",
+        "the ServiceAccount, in the worker's namespace, the model-manager plugin runs as; only "
+        "it (and the worker, writing on the agents' behalf) may write a NodeModelStore's status",
     ),
     Flag(
         "hf-endpoint",
@@ -237,7 +264,19 @@ _WORKER = (
     ),
     *_HTTPS,
     *_KUBE_CLIENT,
-    *inert(*_POOLS),
+    Flag(
+        "informer-cache-resync-period",
+        "1h",
+        "how often every watch starts over with a full list (0: never)",
+        kind="duration",
+    ),
+    Flag(
+        "gopool-worker-factor",
+        "100",
+        "reconcile concurrency per CPU core (at most 1024 in all)",
+        kind="int",
+        bounds=(1, 10_000),
+    ),
     *NATS_FLAGS,
 )
 

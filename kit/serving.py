@@ -26,18 +26,19 @@ from __future__ import annotations
 import datetime as dt
 import ipaddress
 import os
+import re
 import socket
 import ssl
 import tempfile
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Final, Literal
 
 import anyio
 import msgspec
-from aiohttp import web
+from aiohttp import typedefs, web
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
@@ -72,6 +73,10 @@ class HttpsSettings(msgspec.Struct, frozen=True, kw_only=True):
     auth: Auth = "review"
     """Who may read the routes other than the probes (``--metrics-auth``). Secure by default:
     a caller that forgets to pass an authorizer fails to start rather than serving openly."""
+    cors_allowed_origins: tuple[str, ...] | None = None
+    """Regular expressions, each matched against a request's whole ``Origin``: a match gets
+    the CORS headers (and a preflight ``OPTIONS`` its 204), anything else none (preflight 403).
+    None: no CORS handling at all (the agents)."""
 
 
 def https_from(
@@ -118,6 +123,8 @@ class Response:
 
 
 Route = Callable[[], Awaitable[Response]]
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+Middleware = typedefs.Middleware
 PostRoute = Callable[[bytes], Awaitable[Response]]
 """Called with the request's body."""
 MAX_BODY_BYTES = 3 * 1024 * 1024
@@ -142,7 +149,7 @@ class Server:
 
 
 @asynccontextmanager
-async def https_server(  # noqa: PLR0913 - keyword-only, each a separate kind of route
+async def https_server(  # noqa: PLR0913 - keyword-only parts of one endpoint, each optional
     settings: HttpsSettings,
     *,
     registry: CollectorRegistry,
@@ -153,30 +160,44 @@ async def https_server(  # noqa: PLR0913 - keyword-only, each a separate kind of
     posts: Mapping[str, PostRoute] | None = None,
     max_body_bytes: int = MAX_BODY_BYTES,
     handlers: Mapping[str, Handler] | None = None,
+    client_ca: bytes | None = None,
+    middlewares: Sequence[Middleware] = (),
 ) -> AsyncIterator[Server]:
     """Serve the endpoint until the block exits.
 
     ``authorizer`` decides for every route but the probes when ``settings.auth`` is
     ``review`` (wrapped in a decision cache here); it is not consulted under ``none``.
-    ``handlers`` are GET routes that need the request (query, streaming); gated the same way.
+    ``handlers`` are aiohttp handlers for every method of a path pattern (``/apis/{tail:.*}``),
+    which authenticate and authorize by themselves (the aggregated extension API).
+    ``client_ca``: client certificates are asked for (optional) and verified against it; a
+    handler reads the verified one with :func:`peer_certificate`.
 
     :raises ServingFailed: when it cannot start, or ``review`` is asked for without an
         authorizer.
     """
     gate = _gate(settings, authorizer)
     context, pem = _tls_context(settings.cert_dir)
-    app = web.Application(client_max_size=max_body_bytes)
+    if client_ca:
+        context.verify_mode = ssl.CERT_OPTIONAL
+        try:
+            context.load_verify_locations(cadata=client_ca.decode())
+        except (ssl.SSLError, ValueError) as e:
+            raise ServingFailed(f"cannot load the client CA bundle: {e}") from e
+    chain = list(middlewares)
+    if settings.cors_allowed_origins is not None:
+        chain.insert(0, _cors(settings.cors_allowed_origins))
+    app = web.Application(client_max_size=max_body_bytes, middlewares=chain)
     app.router.add_get("/metrics", gate("/metrics", _metrics_handler(registry)))
     app.router.add_get("/readyz", _probe_handler(ready))  # never gated: kubelet sends no token
     app.router.add_get("/livez", _probe_handler(live))
     for path, route in (routes or {}).items():
         app.router.add_get(path, gate(path, _route_handler(route)))
-    for path, handler in (handlers or {}).items():
-        app.router.add_get(path, gate(path, handler))
     # POST routes (the admission webhooks) are never gated: the API server calls them over TLS
     # with no bearer token, and AdmissionReview carries its own authorization.
     for path, post in (posts or {}).items():
         app.router.add_post(path, _post_handler(post))
+    for path, handler in (handlers or {}).items():
+        app.router.add_route("*", path, handler)
     # handler_cancellation: a connection the client closed ends its handler, including one
     # lingering to drain the rest of a refused (413) body, which aiohttp would otherwise keep
     # reading for ten seconds past the connection's end, and past the server's.
@@ -231,7 +252,58 @@ def _bound_port(site: web.TCPSite) -> int:
     return int(sockets[0].getsockname()[1]) if sockets else 0
 
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+_CORS_METHODS: Final = "GET, POST, PUT, PATCH, DELETE, OPTIONS"
+
+
+def _cors(patterns: tuple[str, ...]) -> Middleware:
+    """CORS for origins matching one of ``patterns`` (anchored: the whole origin must match)."""
+    compiled = [re.compile(p) for p in patterns]
+
+    @web.middleware
+    async def cors(request: web.Request, handler: Handler) -> web.StreamResponse:
+        origin = request.headers.get("Origin")
+        allowed = origin is not None and any(p.fullmatch(origin) for p in compiled)
+        preflight = (
+            request.method == "OPTIONS" and "Access-Control-Request-Method" in request.headers
+        )
+        if preflight:
+            response: web.StreamResponse = web.Response(status=204 if allowed else 403)
+        else:
+            response = await handler(request)
+        if allowed and origin is not None:
+            response.headers["Access-Control-Allow-Origin"] = origin
+            response.headers["Access-Control-Allow-Credentials"] = "true"
+            response.headers["Vary"] = "Origin"
+            if preflight:
+                response.headers["Access-Control-Allow-Methods"] = _CORS_METHODS
+                response.headers["Access-Control-Allow-Headers"] = request.headers.get(
+                    "Access-Control-Request-Headers", "Authorization, Content-Type"
+                )
+                response.headers["Access-Control-Max-Age"] = "600"
+        return response
+
+    return cors
+
+
+def peer_certificate(request: web.Request) -> dict[str, Any] | None:
+    """The client certificate TLS verified against ``client_ca`` (``ssl.getpeercert`` form);
+    None when the client presented none."""
+    ssl_object = request.transport.get_extra_info("ssl_object") if request.transport else None
+    if ssl_object is None:
+        return None
+    cert = ssl_object.getpeercert()
+    return cert or None
+
+
+def gate_for(
+    settings: HttpsSettings, authorizer: Authorizer | None
+) -> Callable[[str, Handler], Handler]:
+    """What protects one route: nothing under ``none``, else the cached authorizer (for a
+    caller's own ``handlers``, which :func:`https_server` does not gate).
+
+    :raises ServingFailed: ``review`` without an authorizer.
+    """
+    return _gate(settings, authorizer)
 
 
 def _gate(

@@ -30,7 +30,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from controlplane.gateway.catalog import Catalog
 from controlplane.resources import GROUP, VERSION
 from kit.access import Authorizer
-from kit.serving import Handler, HttpsSettings, ServingFailed, https_server
+from kit.serving import Handler, HttpsSettings, ServingFailed, gate_for, https_server
 
 __all__ = ["COLLECTION", "handlers", "serve"]
 
@@ -55,6 +55,8 @@ def handlers(catalog: Catalog) -> dict[str, Handler]:
     """The request-aware routes, shared by both ways of serving."""
 
     async def collection(request: web.Request) -> web.StreamResponse:
+        if request.method != "GET":
+            return _status(405, "MethodNotAllowed", "the aggregate is read-only")
         watch = request.query.get("watch", "").lower()
         if watch and watch not in (*_TRUE, "false", "0"):
             return _status(400, "BadRequest", f"watch={watch[:20]!r}: true or false")
@@ -63,6 +65,8 @@ def handlers(catalog: Catalog) -> dict[str, Handler]:
         return _json(200, catalog.as_list())
 
     async def item(request: web.Request) -> web.StreamResponse:
+        if request.method != "GET":
+            return _status(405, "MethodNotAllowed", "the aggregate is read-only")
         name = request.match_info["name"]
         obj = catalog.objects.get(name)
         if obj is None:
@@ -97,8 +101,10 @@ async def serve(
     """Serve until the block exits; yields where (``unix:/path`` or the HTTPS URL)."""
     routes = handlers(catalog)
     if unix_path is None:
+        gate = gate_for(https, authorizer)
+        gated = {path: gate(path, handler) for path, handler in routes.items()}
         async with https_server(
-            https, registry=registry, ready=ready, handlers=routes, authorizer=authorizer
+            https, registry=registry, ready=ready, handlers=gated, authorizer=authorizer
         ) as server:
             yield server.url
         return
@@ -132,7 +138,7 @@ async def _unix(
     app.router.add_get("/livez", live)
     app.router.add_get("/metrics", metrics)
     for route, handler in routes.items():
-        app.router.add_get(route, handler)
+        app.router.add_route("*", route, handler)
     _clear_stale(path)
     runner = web.AppRunner(app, access_log=None, handle_signals=False, handler_cancellation=True)
     await runner.setup()

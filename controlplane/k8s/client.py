@@ -11,7 +11,9 @@ Nodes and Leases alike. Every request:
 - maps failures to :mod:`controlplane.errors` with ``from e``.
 
 :meth:`KubeClient.watch` streams a collection's changes through ``kubernetes_asyncio``'s
-``Watch`` over the same raw paths.
+``Watch`` over the same raw paths; a watch resumed more than ``relist_s``
+(``--informer-cache-resync-period``) after its collection's last full list starts over with one,
+so every watcher sees the whole collection again at that period.
 
 Writes are merge patches (``application/merge-patch+json``) whose body may carry
 ``metadata.resourceVersion`` as a precondition, or server-side apply with field manager
@@ -23,6 +25,7 @@ from __future__ import annotations
 import builtins
 import json
 import logging
+import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any, Final
@@ -60,6 +63,9 @@ class KubeSettings(msgspec.Struct, frozen=True, kw_only=True):
     max_retries: int = 5
     backoff_s: float = 0.2
     max_backoff_s: float = 5.0
+    relist_s: float = 3600.0
+    """``--informer-cache-resync-period``: a watch resumed this long after the last full list of
+    its collection starts over with a full list instead (0: never)."""
 
 
 Observer = Callable[[str, str], None]
@@ -82,6 +88,10 @@ class KubeClient:
         self._settings = settings
         self._bucket = TokenBucket(settings.qps, settings.burst)
         self._observe = observe
+        self._listed: dict[str, float] = {}
+        """Per collection path: when a watch last started without a resourceVersion."""
+        self.relists = 0
+        """Watches started over with a full list because ``relist_s`` had passed."""
 
     async def get(self, ref: Ref) -> dict[str, Any]:
         """:raises NotFound: no such object."""
@@ -140,6 +150,7 @@ class KubeClient:
         :raises ApiError: the request failed.
         """
         path = resource.collection_path()
+        resource_version = self._resume_from(path, resource_version)
 
         async def start(**kw: Any) -> Any:
             query = [("watch", "true"), ("timeoutSeconds", str(kw["timeout_seconds"]))]
@@ -167,6 +178,20 @@ class KubeClient:
         except (TimeoutError, aiohttp.ClientError, OSError, ValueError) as e:
             self._observe("watch", "error")
             raise errors.ServerError(0, f"watch {path}: {type(e).__name__}: {e}") from e
+
+    def _resume_from(self, path: str, resource_version: str | None) -> str | None:
+        """``resource_version``, or None once ``relist_s`` passed since the last full list of
+        ``path`` (the stream then replays every object as ``ADDED``: a full re-list)."""
+        now = time.monotonic()
+        last = self._listed.get(path)
+        relist = self._settings.relist_s
+        if resource_version and last is not None and relist > 0 and now - last >= relist:
+            self.relists += 1
+            log.debug("watch %s: %.0fs since the last full list; listing again", path, relist)
+            resource_version = None
+        if not resource_version:
+            self._listed[path] = now
+        return resource_version
 
     async def _throttle(self) -> None:
         wait = self._bucket.reserve()

@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import datetime
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 import anyio
 import msgspec
@@ -31,7 +31,7 @@ from bus import events, kv, records
 from controlplane import errors
 from controlplane.metrics import WorkerMetrics
 from controlplane.reconciling import labeling, objects
-from controlplane.reconciling.ledger import Ledger
+from controlplane.reconciling.ledger import Ledger, NodeState
 from controlplane.reconciling.planning import (
     Action,
     Create,
@@ -54,6 +54,14 @@ WRITE_GRACE_S: Final = 10.0
 _UNKNOWN: Final = object()
 
 
+class StoreSpecs(Protocol):
+    """Where a NodeModelStore's spec comes from (:class:`controlplane.modelstores.ModelStores`)."""
+
+    def spec_for(self, labels: Mapping[str, str]) -> dict[str, Any]: ...
+
+    def respec(self, desired: Desired, observed: Observed | None) -> Desired: ...
+
+
 class NodeReconciler:
     """Makes one node's objects match the ledger. Not safe for two calls on one node at once."""
 
@@ -67,6 +75,7 @@ class NodeReconciler:
         store_spec: dict[str, Any] | None = None,
         clock: Callable[[], float] = time.monotonic,
         wallclock: Callable[[], datetime] = events.now,
+        store_specs: StoreSpecs | None = None,
     ) -> None:
         self._ledger = ledger
         self._sink = sink
@@ -81,6 +90,8 @@ class NodeReconciler:
         """What was last pushed per node; None: known deleted."""
         self._clock = clock
         self._wallclock = wallclock
+        self._store_specs = store_specs
+        """The NodeModelStore spec from settings and ModelStores, the user's edits kept."""
 
     def forget_pushed(self) -> None:
         """Forget what was pushed to the agents' bucket (the bus may have lost it)."""
@@ -120,13 +131,33 @@ class NodeReconciler:
             self._metrics.rejected.labels(kind="allocations", reason="unknown_device").inc(unknown)
         if desired is not None:
             await self._converge(Ref(resource=DEVICES, name=node), desired)
-        store = objects.node_model_store(node, uid, state, self._store_spec, now=self._wallclock())
-        if store is not None:
-            await self._converge(Ref(resource=NODEMODELSTORES, name=node), store)
-            await self._push_store_spec(node, store)
+        await self._converge_store(node, uid, state, node_obs)
         if node_obs is not None and state.groups is not None:
             await self._converge_node(node_obs, node, state.groups)
         self._metrics.reconcile_seconds.labels(kind="node").observe(self._clock() - started)
+
+    async def _converge_store(
+        self, node: str, uid: str | None, state: NodeState, node_obs: Observed | None
+    ) -> None:
+        """The node's NodeModelStore; with :class:`StoreSpecs`, its spec from the settings and
+        ModelStores with the user's edits kept, and its status judged against that spec."""
+        ref = Ref(resource=NODEMODELSTORES, name=node)
+        now, specs = self._wallclock(), self._store_specs
+        if specs is None:
+            store = objects.node_model_store(node, uid, state, self._store_spec, now=now)
+        elif state.models is not None or state.groups is not None:
+            labels = (node_obs.body.get("metadata") or {}).get("labels") if node_obs else None
+            pure = specs.spec_for(labels or {})
+            # The status reads the spec the node runs with (a hand-raised watermark included);
+            # the desired spec stays the computed one, which respec records as applied.
+            merged = specs.respec(Desired(spec=pure), await self._observe(ref)).spec
+            store = objects.node_model_store(node, uid, state, merged, now=now)
+            store = msgspec.structs.replace(store, spec=pure) if store is not None else None
+        else:
+            return
+        if store is not None:
+            store = await self._converge(ref, store, specs.respec if specs else None)
+            await self._push_store_spec(node, store)
 
     async def remove(self, node: str, *, reason: str) -> None:
         """Delete the node's objects (its Node is gone or not there yet); park its state.
@@ -152,14 +183,23 @@ class NodeReconciler:
                 self._observed.pop(Ref(resource=resource, name=name), None)
             self._pushed.pop(name, None)
 
-    async def _converge(self, ref: Ref, desired: Desired) -> None:
+    async def _converge(
+        self,
+        ref: Ref,
+        desired: Desired,
+        respec: Callable[[Desired, Observed | None], Desired] | None = None,
+    ) -> Desired:
+        """Write ``desired`` (folded with the observed object by ``respec``); return what was
+        planned."""
         observed = await self._observe(ref)
         status_on_create = self._sink.creates_with_status
         for _ in range(MAX_CONFLICTS):
             settled = settle_conditions(desired, observed)
+            if respec is not None:
+                settled = respec(settled, observed)
             try:
                 await self._write(plan(ref, settled, observed, status_on_create=status_on_create))
-                return
+                return settled
             except errors.Conflict:
                 self._observed.pop(ref, None)
                 self._reread.add(ref)

@@ -22,11 +22,16 @@ What it does, like the real API server:
 - :meth:`FakeApi.fail_next` injects one error response for a method and path prefix;
 - :meth:`FakeApi.hold` parks matching requests until the test releases them (cancellation tests);
 - per-verb counters of successful writes (``writes``);
+<<<<<<< HEAD
 - :attr:`FakeApi.validators` check objects of a collection before they are stored (422), and
   :attr:`FakeApi.absent` serves collections as not installed (404), e.g. Kueue's kinds;
+=======
+- SelfSubjectReview answers :attr:`FakeApi.self_user`;
+>>>>>>> h16
 - TokenReview and SubjectAccessReview (create only, nothing stored): :attr:`FakeApi.tokens` maps
   a token to the ``status.user`` it authenticates as, :attr:`FakeApi.grants` holds the
-  ``(user or group, non-resource path)`` pairs RBAC would allow a ``get`` of, and
+  ``(user or group, non-resource path)`` pairs RBAC would allow a ``get`` of,
+  :attr:`FakeApi.resource_grants` the ``(user or group, verb, group, resource)`` ones, and
   :attr:`FakeApi.reviews` counts the reviews answered, per resource.
 """
 
@@ -52,6 +57,7 @@ DEFAULT_AUDIENCE = "https://kubernetes.default.svc"
 REVIEWS = {
     "apis/authentication.k8s.io/v1/tokenreviews": "TokenReview",
     "apis/authorization.k8s.io/v1/subjectaccessreviews": "SubjectAccessReview",
+    "apis/authentication.k8s.io/v1/selfsubjectreviews": "SelfSubjectReview",
 }
 
 
@@ -110,6 +116,16 @@ class FakeApi:
         self.grants: set[tuple[str, str]] = set()
         """``(user or group, path)`` allowed to ``get`` a non-resource URL (SubjectAccessReview)."""
         self.reviews: Counter[str] = Counter()
+        self.resource_grants: set[tuple[str, str, str, str]] = set()
+        """``(user or group, verb, API group, resource)`` RBAC would allow (SubjectAccessReview
+        with ``resourceAttributes``)."""
+        self.access_reviews: list[dict[str, Any]] = []
+        """The ``spec`` of every resource SubjectAccessReview answered."""
+        self.self_user: dict[str, Any] = {
+            "username": "system:serviceaccount:gpustack-system:gpustack-operator-worker",
+            "groups": ["system:serviceaccounts", "system:authenticated"],
+        }
+        """Who the caller is, as a SelfSubjectReview answers (the worker's identity)."""
         self._rv = itertools.count(1)
         self._faults: list[tuple[str, str, int]] = []
         self._holds: list[Hold] = []
@@ -301,14 +317,23 @@ class FakeApi:
 
     def _review(self, coll: str, body: dict[str, Any]) -> web.Response:
         """Answer a review as the API server does: 201 with ``status`` filled in."""
+        if REVIEWS[coll] == "SelfSubjectReview":  # who the worker is: not counted in reviews
+            return web.json_response({**body, "status": {"userInfo": self.self_user}}, status=201)
         self.reviews[REVIEWS[coll]] += 1
         spec = body.get("spec") or {}
         if REVIEWS[coll] == "TokenReview":
             status = self._authenticate(spec)
+        elif "resourceAttributes" in spec:
+            self.access_reviews.append(spec)
+            attrs = spec["resourceAttributes"]
+            who = {spec["user"], *spec.get("groups", [])}
+            grant = (attrs.get("verb"), attrs.get("group", ""), attrs.get("resource"))
+            allowed = any((w, *grant) in self.resource_grants for w in who)
         else:
             attrs = spec["nonResourceAttributes"]
             who = {spec["user"], *spec.get("groups", [])}
             allowed = attrs["verb"] == "get" and any((w, attrs["path"]) in self.grants for w in who)
+        if REVIEWS[coll] != "TokenReview":
             status = {"allowed": allowed} if allowed else {"allowed": False, "reason": "no rule"}
         return web.json_response({**body, "spec": spec, "status": status}, status=201)
 

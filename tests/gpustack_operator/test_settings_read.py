@@ -62,9 +62,15 @@ def test_every_command_is_built_or_pending() -> None:
 
 
 def test_inert_flags_say_so_in_help(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["worker", "--help"]) == 0
-    lines = [ln for ln in capsys.readouterr().out.splitlines() if "--audit-log-path" in ln]
+    assert main(["device-manager", "serve", "--help"]) == 0
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if "--kube-conn-qps" in ln]
     assert len(lines) == 1 and "has no effect" in lines[0]
+
+
+def test_worker_help_has_no_flag_that_does_nothing(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["worker", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert "--audit-log-path" in out and "has no effect" not in out
 
 
 @pytest.mark.parametrize(
@@ -88,6 +94,14 @@ def test_inert_flags_say_so_in_help(capsys: pytest.CaptureFixture[str]) -> None:
         (["worker", "--metrics-auth=open"], "--metrics-auth"),
         (["standalone", "--metrics-auth=none"], "--metrics-auth"),
         (["worker", "--webhook-service=Worker_Svc"], "--webhook-service"),
+        (["worker", "--disable-auths"], "--disable-auths"),
+        (["worker", "--manufacturer=nvidai"], "--manufacturer"),
+        (["worker", "--disable-applications=kueue,helm"], "--disable-applications"),
+        (["worker", "--cors-allowed-origins=(unclosed"], "--cors-allowed-origins"),
+        (["worker", "--audit-policy-file=/nonexistent"], "--audit-policy-file"),
+        (["worker", "--audit-webhook-config-file=/nonexistent"], "--audit-webhook-config-file"),
+        (["worker", "--gopool-worker-factor=0"], "--gopool-worker-factor"),
+        (["worker", "--model-manager-service-account=Bad_Name"], "--model-manager-service-account"),
         (["mm", "--cert-dir=/nonexistent"], "--cert-dir"),
         (["worker", "--nats-url=not a url"], "--nats-url"),
         (["worker", "--nats-url=http://bus:4222"], "--nats-url"),
@@ -111,3 +125,12 @@ def test_port_zero_means_any_free_port_not_the_default() -> None:
 
     settings = settings_from(options_for(("model-manager",), ["--secure-port=0"]))
     assert settings.https.port == 0
+
+
+def test_an_invalid_setting_seed_stops_the_worker(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("GPUSTACK_MODEL_ARTIFACT_HTTPS_PROXY", "http://user:secret@proxy:3128")
+    assert main(["worker"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "credentials" in err[0] and "secret" not in err[0]

@@ -1,0 +1,2 @@
+"""The aggregated extension API the worker serves (``gpustack.ai/v1``): Settings and read-only
+views from the bus, behind the aggregation layer's authentication and SubjectAccessReview."""

@@ -1,0 +1,162 @@
+"""Status guards: who may write a ``NodeModelStore``'s or a ``ModelArtifact``'s status.
+
+A ``ValidatingWebhookConfiguration`` (:data:`NAME`) sends every UPDATE of
+``nodemodelstores/status`` and ``modelartifacts/status`` to ``POST`` :data:`PATH` on the worker:
+
+- ``NodeModelStore`` status: the model-manager's ServiceAccount
+  (``--model-manager-service-account``, in the worker's namespace) and the worker itself, which
+  writes it from the model agents' bus reports on their behalf (they hold no RBAC);
+- ``ModelArtifact`` status: the worker only (``only the worker writes a ModelArtifact's status``).
+
+Anyone else is refused with a message naming who may. The worker learns its own user name at
+start-up with a ``SelfSubjectReview`` and refuses to start without one (:func:`whoami`): a guard
+that does not know the worker would lock the worker out. The decision is a pure function.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+from collections.abc import Mapping
+from typing import Any, Final
+
+import msgspec
+
+from controlplane import errors
+from controlplane.admission.webhooks import WebhookSettings
+from controlplane.k8s.client import KubeClient
+from controlplane.resources import GROUP, VALIDATING_WEBHOOKS, VERSION, Ref
+from kit.serving import PostRoute, Response
+
+__all__ = ["NAME", "PATH", "Allowed", "configuration", "decide", "ensure", "posts", "whoami"]
+
+log = logging.getLogger(__name__)
+
+NAME: Final = "gpustack-worker-status-guards"
+PATH: Final = "/webhooks/v1/status-guard"
+SELF_REVIEW: Final = "/apis/authentication.k8s.io/v1/selfsubjectreviews"
+
+Allowed = Mapping[str, frozenset[str]]
+"""Resource plural → the user names that may write its status."""
+
+
+def allowed_writers(
+    worker: str, namespace: str, model_manager_sa: str
+) -> dict[str, frozenset[str]]:
+    model_manager = f"system:serviceaccount:{namespace}:{model_manager_sa}"
+    return {
+        "nodemodelstores": frozenset({model_manager, worker}),
+        "modelartifacts": frozenset({worker}),
+    }
+
+
+class _Resource(msgspec.Struct, kw_only=True):
+    group: str = ""
+    version: str = ""
+    resource: str = ""
+
+
+class _User(msgspec.Struct, kw_only=True):
+    username: str = ""
+
+
+class _Request(msgspec.Struct, kw_only=True, rename="camel"):
+    uid: str
+    resource: _Resource = msgspec.field(default_factory=_Resource)
+    sub_resource: str = ""
+    operation: str = ""
+    user_info: _User = msgspec.field(default_factory=_User)
+
+
+class _Review(msgspec.Struct, kw_only=True, rename="camel"):
+    api_version: str
+    request: _Request
+
+
+def decide(body: bytes, allowed: Allowed) -> dict[str, Any]:
+    """The AdmissionReview answer. :raises ValueError: the body is no AdmissionReview v1."""
+    try:
+        review = msgspec.json.decode(body, type=_Review)
+    except msgspec.ValidationError as e:
+        raise ValueError(f"not an AdmissionReview: {e}") from e
+    if review.api_version != "admission.k8s.io/v1":
+        raise ValueError(f"AdmissionReview {review.api_version} is not admission.k8s.io/v1")
+    req = review.request
+    response: dict[str, Any] = {"uid": req.uid, "allowed": True}
+    writers = allowed.get(req.resource.resource)
+    if req.sub_resource == "status" and writers is not None:
+        user = req.user_info.username
+        if user not in writers:
+            who = " or ".join(sorted(writers))
+            message = f"only {who} may write a {req.resource.resource} status, not {user}"
+            response = {"uid": req.uid, "allowed": False,
+                        "status": {"code": 403, "reason": "Forbidden", "message": message}}  # fmt: skip
+    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response}
+
+
+def posts(allowed: Allowed) -> dict[str, PostRoute]:
+    async def guard(body: bytes) -> Response:
+        try:
+            answer = decide(body, allowed)
+        except ValueError as e:
+            return Response(status=400, body=str(e)[:1024].encode())
+        return Response(body=msgspec.json.encode(answer), content_type="application/json")
+
+    return {PATH: guard}
+
+
+def _hook(resource: str, scope: str, settings: WebhookSettings, ca: bytes | None) -> dict[str, Any]:
+    service = {"namespace": settings.namespace, "name": settings.service, "path": PATH,
+               "port": settings.port}  # fmt: skip
+    client: dict[str, Any] = {"service": service}
+    if ca:
+        client["caBundle"] = base64.b64encode(ca).decode()
+    return {
+        "name": f"{resource}-status.guard.worker.gpustack.ai",
+        "admissionReviewVersions": ["v1"],
+        "sideEffects": "None",
+        "failurePolicy": "Fail",
+        "matchPolicy": "Equivalent",
+        "timeoutSeconds": settings.timeout_s,
+        "clientConfig": client,
+        "rules": [{"operations": ["UPDATE"], "apiGroups": [GROUP], "apiVersions": [VERSION],
+                   "resources": [f"{resource}/status"], "scope": scope}],
+    }  # fmt: skip
+
+
+def configuration(settings: WebhookSettings, ca: bytes | None) -> dict[str, Any]:
+    """The ValidatingWebhookConfiguration (``caBundle`` only when ``ca``)."""
+    return {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": VALIDATING_WEBHOOKS.kind,
+        "metadata": {
+            "name": NAME,
+            "labels": {
+                "app.kubernetes.io/component": "worker",
+                "app.kubernetes.io/part-of": "gpustack-operator",
+            },
+        },
+        "webhooks": [
+            _hook("nodemodelstores", "Cluster", settings, ca),
+            _hook("modelartifacts", "Namespaced", settings, ca),
+        ],
+    }
+
+
+async def ensure(api: KubeClient, settings: WebhookSettings, ca: bytes) -> None:
+    """Apply the configuration (server-side apply, idempotent)."""
+    await api.apply(Ref(resource=VALIDATING_WEBHOOKS, name=NAME), configuration(settings, ca))
+
+
+async def whoami(api: KubeClient) -> str:
+    """The worker's own user name (SelfSubjectReview).
+
+    :raises errors.ApiError: the API could not say (the worker must not start guards blind).
+    """
+    body = {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"}
+    answer = await api.request("POST", SELF_REVIEW, body)
+    name = str(((answer.get("status") or {}).get("userInfo") or {}).get("username") or "")
+    if not name:
+        raise errors.ServerError(0, "SelfSubjectReview named no user: cannot guard statuses")
+    log.info("the worker runs as %s", name)
+    return name

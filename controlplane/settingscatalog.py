@@ -1,0 +1,353 @@
+"""The ``Setting`` catalog: every cluster-wide setting the worker reads, its type, default and rules.
+
+Pure data and pure functions. A setting is stored as text (a data key of the Secret
+``gpustack-settings`` in the system namespace, or a key of the bus's ledger bucket under
+``--kubeconfig=none``); :func:`parse` turns the whole text map into one frozen :class:`Values`,
+which is what reconcilers and webhooks read. Invariants:
+
+- a stored text is either valid for its entry or replaced by the entry's default when parsed
+  (with the problem reported), so a bad edit never stops the worker; a bad *seed* from the
+  environment does (:func:`seed` raises), because that is a deployment mistake to see at once;
+- the catalog is fixed: no setting is created or deleted through the API, only edited;
+- a sensitive value is never shown (:func:`shown`); a proxy URL never carries credentials.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Final
+from urllib.parse import urlsplit
+
+import msgspec
+
+from controlplane.admission.pods import parse_quantity
+
+__all__ = [
+    "BY_NAME",
+    "CATALOG",
+    "MASK",
+    "SECRET_NAME",
+    "Entry",
+    "InvalidSetting",
+    "Values",
+    "backfill",
+    "chain_fields",
+    "check",
+    "parse",
+    "seed",
+    "shown",
+    "validate_all",
+]
+
+SECRET_NAME: Final = "gpustack-settings"
+MASK: Final = "(sensitive)"
+
+
+class InvalidSetting(ValueError):
+    """A setting's text breaks its entry's rules (the message names the setting)."""
+
+
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
+_UNITS: Final = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+
+
+def _duration(text: str) -> float:
+    pos, total = 0, 0.0
+    for match in _DURATION.finditer(text):
+        if match.start() != pos:
+            break
+        total += float(match.group(1)) * _UNITS[match.group(2)]
+        pos = match.end()
+    if not text or pos != len(text):
+        raise ValueError("not a duration (e.g. 90s, 30m, 24h)")
+    return total
+
+
+def _bool(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in ("true", "1", "yes"):
+        return True
+    if lowered in ("false", "0", "no"):
+        return False
+    raise ValueError("not a boolean (true or false)")
+
+
+def _url(text: str, *, proxy: bool = False) -> str:
+    if proxy and not text:
+        return ""
+    parts = urlsplit(text)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError("not an http(s) URL")
+    if proxy and (parts.username is not None or parts.password is not None):
+        raise ValueError("a proxy URL may not carry credentials (user or password)")
+    return text.rstrip("/") if not proxy else text
+
+
+def _bytes_per_second(text: str) -> int:
+    value = parse_quantity(text)
+    if value < 0 or value.denominator != 1:
+        raise ValueError("not a whole, non-negative quantity of bytes per second")
+    return int(value)
+
+
+def _no_proxy(text: str) -> str:
+    for item in filter(None, (i.strip() for i in text.split(","))):
+        host = item.lstrip(".").split(":")[0]
+        try:
+            ipaddress.ip_network(item, strict=False)
+        except ValueError:
+            if not re.fullmatch(r"[A-Za-z0-9*]([-A-Za-z0-9.*]*[A-Za-z0-9])?", host):
+                raise ValueError(f"{item!r} is not a host, domain or CIDR") from None
+    return text
+
+
+def _config_map(text: str) -> str:
+    if text and (len(text) > 253 or not _DNS_SUBDOMAIN.fullmatch(text)):
+        raise ValueError("not a ConfigMap name")
+    return text
+
+
+def _int(low: int, high: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        value = int(text.strip())
+        if not low <= value <= high:
+            raise ValueError(f"must be within [{low}, {high}]")
+        return value
+
+    return parse
+
+
+def _one_of(*choices: str) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        if text not in choices:
+            raise ValueError(f"must be one of {', '.join(choices)}")
+        return text
+
+    return parse
+
+
+def _at_least_minute(text: str) -> float:
+    seconds = _duration(text)
+    if seconds < 60:
+        raise ValueError("must be at least 1m")
+    return seconds
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One setting. ``field`` names its attribute on :class:`Values`."""
+
+    name: str
+    default: str
+    description: str
+    convert: Callable[[str], object]
+    field: str
+    editable: bool = True
+    sensitive: bool = False
+
+    @property
+    def env(self) -> str:
+        """``GPUSTACK_<UPPER_SNAKE_NAME>``: what seeds it on the first start."""
+        return "GPUSTACK_" + self.name.upper().replace("-", "_")
+
+
+def _entry(
+    name: str, default: str, description: str, convert: Callable[[str], object], **kw: bool
+) -> Entry:
+    return Entry(name, default, description, convert, name.replace("-", "_"), **kw)
+
+
+CATALOG: Final[tuple[Entry, ...]] = (
+    _entry(
+        "model-artifact-delivery-mode", "Engine",
+        "how model files reach workloads: the engine downloads them (Engine) or the node cache "
+        "serves them (Node); seeded once, not editable", _one_of("Engine", "Node"),
+        editable=False,
+    ),
+    _entry(
+        "model-artifact-huggingface-endpoint", "https://huggingface.co",
+        "the Hugging Face Hub ModelArtifacts resolve against and nodes download from", _url,
+    ),
+    _entry(
+        "model-artifact-modelscope-endpoint", "https://www.modelscope.cn",
+        "the ModelScope endpoint", _url,
+    ),
+    _entry(
+        "model-artifact-https-proxy", "",
+        "HTTPS proxy for Hub traffic (http(s) URL without credentials; empty: none)",
+        lambda text: _url(text, proxy=True), sensitive=True,
+    ),
+    _entry(
+        "model-artifact-no-proxy", "", "hosts, domains and CIDRs reached without the proxy",
+        _no_proxy,
+    ),
+    _entry(
+        "model-artifact-ca-bundle", "",
+        "ConfigMap (operator namespace, key ca.crt) with extra CAs for the Hub", _config_map,
+    ),
+    _entry(
+        "model-artifact-revalidate-interval", "24h",
+        "how often a resolved ModelArtifact is checked against the Hub again (at least 1m)",
+        _at_least_minute,
+    ),
+    _entry(
+        "model-store-high-watermark", "80",
+        "cache use (percent) above which unreferenced models are collected (2..95, above the "
+        "low watermark)", _int(2, 95),
+    ),
+    _entry(
+        "model-store-low-watermark", "70",
+        "cache use (percent) collection brings the cache down to (1..94)", _int(1, 94),
+    ),
+    _entry(
+        "model-store-download-concurrency", "8", "files downloaded at once per node (1..64)",
+        _int(1, 64),
+    ),
+    _entry(
+        "model-store-download-bandwidth", "0",
+        "download bytes per second per node, a quantity (0: unlimited)", _bytes_per_second,
+    ),
+    _entry(
+        "workload-fit-affinity", "true",
+        "pin admitted Kueue workloads to nodes whose free slices fit them", _bool,
+    ),
+    _entry(
+        "node-management-manual", "false",
+        "manage only nodes labelled gpustack.ai/managed=true by hand", _bool,
+    ),
+    _entry(
+        "instance-type-mixed-on-node", "true", "allow several instance types on one node", _bool
+    ),
+    _entry(
+        "instance-type-derived-from-node", "true",
+        "derive instance types from the nodes' detected devices", _bool,
+    ),
+    _entry(
+        "instance-type-drain-when-no-flavors", "true",
+        "drain an instance type whose flavors are all gone", _bool,
+    ),
+    _entry(
+        "instance-type-aware-cpu-manufacturer", "false",
+        "tell instance types apart by CPU manufacturer", _bool,
+    ),
+)  # fmt: skip
+
+BY_NAME: Final[Mapping[str, Entry]] = {e.name: e for e in CATALOG}
+
+
+class Values(msgspec.Struct, frozen=True, kw_only=True):
+    """Every setting, typed: the one object reconcilers and webhooks read (swapped on change)."""
+
+    model_artifact_delivery_mode: str = "Engine"
+    model_artifact_huggingface_endpoint: str = "https://huggingface.co"
+    model_artifact_modelscope_endpoint: str = "https://www.modelscope.cn"
+    model_artifact_https_proxy: str = ""
+    model_artifact_no_proxy: str = ""
+    model_artifact_ca_bundle: str = ""
+    model_artifact_revalidate_interval: float = 86400.0
+    model_store_high_watermark: int = 80
+    model_store_low_watermark: int = 70
+    model_store_download_concurrency: int = 8
+    model_store_download_bandwidth: int = 0
+    workload_fit_affinity: bool = True
+    node_management_manual: bool = False
+    instance_type_mixed_on_node: bool = True
+    instance_type_derived_from_node: bool = True
+    instance_type_drain_when_no_flavors: bool = True
+    instance_type_aware_cpu_manufacturer: bool = False
+
+
+def check(name: str, text: str) -> object:
+    """The typed value of one setting's text.
+
+    :raises InvalidSetting: unknown name, or the text breaks the entry's rules.
+    """
+    entry = BY_NAME.get(name)
+    if entry is None:
+        raise InvalidSetting(f"no setting {name!r} (the catalog is fixed)")
+    try:
+        return entry.convert(text)
+    except (ValueError, ArithmeticError) as e:
+        # A sensitive text (a proxy URL, perhaps with the very credentials refused) is never
+        # repeated: this message reaches logs, exit lines and API clients.
+        shown_text = MASK if entry.sensitive else repr(text)
+        raise InvalidSetting(f"setting {name} = {shown_text}: {e}") from None
+
+
+def _cross_check(values: Values) -> None:
+    if values.model_store_low_watermark >= values.model_store_high_watermark:
+        raise InvalidSetting(
+            f"model-store-low-watermark ({values.model_store_low_watermark}) must be below "
+            f"model-store-high-watermark ({values.model_store_high_watermark})"
+        )
+
+
+def parse(data: Mapping[str, str]) -> tuple[Values, list[str]]:
+    """``Values`` from stored texts, and the problems found (each falls back to its default).
+
+    A missing key takes its default silently (backfill writes it); unknown keys are ignored.
+    """
+    typed: dict[str, object] = {}
+    problems: list[str] = []
+    for entry in CATALOG:
+        text = data.get(entry.name, entry.default)
+        try:
+            typed[entry.field] = check(entry.name, text)
+        except InvalidSetting as e:
+            problems.append(f"{e}; using the default {entry.default!r}")
+            typed[entry.field] = entry.convert(entry.default)
+    values = Values(**typed)  # type: ignore[arg-type]
+    try:
+        _cross_check(values)
+    except InvalidSetting as e:
+        problems.append(f"{e}; using the default watermarks")
+        values = msgspec.structs.replace(
+            values, model_store_high_watermark=80, model_store_low_watermark=70
+        )
+    return values, problems
+
+
+def validate_all(data: Mapping[str, str]) -> Values:
+    """Like :func:`parse`, but every problem is an error (seeds and API writes).
+
+    :raises InvalidSetting: the first problem.
+    """
+    typed = {e.field: check(e.name, data.get(e.name, e.default)) for e in CATALOG}
+    values = Values(**typed)  # type: ignore[arg-type]
+    _cross_check(values)
+    return values
+
+
+def seed(env: Mapping[str, str]) -> dict[str, str]:
+    """Every setting's first text: ``GPUSTACK_<NAME>`` when set, else its default.
+
+    :raises InvalidSetting: an environment value is invalid (the worker refuses to start).
+    """
+    data = {e.name: env.get(e.env, e.default) for e in CATALOG}
+    validate_all(data)
+    return data
+
+
+def backfill(stored: Mapping[str, str], seeded: Mapping[str, str]) -> dict[str, str]:
+    """What to add to the stored texts: the seeded ones it lacks. Never overwrites."""
+    return {name: text for name, text in seeded.items() if name not in stored}
+
+
+def shown(entry: Entry, text: str) -> str:
+    """The text an API reader sees: the value, or :data:`MASK` for a sensitive one that is set."""
+    return MASK if entry.sensitive and text else text
+
+
+def chain_fields(values: Values, *, manage_kueue: bool) -> dict[str, bool]:
+    """The Kueue chain's settings by their struct field names (``manage_kueue`` comes from
+    ``--disable-applications``, not from a setting)."""
+    return {
+        "workload_fit_affinity": values.workload_fit_affinity,
+        "instance_type_derived_from_node": values.instance_type_derived_from_node,
+        "node_management_manual": values.node_management_manual,
+        "manage_kueue": manage_kueue,
+    }
