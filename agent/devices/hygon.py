@@ -6,23 +6,32 @@
   render numbers are not the index: ``card1``/``renderD128`` for index 0 on real hosts);
 - cores and compute capability: the KFD topology node at the card's PCI location (compute
   units = SIMDs / SIMDs per CU; ``gfx`` target), as for AMD;
-- versions: the ``hycu`` (or ``hydcu``) module version, and DTK's ``.info/version``.
+- versions: the ``hycu`` (or ``hydcu``) module version, and DTK's ``.info/version``;
+- partitions: when DTK's DMI MIG library is present and the node's MIG mode is on, each DCU
+  offers its partition profiles (``physicalSliced``) instead of software slices; without the
+  library a DCU is never reported as partitioned.
 """
 
 from __future__ import annotations
 
+import logging
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from typing import Any
 
-from agent.devices import amdgpu_ids, clib, rocmsmi, vendor
+from agent.devices import amdgpu_ids, clib, dmimig, rocmsmi, vendor
 from agent.devices.hostfs import HostFS
 from agent.devices.vendor import Card, Get, Usage
+from bus import devices
+
+log = logging.getLogger(__name__)
 
 MANUFACTURER = "hygon"
 MODULE_VERSIONS = ("/sys/module/hycu/version", "/sys/module/hydcu/version")
 DTK_VERSIONS = ("/opt/dtk/.info/version", "/opt/hyhal/.info/version")
 _KFD_NODES = "/sys/class/kfd/kfd/topology/nodes"
+_RESOURCE_SEGMENT = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 
 
 def _round(numerator: int, denominator: int) -> int:
@@ -35,9 +44,11 @@ class HygonReader:
     manufacturer = MANUFACTURER
     library = rocmsmi.LIBRARY
 
-    def __init__(self, lib: rocmsmi.RocmSmi, host: HostFS) -> None:
+    def __init__(self, lib: rocmsmi.RocmSmi, host: HostFS, mig: dmimig.DmiMig | None) -> None:
         self.smi = lib
         self.host = host
+        self.mig = mig
+        self._mig_on = False
 
     @contextmanager
     def session(self) -> Iterator[object]:
@@ -51,6 +62,12 @@ class HygonReader:
     def versions(self) -> tuple[str | None, str | None]:
         driver = next(filter(None, (self.host.read_text(p) for p in MODULE_VERSIONS)), None)
         dtk = next(filter(None, (self.host.read_text(p) for p in DTK_VERSIONS)), None)
+        self._mig_on = False
+        if self.mig is not None:
+            try:
+                self._mig_on = self.mig.mig_mode()
+            except clib.LibError as e:
+                log.warning("hygon: MIG mode unreadable (%s); no partitions reported", e)
         return driver, clib.brief_version(dtk)
 
     def slots(self) -> range:
@@ -74,6 +91,9 @@ class HygonReader:
         card.name = get(self.smi.name, handle) or None
         memory = get(self.smi.memory, handle)
         card.memory_mib = memory[0] >> 20 if memory else None
+        if self.mig is not None and self._mig_on and card.bus_id:
+            profiles = get(self.mig.profiles, card.bus_id)
+            card.physical_sliced = _physical(profiles or [])
 
     def _kfd_node(self, bdf: str) -> dict[str, int]:
         """The KFD GPU node at the card's PCI location (domain and bus<<8 | dev<<3 | fn)."""
@@ -106,9 +126,40 @@ class HygonReader:
         pass
 
 
-def reader(library: Any | None, host: HostFS) -> HygonReader:
-    """The reader over ``library`` (a simulator), else over DTK's ``librocm_smi64.so``.
+def _physical(profiles: list[tuple[str, int, int, int]]) -> devices.PhysicalSliced:
+    """Profiles a pod can ask for: the library's name when it is a valid resource-name segment,
+    else ``<slices>g.<GiB>gb``; memory slices are compute slices (no separate memory split)."""
+    offered = tuple(
+        devices.SliceProfile(
+            name=name if _RESOURCE_SEGMENT.match(name) else f"{slices}g.{mib >> 10}gb",
+            memory_mib=mib,
+            compute_slices=slices,
+            memory_slices=slices,
+            count=count,
+        )
+        for name, mib, slices, count in profiles
+        if count > 0 and slices > 0
+    )
+    return devices.PhysicalSliced(
+        profiles=offered, count=max((p.count for p in offered), default=0)
+    )
 
-    :raises clib.LibUnavailable: the library cannot be loaded.
+
+def reader(library: Any | None, host: HostFS) -> HygonReader:
+    """The reader over ``library`` (a simulator, whose ``companion`` simulates the DMI MIG
+    library), else over DTK's ``librocm_smi64.so`` and, when present, ``libhydmi_mig.so``.
+
+    :raises clib.LibUnavailable: ROCm SMI cannot be loaded (the MIG library is optional).
     """
-    return HygonReader(rocmsmi.RocmSmi(library if library is not None else rocmsmi.load()), host)
+    mig: dmimig.DmiMig | None = None
+    if library is not None:
+        companion = getattr(library, "companion", None)
+        mig = dmimig.DmiMig(companion) if companion is not None else None
+        return HygonReader(rocmsmi.RocmSmi(library), host, mig)
+    smi = rocmsmi.RocmSmi(rocmsmi.load())
+    try:
+        mig = dmimig.DmiMig(dmimig.load())
+    except clib.LibUnavailable as e:
+        log.info("hygon: %s; DCU partitions are not reported", e.detail)
+        mig = None
+    return HygonReader(smi, host, mig)

@@ -220,6 +220,8 @@ class VendorBackend:
         self._make_library = library
         self._reader: Reader | None = None
         self._last_seen: dict[int, Card] = {}
+        self._lock = threading.Lock()
+        """One pass at a time: a reader keeps per-pass state (MTML's library handle)."""
 
     def detect(self) -> list[devices.DeviceGroup]:
         return self._pass(self._detect) or []
@@ -250,7 +252,7 @@ class VendorBackend:
             if not functions:
                 log.log(PER_DECISION, "no %s PCI device; library not loaded", self.manufacturer)
                 return None
-        with ExitStack() as stack:
+        with self._lock, ExitStack() as stack:
             try:
                 reader = self.reader()
                 stack.enter_context(reader.session())

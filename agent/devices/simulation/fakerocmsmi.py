@@ -1,7 +1,9 @@
 """A simulated DTK ``librocm_smi64.so`` built from a profile's ``hygon`` section.
 
 ROCm SMI's units (bytes, µW, m°C) and its packed PCI id, with a partition number in bits 28-31
-to be masked off. Only the edge sensor (0) answers the temperature call.
+to be masked off. Only the edge sensor (0) answers the temperature call. When the profile says
+``migLibrary: true``, :attr:`SimulatedRocmSmi.companion` simulates ``libhydmi_mig.so`` too: the
+node-wide MIG switch, handles by PCI bus id, and profile info asked by slice-count index.
 """
 
 from __future__ import annotations
@@ -9,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from agent.devices import rocmsmi
-from agent.devices.simulation.fakelib import SimulatedLibrary, put, put_text
+from agent.devices.simulation.fakelib import SimulatedLibrary, put, put_text, target
 from agent.devices.simulation.profiles import HygonCard, HygonHost
 
 _INVALID = 1
@@ -24,6 +26,7 @@ class SimulatedRocmSmi(SimulatedLibrary):
     def __init__(self, host: HygonHost) -> None:
         super().__init__(host.init_error, [c.faults for c in host.cards])
         self.host = host
+        self.companion = SimulatedDmiMig(host) if host.mig_library else None
 
     def _gate(self, name: str, index: int) -> tuple[int, HygonCard | None]:
         if not 0 <= index < len(self.host.cards):
@@ -98,3 +101,40 @@ class SimulatedRocmSmi(SimulatedLibrary):
         if status == 0 and card is not None:
             put(value, card.power_average_uw)
         return status
+
+
+class SimulatedDmiMig:
+    """``libhydmi_mig.so``: NVML's MIG symbol names, no init call, status codes as NVML's."""
+
+    def __init__(self, host: HygonHost) -> None:
+        self.host = host
+        self.calls: list[tuple[str, int | None]] = []
+
+    def nvmlGetSystemMigMode(self, current: Any, pending: Any) -> int:
+        self.calls.append(("nvmlGetSystemMigMode", None))
+        put(current, int(self.host.mig_mode))
+        put(pending, int(self.host.mig_mode))
+        return 0
+
+    def nvmlDeviceGetHandleByPciBusId(self, bus_id: bytes, handle: Any) -> int:
+        self.calls.append(("nvmlDeviceGetHandleByPciBusId", None))
+        for position, card in enumerate(self.host.cards):
+            if card.bus_id == bus_id.decode().lower():
+                put(handle, position + 1)
+                return 0
+        return 6  # NOT_FOUND
+
+    def nvmlDeviceGetGpuInstanceProfileInfo(self, handle: Any, index: int, info: Any) -> int:
+        position = (getattr(handle, "value", handle) or 0) - 1
+        self.calls.append(("nvmlDeviceGetGpuInstanceProfileInfo", position))
+        if not 0 <= position < len(self.host.cards) or not self.host.mig_mode:
+            return 3  # NOT_SUPPORTED
+        card = self.host.cards[position]
+        found = next((p for p in card.mig_profiles if p.slice_count == index + 1), None)
+        if found is None:
+            return 3
+        out = target(info)
+        out.id, out.gi_count_max, out.cu_count = index, found.instance_count, found.cu_count
+        out.gpu_slice_count, out.memory_size_MB = found.slice_count, found.memory_mib
+        out.name = found.name.encode()
+        return 0

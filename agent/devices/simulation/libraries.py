@@ -26,19 +26,24 @@ _SIMULATORS = {
 
 
 def factory(key: str, profile: Profile) -> Callable[[], Any]:
-    """A maker of ``key``'s simulated library from ``profile`` (nothing is built before a call)."""
+    """A maker of ``key``'s simulated library from ``profile``.
 
-    def make() -> Any:
-        module, cls, soname = _SIMULATORS[key]
-        section = getattr(profile, key)
-        if section is None or not section.library_installed:
-            raise clib.LibUnavailable(
-                f"load {soname}", clib.LIBRARY_NOT_FOUND, "LIBRARY_NOT_FOUND",
-                f"{soname}: cannot open shared object file (not in the simulated profile)",
-            )  # fmt: skip
-        return getattr(importlib.import_module(module), cls)(section)
+    A profile with a section for ``key`` builds its simulator now, so a bad fault or error name
+    is a :class:`ProfileError` before any pass; a profile without one imports nothing.
+    """
+    module, cls, soname = _SIMULATORS[key]
+    section = getattr(profile, key)
+    if section is not None and section.library_installed:
+        made = getattr(importlib.import_module(module), cls)(section)
+        return lambda: made
 
-    return make
+    def absent() -> Any:
+        raise clib.LibUnavailable(
+            f"load {soname}", clib.LIBRARY_NOT_FOUND, "LIBRARY_NOT_FOUND",
+            f"{soname}: cannot open shared object file (not in the simulated profile)",
+        )  # fmt: skip
+
+    return absent
 
 
 def simulated_keys() -> tuple[str, ...]:

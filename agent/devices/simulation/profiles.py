@@ -266,6 +266,17 @@ class MthreadsHost(LibHost, frozen=True, kw_only=True):
     cards: tuple[MthreadsCard, ...] = ()
 
 
+class HygonMigProfile(_Profile, frozen=True, kw_only=True):
+    """One DMI MIG profile of a DCU (``dmiGpuInstanceProfileInfo_t``)."""
+
+    name: str
+    memory_mib: int
+    slice_count: int
+    """1 to 4; the library is asked by ``slice_count - 1``."""
+    instance_count: int
+    cu_count: int = 0
+
+
 class HygonCard(DrmCard, frozen=True, kw_only=True):
     """A Hygon DCU as DTK's ROCm SMI and KFD report it, in their units."""
 
@@ -280,6 +291,7 @@ class HygonCard(DrmCard, frozen=True, kw_only=True):
     simd_per_cu: int = 4
     gfx_target_version: int
     """KFD encoding: ``90208`` is gfx928."""
+    mig_profiles: tuple[HygonMigProfile, ...] = ()
 
 
 class HygonHost(LibHost, frozen=True, kw_only=True):
@@ -287,6 +299,10 @@ class HygonHost(LibHost, frozen=True, kw_only=True):
     """``/sys/module/hycu/version``; None: the module publishes none."""
     dtk_version: str | None = None
     """``/opt/dtk/.info/version``; None: no DTK on the host."""
+    mig_library: bool = False
+    """Whether DTK's ``libhydmi_mig.so`` is installed."""
+    mig_mode: bool = False
+    """The node-wide MIG switch (only read through the MIG library)."""
     cards: tuple[HygonCard, ...] = ()
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from vendor_helpers import rig, wire
+from vendor_helpers import rig, validate_devices, wire
 
 from agent.devices import rocmsmi
 
@@ -60,3 +60,49 @@ def test_a_leading_zero_unique_id_keeps_its_width(tmp_path: Path) -> None:
     )
     found = wire(rig("hygon", yaml, tmp_path).backend.detect())[0]["accelerators"]
     assert found[0]["id"] == "GPU-0000f95cee823041"
+
+
+def _with_mig(mode: bool) -> str:
+    text = Path(__file__).parent.parent.parent.parent / "agent/devices/simulation/builtin"
+    yaml = (text / "hygon-k100-ai-x8.yaml").read_text()
+    yaml = yaml.replace(
+        '  dtkVersion: "24.04.3"\n',
+        f'  dtkVersion: "24.04.3"\n  migLibrary: true\n  migMode: {str(mode).lower()}\n',
+    )
+    profiles = (
+        "      migProfiles:\n"
+        "        - {name: 1g.16gb, memoryMib: 16380, sliceCount: 1, instanceCount: 4, cuCount: 30}\n"
+        "        - {name: 2g.32gb, memoryMib: 32760, sliceCount: 2, instanceCount: 2, cuCount: 60}\n"
+        "        - {name: 'bad name', memoryMib: 65520, sliceCount: 4, instanceCount: 1}\n"
+    )
+    return yaml.replace(
+        "      gfxTargetVersion: 90208\n", "      gfxTargetVersion: 90208\n" + profiles
+    )
+
+
+def test_dcus_in_mig_mode_offer_their_partitions(tmp_path: Path) -> None:
+    groups = rig("hygon", _with_mig(True), tmp_path).backend.detect()
+    validate_devices(groups)
+    status = wire(groups)[0]["accelerators"][0]["status"]
+    assert "logicalSliced" not in status
+    assert status["physicalSliced"] == {
+        "profiles": [
+            {"name": "1g.16gb", "memoryMib": 16380, "computeSlices": 1, "memorySlices": 1,
+             "count": 4},
+            {"name": "2g.32gb", "memoryMib": 32760, "computeSlices": 2, "memorySlices": 2,
+             "count": 2},
+            {"name": "4g.63gb", "memoryMib": 65520, "computeSlices": 4, "memorySlices": 4,
+             "count": 1},
+        ],
+        "count": 4,
+    }  # fmt: skip
+
+
+def test_mig_off_or_no_mig_library_means_software_slices(tmp_path: Path) -> None:
+    off = rig("hygon", _with_mig(False), tmp_path / "off")
+    status = wire(off.backend.detect())[0]["accelerators"][0]["status"]
+    assert status["logicalSliced"] == {"coresPercentageOvercommit": False, "count": 4}
+    assert off.library.companion is not None
+    assert off.library.companion.calls == [("nvmlGetSystemMigMode", None)]
+    plain = rig("hygon", "hygon-k100-ai-x8", tmp_path / "plain")
+    assert "logicalSliced" in wire(plain.backend.detect())[0]["accelerators"][0]["status"]

@@ -183,3 +183,53 @@ def test_inconsistent_profiles_are_rejected(
     with pytest.raises(ProfileError, match=message):
         sysfs.materialize(_profile(nvidia=nvidia, amd=amd), tmp_path)
     assert not (tmp_path / "sys").exists()
+
+
+# -- library-read manufacturers ----------------------------------------------------------------
+
+_CHIP = """
+description: x
+ascend:
+  chips:
+    - {busId: "0000:81:00.0", pciDeviceId: 0xd500, cardId: 4, logicId: 0, physicalId: 0,
+       chipName: 310P3, aicoreCount: 8, dieId: [1, 2, 3, 4, 5], memoryTotalMib: 1,
+       temperatureC: 1, powerDeciwatts: 1}
+    - {busId: "0000:81:00.0", pciDeviceId: 0xd500, cardId: 4, deviceId: 1, logicId: 1,
+       physicalId: 1, chipName: 310P3, aicoreCount: 8, dieId: [1, 2, 3, 4, 6],
+       memoryTotalMib: 1, temperatureC: 1, powerDeciwatts: 1, numaNode: NUMA}
+"""
+
+
+def test_chips_of_one_card_share_one_pci_function(tmp_path: Path) -> None:
+    profile = msgspec.yaml.decode(_CHIP.replace("NUMA", "null").encode(), type=profiles.Profile)
+    host = sysfs.materialize(profile, tmp_path)
+    (function,) = pci.scan(host, 0x19E5)
+    assert (function.bdf, function.pci_class) == ("0000:81:00.0", 0x120000)
+
+
+def test_chips_sharing_an_address_must_agree_on_the_function(tmp_path: Path) -> None:
+    profile = msgspec.yaml.decode(_CHIP.replace("NUMA", "1").encode(), type=profiles.Profile)
+    with pytest.raises(ProfileError, match="0000:81:00.0 disagree"):
+        sysfs.materialize(profile, tmp_path)
+
+
+def test_library_cards_with_drm_nodes_must_not_share_numbers(tmp_path: Path) -> None:
+    profile = profiles.load("metax-c500-x8")
+    assert profile.metax is not None
+    cards = list(profile.metax.cards)
+    cards[1] = msgspec.structs.replace(cards[1], card=cards[0].card)
+    broken = msgspec.structs.replace(
+        profile, metax=msgspec.structs.replace(profile.metax, cards=tuple(cards))
+    )
+    with pytest.raises(ProfileError, match="card number card1 is used by two cards"):
+        sysfs.materialize(broken, tmp_path)
+
+
+@pytest.mark.parametrize("name", profiles.packaged_names())
+def test_every_packaged_profile_lays_out_its_cards(name: str, tmp_path: Path) -> None:
+    profile = profiles.load(name)
+    host = sysfs.materialize(profile, tmp_path)
+    for key, cards in profile.library_cards().items():
+        vendor = {"ascend": 0x19E5, "cambricon": 0xCABC, "hygon": 0x1D94, "iluvatar": 0x1E3E,
+                  "metax": 0x9999, "mthreads": 0x1ED5, "thead": 0x1DED}[key]  # fmt: skip
+        assert len(pci.scan(host, vendor)) == len({c.bus_id for c in cards})

@@ -295,3 +295,19 @@ def test_dm_detect_on_an_nvidia_node_imports_no_vendor_adapter() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert "LOADED []" in result.stderr
+
+
+def test_a_fault_naming_no_vendor_error_is_a_usage_error(tmp_path: Path) -> None:
+    text = (profiles_dir() / "metax-c500-x8.yaml").read_text()
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        text.replace(
+            "      xcorePercent: 0\n",
+            "      xcorePercent: 0\n      faults: {mxSmlGetDeviceInfo: GPU_IS_LOST}\n",
+            1,
+        )
+    )
+    cli = [sys.executable, "-m", "gpustack_operator.main", "dm", "detect", "--simulate", str(bad)]
+    result = subprocess.run(cli, check=False, capture_output=True, text=True)
+    assert result.returncode == 2 and result.stdout == ""
+    assert "unknown error 'GPU_IS_LOST'" in result.stderr and "NO_DEVICE" in result.stderr
