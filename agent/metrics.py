@@ -73,6 +73,8 @@ SERIES: tuple[Series, ...] = (
     Series("decoder_utilization_percent", "Video decoder utilization, percent.",
            lambda s: s.decoder_utilization),
     Series("temperature_celsius", "Core temperature, degrees Celsius.", lambda s: s.temperature),
+    Series("memory_temperature_celsius", "Memory temperature, degrees Celsius.",
+           lambda s: s.memory_temperature),
     Series("power_watts", "Power drawn, watts.", lambda s: s.power_usage),
     Series("sm_clock_mhz", "SM clock, MHz.", lambda s: s.sm_clock),
     Series("memory_clock_mhz", "Memory clock, MHz.", lambda s: s.memory_clock),

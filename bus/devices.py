@@ -160,6 +160,8 @@ class AcceleratorSample(_Wire, frozen=True, kw_only=True):
     """Percent of time memory was read or written."""
     encoder_utilization: int | None = None
     decoder_utilization: int | None = None
+    memory_temperature: int | None = None
+    """Memory (HBM) temperature, degrees Celsius."""
     sm_clock: int | None = None
     """MHz."""
     memory_clock: int | None = None

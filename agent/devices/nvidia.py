@@ -250,6 +250,7 @@ class NvidiaBackend:
             "memory_copy_utilization": reader.get(nvml.memory_copy_utilization),
             "encoder_utilization": reader.get(nvml.encoder_utilization),
             "decoder_utilization": reader.get(nvml.decoder_utilization),
+            "memory_temperature": reader.get(nvml.memory_temperature),
             "sm_clock": reader.get(nvml.sm_clock),
             "memory_clock": reader.get(nvml.memory_clock),
             "energy": reader.get(nvml.total_energy),

@@ -93,6 +93,16 @@ _PROFILE_ABSENT_CODES = frozenset({NOT_SUPPORTED, INVALID_ARGUMENT, NOT_FOUND})
 """What a GI-profile scan gets for a profile index this card does not have: skip it, silently."""
 
 _ABSENT: Any = object()
+_FIELD_MEMBERS = {
+    0: "dVal",
+    1: "uiVal",
+    2: "ulVal",
+    3: "ullVal",
+    4: "sllVal",
+    5: "siVal",
+    6: "usVal",
+}
+"""``nvmlValueType_t`` -> the member of the ``nvmlValue_t`` union that holds the value."""
 """What :meth:`Nvml._call_unless` returns for an expected "nothing here" code."""
 
 EVENT_TYPE_XID_CRITICAL_ERROR = 0x0000000000000008
@@ -631,11 +641,27 @@ class Nvml:
         """``(tx, rx)`` KiB of data over every NVLink link since the driver loaded."""
         lib = self.library
         ids = [lib.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, lib.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX]
-        values = list(self._call("nvmlDeviceGetFieldValues", h, ids))
-        for v in values:
-            if int(v.nvmlReturn) != 0:
-                raise map_error("nvmlDeviceGetFieldValues", int(v.nvmlReturn), "NVLink data")
-        return int(values[0].value.ullVal), int(values[1].value.ullVal)
+        tx, rx = self._fields(h, ids, "NVLink data")
+        return int(tx), int(rx)
+
+    def memory_temperature(self, h: Handle) -> int:
+        """Memory (HBM) temperature, °C."""
+        (value,) = self._fields(h, [self.library.NVML_FI_DEV_MEMORY_TEMP], "memory temperature")
+        return int(value)
+
+    def _fields(self, h: Handle, ids: list[int], what: str) -> list[float]:
+        """``nvmlDeviceGetFieldValues``: each value read as its own type says; a field the card
+        lacks raises as the call would (``NOT_SUPPORTED`` is :class:`NvmlUnsupported`)."""
+        out: list[float] = []
+        for v in self._call("nvmlDeviceGetFieldValues", h, ids):
+            code = int(v.nvmlReturn)
+            if code != 0:
+                if code != NOT_SUPPORTED:
+                    self.errors_by_call["nvmlDeviceGetFieldValues"] += 1
+                raise map_error("nvmlDeviceGetFieldValues", code, what)
+            member = _FIELD_MEMBERS.get(int(getattr(v, "valueType", 3)), "ullVal")
+            out.append(getattr(v.value, member))
+        return out
 
     # -- events -------------------------------------------------------------------------------
 

@@ -384,6 +384,7 @@ def test_standalone_as_pid1_stops_and_leaves_nothing(tmp_path: Path) -> None:
             "--worker-port=0",
             "--device-manager-port=0",
             "--model-manager-port=0",
+            "--dashboard-port=0",
             "--bind-address=127.0.0.1",
             "--node-name=n1",
         ],

@@ -182,6 +182,8 @@ def test_the_command_stops_cleanly_on_sigint_and_leaves_no_server(tmp_path: Path
             "0",
             "--device-manager-port",
             "0",
+            "--dashboard-port",
+            "0",
         ],
         stderr=subprocess.PIPE,
         text=True,

@@ -36,6 +36,7 @@ class TelemetryCalls:
     NVML_NVLINK_MAX_LINKS = 18
     NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX = 138
     NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX = 139
+    NVML_FI_DEV_MEMORY_TEMP = 82
 
     _reads: dict[tuple[str, int], int]
     """(counter, card index) -> reads so far; set by the simulator at construction."""
@@ -110,12 +111,17 @@ class TelemetryCalls:
             self.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX,
             self.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX,
         )
-        kib = card.nvlink_kibps * self._seconds("nvlink", handle)
-        return [
-            SimpleNamespace(
-                fieldId=f,
-                nvmlReturn=0 if f in data and card.nvlink_links else NOT_SUPPORTED,
-                value=SimpleNamespace(ullVal=kib if f in data else 0),
-            )
-            for f in fieldIds
-        ]
+        out = []
+        for field in fieldIds:
+            value: int | None = None
+            if field in data and card.nvlink_links:
+                value = card.nvlink_kibps * self._seconds(f"nvlink{field}", handle)
+            elif field == self.NVML_FI_DEV_MEMORY_TEMP:
+                value = card.memory_temperature_c
+            kind = 1 if field == self.NVML_FI_DEV_MEMORY_TEMP else 3  # uint, unsigned long long
+            member = "uiVal" if kind == 1 else "ullVal"
+            out.append(SimpleNamespace(
+                fieldId=field, nvmlReturn=NOT_SUPPORTED if value is None else 0, valueType=kind,
+                value=SimpleNamespace(**{member: value or 0}),
+            ))  # fmt: skip
+        return out

@@ -75,6 +75,7 @@ class NvidiaCard(_Profile, frozen=True, kw_only=True):
     memory_copy_percent: int | None = 0
     encoder_percent: int | None = None
     decoder_percent: int | None = None
+    memory_temperature_c: int | None = None
     sm_clock_mhz: int | None = None
     memory_clock_mhz: int | None = None
     energy_mj: int | None = None

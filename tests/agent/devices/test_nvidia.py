@@ -381,6 +381,7 @@ def test_h200x8_sample_values(tmp_path: Path) -> None:
         "memoryCopyUtilization": 0,
         "encoderUtilization": 0,
         "decoderUtilization": 0,
+        "memoryTemperature": 38,
         "smClock": 1980,
         "memoryClock": 3201,
         "energy": 912345678 + 512345,  # one simulated second at 512345 mW
@@ -415,7 +416,8 @@ SAMPLE_CALLS = {
     "nvmlDeviceGetPowerUsage": ("powerUsage",),
 }  # fmt: skip
 TELEMETRY = (
-    "memoryCopyUtilization", "encoderUtilization", "decoderUtilization", "smClock", "memoryClock",
+    "memoryCopyUtilization", "encoderUtilization", "decoderUtilization", "memoryTemperature",
+    "smClock", "memoryClock",
     "energy", "pcieTxThroughput", "pcieRxThroughput", "pcieReplays", "remappedRowsCorrectable",
     "remappedRowsUncorrectable", "rowRemapFailed", "nvlinkLinks", "nvlinkTx", "nvlinkRx",
 )  # fmt: skip

@@ -11,6 +11,9 @@ import msgspec
 import pytest
 from nvidia_helpers import rig
 
+from agent import metrics
+from bus import devices
+
 _UUID = "GPU-6f1c2b9e-3a47-5d81-9c0e-1b2a3c4d5e6"
 
 
@@ -38,8 +41,10 @@ def test_a_failing_call_is_counted_logged_and_drops_only_its_field(
     with caplog.at_level(logging.WARNING):
         samples = _samples(r)
     assert samples[5]["nvlinkLinks"] == 18
-    assert "nvlinkTx" not in samples[5] and "nvlinkRx" not in samples[5]
-    assert r.nvml.errors_by_call["nvmlDeviceGetFieldValues"] == 1
+    # Both readings made through field values are left out, the rest of the card is there.
+    assert {"nvlinkTx", "nvlinkRx", "memoryTemperature"}.isdisjoint(samples[5])
+    assert samples[5]["smClock"] == 1980 and samples[4]["memoryTemperature"] == 38
+    assert r.nvml.errors_by_call["nvmlDeviceGetFieldValues"] == 2  # two calls, both failed
     assert "card 5" in caplog.text
 
 
@@ -67,3 +72,35 @@ def test_mig_instances_are_sampled_with_their_profile_and_memory(tmp_path: Path)
     assert (instance["gpuInstanceId"], instance["profile"]) == (gi.id, "1g.10gb")
     assert instance["memory"] == 9984 and instance["memoryUsage"] == 0
     assert "migInstances" not in _samples(r)[4]  # MIG off
+
+
+def test_a_field_the_card_lacks_is_absent_and_not_an_error(tmp_path: Path) -> None:
+    r = rig(tmp_path)
+    cards = list(r.sim.cards)
+    cards[1] = msgspec.structs.replace(cards[1], memory_temperature_c=None, nvlink_links=0)
+    r.sim.cards = tuple(cards)
+    second = _samples(r)[1]
+    assert {"memoryTemperature", "nvlinkLinks", "nvlinkTx"}.isdisjoint(second)
+    assert r.nvml.errors_by_call == {}
+
+
+def test_a_mig_cards_instances_reach_the_metrics_with_their_ids(tmp_path: Path) -> None:
+    """The MIG profile end to end, sampler to families: each instance its own memory series."""
+    r = rig(tmp_path, "nvidia-h100x8-mig")
+    groups = r.backend.detect()
+    with r.nvml.session():
+        gi = r.nvml.create_gpu_instance(r.nvml.handle(1), 1, 0, 2)  # 2g.20gb
+        r.nvml.create_compute_instance(gi.handle, 2)
+    sample = devices.MonitorSample(manufacturer="nvidia", timestamp="t",
+                                   accelerators=tuple(r.backend.sample()))  # fmt: skip
+    families = {f.name: f for f in metrics.accelerator_families("n", groups, [sample])}
+    mig = [
+        (s.labels["gpu"], s.labels["GPU_I_ID"], s.labels["GPU_I_PROFILE"], s.value)
+        for s in families["gpustack_accelerator_memory_total_mib"].samples
+        if s.labels["GPU_I_ID"]
+    ]
+    assert mig == [("1", str(gi.id), "2g.20gb", 20096.0)]
+    utilization = {
+        s.labels["gpu"] for s in families["gpustack_accelerator_utilization_percent"].samples
+    }
+    assert utilization == {"4", "5", "6", "7"}  # NVML has none for a card in MIG mode
