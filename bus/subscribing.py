@@ -69,10 +69,12 @@ def parse_filter(subject: str) -> tuple[str | None, subjects.Kind | None]:
 
 
 class _Counter:
-    """Live messages put into the memory stream so far (the reader's side counts them)."""
+    """Live messages put into the memory stream so far (the reader's side counts them), and
+    taken out of it (the consumer's side)."""
 
     def __init__(self) -> None:
         self.count = 0
+        self.taken = 0
 
 
 class _StateSource:
@@ -117,7 +119,6 @@ class Subscription:
         self._send = send
         self.guard = guard
         self._received = received
-        self._consumed = 0
         self._source = source
         self._states: deque[tuple[int, deque[state.Valid]]] = deque()
         """State reads waiting for their place: (live messages received before it, events)."""
@@ -142,7 +143,7 @@ class Subscription:
             item = await self._receive_item()
             if item is None:
                 continue  # woken: a state read is due, or its place may have come
-            self._consumed += 1
+            self._received.taken += 1
             event = self.guard.accept(*item)
             if event is not None:
                 return item, event
@@ -151,7 +152,7 @@ class Subscription:
     def backlog(self) -> int:
         """Live messages received and not yet taken: 0 means the next take may wait (so a
         relay flushes what it buffered before it does)."""
-        return self._received.count - self._consumed
+        return self._received.count - self._received.taken
 
     async def _receive_item(self) -> Item:
         try:
@@ -168,7 +169,7 @@ class Subscription:
         return None
 
     def _next_state(self) -> state.Valid | None:
-        while self._states and self._states[0][0] <= self._consumed:
+        while self._states and self._states[0][0] <= self._received.taken:
             batch = self._states[0][1]
             if batch:
                 return batch.popleft()
@@ -213,9 +214,18 @@ class Subscription:
 
 
 def _on_message(
-    send: MemoryObjectSendStream[Item], drops: DropLog, received: _Counter
-) -> Callable[[str, bytes], None]:
-    def on_message(subj: str, data: bytes) -> None:
+    send: MemoryObjectSendStream[Item], drops: DropLog, received: _Counter, buffer: int
+) -> Callable[[str, bytes], bool]:
+    """The client-side callback; it asks the client to yield once the buffer is half full.
+
+    The client's delivery task does not suspend while messages wait in its own queue, so
+    without that yield a burst would fill the buffer and drop while the consumer never ran;
+    with it, the client's (larger, bounded) queue holds the burst, as it does for any
+    subscriber.
+    """
+    high = max(1, buffer // 2)
+
+    def on_message(subj: str, data: bytes) -> bool:
         try:
             send.send_nowait((subj, data))
         except anyio.WouldBlock:
@@ -227,9 +237,10 @@ def _on_message(
                 sender=subj[:120],
             )
         except (anyio.ClosedResourceError, anyio.BrokenResourceError):
-            pass  # closing: late messages are discarded
+            return False  # closing: late messages are discarded
         else:
             received.count += 1
+        return received.count - received.taken >= high
 
     return on_message
 
@@ -264,7 +275,7 @@ async def subscribe(
     source = _StateSource(conn, settings, node, kind) if include_state else None
     send, receive = anyio.create_memory_object_stream[Item](buffer)
     with send, receive:
-        async with conn.subscribe(filt, _on_message(send, guard.drops, received)):
+        async with conn.subscribe(filt, _on_message(send, guard.drops, received, buffer)):
             sub = Subscription(receive, send, guard=guard, received=received, source=source)
             if source is not None:
                 sub.add_state(await source.read(guard))

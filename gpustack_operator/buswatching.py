@@ -7,8 +7,8 @@ state and exits, as the nats CLI's ``--terminate-at-end`` does.
 
 The JSON path is a relay, and keeps up with a bare nats-py subscriber (docs/benchmarks.md):
 every message is decoded once, by the same :class:`~bus.codec.Guard` every subscriber passes,
-and the *payload it arrived as* is written, never encoded again (a payload holding a raw line
-break, valid JSON from another publisher, is the one exception: it is re-encoded so one line
+and the *payload it arrived as* is written, never encoded again (a payload holding a raw newline,
+valid JSON from another publisher, is the one exception: it is re-encoded so one line
 stays one event). Output is binary and buffered; it is flushed after every event on a
 terminal, and otherwise whenever nothing more is waiting, so ``| jq`` and ``| head`` still see
 each event as soon as the stream goes quiet, while a burst costs one write per buffer.
@@ -39,7 +39,6 @@ log = logging.getLogger(__name__)
 FORMATS: Final = ("json", "yaml", "wide")
 STATE_RETRY_S: Final = 1.0
 _BUFFER: Final = 1 << 16
-_BREAKS: Final = (b"\n", b"\r")
 
 
 def format_event(event: events.Event, fmt: str) -> str:
@@ -53,7 +52,7 @@ def format_event(event: events.Event, fmt: str) -> str:
 def _render(data: bytes, event: events.Event, fmt: str) -> bytes:
     """``data`` (the payload ``event`` was decoded from) as ``fmt``, ending in a newline."""
     if fmt == "json":
-        if any(b in data for b in _BREAKS):
+        if b"\n" in data:
             data = codec.encode(event)  # one event, one line
         return data + b"\n"
     if fmt == "yaml":
@@ -81,7 +80,7 @@ class Printer:
     def print(self, valid: state.Valid, *, more: bool) -> None:
         """Write one event; ``more``: another is already waiting (flush later, off a TTY)."""
         (_, data), event = valid
-        if self._json and b"\n" not in data and b"\r" not in data:
+        if self._json and b"\n" not in data:
             write = self._out.write
             write(data)  # the hot path: no copy, no encode, no str
             write(b"\n")
