@@ -127,32 +127,18 @@ class Subscription:
         return self
 
     async def __anext__(self) -> events.Event:
-        return (await self.next_valid())[1]
-
-    async def next_valid(self) -> state.Valid:
-        """The next event with the message it was decoded from, as it arrived (same order and
-        checks as iterating): a relay writes the original payload and never encodes again.
-
-        :raises StopAsyncIteration: the subscription ended.
-        """
         while True:
             await self._read_state_if_stale()
             found = self._next_state()
             if found is not None:
-                return found
+                return found[1]
             item = await self._receive_item()
             if item is None:
                 continue  # woken: a state read is due, or its place may have come
             self._received.taken += 1
             event = self.guard.accept(*item)
             if event is not None:
-                return item, event
-
-    @property
-    def backlog(self) -> int:
-        """Live messages received and not yet taken: 0 means the next take may wait (so a
-        relay flushes what it buffered before it does)."""
-        return self._received.count - self._received.taken
+                return event
 
     async def _receive_item(self) -> Item:
         try:
@@ -214,7 +200,7 @@ class Subscription:
 
 
 def _on_message(
-    send: MemoryObjectSendStream[Item], drops: DropLog, received: _Counter, buffer: int
+    send: MemoryObjectSendStream[Item], drops: DropLog, received: _Counter, buffer: int = 4096
 ) -> Callable[[str, bytes], bool]:
     """The client-side callback; it asks the client to yield once the buffer is half full.
 
