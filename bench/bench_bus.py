@@ -204,13 +204,28 @@ class LineCount:
     lines: int = 0
     first: float = 0.0
     last: float = 0.0
+    cpu_first: float = 0.0
+    cpu_last: float = 0.0
 
     @property
     def rate(self) -> float:
         return (self.lines - 1) / (self.last - self.first) if self.lines > 1 else 0.0
 
+    @property
+    def cpu_us(self) -> float:
+        """The subscriber's CPU time (user + system) per line, in µs: what a shared machine's
+        load does not change much, unlike the rate."""
+        return 1e6 * (self.cpu_last - self.cpu_first) / (self.lines - 1) if self.lines > 1 else 0.0
 
-def count_lines(fd: int, expected: int) -> LineCount:
+
+def _cpu_s(pid: int) -> float:
+    """CPU seconds ``pid`` has used so far (``/proc/<pid>/stat`` utime + stime)."""
+    with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+        fields = f.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def count_lines(fd: int, expected: int, pid: int | None = None) -> LineCount:
     """Read ``fd`` until ``expected`` lines came or, once lines flow, it stayed idle for
     :data:`_IDLE_S` (the publisher is a fresh process: the first line may take seconds)."""
     import selectors
@@ -223,10 +238,11 @@ def count_lines(fd: int, expected: int) -> LineCount:
             if not chunk:
                 break
             now = time.perf_counter()
+            cpu = _cpu_s(pid) if pid is not None else 0.0
             if not got.lines:
-                got.first = now
+                got.first, got.cpu_first = now, cpu
             got.lines += chunk.count(b"\n")
-            got.last = now
+            got.last, got.cpu_last = now, cpu
     return got
 
 
@@ -252,7 +268,7 @@ def piped_run(argv: list[str], url: str, count: int) -> LineCount:
     try:
         _drain(fd, 1.0)
         publisher = start_publisher(url, count)
-        got = count_lines(fd, count)
+        got = count_lines(fd, count, proc.pid)
         publisher.wait()
     finally:
         proc.stdout.close()  # first: a child blocked writing to a full pipe gets EPIPE
@@ -276,6 +292,7 @@ async def watch_runs(server_url: str, count: int, runs: int) -> dict[str, list[f
     watch += ["--subject", subjects.filter_for(kind="samples")]
     bare = [sys.executable, __file__, "--bare-sub", server_url]
     rates: dict[str, list[float]] = {"bare-count": [], "bare-pipe": [], "watch": []}
+    rates.update({"bare-pipe-cpu": [], "watch-cpu": []})
     for _ in range(runs):
         rates["bare-count"].append(await bare_run(server_url, count))
         for name, argv in (("bare-pipe", bare), ("watch", watch)):
@@ -283,6 +300,7 @@ async def watch_runs(server_url: str, count: int, runs: int) -> dict[str, list[f
             if got.lines < count:
                 print(f"  {name}: {count - got.lines} of {count} messages dropped")
             rates[name].append(got.rate)
+            rates[f"{name}-cpu"].append(got.cpu_us)
     return rates
 
 
@@ -296,6 +314,12 @@ def report_watch(rates: dict[str, list[float]]) -> None:
         f"bus watch -o json to pipe   : {med['watch']:10,.0f} msg/s"
         f"  ({med['watch'] / med['bare-pipe']:.2f} of bare-pipe,"
         f" {med['watch'] / med['bare-count']:.2f} of bare-count)"
+    )
+    cpu_bare, cpu_watch = med["bare-pipe-cpu"], med["watch-cpu"]
+    print(f"CPU per message, bare-pipe  : {cpu_bare:10.1f} µs")
+    print(
+        f"CPU per message, bus watch  : {cpu_watch:10.1f} µs"
+        f"  (a CPU-bound rate of {cpu_bare / cpu_watch:.2f} of bare-pipe)"
     )
 
 

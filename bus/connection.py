@@ -21,6 +21,7 @@ from contextlib import asynccontextmanager, contextmanager
 from typing import Any, Final, TypeVar
 
 import anyio
+import anyio.lowlevel
 import nats
 import nats.errors
 import nats.js.errors
@@ -169,15 +170,19 @@ class Connection:
 
     @asynccontextmanager
     async def subscribe(
-        self, subject: str, on_message: Callable[[str, bytes], None]
+        self, subject: str, on_message: Callable[[str, bytes], bool | None]
     ) -> AsyncIterator[None]:
         """Call ``on_message(subject, payload)`` for every message on ``subject`` while inside.
 
         ``on_message`` runs on the client's reader path: it must not block and must not raise.
+        When it returns True, the client's delivery task yields to the other tasks once before
+        the next message (it would not otherwise while messages are queued): a consumer that
+        ``on_message`` hands messages to gets its turn, and the client's queue holds the rest.
         """
 
         async def callback(msg: Msg) -> None:
-            on_message(msg.subject, msg.data)
+            if on_message(msg.subject, msg.data):
+                await anyio.lowlevel.checkpoint()
 
         async with self._subscribed(subject, callback, queue=""):
             yield

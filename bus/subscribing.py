@@ -69,10 +69,12 @@ def parse_filter(subject: str) -> tuple[str | None, subjects.Kind | None]:
 
 
 class _Counter:
-    """Live messages put into the memory stream so far (the reader's side counts them)."""
+    """Live messages put into the memory stream so far (the reader's side counts them), and
+    taken out of it (the consumer's side)."""
 
     def __init__(self) -> None:
         self.count = 0
+        self.taken = 0
 
 
 class _StateSource:
@@ -117,7 +119,6 @@ class Subscription:
         self._send = send
         self.guard = guard
         self._received = received
-        self._consumed = 0
         self._source = source
         self._states: deque[tuple[int, deque[state.Valid]]] = deque()
         """State reads waiting for their place: (live messages received before it, events)."""
@@ -126,32 +127,18 @@ class Subscription:
         return self
 
     async def __anext__(self) -> events.Event:
-        return (await self.next_valid())[1]
-
-    async def next_valid(self) -> state.Valid:
-        """The next event with the message it was decoded from, as it arrived (same order and
-        checks as iterating): a relay writes the original payload and never encodes again.
-
-        :raises StopAsyncIteration: the subscription ended.
-        """
         while True:
             await self._read_state_if_stale()
             found = self._next_state()
             if found is not None:
-                return found
+                return found[1]
             item = await self._receive_item()
             if item is None:
                 continue  # woken: a state read is due, or its place may have come
-            self._consumed += 1
+            self._received.taken += 1
             event = self.guard.accept(*item)
             if event is not None:
-                return item, event
-
-    @property
-    def backlog(self) -> int:
-        """Live messages received and not yet taken: 0 means the next take may wait (so a
-        relay flushes what it buffered before it does)."""
-        return self._received.count - self._consumed
+                return event
 
     async def _receive_item(self) -> Item:
         try:
@@ -168,7 +155,7 @@ class Subscription:
         return None
 
     def _next_state(self) -> state.Valid | None:
-        while self._states and self._states[0][0] <= self._consumed:
+        while self._states and self._states[0][0] <= self._received.taken:
             batch = self._states[0][1]
             if batch:
                 return batch.popleft()
@@ -213,9 +200,18 @@ class Subscription:
 
 
 def _on_message(
-    send: MemoryObjectSendStream[Item], drops: DropLog, received: _Counter
-) -> Callable[[str, bytes], None]:
-    def on_message(subj: str, data: bytes) -> None:
+    send: MemoryObjectSendStream[Item], drops: DropLog, received: _Counter, buffer: int = 4096
+) -> Callable[[str, bytes], bool]:
+    """The client-side callback; it asks the client to yield once the buffer is half full.
+
+    The client's delivery task does not suspend while messages wait in its own queue, so
+    without that yield a burst would fill the buffer and drop while the consumer never ran;
+    with it, the client's (larger, bounded) queue holds the burst, as it does for any
+    subscriber.
+    """
+    high = max(1, buffer // 2)
+
+    def on_message(subj: str, data: bytes) -> bool:
         try:
             send.send_nowait((subj, data))
         except anyio.WouldBlock:
@@ -227,9 +223,10 @@ def _on_message(
                 sender=subj[:120],
             )
         except (anyio.ClosedResourceError, anyio.BrokenResourceError):
-            pass  # closing: late messages are discarded
+            return False  # closing: late messages are discarded
         else:
             received.count += 1
+        return received.count - received.taken >= high
 
     return on_message
 
@@ -264,7 +261,7 @@ async def subscribe(
     source = _StateSource(conn, settings, node, kind) if include_state else None
     send, receive = anyio.create_memory_object_stream[Item](buffer)
     with send, receive:
-        async with conn.subscribe(filt, _on_message(send, guard.drops, received)):
+        async with conn.subscribe(filt, _on_message(send, guard.drops, received, buffer)):
             sub = Subscription(receive, send, guard=guard, received=received, source=source)
             if source is not None:
                 sub.add_state(await source.read(guard))

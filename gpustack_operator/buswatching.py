@@ -7,8 +7,8 @@ state and exits, as the nats CLI's ``--terminate-at-end`` does.
 
 The JSON path is a relay, and keeps up with a bare nats-py subscriber (docs/benchmarks.md):
 every message is decoded once, by the same :class:`~bus.codec.Guard` every subscriber passes,
-and the *payload it arrived as* is written, never encoded again (a payload holding a raw line
-break, valid JSON from another publisher, is the one exception: it is re-encoded so one line
+and the *payload it arrived as* is written, never encoded again (a payload holding a raw newline,
+valid JSON from another publisher, is the one exception: it is re-encoded so one line
 stays one event). Output is binary and buffered; it is flushed after every event on a
 terminal, and otherwise whenever nothing more is waiting, so ``| jq`` and ``| head`` still see
 each event as soon as the stream goes quiet, while a burst costs one write per buffer.
@@ -39,7 +39,6 @@ log = logging.getLogger(__name__)
 FORMATS: Final = ("json", "yaml", "wide")
 STATE_RETRY_S: Final = 1.0
 _BUFFER: Final = 1 << 16
-_BREAKS: Final = (b"\n", b"\r")
 
 
 def format_event(event: events.Event, fmt: str) -> str:
@@ -53,7 +52,7 @@ def format_event(event: events.Event, fmt: str) -> str:
 def _render(data: bytes, event: events.Event, fmt: str) -> bytes:
     """``data`` (the payload ``event`` was decoded from) as ``fmt``, ending in a newline."""
     if fmt == "json":
-        if any(b in data for b in _BREAKS):
+        if b"\n" in data:
             data = codec.encode(event)  # one event, one line
         return data + b"\n"
     if fmt == "yaml":
@@ -81,7 +80,7 @@ class Printer:
     def print(self, valid: state.Valid, *, more: bool) -> None:
         """Write one event; ``more``: another is already waiting (flush later, off a TTY)."""
         (_, data), event = valid
-        if self._json and b"\n" not in data and b"\r" not in data:
+        if self._json and b"\n" not in data:
             write = self._out.write
             write(data)  # the hot path: no copy, no encode, no str
             write(b"\n")
@@ -131,13 +130,7 @@ async def watch(
         if once:
             await _once(conn, settings, node, kind, printer)
             return
-        while True:
-            try:
-                await _follow(conn, settings, node, kind, printer)
-            except StateUnavailable as e:
-                # A dashboard may start before any agent: wait for the state to appear.
-                log.warning("waiting for the bus's retained state: %s", e)
-                await anyio.sleep(STATE_RETRY_S)
+        await _relay(conn, settings, node, kind, printer)
 
 
 async def _once(
@@ -153,22 +146,95 @@ async def _once(
     printer.flush()
 
 
-async def _follow(
+async def _relay(
     conn: connection.Connection,
     settings: BusSettings,
     node: str | None,
     kind: subjects.Kind | None,
     printer: Printer,
 ) -> None:
-    async with subscribing.subscribe(
-        conn, settings=settings, metrics=BusMetrics(), node=node, kind=kind, include_state=True
-    ) as sub:
+    """Live messages are printed in the client's delivery callback, as they come (no hop
+    through another task: that hop cost as much as the client's own delivery); the retained
+    state is printed when its read completes, so it lands after the live messages received
+    before it, the order :mod:`bus.subscribing` keeps. It is read again after every reconnect.
+    A flush waits until the client has delivered everything queued (the flusher runs only then).
+
+    :raises OSError: writing failed (``BrokenPipeError``: the reader went away).
+    """
+    relay = _Relay(conn, settings, node, kind, printer)
+    with relay.stop:
+        async with (
+            conn.subscribe(subjects.filter_for(node, kind), relay.on_message),
+            anyio.create_task_group() as tg,
+        ):
+            tg.start_soon(relay.flusher)
+            await relay.read_state()
+            await conn.every_reconnect(relay.read_state)
+    if relay.failed:
+        raise relay.failed[0]
+
+
+class _Relay:
+    """The parts of :func:`_relay`: a write failure, in whichever of them, ends the watch
+    from the relay's own task (never inside the client's callback, which must not raise)."""
+
+    def __init__(
+        self,
+        conn: connection.Connection,
+        settings: BusSettings,
+        node: str | None,
+        kind: subjects.Kind | None,
+        printer: Printer,
+    ) -> None:
+        self._conn, self._settings, self._node, self._kind = conn, settings, node, kind
+        self._printer = printer
+        self._guard = state.guard_for(settings, BusMetrics())
+        self._dirty = anyio.Event()
+        self.failed: list[OSError] = []
+        self.stop = anyio.CancelScope()
+
+    def _fail(self, e: OSError) -> None:
+        self.failed.append(e)
+        self.stop.cancel()
+
+    def on_message(self, subj: str, data: bytes) -> None:
+        event = self._guard.accept(subj, data)
+        if event is None or self.failed:
+            return
+        try:
+            self._printer.print(((subj, data), event), more=True)
+        except OSError as e:
+            self._fail(e)
+        if not self._dirty.is_set():
+            self._dirty.set()
+
+    async def flusher(self) -> None:
+        while True:
+            await self._dirty.wait()
+            self._dirty = anyio.Event()
+            try:
+                self._printer.flush()
+            except OSError as e:
+                self._fail(e)
+
+    async def read_state(self) -> None:
         while True:
             try:
-                valid = await sub.next_valid()
-            except StopAsyncIteration:
-                return
-            printer.print(valid, more=sub.backlog > 0)
+                found = await state.retained(
+                    self._conn, self._settings, node=self._node, kind=self._kind, guard=self._guard
+                )
+            except StateUnavailable as e:
+                # A dashboard may start before any agent: wait for the state to appear.
+                log.warning("waiting for the bus's retained state: %s", e)
+                await anyio.sleep(STATE_RETRY_S)
+                continue
+            try:
+                for valid in found:
+                    self._printer.print(valid, more=True)
+                self._printer.flush()
+            except OSError as e:
+                self._fail(e)
+            return
 
 
 async def main(settings: WatchSettings) -> int | None:

@@ -102,3 +102,33 @@ def test_drop_log_memory_is_bounded() -> None:
     for i in range(1000):
         drops.record(kind="samples", reason="malformed", sender=f"s{i}")
     assert len(drops._last_logged) <= 10
+
+
+def test_the_guard_refuses_future_stamps_as_its_clock_moves() -> None:
+    """The cached limit never lets a far-future stamp through, whichever way the clock goes."""
+    from datetime import UTC, datetime
+
+    from bus import subjects
+
+    clock = [1_000_000.0]
+    guard = codec.Guard(
+        DropLog(BusMetrics()), max_bytes=1 << 20, max_skew_s=300.0, clock=lambda: clock[0]
+    )
+
+    def at(offset: float) -> bool:
+        ts = datetime.fromtimestamp(1_000_000.0 + offset, UTC)
+        event = events.AgentEvent(node="n", ts=ts, version="1", started_at=ts, heartbeat_s=30.0)
+        return guard.accept(subjects.subject("n", "agent"), codec.encode(event)) is not None
+
+    assert at(299) and not at(301)
+    clock[0] += 0.5  # within the cached second: the closer look decides
+    assert at(300.4) and not at(300.6)
+    clock[0] += 10
+    assert at(309) and not at(311)
+    clock[0] -= 100  # the clock went back: the limit follows it
+    assert at(209) and not at(211)
+    naive = events.AgentEvent(
+        node="n", ts=datetime(2100, 1, 1), version="1", started_at=datetime(2100, 1, 1),
+        heartbeat_s=30.0,
+    )  # fmt: skip
+    assert guard.accept(subjects.subject("n", "agent"), codec.encode(naive)) is None
