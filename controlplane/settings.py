@@ -14,7 +14,7 @@ import socket
 
 import msgspec
 
-from bus import identity
+from bus import fleet, identity
 from bus import settings as bus_settings
 from bus.settings import BusSettings
 from controlplane import applications, busauth, leading, settingscatalog
@@ -55,6 +55,8 @@ class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
     bus_auth: busauth.BusAuthSettings | None = None
     """None: the worker serves no auth callout (the servers authenticate by themselves)."""
     webhooks: WebhookSettings = WebhookSettings()
+    cluster_name: str | None = None
+    """``--cluster-name``: answer a worker-gateway's fleet request under this name; None: not."""
     """Where the API server reaches the Pod webhooks (with a cluster only)."""
     chain: ChainSettings = ChainSettings()
     """The scheduling chain (with a cluster only): whether Kueue objects are managed, the fit
@@ -133,6 +135,7 @@ def settings_from(options: Options) -> WorkerSettings:
         identity=env.get("POD_NAME") or f"{socket.gethostname()}_{os.getpid()}",
         hub_endpoint=hub_endpoint,
         webhooks=webhooks,
+        cluster_name=_cluster_name(options),
     )
 
 
@@ -240,3 +243,12 @@ def _bus_auth(
     if not audience:
         raise SettingsError("--nats-callout-audience: empty")
     return busauth.BusAuthSettings(issuer_seed_file=seed, audience=audience, namespace=namespace)
+
+
+def _cluster_name(options: Options) -> str | None:
+    name = options.optional_text("cluster-name")
+    if name is not None and not fleet.valid_cluster_name(name):
+        raise SettingsError(
+            f"--cluster-name {name[:64]!r}: lowercase letters, digits, '-' and '.', at most 253"
+        )
+    return name

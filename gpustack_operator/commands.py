@@ -195,6 +195,12 @@ _WORKER = (
     ),
     Flag("secure-port", "31443", "the HTTPS port", kind="int", bounds=PORT),
     Flag(
+        "cluster-name",
+        "",
+        "this cluster's name in a fleet: the leader answers a worker-gateway's summary request "
+        "under it (docs/gateway.md); empty: it does not answer",
+    ),
+    Flag(
         "webhook-service",
         "gpustack-operator-worker",
         "the Service (in the worker's namespace, on --secure-port) the API server calls the Pod "

@@ -12,6 +12,7 @@ import os
 import stat
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -21,12 +22,15 @@ import anyio.abc
 import msgspec
 import pytest
 
-from bus import connection, embedded, identity, testing
+from bus import codec, connection, embedded, events, identity, subjects, testing
+from bus.devices import DeviceGroup
 from bus.fleet import InstanceTypeSummary, View, Views
 from bus.settings import BusSettings
 from controlplane import fleet as member
+from controlplane import running as worker_running
 from controlplane.gateway import running
 from controlplane.gateway.settings import GatewaySettings
+from controlplane.settings import WorkerSettings
 from kit.serving import HttpsSettings
 
 pytestmark = pytest.mark.anyio
@@ -265,3 +269,52 @@ def _async_true_when(check: Any) -> Any:
         return bool(check())
 
     return poll
+
+
+def _detected(name: str) -> tuple[DeviceGroup, ...]:
+    here = Path(__file__).parent
+    return msgspec.json.decode((here / name).read_bytes(), type=tuple[DeviceGroup, ...])
+
+
+async def _agent_reports(settings: BusSettings, node: str, groups: tuple[DeviceGroup, ...]) -> None:
+    """What a node's device agent publishes first: its devices (the worker's ledger takes it)."""
+    event = events.DevicesEvent(node=node, ts=datetime.now(UTC), groups=groups)
+    async with connection.connect(settings, name=f"agent/{node}") as conn:
+        await conn.publish(subjects.subject(node, "devices"), codec.encode(event))
+        await conn.flush()
+
+
+async def test_two_real_workers_on_linked_buses_add_up(tmp_path: Path) -> None:
+    """Two workers (bus ledger, no cluster), each on its own NATS, the second linked to the
+    first as a leaf node; the gateway's totals are the hand-computed sums of their nodes."""
+    sock = tmp_path / "gw.sock"
+    https = HttpsSettings(bind_address="127.0.0.1", port=0, auth="none")
+    async with linked_buses(tmp_path) as (hub, west_server), anyio.create_task_group() as tg:
+        east_bus, west_bus = on_hub(hub), testing.settings_for(west_server)
+        for bus, cluster in ((east_bus, "east"), (west_bus, "west")):
+            worker = WorkerSettings(
+                bus=msgspec.structs.replace(bus, inbox_prefix="_INBOX.worker"), kube=None,
+                https=https, leader_election=False, cluster_name=cluster,
+            )  # fmt: skip
+            await tg.start(worker_running.run, worker)
+        await _agent_reports(east_bus, "e1", _detected("controlplane_detect_h200x8.json"))
+        await _agent_reports(west_bus, "w1", _detected("controlplane_detect_h200x8.json"))
+        await _agent_reports(west_bus, "w2", _detected("controlplane_detect_amd_x2.json"))
+        gw = await tg.start(running.run, _settings(hub, sock))
+
+        async def summed() -> bool:
+            names = sorted(gw.catalog.objects)
+            nvidia = [gw.catalog.objects[n] for n in names if "nvidia" in n]
+            if not nvidia or len(nvidia[0]["status"]["members"]) != 2:
+                return False
+            return bool(nvidia[0]["status"]["accelerator"]["capacity"] == 16)
+
+        await testing.eventually(summed, timeout_s=30)
+        objects = gw.catalog.objects
+        nvidia = next(o for n, o in objects.items() if "nvidia" in n)["status"]
+        assert nvidia["accelerator"] == {"onceMaxRequest": 8, "remaining": 16, "capacity": 16}
+        assert [t["clusters"] for t in nvidia["tiers"]["accelerator"]] == [["east", "west"]]
+        amd = next(o for n, o in objects.items() if "amd" in n)["status"]
+        assert amd["members"] == [{"cluster": "west", "state": "Active"}]
+        assert amd["accelerator"]["capacity"] == 2
+        tg.cancel_scope.cancel()
