@@ -9,9 +9,10 @@ a test walks every CRD and fails on it (a new field must say what it means).
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Mapping
 from typing import Any, Final
+
+import msgspec
 
 __all__ = ["COMMON", "DESCRIPTIONS", "describe", "undescribed"]
 
@@ -96,6 +97,9 @@ _DEVICES: Final = {
     f"{_ALLOC}.allocated": "Units allocated, of 1,600,000 per card (50% is 800,000).",
     f"{_ALLOC}.remaining": "Units left, of 1,600,000 per card.",
     f"{_ALLOC}.allocatedSlices": "Logical slices handed out.",
+    f"{_ALLOC}.allocatedProfiles": "Partition instances held on the card, per profile.",
+    f"{_ALLOC}.allocatedProfiles[].name": "The partition profile (e.g. 3g.71gb).",
+    f"{_ALLOC}.allocatedProfiles[].count": "Instances of that profile held by containers.",
 }
 
 _M: Final = "status.models[]"
@@ -103,6 +107,8 @@ _NODEMODELSTORES: Final = {
     "": "The model cache of one node: how it is tuned (spec) and what it holds, downloads and "
     "failed to get (status, written by the worker from the node's model-manager).",
     "spec": "How the node's model-manager runs its cache.",
+    "spec.store": "The ModelStore whose overrides this node's spec carries (written by the "
+    "worker; empty: the Settings alone).",
     "spec.watermarks": "When unused models are collected, as percentages of the cache filesystem.",
     "spec.watermarks.highPercent": "Collect unreferenced models once the filesystem is this full.",
     "spec.watermarks.lowPercent": "Collect down to this fullness.",
@@ -166,10 +172,32 @@ _MODELARTIFACTS: Final = {
     "status.nodes.failed": "Nodes whose last attempt failed.",
 }
 
+_MODELSTORES: Final = {
+    "": "Cache tuning for the nodes a selector picks: overrides of the Settings' watermarks and "
+    "download limits in their NodeModelStore specs (the alphabetically first match wins).",
+    "spec": "Which nodes, and what they get.",
+    "spec.nodeSelector": "The nodes this store applies to (a label selector).",
+    "spec.nodeSelector.matchLabels": "Labels a node must carry, each with this value.",
+    "spec.nodeSelector.matchExpressions": "Label requirements, all of which must hold.",
+    "spec.nodeSelector.matchExpressions[].key": "The label key.",
+    "spec.nodeSelector.matchExpressions[].operator": "In, NotIn, Exists or DoesNotExist.",
+    "spec.nodeSelector.matchExpressions[].values": "The values for In and NotIn.",
+    "spec.watermarks": "Overrides of when unused models are collected (percent of the cache "
+    "filesystem).",
+    "spec.watermarks.highPercent": "Collect unreferenced models once the filesystem is this full.",
+    "spec.watermarks.lowPercent": "Collect down to this fullness.",
+    "spec.download": "Overrides of the download limits.",
+    "spec.download.concurrency": "Files downloaded at once per node.",
+    "spec.download.bytesPerSecond": "Download bandwidth cap per node in bytes per second.",
+    "status": "What the store applies to, written by the worker.",
+    "status.nodes": "Nodes whose spec this store sets.",
+}
+
 DESCRIPTIONS: Final[Mapping[str, Mapping[str, str]]] = {
     "Devices": _DEVICES,
     "NodeModelStore": _NODEMODELSTORES,
     "ModelArtifact": _MODELARTIFACTS,
+    "ModelStore": _MODELSTORES,
 }
 """Kind -> path -> text; ``""`` is the object itself."""
 
@@ -186,8 +214,13 @@ def _walk(schema: dict[str, Any], path: str) -> list[tuple[str, dict[str, Any]]]
 
 
 def describe(kind: str, schema: dict[str, Any]) -> dict[str, Any]:
-    """A copy of ``schema`` with the description of every field that has one (pure)."""
-    out = copy.deepcopy(schema)
+    """A copy of ``schema`` with the description of every field that has one (pure).
+
+    The copy shares no dict with ``schema`` or within itself: the schemas reuse one dict for
+    every plain string field, and ``copy.deepcopy`` would keep that sharing, so the first
+    description written would show on every other string field too.
+    """
+    out: dict[str, Any] = msgspec.json.decode(msgspec.json.encode(schema))
     own = DESCRIPTIONS.get(kind, {})
     for path, sub in _walk(out, ""):
         text = own.get(path) or COMMON.get(path)

@@ -107,3 +107,15 @@ def test_printer_columns_are_counts_and_human_sizes() -> None:
             if column.get("priority", 0) == 0:
                 assert "[*]" not in column["jsonPath"], column
                 assert not column["jsonPath"].endswith("Bytes"), column
+
+
+def test_a_description_lands_on_its_own_field_only() -> None:
+    """The schemas reuse one dict for plain string fields; describing ``apiVersion`` must not
+    describe every other string field as the API version (it did, through that sharing)."""
+    from controlplane import crddocs
+
+    api_version = crddocs.COMMON["apiVersion"]
+    for stem, crd in crds.definitions().items():
+        schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+        paths = [p for p, s in crddocs._walk(schema, "") if s.get("description") == api_version]
+        assert paths == ["apiVersion"], (stem, paths)
