@@ -17,6 +17,7 @@ cancelled) is logged and ends the process with :data:`EXIT_FAILED`, so a supervi
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import logging
 import os
@@ -100,7 +101,9 @@ def exit_code_for(name: str, error: BaseException) -> int:
     for leaf in leaves:
         if isinstance(leaf, FAILURES):
             log.error("%s: %s", name, _message(leaf))
-        elif not isinstance(leaf, (KeyboardInterrupt, anyio.get_cancelled_exc_class())):
+        elif not isinstance(leaf, (KeyboardInterrupt, asyncio.CancelledError)):
+            # asyncio's class, not anyio.get_cancelled_exc_class(): this runs after the loop
+            # has ended, where anyio has no backend to ask (and every backend here is asyncio).
             log.error("%s: unexpected failure", name, exc_info=leaf)
     return EXIT_FAILED
 

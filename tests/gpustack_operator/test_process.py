@@ -25,6 +25,7 @@ import pytest
 
 from agent.testing import FakeKubelet
 from bus import embedded
+from gpustack_operator import process
 
 REPO = Path(__file__).resolve().parents[2]
 BINARY = shutil.which("gpustack-operator") or str(
@@ -407,3 +408,11 @@ def _nats_servers_under(state: Path) -> list[int]:
         except OSError:
             pass
     return found
+
+
+def test_an_unexpected_failure_is_judged_after_the_loop_has_ended(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """``exit_code_for`` runs once ``anyio.run`` has returned: no event loop to ask anything."""
+    assert process.exit_code_for("svc", ExceptionGroup("g", [ValueError("odd")])) == 1
+    assert "svc: unexpected failure" in caplog.text
