@@ -144,6 +144,25 @@ async def test_sliced_mounts_vcann_rt_and_writes_its_config(
     assert "vcann-rt slices one card per container" in (two_cards.value.details() or "")
 
 
+async def test_a_sliced_grant_refused_for_its_step_leaves_no_config_behind(
+    tmp_path: Path, kubelet: FakeKubelet
+) -> None:
+    def refuse(step: DriverStep) -> None:
+        raise errors.ActuationFailed(f"{step.describe()}: dcmi error -8002 (not permitted)")
+
+    ids = [token(A910B, 2, i) for i in range(21)]
+    controls = {"ascend-container-share": refuse}
+    async with session(tmp_path, kubelet, [A910B], controls=controls) as s:
+        with pytest.raises(grpc.RpcError) as refused:
+            await s.allocate("ascend", "sliced", ids)
+        left = sorted((tmp_path / "pods").rglob("*"))
+        holdings = s.plugins.ledger().holdings()
+
+    assert refused.value.code() == grpc.StatusCode.INTERNAL
+    assert left == []  # the npu_info.config written before the step is gone with its directory
+    assert holdings == ()
+
+
 async def test_a_card_without_a_physical_id_is_refused_not_guessed(
     tmp_path: Path, kubelet: FakeKubelet
 ) -> None:
