@@ -10,8 +10,9 @@ re-plans from cached per-card tokens, and re-keys and re-sends only the lists th
 
 The node also owns the host side of an injection: the per-allocation work directories a sliced
 container mounts, and the small files a slicing runtime reads there, are created before Allocate
-answers and removed when the allocation is released (a ``mkdir``, a short write and an
-``rmtree`` of a near-empty directory: cheap enough for the loop). A driver step the injection
+answers and removed when the allocation is released, or at once when its Allocate is refused
+(a ``mkdir``, a short write and an ``rmtree`` of a near-empty directory: cheap enough for the
+loop). A driver step the injection
 needs (:class:`injection.DriverStep`) is performed through the control registered for its kind
 before the grant is charged; with none registered the grant is refused, naming the step, so a
 container never starts without the isolation its mode promises.
@@ -195,9 +196,7 @@ class Node:
             injection = self._mirror(key, view, device_ids)
         else:
             injection = self._respond(grant)
-        _make_dirs(injection.host_dirs)
-        _write_files(injection.files)
-        self._perform(injection.steps)
+        self._prepare(grant, injection)
         if (
             grant.holding is not None
             and self.ledger.holder(grant.holding.resource, grant.holding.device_ids) is None
@@ -207,6 +206,22 @@ class Node:
             self._apply(self.ledger.charge(grant.holding))
         self.on_allocate()
         return injection
+
+    def _prepare(self, grant: allocation.Grant, injection: Injection) -> None:
+        """The host side of ``injection``: its directories, its files, then its driver steps.
+
+        When one fails, a new allocation's work directory is removed again, so a refused request
+        leaves nothing on the host either (a retry of a charged allocation keeps its own).
+        """
+        try:
+            _make_dirs(injection.host_dirs)
+            _write_files(injection.files)
+            self._perform(injection.steps)
+        except BaseException:
+            held = grant.holding
+            if held is not None and self.ledger.holder(held.resource, held.device_ids) is None:
+                self._remove_work_dir(held.allocation_id)
+            raise
 
     def _respond(self, grant: allocation.Grant) -> Injection:
         injection = responders.respond(

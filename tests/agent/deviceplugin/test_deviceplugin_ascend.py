@@ -7,7 +7,7 @@ from pathlib import Path
 import anyio
 import grpc
 import pytest
-from vendor_groups import group, mounts, nodes, session, token
+from vendor_groups import group, mounts, nodes, session, sidecar_pod, token
 
 from agent.deviceplugin import errors, slicing
 from agent.deviceplugin.injection import DriverStep
@@ -55,15 +55,44 @@ async def test_shared_and_visibility_turn_container_share_on_first(
     tmp_path: Path, kubelet: FakeKubelet
 ) -> None:
     share = Share()
-    async with session(tmp_path, kubelet, [A910B], controls={"ascend-container-share": share}) as s:
+    pod = sidecar_pod("ascend", "shared", 1)  # the owner's share of card #1 (physical id 6)
+    controls = {"ascend-container-share": share}
+    async with session(tmp_path, kubelet, [A910B], pending=pod, controls=controls) as s:
         shared = await s.allocate("ascend", "shared", [token(A910B, 1, 3)])
-        seen = await s.allocate("ascend", "visibility", [token(A910B, 1, 9)])
+        seen = await s.allocate("ascend", "visibility", [token(A910B, 3, 9)])  # a card #3 token
 
+    # The sidecar is a second tenant of the owner's card: the flag goes on for that card.
     assert shared.envs == seen.envs == {"ASCEND_VISIBLE_DEVICES": "6"}
     assert shared.mounts == seen.mounts == [] and shared.devices == seen.devices == []
     card = A910B.accelerators[1].id
     step = DriverStep("ascend-container-share", card, (("physical-id", "6"),))
     assert share.steps == [step, step]
+
+
+async def test_a_sidecar_of_a_sliced_owner_sees_its_card_without_vcann_rt(
+    tmp_path: Path, kubelet: FakeKubelet
+) -> None:
+    share = Share()
+    pod = sidecar_pod("ascend", "sliced", 1, units=400_000, memory_percentage=25,
+                      cores_percentage=25)  # fmt: skip
+    controls = {"ascend-container-share": share}
+    async with session(tmp_path, kubelet, [A910B], pending=pod, controls=controls) as s:
+        sliced = await s.allocate("ascend", "sliced", [token(A910B, 2, 5)])
+        work = sorted(p.name for p in (tmp_path / "pods").iterdir())
+        seen = await s.allocate("ascend", "visibility", [token(A910B, 0, 9)])
+        after = sorted(p.name for p in (tmp_path / "pods").iterdir())
+        holdings = s.plugins.ledger().holdings()
+
+    assert sliced.envs["ASCEND_VISIBLE_DEVICES"] == "5"
+    assert "/etc/enpu/vcann-rt/npu_info.config" in mounts(sliced)
+    # The plain response (§3.7): the owner's card by physical id, no quota of its own, no
+    # config written for it; the share flag is still asked for, on the owner's card.
+    assert seen.envs == {"ASCEND_VISIBLE_DEVICES": "5"}
+    assert (seen.mounts, seen.devices, seen.annotations) == ([], [], {})
+    assert after == work and len(work) == 1  # the owner's work directory only
+    step = DriverStep("ascend-container-share", A910B.accelerators[2].id, (("physical-id", "5"),))
+    assert share.steps == [step, step]
+    assert [(h.container, h.mode) for h in holdings] == [("main", "sliced")]
 
 
 async def test_without_a_share_control_the_grant_is_refused_and_nothing_charged(
@@ -115,6 +144,25 @@ async def test_sliced_mounts_vcann_rt_and_writes_its_config(
     assert "vcann-rt slices one card per container" in (two_cards.value.details() or "")
 
 
+async def test_a_sliced_grant_refused_for_its_step_leaves_no_config_behind(
+    tmp_path: Path, kubelet: FakeKubelet
+) -> None:
+    def refuse(step: DriverStep) -> None:
+        raise errors.ActuationFailed(f"{step.describe()}: dcmi error -8002 (not permitted)")
+
+    ids = [token(A910B, 2, i) for i in range(21)]
+    controls = {"ascend-container-share": refuse}
+    async with session(tmp_path, kubelet, [A910B], controls=controls) as s:
+        with pytest.raises(grpc.RpcError) as refused:
+            await s.allocate("ascend", "sliced", ids)
+        left = sorted((tmp_path / "pods").rglob("*"))
+        holdings = s.plugins.ledger().holdings()
+
+    assert refused.value.code() == grpc.StatusCode.INTERNAL
+    assert left == []  # the npu_info.config written before the step is gone with its directory
+    assert holdings == ()
+
+
 async def test_a_card_without_a_physical_id_is_refused_not_guessed(
     tmp_path: Path, kubelet: FakeKubelet
 ) -> None:
@@ -133,13 +181,20 @@ async def test_a_driver_that_refuses_the_step_fails_the_grant_and_charges_nothin
     def refuse(step: DriverStep) -> None:
         raise errors.ActuationFailed(f"{step.describe()}: dcmi error -8002 (not permitted)")
 
-    async with session(
-        tmp_path, kubelet, [A910B], controls={"ascend-container-share": refuse}
-    ) as s:
+    pod = sidecar_pod("ascend", "exclusive", 1)
+    controls = {"ascend-container-share": refuse}
+    async with session(tmp_path, kubelet, [A910B], pending=pod, controls=controls) as s:
         with pytest.raises(grpc.RpcError) as refused:
-            await s.allocate("ascend", "visibility", [token(A910B, 0, 1)])
+            await s.allocate("ascend", "shared", [token(A910B, 1, 3)])
+        before = s.plugins.ledger().holdings()
+        await s.allocate("ascend", "exclusive", [token(A910B, 0)])  # the owner: no step
+        with pytest.raises(grpc.RpcError) as unseen:
+            await s.allocate("ascend", "visibility", [token(A910B, 2, 1)])
         holdings = s.plugins.ledger().holdings()
 
-    assert refused.value.code() == grpc.StatusCode.INTERNAL
-    assert "not permitted" in (refused.value.details() or "")
-    assert holdings == ()
+    for error in (refused.value, unseen.value):
+        assert error.code() == grpc.StatusCode.INTERNAL
+        assert "not permitted" in (error.details() or "")
+    assert "ASCEND-00" in (unseen.value.details() or "")  # the owner's card, not kubelet's pick
+    assert before == ()
+    assert [(h.container, h.mode) for h in holdings] == [("main", "exclusive")]

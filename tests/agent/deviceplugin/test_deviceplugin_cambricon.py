@@ -6,7 +6,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from vendor_groups import group, nodes, session, token
+from vendor_groups import group, nodes, session, sidecar_pod, token
 
 from agent.deviceplugin import responders
 from agent.deviceplugin.allocation import Grant
@@ -27,15 +27,19 @@ def dev(n: int) -> tuple[str, str, str]:
 async def test_every_mode_passes_the_card_nodes_and_names_the_slots(
     tmp_path: Path, kubelet: FakeKubelet
 ) -> None:
-    async with session(tmp_path, kubelet, [MLU370]) as s:
+    pod = sidecar_pod("cambricon", "exclusive", 2)  # the owner's cards #2 and #0
+    async with session(tmp_path, kubelet, [MLU370], pending=pod) as s:
         whole = await s.allocate("cambricon", "exclusive", [token(MLU370, 2), token(MLU370, 0)])
         shared = await s.allocate("cambricon", "shared", [token(MLU370, 1, 1)])
-        seen = await s.allocate("cambricon", "visibility", [token(MLU370, 1, 44)])
+        # kubelet's visibility tokens are interchangeable: these sit on card #1
+        seen = await s.allocate(
+            "cambricon", "visibility", [token(MLU370, 1, 44), token(MLU370, 1, 45)]
+        )
 
-    assert whole.envs == {"CAMBRICON_VISIBLE_DEVICES": "0,2"}
-    assert shared.envs == seen.envs == {"CAMBRICON_VISIBLE_DEVICES": "1"}
-    assert nodes(whole) == [CTL, dev(0), dev(2)]
-    assert nodes(shared) == nodes(seen) == [CTL, dev(1)]
+    assert whole.envs == seen.envs == {"CAMBRICON_VISIBLE_DEVICES": "0,2"}
+    assert shared.envs == {"CAMBRICON_VISIBLE_DEVICES": "1"}
+    assert nodes(whole) == nodes(seen) == [CTL, dev(0), dev(2)]
+    assert nodes(shared) == [CTL, dev(1)]
     for response in (whole, shared, seen):
         assert (response.mounts, response.annotations) == ([], {})
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import anyio
 import grpc
 import pytest
-from vendor_groups import group, mounts, nodes, session, token
+from vendor_groups import group, mounts, nodes, session, sidecar_pod, token
 
 from agent.deviceplugin import errors, slicing
 from agent.deviceplugin.resources import cards_of
@@ -30,10 +30,11 @@ def dri(n: int) -> list[tuple[str, str, str]]:
 async def test_every_mode_passes_kfd_mkfd_the_dri_nodes_and_hyhal(
     tmp_path: Path, kubelet: FakeKubelet
 ) -> None:
-    async with session(tmp_path, kubelet, [K100]) as s:
+    pod = sidecar_pod("hygon", "shared", 1)  # the owner's share of card #1
+    async with session(tmp_path, kubelet, [K100], pending=pod) as s:
         whole = await s.allocate("hygon", "exclusive", [token(K100, 2), token(K100, 0)])
         shared = await s.allocate("hygon", "shared", [token(K100, 1, 0)])
-        seen = await s.allocate("hygon", "visibility", [token(K100, 1, 100)])
+        seen = await s.allocate("hygon", "visibility", [token(K100, 2, 100)])  # a card #2 token
 
     assert nodes(whole) == [*KFD, *dri(0), *dri(2)]
     assert nodes(shared) == nodes(seen) == [*KFD, *dri(1)]

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import anyio
 import pytest
-from vendor_groups import group, mounts, nodes, session, token
+from vendor_groups import group, mounts, nodes, session, sidecar_pod, token
 
 from agent.deviceplugin import slicing
 from agent.testing import FakeKubelet
@@ -19,15 +19,15 @@ BI_V150 = group("iluvatar", "iluvatar-bi-v150", cards=4, memory=32768)
 async def test_every_mode_answers_with_the_env_the_runtime_reads(
     tmp_path: Path, kubelet: FakeKubelet
 ) -> None:
-    async with session(tmp_path, kubelet, [BI_V150]) as s:
+    pod = sidecar_pod("iluvatar", "shared", 1)  # the owner's share of card #1
+    async with session(tmp_path, kubelet, [BI_V150], pending=pod) as s:
         whole = await s.allocate("iluvatar", "exclusive", [token(BI_V150, 2), token(BI_V150, 0)])
         shared = await s.allocate("iluvatar", "shared", [token(BI_V150, 1, 4)])
-        seen = await s.allocate("iluvatar", "visibility", [token(BI_V150, 2, 7)])
+        seen = await s.allocate("iluvatar", "visibility", [token(BI_V150, 3, 7)])  # a card #3 token
 
     # ix-container-runtime makes /dev/iluvatar<minor> and mounts corex: the env is all.
     assert whole.envs == {"IX_VISIBLE_DEVICES": "0,2"}
-    assert shared.envs == {"IX_VISIBLE_DEVICES": "1"}
-    assert seen.envs == {"IX_VISIBLE_DEVICES": "2"}
+    assert shared.envs == seen.envs == {"IX_VISIBLE_DEVICES": "1"}
     for response in (whole, shared, seen):
         assert (response.mounts, response.devices, response.annotations) == ([], [], {})
 

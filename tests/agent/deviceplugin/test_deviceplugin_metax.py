@@ -6,7 +6,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from vendor_groups import group, nodes, session, token
+from vendor_groups import group, nodes, session, sidecar_pod, token
 
 from agent.deviceplugin import responders
 from agent.deviceplugin.allocation import Grant
@@ -30,13 +30,14 @@ MXCD = ("/dev/mxcd", "/dev/mxcd", "rw")
 async def test_every_mode_passes_the_control_and_dri_nodes_and_no_env(
     tmp_path: Path, kubelet: FakeKubelet
 ) -> None:
-    async with session(tmp_path, kubelet, [C500]) as s:
+    pod = sidecar_pod("metax", "exclusive", 2)  # the owner's cards #0 and #2
+    async with session(tmp_path, kubelet, [C500], pending=pod) as s:
         whole = await s.allocate("metax", "exclusive", [token(C500, 0), token(C500, 2)])
         shared = await s.allocate("metax", "shared", [token(C500, 1, 9)])
-        seen = await s.allocate("metax", "visibility", [token(C500, 1, 0)])
+        seen = await s.allocate("metax", "visibility", [token(C500, 1, 0), token(C500, 1, 1)])
 
-    assert nodes(whole) == [MXCD, *dri(0), *dri(2)]
-    assert nodes(shared) == nodes(seen) == [MXCD, *dri(1)]
+    assert nodes(whole) == nodes(seen) == [MXCD, *dri(0), *dri(2)]
+    assert nodes(shared) == [MXCD, *dri(1)]
     for response in (whole, shared, seen):
         assert (response.envs, response.mounts, response.annotations) == ({}, [], {})
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from vendor_groups import group, session, token
+from vendor_groups import group, session, sidecar_pod, token
 
 from agent.testing import FakeKubelet
 
@@ -18,15 +18,17 @@ S4000 = group("mthreads", "mthreads-mtt-s4000", cards=3, memory=49152)
 async def test_every_mode_answers_with_the_toolkit_env_alone(
     tmp_path: Path, kubelet: FakeKubelet
 ) -> None:
-    async with session(tmp_path, kubelet, [S4000]) as s:
+    pod = sidecar_pod("mthreads", "exclusive", 2)  # the owner's cards #1 and #0
+    async with session(tmp_path, kubelet, [S4000], pending=pod) as s:
         whole = await s.allocate("mthreads", "exclusive", [token(S4000, 1), token(S4000, 0)])
         shared = await s.allocate("mthreads", "shared", [token(S4000, 2, 2)])
-        seen = await s.allocate("mthreads", "visibility", [token(S4000, 0, 300)])
+        seen = await s.allocate(
+            "mthreads", "visibility", [token(S4000, 2, 300), token(S4000, 0, 7)]
+        )
 
     # The MT container toolkit injects the driver and /dev/mtgpu.* from the env.
-    assert whole.envs == {"MTHREADS_VISIBLE_DEVICES": "0,1"}
+    assert whole.envs == seen.envs == {"MTHREADS_VISIBLE_DEVICES": "0,1"}
     assert shared.envs == {"MTHREADS_VISIBLE_DEVICES": "2"}
-    assert seen.envs == {"MTHREADS_VISIBLE_DEVICES": "0"}
     for response in (whole, shared, seen):
         assert (response.mounts, response.devices, response.annotations) == ([], [], {})
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import anyio
 import grpc
 import pytest
-from vendor_groups import group, mounts, nodes, session, token
+from vendor_groups import group, mounts, nodes, session, sidecar_pod, token
 
 from agent.deviceplugin import slicing
 from agent.testing import FakeKubelet
@@ -25,14 +25,14 @@ def ppu(n: int) -> tuple[str, str, str]:
 async def test_every_mode_passes_the_card_and_control_nodes_and_no_env(
     tmp_path: Path, kubelet: FakeKubelet
 ) -> None:
-    async with session(tmp_path, kubelet, [ZW810E]) as s:
+    pod = sidecar_pod("thead", "shared", 1)  # the owner's share of card #1
+    async with session(tmp_path, kubelet, [ZW810E], pending=pod) as s:
         whole = await s.allocate("thead", "exclusive", [token(ZW810E, 2), token(ZW810E, 0)])
         shared = await s.allocate("thead", "shared", [token(ZW810E, 1, 5)])
-        seen = await s.allocate("thead", "visibility", [token(ZW810E, 2, 11)])
+        seen = await s.allocate("thead", "visibility", [token(ZW810E, 2, 11)])  # a card #2 token
 
     assert nodes(whole) == [*CONTROLS, ppu(0), ppu(2)]
-    assert nodes(shared) == [*CONTROLS, ppu(1)]
-    assert nodes(seen) == [*CONTROLS, ppu(2)]
+    assert nodes(shared) == nodes(seen) == [*CONTROLS, ppu(1)]
     for response in (whole, shared, seen):
         assert (response.envs, response.mounts, response.annotations) == ({}, [], {})
 

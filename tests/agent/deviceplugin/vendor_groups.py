@@ -4,22 +4,31 @@ device-plugin session that allocates through grpcio against our servers.
 Built by hand (detection for these vendors is another module's): one group per call, cards
 numbered 0..n-1, ``logicalSliced.count`` from the manufacturers table unless the card is in
 partition mode.
+
+A visibility request (the SSH sidecar's) only mirrors its Pod's owner, so a test of one gives the
+session the worker's pending claims of that Pod (:func:`sidecar_pod`): kubelet's pod-resources
+then lists the Pod's containers holding nothing yet (it is admitting them), which is how the
+owner's exclusive or shared Allocate is named and the sidecar's matched.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
+from datetime import UTC, datetime
 from pathlib import Path
 
 import anyio.to_thread
 
+from agent.deviceplugin.resources import Mode, resource_name
 from agent.deviceplugin.running import Plugins, device_plugins
 from agent.deviceplugin.settings import DevicePluginSettings
 from agent.devices.manufacturers import MANUFACTURERS
 from agent.testing import FakeKubelet, unary
 from bus import devices, events
+from bus.records import PendingContainer
 from proto.deviceplugin import v1beta1 as dp
+from proto.podresources import v1 as podresources
 
 
 def group(
@@ -78,6 +87,51 @@ def token(g: devices.DeviceGroup, card: int, index: int = 0) -> str:
     return f"{g.id}:{g.accelerators[card].id}:{index:04d}"
 
 
+def sidecar_pod(
+    manufacturer: str,
+    owner: Mode,
+    count: int,
+    *,
+    pod: str = "s",
+    units: int = 0,
+    memory_percentage: int | None = None,
+    cores_percentage: int | None = None,
+) -> list[PendingContainer]:
+    """The worker's claims of Pod ``pod``: ``main`` asks for ``count`` devices in mode
+    ``owner`` (a sliced one with its own units and caps), and its ``ssh`` sidecar asks to see
+    as many cards (``device.gpustack.ai/<mfr>.visibility: count``)."""
+    who = {"pod_uid": f"uid-{pod}", "namespace": "ns", "pod": pod}
+    created = datetime(2026, 1, 1, tzinfo=UTC)
+    main = PendingContainer(
+        **who, container="main", resource=resource_name(manufacturer, owner), count=count,
+        units=units, memory_percentage=memory_percentage, cores_percentage=cores_percentage,
+        created_at=created,
+    )  # fmt: skip
+    ssh = PendingContainer(
+        **who, container="ssh", resource=resource_name(manufacturer, "visibility"), count=count,
+        units=0, created_at=created,
+    )  # fmt: skip
+    return [main, ssh]
+
+
+def admitting(claims: Sequence[PendingContainer]) -> list[podresources.PodResources]:
+    """kubelet's pod-resources list while it admits the claims' Pods: every container listed,
+    none holding a device yet."""
+    pods: dict[tuple[str, str], list[str]] = {}
+    for c in claims:
+        names = pods.setdefault((c.namespace, c.pod), [])
+        if c.container not in names:
+            names.append(c.container)
+    return [
+        podresources.PodResources(
+            name=pod,
+            namespace=namespace,
+            containers=[podresources.ContainerResources(name=n) for n in names],
+        )
+        for (namespace, pod), names in pods.items()
+    ]
+
+
 class Session:
     """Allocate over the sockets of one node's plugins, as kubelet does."""
 
@@ -108,15 +162,28 @@ async def session(
     directory: Path,
     kubelet: FakeKubelet,
     groups: Sequence[devices.DeviceGroup],
+    *,
+    pending: Sequence[PendingContainer] = (),
     **kw: object,
 ) -> AsyncIterator[Session]:
-    """Plugins for ``groups`` registered with ``kubelet``, work directories under ``directory``."""
+    """Plugins for ``groups`` registered with ``kubelet``, work directories under ``directory``.
+
+    ``pending``: the worker's pending claims of this node; given any, kubelet also serves
+    pod-resources, listing the claims' containers as it does while admitting them.
+    """
     published: list[events.Event] = []
     controls = kw.pop("controls", None)
+    if pending:
+        socket = directory / "pod-resources.sock"
+        kubelet.serve_pod_resources(socket)
+        kubelet.live = admitting(pending)
+        kw.setdefault("pod_resources_socket", str(socket))
+    claims = tuple(pending)
     settings = DevicePluginSettings.for_tests(str(directory), **kw)
     async with device_plugins(
         settings,
         publish=published.append,
+        pending=lambda: claims,
         controls=controls,  # type: ignore[arg-type]
     ) as plugins:
         plugins.update(groups)
