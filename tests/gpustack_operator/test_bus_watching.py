@@ -228,3 +228,39 @@ def test_wide_summaries_of_every_kind() -> None:
         "1 downloading (500 B of 1000 B, 50%)",
         "version 0.1.500, up since 2026-01-01T00:00:00Z, heartbeat 30s",
     ]
+
+
+async def test_the_state_is_printed_again_after_a_reconnect(tmp_path: Path) -> None:
+    """What was published while the watch was away arrives after its reconnect, from the
+    retained state, not only at the sender's next publish."""
+    async with testing.nats_server(tmp_path) as server:
+        settings = testing.settings_for(server)
+        slow = testing.settings_for(server, reconnect_wait_s=1.5)  # back after the publisher
+        await _publish_examples(settings, nodes=("a.one",))
+        sink, out = _stdout()
+
+        async def shown(n: int) -> bool:
+            return sink.data.count(b"\n") >= n
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(
+                lambda: buswatching.watch(
+                    settings=slow, node=None, subject=None, kind="agent", fmt="json", out=out
+                )
+            )
+            await testing.eventually(lambda: shown(1))
+            await server.restart()  # the store is kept
+            later = testing.example_events("a.one", seq=7)[5]
+            async with (
+                connection.connect(settings) as conn,
+                publishing.publisher(conn, settings=settings, metrics=BusMetrics()) as pub,
+            ):
+                pub.publish(later)
+                await pub.wait_sent()
+            await testing.eventually(lambda: shown(2), timeout_s=20)
+            tg.cancel_scope.cancel()
+    first, second = (
+        msgspec.json.decode(x, type=events.Event) for x in bytes(sink.data).splitlines()[:2]
+    )
+    assert isinstance(second, events.AgentEvent) and second.version == "0.1.7"
+    assert isinstance(first, events.AgentEvent) and first.version == "0.1.0"
