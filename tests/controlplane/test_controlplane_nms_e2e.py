@@ -100,9 +100,11 @@ async def test_models_events_become_the_node_model_store_status(tmp_path: Path) 
         patches = fake.object_writes[(NMS, None, "n1")] - writes
         tg.cancel_scope.cancel()
 
-    assert first["capacity"] == {"totalBytes": 10_000, "storedBytes": 4096, "usedPercent": 50}
+    assert first["capacity"] == {"totalBytes": 10_000, "storedBytes": 4096, "usedPercent": 50,
+                                 "stored": "4.0 KiB", "total": "9.8 KiB"}  # fmt: skip
     assert first["models"][0] == {"digest": D[1], "state": "Downloading", "sizeBytes": 8192,
-                                  "downloadedBytes": 100, "referenced": 0}  # fmt: skip
+                                  "downloadedBytes": 100, "referenced": 0,
+                                  "progress": "1% (100 B of 8.0 KiB)"}  # fmt: skip
     assert first["models"][1] == {"digest": D[0], "state": "Ready", "sizeBytes": 4096,
                                   "downloadedBytes": 4096, "referenced": 1,
                                   "lastUsedTime": "2026-01-01T00:00:00Z"}  # fmt: skip
