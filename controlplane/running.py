@@ -54,6 +54,7 @@ from controlplane.chain.reconciler import ChainReconciler
 from controlplane.chain.settings import ChainSettings
 from controlplane.extension import audit, auth, guards, registration
 from controlplane.extension.api import ExtensionApi
+from controlplane.extension.fleetview import GatewayReader
 from controlplane.k8s import client
 from controlplane.metrics import WorkerMetrics
 from controlplane.modelstores import ModelStores
@@ -208,6 +209,7 @@ async def _extension(
         models=models,
         authenticator=None if settings.disable_auths else auth.Authenticator(proxy, api),
         authorizer=None if settings.disable_auths or api is None else auth.Authorizer(api),
+        fleet=None if settings.gateway_unix_path is None else GatewayReader(settings.gateway_unix_path),
     )  # fmt: skip
     return extension, proxy
 

@@ -55,6 +55,8 @@ class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
     bus_auth: busauth.BusAuthSettings | None = None
     """None: the worker serves no auth callout (the servers authenticate by themselves)."""
     webhooks: WebhookSettings = WebhookSettings()
+    gateway_unix_path: str | None = None
+    """``--worker-gateway-unix-path``: mirror that gateway's aggregate; None: none."""
     cluster_name: str | None = None
     """``--cluster-name``: answer a worker-gateway's fleet request under this name; None: not."""
     """Where the API server reaches the Pod webhooks (with a cluster only)."""
@@ -136,6 +138,7 @@ def settings_from(options: Options) -> WorkerSettings:
         hub_endpoint=hub_endpoint,
         webhooks=webhooks,
         cluster_name=_cluster_name(options),
+        gateway_unix_path=options.optional_text("worker-gateway-unix-path"),
     )
 
 

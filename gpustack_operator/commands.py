@@ -195,6 +195,12 @@ _WORKER = (
     ),
     Flag("secure-port", "31443", "the HTTPS port", kind="int", bounds=PORT),
     Flag(
+        "worker-gateway-unix-path",
+        "",
+        "the socket of a worker-gateway beside this worker: its fleet aggregate is served as "
+        "aggregatedinstancetypes.gpustack.ai (docs/gateway.md); empty: none",
+    ),
+    Flag(
         "cluster-name",
         "",
         "this cluster's name in a fleet: the leader answers a worker-gateway's summary request "

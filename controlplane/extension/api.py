@@ -37,6 +37,7 @@ from controlplane.extension.auth import (
     Unavailable,
     User,
 )
+from controlplane.extension.fleetview import GatewayReader, GatewayUnavailable
 from controlplane.settingscatalog import BY_NAME, CATALOG
 from controlplane.settingsource import SettingsSource
 from kit.access import bearer_token
@@ -104,7 +105,10 @@ class ExtensionApi:
         models: Callable[[], Iterable[tuple[str, tuple[events.ModelState, ...]]]],
         authenticator: Authenticator | None,
         authorizer: Authorizer | None,
+        fleet: GatewayReader | None = None,
     ) -> None:
+        self._fleet = fleet
+        """The worker-gateway beside the worker (``--worker-gateway-unix-path``); None: none."""
         self._source = source
         self._namespace = namespace
         self._samples = samples
@@ -141,7 +145,28 @@ class ExtensionApi:
             if attrs.verb == "watch":
                 return await self._watch(request, attrs)
             return self._read_settings(request, attrs)
+        if attrs.resource == "aggregatedinstancetypes":
+            return await self._read_fleet(attrs)
         return self._read_view(attrs)
+
+    async def _read_fleet(self, attrs: Attributes) -> web.Response:
+        """The gateway's aggregate, re-labelled into this group (read through on each call)."""
+        if self._fleet is None:
+            raise Failure(
+                503, "ServiceUnavailable",
+                "no worker-gateway beside this worker (--worker-gateway-unix-path is empty)",
+            )  # fmt: skip
+        try:
+            items = await self._fleet.items()
+        except GatewayUnavailable as e:
+            raise Failure(503, "ServiceUnavailable", str(e)) from e
+        items = [{**i, "apiVersion": objects.GROUP_VERSION} for i in items]
+        if attrs.name:
+            found = [i for i in items if (i.get("metadata") or {}).get("name") == attrs.name]
+            if not found:
+                raise Failure(404, "NotFound", f'aggregatedinstancetypes "{attrs.name}" not found')
+            return _json(200, found[0])
+        return _json(200, objects.listed("AggregatedInstanceType", items, "0"))
 
     async def _authenticate(self, request: web.Request) -> User:
         if self._authenticator is None:

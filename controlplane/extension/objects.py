@@ -70,6 +70,11 @@ RESOURCES: Final[Mapping[str, ResourceInfo]] = {
             name="modeldownloads", singular="modeldownload", kind="ModelDownload",
             namespaced=False, verbs=("get", "list"),
         ),
+        ResourceInfo(
+            name="aggregatedinstancetypes", singular="aggregatedinstancetype",
+            kind="AggregatedInstanceType", namespaced=False, verbs=("get", "list"),
+            short=("ait",),
+        ),
     )
 }  # fmt: skip
 

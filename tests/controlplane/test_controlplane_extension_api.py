@@ -29,7 +29,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from test_controlplane_nms_e2e import publish, settings
 
-from bus import events
+from bus import connection, events
 from bus.testing import eventually, nats_server, settings_for
 from controlplane import running, settingscatalog
 from controlplane.admission.certificates import new_authority
@@ -287,3 +287,50 @@ async def test_a_bearer_token_is_reviewed_once_and_then_remembered(tmp_path: Pat
     assert (first.status, second.status, wrong.status) == (200, 200, 401)
     assert reviews == 2  # carol once, the unknown token once
     assert c.fake.access_reviews[0]["user"] == "carol"
+
+
+async def test_the_gateway_beside_the_worker_is_mirrored_as_aggregatedinstancetypes(
+    tmp_path: Path,
+) -> None:
+    """A worker-gateway on its socket (one member answering over the bus) → the worker serves
+    its aggregate under gpustack.ai/v1; no gateway → one clear 503."""
+    from bus import testing as bus_testing
+    from bus.fleet import InstanceTypeSummary, View, Views
+    from controlplane import fleet as member
+    from controlplane.gateway import running as gateway
+    from controlplane.gateway.settings import GatewaySettings
+    from kit.serving import HttpsSettings
+
+    class Static:
+        def instance_types(self) -> list[InstanceTypeSummary]:
+            view = View(once_max_request=8, remaining=5, capacity=8)
+            return [InstanceTypeSummary(name="h200", views=Views(accelerator=view))]
+
+    sock = tmp_path / "gw.sock"
+    async with cluster(tmp_path, disable_auths=True, gateway_unix_path=str(sock)) as c:
+        gw_settings = GatewaySettings(
+            bus=msgspec.structs.replace(c.bus, inbox_prefix="_INBOX.gateway"),
+            unix_path=str(sock), https=HttpsSettings(auth="none"), kube=None,
+            readiness_timeout_s=0.5, round_interval_s=0.2, settle_s=0.05,
+        )  # fmt: skip
+        url = c.url + "/apis/gpustack.ai/v1/aggregatedinstancetypes"
+        ctx = client_context(tmp_path, None)
+        async with aiohttp.ClientSession() as http:
+            absent = await http.get(url, ssl=ctx)
+            assert absent.status == 503 and "worker-gateway" in (await absent.json())["message"]
+            async with (
+                connection.connect(c.bus) as conn,
+                member.serve_summaries(conn, "east", Static(), lambda: True),
+                anyio.create_task_group() as tg,
+            ):
+                await tg.start(gateway.run, gw_settings)
+
+                async def mirrored() -> bool:
+                    response = await http.get(url, ssl=ctx)
+                    return response.status == 200 and bool((await response.json())["items"])
+
+                await bus_testing.eventually(mirrored, timeout_s=20)
+                one = await (await http.get(url + "/h200", ssl=ctx)).json()
+                tg.cancel_scope.cancel()
+    assert one["apiVersion"] == "gpustack.ai/v1" and one["kind"] == "AggregatedInstanceType"
+    assert one["status"]["accelerator"] == {"onceMaxRequest": 8, "remaining": 5, "capacity": 8}

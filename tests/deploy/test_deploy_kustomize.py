@@ -157,7 +157,15 @@ def test_worker_gateway_overlay_fills_the_sidecar_slot(
     assert token["projected"]["sources"][0]["serviceAccountToken"]["audience"] == "gpustack-nats"
     base_spec = pod_spec(find(trees[BASE], "Deployment", "gpustack-operator-worker"))
     assert [c["name"] for c in base_spec["containers"]] == ["worker"]
-    assert worker == base_spec["containers"][0]
+    # The worker gains one variable: where the gateway's socket is (it mirrors the aggregate).
+    gained = [e for e in worker["env"] if e not in base_spec["containers"][0]["env"]]
+    assert gained == [
+        {
+            "name": "GPUSTACK_WORKER_GATEWAY_UNIX_PATH",
+            "value": "/var/lib/gpustack/gpustack-operator-worker-gateway.sock",
+        }
+    ]
+    assert {**worker, "env": base_spec["containers"][0]["env"]} == base_spec["containers"][0]
     assert any(v["name"] == "run" for v in base_spec["volumes"])
 
 
