@@ -435,6 +435,18 @@ _OUTPUT_WIDE = Flag(
     short="o",
     choices=("yaml", "json", "wide"),
 )
+_SNAPSHOT = (
+    Flag("allow-pattern", "", "only files matching these globs (repeatable, or a,b)", kind="list"),
+    Flag(
+        "ignore-pattern",
+        "",
+        "leave out files matching these globs (repeatable, or a,b)",
+        kind="list",
+    ),
+    Flag("hf-endpoint", "", "the Hub (default $HF_ENDPOINT, else https://huggingface.co)"),
+)
+"""Which snapshot of a repository, from which Hub (``mm manifest`` and ``mm pull``)."""
+
 _ONE_SHOT = (_MANUFACTURER, _NO_PCI_CHECK, _NO_FAST_FAILED, _OUTPUT_WIDE, _SIMULATE_OR_LIST)
 
 _PREFLIGHT = (
@@ -586,19 +598,7 @@ COMMANDS = (
         "Resolve a Hugging Face repository at a revision and print its manifest and digest.",
         (
             Flag("revision", "main", "branch, tag or commit to resolve"),
-            Flag(
-                "allow-pattern",
-                "",
-                "only files matching these globs (repeatable, or a,b)",
-                kind="list",
-            ),
-            Flag(
-                "ignore-pattern",
-                "",
-                "leave out files matching these globs (repeatable, or a,b)",
-                kind="list",
-            ),
-            Flag("hf-endpoint", "", "the Hub (default $HF_ENDPOINT, else https://huggingface.co)"),
+            *_SNAPSHOT,
         ),
         settings="agent.models.manifest_cli:settings_from",
         oneshot="agent.models.manifest_cli:manifest_command",
@@ -610,19 +610,7 @@ COMMANDS = (
         (
             Flag("revision", "main", "branch, tag or commit to pull"),
             Flag("cache-root", "/var/lib/gpustack/models", "the node's cache directory"),
-            Flag(
-                "allow-pattern",
-                "",
-                "only files matching these globs (repeatable, or a,b)",
-                kind="list",
-            ),
-            Flag(
-                "ignore-pattern",
-                "",
-                "leave out files matching these globs (repeatable, or a,b)",
-                kind="list",
-            ),
-            Flag("hf-endpoint", "", "the Hub (default $HF_ENDPOINT, else https://huggingface.co)"),
+            *_SNAPSHOT,
         ),
         settings="agent.models.pull:settings_from",
         oneshot="agent.models.pull:pull_command",
