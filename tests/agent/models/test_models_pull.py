@@ -164,3 +164,13 @@ def test_the_model_agent_reads_the_hugging_face_environment(tmp_path: Path) -> N
     assert s.hub_env.offline and s.hub_env.https_proxy == "http://p:3128"
     legacy = settings_from(options_for(("model-manager",), [], {"HUGGING_FACE_HUB_TOKEN": "old"}))
     assert legacy.hub_token == "old"
+
+
+async def test_the_one_shot_loads_no_service_stack() -> None:
+    code = (
+        "import sys, agent.models.pull; print(' '.join(sorted(m for m in ('nats', "
+        "'prometheus_client', 'aiohttp.web', 'aiofiles', 'grpclib', 'kubernetes_asyncio', "
+        "'bus.connection', 'kit.serving') if m in sys.modules)))"
+    )
+    result = await anyio.run_process([sys.executable, "-c", code], check=True)
+    assert result.stdout.decode().strip() == ""
