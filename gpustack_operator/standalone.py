@@ -97,6 +97,7 @@ def settings_from(options: Options) -> StandaloneSettings:
         https=https("device-manager-port"),
         bus=bus,
     )
+    hub_env = endpoints.environment(options.env)  # the Hub conventions, as the model agent's
     try:
         hub_endpoint = endpoints.endpoint_from(None, options.env)
     except endpoints.InvalidName as e:
@@ -113,7 +114,8 @@ def settings_from(options: Options) -> StandaloneSettings:
         https=https("model-manager-port"),
         bus=bus,
         hub_endpoint=hub_endpoint,
-        hub_token=options.env.get("HF_TOKEN") or None,
+        hub_token=hub_env.token,
+        hub_env=hub_env,
         version=agent.version,
     )
     return StandaloneSettings(

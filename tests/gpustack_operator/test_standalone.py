@@ -199,3 +199,12 @@ def test_the_command_stops_cleanly_on_sigint_and_leaves_no_server(tmp_path: Path
     conf = str(tmp_path / "nats")
     leftovers = subprocess.run(["pgrep", "-f", conf], capture_output=True, text=True, check=False)
     assert leftovers.stdout == "", "the embedded nats-server outlived the command"
+
+
+def test_the_model_agent_in_standalone_follows_the_hugging_face_environment(
+    tmp_path: Path,
+) -> None:
+    env = {"HUGGING_FACE_HUB_TOKEN": "hf_legacy", "HF_HUB_OFFLINE": "1", "NO_PROXY": "hub.lan"}
+    built = standalone.settings_from(options_for(("standalone",), [f"--state-dir={tmp_path}"], env))
+    assert built.models.hub_token == "hf_legacy"
+    assert built.models.hub_env.offline and built.models.hub_env.no_proxy == ("hub.lan",)
