@@ -14,7 +14,9 @@ import grpc
 import pytest
 from vendor_groups import session, sidecar_pod, token
 
+from agent.deviceplugin import errors
 from agent.deviceplugin.controls import driver_controls
+from agent.deviceplugin.injection import DriverStep
 from agent.devices import ascend, detection, sources
 from agent.devices.simulation.fakedcmi import SimulatedDcmi
 from agent.devices.vendor import VendorBackend
@@ -65,6 +67,15 @@ def test_dm_serve_registers_the_share_control_only_where_ascend_is_served() -> N
     others = DetectSettings(manufacturers=("metax", "cambricon"), simulate="metax-c500-x8")
     with sources.open_backends(others) as backends:
         assert driver_controls(backends) == {}  # sMLU and sGPU steps stay refused
+
+
+def test_a_step_without_a_usable_physical_id_fails_before_dcmi_is_asked(node: Ascend) -> None:
+    control = driver_controls(node.backends)["ascend-container-share"]
+    before = len(node.library.calls)
+    for parameters in ((), (("physical-id", "-1"),), (("physical-id", "x"),)):
+        with pytest.raises(errors.ActuationFailed, match="no usable physical-id parameter"):
+            control(DriverStep("ascend-container-share", "NPU-x", parameters))
+    assert len(node.library.calls) == before
 
 
 async def test_a_shared_grant_turns_the_chips_share_flag_on_once(
