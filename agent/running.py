@@ -33,7 +33,7 @@ import functools
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import ExitStack, asynccontextmanager
 from dataclasses import dataclass
 from typing import TypeVar
@@ -46,7 +46,9 @@ from prometheus_client import CollectorRegistry, Histogram
 
 from agent import health, kvpending, ledgerfile, metrics, restoring, watching
 from agent.deviceplugin import partitioning
+from agent.deviceplugin.controls import driver_controls
 from agent.deviceplugin.ledger import Change
+from agent.deviceplugin.node import DriverControl
 from agent.deviceplugin.running import Plugins, device_plugins
 from agent.devices import detection, nvidia, sources
 from agent.devices.nvml import Nvml
@@ -107,7 +109,9 @@ async def run(
             name="bus-link",
         )  # fmt: skip
         server = await tg.start(serve_https, settings, registry, observer, reviewer, name="https")
-        plugins = await start_plugins(tg, settings, publish, mig_control(backends), pending)
+        plugins = await start_plugins(
+            tg, settings, publish, mig_control(backends), pending, driver_controls(backends)
+        )
         await tg.start(observer.observe, plugins, name="observer")
         for nvml in observer.nvml_adapters():
             tg.start_soon(
@@ -227,6 +231,7 @@ async def start_plugins(
     publish: Callable[[events.Event], None],
     mig: partitioning.MigControl | None,
     pending: kvpending.PendingView,
+    controls: Mapping[str, DriverControl] | None = None,
 ) -> Plugins:
     """Rebuild the ledger (the bus's history, else the node's copy), keep that copy current
     with every ledger change, then serve the device plugins."""
@@ -239,7 +244,7 @@ async def start_plugins(
         publish(event)
 
     plugins: Plugins = await tg.start(
-        serve_plugins, settings, noted, retained, mig, pending, name="device-plugins"
+        serve_plugins, settings, noted, retained, mig, pending, controls, name="device-plugins"
     )
     return plugins
 
@@ -250,6 +255,7 @@ async def serve_plugins(
     initial_allocations: Sequence[events.AllocationEvent] = (),
     mig: partitioning.MigControl | None = None,
     pending: kvpending.PendingView | None = None,
+    controls: Mapping[str, DriverControl] | None = None,
     *,
     task_status: anyio.abc.TaskStatus[Plugins],
 ) -> None:
@@ -259,6 +265,7 @@ async def serve_plugins(
         initial_allocations=initial_allocations,
         mig=mig,
         pending=pending or tuple,
+        controls=controls,
     ) as plugins:
         task_status.started(plugins)
         await anyio.sleep_forever()

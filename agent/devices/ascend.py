@@ -8,6 +8,9 @@
 - cores: AI cores; family: the SoC line (``910B``, ``310P``, ``910_93``, ``950``) from the chip
   name; the CANN version comes from the toolkit's ``version.info`` when the host has one;
 - MCU and CPU units of a card are skipped; a unit whose type cannot be read is kept.
+
+The reader also performs the one driver change the device plugin asks of DCMI:
+:meth:`AscendReader.share_container` turns a chip's container-share flag on.
 """
 
 from __future__ import annotations
@@ -63,6 +66,21 @@ class AscendReader:
         """DCMI has no shutdown call; init is repeated each pass (it is idempotent)."""
         self.dcmi.init()
         yield self
+
+    def share_container(self, physical: int) -> bool:
+        """Turn on the container-share flag of the chip with physical id ``physical``.
+
+        Idempotent: a chip whose flag is already on is left alone. Returns whether it changed.
+        The flag is never turned off here: other tenants of the chip may rely on it.
+
+        :raises clib.LibError: DCMI refused a call (not root on the physical machine, no chip).
+        """
+        with self.session():
+            card, device = self.dcmi.card_device_of(physical)
+            if self.dcmi.share_enabled(card, device):
+                return False
+            self.dcmi.set_share_enabled(card, device, True)
+            return True
 
     def versions(self) -> tuple[str | None, str | None]:
         try:

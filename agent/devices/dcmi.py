@@ -8,6 +8,10 @@ MCU unit that must be skipped (:meth:`Dcmi.unit_type`). Units as DCMI reports th
 Traps kept in mind: ``dcmi_get_device_logic_id`` takes its output pointer *first*; the v1 PCIe
 call lacks the PCI domain, so only the v2 one is used; DDR products (310P) answer the HBM call
 with a size of 0, so memory falls back to ``memory_info_v3``.
+
+One call writes: ``dcmi_set_device_share_enable``, the chip's container-share flag, which the
+driver must have on before a second container may open the chip. DCMI allows it only as root on
+the physical machine (``OPER_NOT_PERMITTED`` otherwise, e.g. from an unprivileged container).
 """
 
 from __future__ import annotations
@@ -199,3 +203,20 @@ class Dcmi(clib.Binding):
         power = ctypes.c_int(0)
         self.call("dcmi_get_device_power_info", card, device, ctypes.byref(power))
         return power.value
+
+    def card_device_of(self, physical_id: int) -> tuple[int, int]:
+        """``(card_id, device_id)`` of the chip with this physical id (outputs first, as in C)."""
+        card, device = ctypes.c_int(0), ctypes.c_int(0)
+        args = (ctypes.byref(card), ctypes.byref(device), physical_id)
+        self.call("dcmi_get_card_id_device_id_from_phyid", *args)
+        return card.value, device.value
+
+    def share_enabled(self, card: int, device: int) -> bool:
+        """Whether the chip's container-share flag is on (several containers may open it)."""
+        flag = ctypes.c_int(0)
+        self.call("dcmi_get_device_share_enable", card, device, ctypes.byref(flag))
+        return flag.value == 1
+
+    def set_share_enabled(self, card: int, device: int, enabled: bool) -> None:
+        """Turn the container-share flag on or off; the driver keeps it until changed again."""
+        self.call("dcmi_set_device_share_enable", card, device, 1 if enabled else 0)

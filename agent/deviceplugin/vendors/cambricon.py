@@ -8,7 +8,9 @@ index, else its index), the per-card nodes the host has for that slot (``cambric
 
 A sliced grant is one card per container and needs an sMLU instance on it: a ``cambricon-smlu``
 step asks for sMLU mode on the card and an instance of the profile ``mluQuota = cores%``,
-``memorySize`` = the memory cap in MiB; the instance's node is added by the control that makes it.
+``memorySize`` = the memory cap in MiB. No control performs it in this build, so sliced grants
+are refused (``docs/injection.md`` says why: the instance's device node is known only once it
+exists, and a control returns nothing the response could carry).
 """
 
 from __future__ import annotations

@@ -8,7 +8,8 @@ A sliced grant is one card per container and needs an sGPU subdevice on it: a ``
 step asks for one under the card's PCI address (``/sys/bus/pci/devices/<BDF>/sgpu``), with the
 subdevice index (the lowest slice token held, unique among the card's live tenants), the compute
 quota in percent under the ``fixed-share`` class and the memory cap in MiB; the container is told
-which one it got through ``METAX_SGPUS``.
+which one it got through ``METAX_SGPUS``. No control performs the step in this build (the sysfs
+syntax is unpublished; ``docs/injection.md``), so sliced grants are refused.
 """
 
 from __future__ import annotations

@@ -4,6 +4,10 @@ Answers the DCMI V1 calls :mod:`agent.devices.dcmi` makes, with DCMI's units (MB
 its traps: the logic-id call takes its output first, DDR chips answer the HBM call with size 0,
 and a card listed in ``mcuCards`` reports an MCU unit after its chips (type 1), which refuses the
 per-chip calls with ``NOT_SUPPORT`` as the real MCU does for power.
+
+The container-share flag is the one piece of state a caller can change: every chip starts with it
+off (:attr:`SimulatedDcmi.shared` holds it by chip position), and a chip's ``faults`` can make
+the set call fail (``OPER_NOT_PERMITTED``, as outside the physical machine's root).
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ class SimulatedDcmi(SimulatedLibrary):
         super().__init__(host.init_error, [c.faults for c in host.chips])
         self.host = host
         self.chips = host.chips
+        self.shared = [False] * len(host.chips)
+        """Each chip's container-share flag, by position; the driver starts with it off."""
         self._cards: list[int] = list(dict.fromkeys(c.card_id for c in host.chips))
         for card in host.mcu_cards:
             if card not in self._cards:
@@ -94,6 +100,31 @@ class SimulatedDcmi(SimulatedLibrary):
                     put(phy, chip.physical_id)
                 return status
         return -8007
+
+    def dcmi_get_card_id_device_id_from_phyid(self, card: Any, device: Any, phy: int) -> int:
+        for position, chip in enumerate(self.chips):
+            if chip.physical_id == phy:
+                status = self._card("dcmi_get_card_id_device_id_from_phyid", position)
+                if status == 0:
+                    put(card, chip.card_id)
+                    put(device, chip.device_id)
+                return status
+        self.calls.append(("dcmi_get_card_id_device_id_from_phyid", None))
+        return -8007 if self.initialized else dcmi.UNINITIALIZED
+
+    def dcmi_get_device_share_enable(self, card: int, device: int, flag: Any) -> int:
+        status, chip = self._find("dcmi_get_device_share_enable", card, device)
+        if status == 0 and chip is not None:
+            put(flag, 1 if self.shared[self.chips.index(chip)] else 0)
+        return status
+
+    def dcmi_set_device_share_enable(self, card: int, device: int, flag: int) -> int:
+        status, chip = self._find("dcmi_set_device_share_enable", card, device)
+        if status == 0 and chip is not None:
+            if flag not in (0, 1):
+                return -8001
+            self.shared[self.chips.index(chip)] = flag == 1
+        return status
 
     def dcmi_get_device_chip_info(self, card: int, device: int, info: Any) -> int:
         status, chip = self._find("dcmi_get_device_chip_info", card, device)

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 from vendor_helpers import accelerators, rig, validate_devices, wire
 
-from agent.devices import ascend
+from agent.devices import ascend, clib
+from agent.devices.simulation.fakedcmi import SimulatedDcmi
 
 DUO_AND_MCU = """
 description: one 310P3 duo card (two chips on one PCI function) and an A3-style MCU unit
@@ -126,3 +127,38 @@ def test_no_driver_version_call_leaves_the_field_out(tmp_path: Path) -> None:
     (group,) = wire(r.backend.detect())
     assert "driverVersion" not in group and "runtimeVersion" not in group
     assert len(accelerators(r.backend.detect())) == 8
+
+
+def test_share_container_turns_on_only_the_chip_with_that_physical_id(tmp_path: Path) -> None:
+    r = rig("ascend", DUO_AND_MCU, tmp_path)
+    reader = r.backend.reader()
+    assert isinstance(reader, ascend.AscendReader)
+    library = r.library
+    assert isinstance(library, SimulatedDcmi)
+
+    # Physical id 1 is the duo card's second chip: (card 4, device 1), found through DCMI.
+    reader.dcmi.init()
+    assert reader.dcmi.card_device_of(1) == (4, 1)
+    assert reader.share_container(1) is True
+    assert library.shared == [False, True]
+    assert reader.dcmi.share_enabled(4, 1) and not reader.dcmi.share_enabled(4, 0)
+    assert reader.share_container(1) is False  # already on: asked, not set again
+    assert [n for n, _ in library.calls].count("dcmi_set_device_share_enable") == 1
+
+
+def test_share_container_maps_driver_refusals_to_library_errors(tmp_path: Path) -> None:
+    r = rig("ascend", DUO_AND_MCU, tmp_path)
+    reader = r.backend.reader()
+    assert isinstance(reader, ascend.AscendReader)
+    library = r.library
+    assert isinstance(library, SimulatedDcmi)
+    library.faults[0]["dcmi_set_device_share_enable"] = -8002
+
+    with pytest.raises(clib.LibError) as unknown:
+        reader.share_container(9)
+    with pytest.raises(clib.LibError) as refused:
+        reader.share_container(0)
+
+    assert unknown.value.code_name == "INVALID_DEVICE_ID"
+    assert refused.value.code_name == "OPER_NOT_PERMITTED"
+    assert library.shared == [False, False]
