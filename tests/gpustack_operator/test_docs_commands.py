@@ -15,7 +15,9 @@ Skipped, each with its ``--help`` run instead (so its flags still have to parse)
 - ``model-manager`` (the service): a CSI node plugin needs a kubelet to call it;
 - ``model-manager manifest``: needs the Hugging Face Hub (tests/gpustack_operator/
   test_manifest_cli.py runs it against a local one);
-- ``worker`` and ``dm serve``: need a cluster and a kubelet (``standalone`` runs both).
+- ``worker`` and ``dm serve``: need a cluster and a kubelet (``standalone`` runs both);
+- ``dashboard`` and ``worker-gateway``: services that run until stopped (test_dashboard_*.py and
+  tests/controlplane/test_gateway_fleet.py run them against real buses).
 
 A command of a shape not listed fails the test, so a new kind of example gets a decision.
 """
@@ -44,12 +46,14 @@ _FENCE = re.compile(r"```(\w*)\n(.*?)```", re.DOTALL)
 _INLINE = re.compile(r"`(gpustack-operator [^`]+)`")
 _START = re.compile(r"(?:^|\s)(gpustack-operator\s.*)$")
 _END = re.compile(r"\s(?:\||>|&&|;|#)")
-ALIASES = {"dm": "device-manager", "mm": "model-manager", "w": "worker"}
+ALIASES = {"dm": "device-manager", "mm": "model-manager", "w": "worker", "wg": "worker-gateway"}
 SKIPPED = {
     ("model-manager",): "a CSI node plugin needs a kubelet to call it",
     ("model-manager", "manifest"): "needs the Hugging Face Hub",
     ("worker",): "needs a cluster",
     ("device-manager", "serve"): "needs a kubelet",
+    ("dashboard",): "a service that runs until stopped",
+    ("worker-gateway",): "a service that runs until stopped",
 }
 
 

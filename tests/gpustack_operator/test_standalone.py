@@ -96,15 +96,15 @@ async def _the_banners_watch_command_works_as_printed(banner: str) -> None:
     (line,) = [ln for ln in banner.splitlines() if "bus watch" in ln]
     argv = shlex.split(line.split("gpustack-operator bus watch", 1)[1])
     watch = buscli.watch_settings(options_for(("bus", "watch"), [*argv, "--output=json"]))
-    out = io.StringIO()
+    out = io.BytesIO()  # the watch writes bytes, as stdout's buffer takes them
     with anyio.move_on_after(20):
         async with anyio.create_task_group() as tg:
             tg.start_soon(functools.partial(
                 buswatching.watch, settings=watch.bus, node=None, subject=None, fmt="json", out=out
             ))  # fmt: skip
-            await testing.eventually(lambda: _true('"kind":"devices"' in out.getvalue()))
+            await testing.eventually(lambda: _true(b'"kind":"devices"' in out.getvalue()))
             tg.cancel_scope.cancel()
-    assert '"node":"laptop.example"' in out.getvalue()
+    assert b'"node":"laptop.example"' in out.getvalue()
     # The dashboard's credential reads; it cannot publish, nor does connecting without one work.
     async with connection.connect(watch.bus, retry=False) as conn:
         with pytest.raises(errors.PublishFailed):
