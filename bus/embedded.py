@@ -225,8 +225,14 @@ class ServerProcess:
             assert self._proc is not None
             self._proc.kill()
 
-    async def stop(self, timeout_s: float = 5.0) -> None:
-        """SIGTERM, wait up to ``timeout_s``, then SIGKILL; always reaps the process."""
+    async def stop(self, timeout_s: float = 2.0) -> None:
+        """SIGTERM, wait up to ``timeout_s``, then SIGKILL; always reaps the process.
+
+        Short on purpose: a server can hang after "JetStream Shutdown" flushing to a client
+        socket nobody reads any more (seen under load, up to its 10 s write deadline), and a
+        stopping service has 4 s in all (:mod:`gpustack_operator.process`). The store is on
+        disk either way; SIGKILL loses no data the kernel already has.
+        """
         proc, self._proc = self._proc, None
         if proc is None:
             return

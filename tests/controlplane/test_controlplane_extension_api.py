@@ -158,6 +158,7 @@ async def test_front_proxy_headers_count_only_with_the_proxy_certificate(tmp_pat
         "settings",
         "nodeutilizations",
         "modeldownloads",
+        "aggregatedinstancetypes",
     }
 
 

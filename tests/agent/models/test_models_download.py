@@ -114,7 +114,9 @@ async def test_a_restart_resumes_what_was_written(
     assert scope.cancelled_caught
     assert (tmp_path / "tree" / "big.bin").read_bytes() == BIG
     assert 0 < sum(again) < len(BIG)  # only what was missing came again
-    assert first + sum(again) >= len(BIG)
+    # No exact sum with what the first run reported: bytes are written in batches and the
+    # report follows the write, so a cancel between them leaves written bytes unreported.
+    assert first > 0
     assert not [s for s in fake.seen if s.range == "bytes=0-262143"]
 
 
