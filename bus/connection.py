@@ -438,9 +438,15 @@ class Connection:
         remaining = int(info.num_pending)
         out: list[Msg] = []
         while remaining > 0:
-            msgs = await psub.fetch(
-                batch=min(remaining, 256), timeout=self._settings.request_timeout_s
-            )
+            try:
+                msgs = await psub.fetch(
+                    batch=min(remaining, 256), timeout=self._settings.request_timeout_s
+                )
+            except nats.errors.TimeoutError:
+                # What was pending may have expired meanwhile (max age): then all is read.
+                if int((await psub.consumer_info()).num_pending) == 0:
+                    break
+                raise
             out.extend(msgs)
             remaining = int(msgs[-1].metadata.num_pending) if msgs else remaining
         return out
