@@ -23,7 +23,7 @@ class Command:
     path: tuple[str, ...]
     summary: str
     flags: tuple[Flag, ...]
-    settings: str | None = None
+    settings: str
     """``module:function`` building the command's settings from :class:`kit.options.Options`;
     raises :class:`kit.options.SettingsError` (exit 2) for a configuration that cannot work."""
     service: str | None = None
@@ -31,8 +31,6 @@ class Command:
     :mod:`gpustack_operator.process`."""
     oneshot: str | None = None
     """``module:function``: a function of the settings returning the exit code."""
-    pending: str | None = None
-    """For a service not built yet: which issue delivers it."""
     usage: str = ""
     """Positional arguments, for the usage line; empty: the command takes none."""
 

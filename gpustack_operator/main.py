@@ -6,7 +6,7 @@ milliseconds and never loads kubernetes_asyncio, nats, grpclib or prometheus_cli
 
 Services run under :mod:`gpustack_operator.process`, which owns the loop, the signals and the
 exit codes of a long-lived process. Exit codes: 0 success, 1 the command failed, 2 the command
-line (or the configuration it makes) was wrong, 3 the command is not implemented yet.
+line (or the configuration it makes) was wrong.
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ from kit.options import Options, SettingsError
 log = logging.getLogger(__name__)
 
 EXIT_USAGE = 2
-EXIT_PENDING = 3
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -65,9 +64,6 @@ def run(command: Command, parsed: Parsed) -> int:
         return EXIT_USAGE
     if parsed.values["print_cmdline"]:
         _tell(logging.INFO, effective_cmdline(command.path, parsed))
-    if command.settings is None:
-        _tell(logging.ERROR, f"gpustack-operator {name}: not implemented yet ({command.pending})")
-        return EXIT_PENDING
     if parsed.positionals and not command.usage:
         unexpected = " ".join(parsed.positionals)
         _tell(logging.ERROR, f"gpustack-operator {name}: unexpected arguments: {unexpected}")

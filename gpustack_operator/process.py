@@ -37,7 +37,6 @@ from kit.serving import ServingFailed
 __all__ = [
     "EXIT_FAILED",
     "EXIT_OK",
-    "EXIT_PENDING",
     "EXIT_SIGNALLED",
     "EXIT_USAGE",
     "SHUTDOWN_S",
@@ -52,8 +51,6 @@ EXIT_FAILED = 1
 """The command failed (or a service stopped on its own, or did not stop in time)."""
 EXIT_USAGE = 2
 """The command line or the configuration it makes is wrong."""
-EXIT_PENDING = 3
-"""The command is not implemented yet."""
 EXIT_SIGNALLED = 130
 """A second signal ended the process before its cleanup finished."""
 
