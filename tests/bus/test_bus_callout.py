@@ -31,7 +31,13 @@ B = Identity(role="device-manager", node="gpu-b.example")
 MM_A = Identity(role="model-manager", node="gpu-a.example")
 DASHBOARD = Identity(role="dashboard")
 GATEWAY = Identity(role="gateway")
-TOKENS = {"token-a": A, "token-b": B, "token-mm-a": MM_A, "token-dash": DASHBOARD, "token-gw": GATEWAY}
+TOKENS = {
+    "token-a": A,
+    "token-b": B,
+    "token-mm-a": MM_A,
+    "token-dash": DASHBOARD,
+    "token-gw": GATEWAY,
+}
 
 
 @pytest.fixture
