@@ -100,6 +100,12 @@ _DEVICES: Final = {
     f"{_ALLOC}.allocatedProfiles": "Partition instances held on the card, per profile.",
     f"{_ALLOC}.allocatedProfiles[].name": "The partition profile (e.g. 3g.71gb).",
     f"{_ALLOC}.allocatedProfiles[].count": "Instances of that profile held by containers.",
+    f"{_ALLOC}.remainingProfiles": (
+        "Per partition profile, how many more instances of it alone still fit on the card "
+        "(every profile listed, even at 0; none fit on a card held in another mode)."
+    ),
+    f"{_ALLOC}.remainingProfiles[].name": "The partition profile (e.g. 1g.18gb).",
+    f"{_ALLOC}.remainingProfiles[].count": "Instances of that profile that still fit.",
 }
 
 _M: Final = "status.models[]"

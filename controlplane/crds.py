@@ -127,6 +127,7 @@ _ALLOCATION: Final = _obj(
         "remaining": _i(0, 1_600_000),
         "allocatedSlices": _i(),
         "allocatedProfiles": _list(_obj({"name": _S, "count": _i()}, ("name", "count")), "name"),
+        "remainingProfiles": _list(_obj({"name": _S, "count": _i()}, ("name", "count")), "name"),
     },
     ("id", "index", "mode", "allocated", "remaining"),
 )

@@ -34,7 +34,7 @@ from typing import Any, Final
 from bus import events
 from bus.devices import DeviceGroup, SliceProfile
 from controlplane.chain.inventory import Card, NodeFacts
-from controlplane.reconciling.allocating import SHARES, UNITS
+from controlplane.reconciling.allocating import SHARES, UNITS, ordered_profiles, profiles_left
 from controlplane.reconciling.labeling import product_key
 
 __all__ = [
@@ -124,7 +124,7 @@ def _partitioned(
         for a in g.accelerators:
             for p in a.status.physical_sliced.profiles if a.status.physical_sliced else ():
                 profiles.setdefault(p.name, p)
-    ordered = sorted(profiles.values(), key=lambda p: (p.compute_slices, p.memory_slices, p.name))
+    ordered = ordered_profiles(profiles.values())
     slices = _slices_of(ordered)
     cards = [c for n in nodes for c in n.group_cards(group) if c.partition_count > 0]
     remaining = {p.name: 0 for p in ordered}
@@ -133,9 +133,8 @@ def _partitioned(
         capacity += card.partition_count
         if card.unhealthy or card.mode not in ("None", "Partitioned") or not slices:
             continue
-        free_slices = card.remaining * slices // UNITS
-        for p in ordered:
-            remaining[p.name] += min(p.count, free_slices // max(p.compute_slices, 1))
+        for fitting, fits in profiles_left(ordered, card.remaining).items():
+            remaining[fitting] += fits
     allocated = {p.name: 0 for p in ordered}
     count = max((c.partition_count for c in cards), default=0)
     for event in allocations:

@@ -20,21 +20,35 @@ carries them is charged exactly what the agent's ledger charged (a sliced contai
 counts one ``allocatedSlices`` on each card it holds (one container, one slice), and a
 partitioned one with a ``profile`` counts one instance of it in ``allocatedProfiles``.
 
+A card with partition profiles (MIG mode on) also lists ``remainingProfiles``: for every profile,
+how many more instances of it alone would still fit (:func:`profiles_left`). The bus carries no
+placement table, so the fit is counted in free compute slices; a card held whole, shared,
+sliced or unhealthy fits none.
+
 Visibility tokens and tokens naming an unknown accelerator charge nothing (the latter are
 counted in :attr:`Status.unknown_tokens`). Charges are capped so ``remaining`` never goes below 0.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
 from bus import events
-from bus.devices import Accelerator, DeviceGroup
+from bus.devices import Accelerator, DeviceGroup, SliceProfile
 from kit.tables import human_mib
 
-__all__ = ["MODES", "UNITS", "Status", "devices_status", "mode_of", "units_by_card"]
+__all__ = [
+    "MODES",
+    "UNITS",
+    "Status",
+    "devices_status",
+    "mode_of",
+    "ordered_profiles",
+    "profiles_left",
+    "units_by_card",
+]
 
 UNITS: Final = 1_600_000
 """One whole accelerator."""
@@ -83,6 +97,22 @@ def _token_units(accelerator: Accelerator, mode: str) -> int:
     else:
         count = status.physical_sliced.count if status.physical_sliced else 0
     return UNITS // count if count > 0 else UNITS
+
+
+def ordered_profiles(profiles: Iterable[SliceProfile]) -> list[SliceProfile]:
+    """Smallest first: the order profiles are listed in, in every status that counts them."""
+    return sorted(profiles, key=lambda p: (p.compute_slices, p.memory_slices, p.name))
+
+
+def profiles_left(profiles: Sequence[SliceProfile], remaining: int) -> dict[str, int]:
+    """Per profile, the instances of it alone that fit in ``remaining`` units of one card.
+
+    A card's units split into as many compute slices as its largest profile has; a profile
+    fits as often as its slices go into the free ones, and never more than its own ``count``.
+    """
+    slices = max((p.compute_slices for p in profiles), default=0)
+    free = max(0, remaining) * slices // UNITS if slices > 0 else 0
+    return {p.name: min(p.count, free // max(p.compute_slices, 1)) for p in profiles}
 
 
 def mode_of(event: events.AllocationEvent) -> str | None:
@@ -173,6 +203,16 @@ def _summary(groups: list[DeviceGroup], cards: Mapping[str, _Card]) -> dict[str,
     return out
 
 
+def _remaining_profiles(card: _Card) -> dict[str, Any]:
+    physical = card.accelerator.status.physical_sliced
+    if physical is None or not physical.profiles:
+        return {}
+    profiles = ordered_profiles(physical.profiles)
+    fits = not card.accelerator.status.unhealthy and card.mode in ("None", "Partitioned")
+    left = profiles_left(profiles, UNITS - card.allocated) if fits else {}
+    return {"remainingProfiles": [{"name": p.name, "count": left.get(p.name, 0)} for p in profiles]}
+
+
 def _card_body(card: _Card) -> dict[str, Any]:
     return {
         "id": card.accelerator.id,
@@ -190,4 +230,5 @@ def _card_body(card: _Card) -> dict[str, Any]:
             if card.profiles
             else {}
         ),
+        **_remaining_profiles(card),
     }

@@ -104,6 +104,33 @@ def test_status_charges_what_the_agent_charged_and_counts_slices_and_profiles() 
                               "remaining": 1_200_000, "allocatedSlices": 1}  # fmt: skip
     assert cards[h100.id]["allocated"] == 195_918
     assert cards[h100.id]["allocatedProfiles"] == [{"name": "1g.10gb", "count": 1}]
+    left = {p["name"]: p["count"] for p in cards[h100.id]["remainingProfiles"]}
+    assert left == {"1g.10gb": 6, "1g.20gb": 4, "2g.20gb": 3, "3g.40gb": 2, "4g.40gb": 1,
+                    "7g.80gb": 0}  # fmt: skip
+    assert [p["name"] for p in cards[h100.id]["remainingProfiles"]][:2] == ["1g.10gb", "1g.20gb"]
+    idle = cards[H100[0].accelerators[0].id]["remainingProfiles"]
+    assert {p["name"]: p["count"] for p in idle}["7g.80gb"] == 1
+
+
+def test_a_partitioned_card_held_in_another_mode_or_unhealthy_fits_no_profile() -> None:
+    card = H100[0].accelerators[2]
+    whole = events.AllocationEvent(
+        node="n1", allocation_id="w", action="allocated", resource="nvidia.com/gpu",
+        device_ids=(f"{H100[0].id}:{card.id}:0000",),
+    )  # fmt: skip
+    sick = msgspec.structs.replace(
+        H100[0].accelerators[3],
+        status=msgspec.structs.replace(H100[0].accelerators[3].status, unhealthy=True),
+    )
+    group = msgspec.structs.replace(
+        H100[0], accelerators=(*H100[0].accelerators[:3], sick, *H100[0].accelerators[4:])
+    )
+    status = allocating.devices_status((group,), {"w": whole})
+    cards = {c["id"]: c for g in status.body["groups"] for c in g["accelerators"]}
+    for held in (card.id, sick.id):
+        assert all(p["count"] == 0 for p in cards[held]["remainingProfiles"])
+        assert len(cards[held]["remainingProfiles"]) == 6
+    assert "remainingProfiles" not in cards[H100[0].accelerators[4].id]
 
 
 def pod(uid: str = "uid-p", annotations: dict[str, str] | None = None) -> dict[str, Any]:
