@@ -1,7 +1,7 @@
 """The bus layer's own errors: callers never see a ``nats`` exception.
 
 Every error raised by ``bus`` derives from :class:`BusError`. Third-party errors are mapped in
-exactly one place (``bus.connection``) and chained with ``from e`` so the cause stays in the
+one place (``bus.dialing.mapped``, used by the transport modules) and chained with ``from e`` so the cause stays in the
 traceback. The classes are named for what the caller should do about them.
 """
 
