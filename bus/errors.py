@@ -2,7 +2,8 @@
 
 Every error raised by ``bus`` derives from :class:`BusError`. Third-party errors are mapped in
 the transport modules only (``bus.connection``, ``bus.dialing``, ``bus.jetstream``) and chained
-with ``from e`` so the cause stays in the traceback. The classes are named for what the caller should do about them.
+with ``from e`` so the cause stays in the traceback. The classes are named for what the caller
+should do about them.
 """
 
 from __future__ import annotations
