@@ -2,7 +2,7 @@
 
 What lives here and nothing else: the subjects, the versioned event union and its codec, the
 wire shapes of devices and the records pushed to agents (``records``), the NATS transport
-(``connection`` and ``dialing`` are the only ``nats`` importers), publishing, subscribing,
+(``connection``, ``dialing`` and ``jetstream`` are the only ``nats`` importers), publishing, subscribing,
 retained state and key-value buckets, the embedded server, and the bus's settings and errors. HTTP, YAML and the
 Hub live beside it (``kit``, ``hub``); the command-line tools live in the launcher.
 

@@ -1,7 +1,8 @@
 """Opening a NATS client: options, TLS, the first-connection retry loop, reconnect notices.
 
-The other half of the transport (:mod:`bus.connection` holds the operations); these two are
-the only modules that import ``nats``. :func:`open_client` retries the first connection with
+The first part of the transport (:mod:`bus.connection` and :mod:`bus.jetstream` hold the
+operations); these three are the only modules that import ``nats``, and share the error mapping
+(:func:`mapped`) and the cleanup step (:func:`quietly`) defined here. :func:`open_client` retries the first connection with
 capped exponential backoff (or fails at once for CLI tools), then lets the client reconnect
 forever. Every reconnect is counted in a :class:`Reconnects`, which is all the client's
 callback does: the work a reconnect calls for runs in its owners' tasks.
@@ -12,7 +13,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, Final
 
 import anyio
@@ -20,11 +22,11 @@ import nats
 import nats.errors
 from nats.aio.client import Client
 
-from bus.errors import NotConnected
+from bus.errors import BusError, NotConnected
 from bus.settings import BusSettings
 from kit.redaction import redact_urls
 
-__all__ = ["Reconnects", "open_client", "quietly"]
+__all__ = ["Reconnects", "close_client", "mapped", "open_client", "quietly"]
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +58,27 @@ class Reconnects:
         while self.count <= seen:
             await self._event.wait()
         return self.count
+
+
+_NOT_CONNECTED: Final = (
+    nats.errors.ConnectionClosedError,
+    nats.errors.ConnectionReconnectingError,
+    nats.errors.ConnectionDrainingError,
+    nats.errors.StaleConnectionError,
+    nats.errors.OutboundBufferLimitError,
+    nats.errors.NoServersError,
+)
+
+
+@contextmanager
+def mapped(failure: type[BusError], what: str) -> Iterator[None]:
+    """Translate ``nats`` errors raised inside the block into bus errors."""
+    try:
+        yield
+    except _NOT_CONNECTED as e:
+        raise NotConnected(f"{what}: not connected") from e
+    except (nats.errors.Error, OSError) as e:
+        raise failure(f"{what}: {type(e).__name__}: {e}") from e
 
 
 async def quietly(aw: Awaitable[object]) -> None:

@@ -1,8 +1,9 @@
 """The bus layer's own errors: callers never see a ``nats`` exception.
 
 Every error raised by ``bus`` derives from :class:`BusError`. Third-party errors are mapped in
-exactly one place (``bus.connection``) and chained with ``from e`` so the cause stays in the
-traceback. The classes are named for what the caller should do about them.
+the transport modules only (``bus.connection``, ``bus.dialing``, ``bus.jetstream``) and chained
+with ``from e`` so the cause stays in the traceback. The classes are named for what the caller
+should do about them.
 """
 
 from __future__ import annotations

@@ -112,7 +112,7 @@ def _ignore(verb: str, result: str) -> None:
 
 
 class Bucket:
-    """One key-value bucket: bytes values with revisions; see :class:`Connection` for errors."""
+    """One key-value bucket: bytes values with revisions; see :class:`~bus.jetstream.Buckets` for errors."""
 
     def __init__(self, conn: Connection, name: str, *, observe: Observer = _ignore) -> None:
         self._conn = conn
@@ -120,22 +120,24 @@ class Bucket:
         self._observe = observe
 
     async def get(self, key: str) -> tuple[bytes, int] | None:
-        return await self._counted("kv_get", self._conn.kv_get(self.name, key))
+        return await self._counted("kv_get", self._conn.buckets.get(self.name, key))
 
     async def put(self, key: str, value: bytes, *, last: int | None = None) -> int:
         """:raises bus.errors.KeyConflict: ``last`` given and not the current revision."""
-        return await self._counted("kv_put", self._conn.kv_put(self.name, key, value, last=last))
+        return await self._counted(
+            "kv_put", self._conn.buckets.put(self.name, key, value, last=last)
+        )
 
     async def delete(self, key: str) -> None:
-        await self._counted("kv_delete", self._conn.kv_delete(self.name, key))
+        await self._counted("kv_delete", self._conn.buckets.delete(self.name, key))
 
     async def keys(self, prefix: str = ">") -> list[str]:
-        return await self._counted("kv_keys", self._conn.kv_keys(self.name, prefix))
+        return await self._counted("kv_keys", self._conn.buckets.keys(self.name, prefix))
 
     async def last_values(self, prefix: str = ">") -> list[tuple[str, bytes]]:
         """``(key, value)`` of every live key matching ``prefix`` (``a.b.>`` style), deleted
         keys skipped: one request however many keys, for readers that want the whole bucket."""
-        return await self._counted("kv_last", self._conn.kv_last_values(self.name, prefix))
+        return await self._counted("kv_last", self._conn.buckets.last_values(self.name, prefix))
 
     async def put_record(self, key: str, record: msgspec.Struct) -> int:
         """Write one of the :mod:`bus.records` records as its JSON."""
@@ -169,5 +171,5 @@ async def open_bucket(
     :raises bus.errors.StateUnavailable: JetStream is off or not answering, or the bucket does
         not exist and ``create`` is false.
     """
-    await conn.kv_ensure(name, history=1, replicas=replicas, create=create)
+    await conn.buckets.ensure(name, history=1, replicas=replicas, create=create)
     return Bucket(conn, name, observe=observe)

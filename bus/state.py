@@ -39,8 +39,9 @@ import msgspec
 
 from bus import events, subjects
 from bus.codec import DropLog, Guard
-from bus.connection import Connection, RawMessage
+from bus.connection import Connection
 from bus.errors import InvalidSubject
+from bus.jetstream import RawMessage
 from bus.metrics import BusMetrics
 from bus.settings import BusSettings
 from bus.subjects import Kind
@@ -119,7 +120,7 @@ async def ensure_streams(conn: Connection, settings: BusSettings) -> None:
     :raises NotConnected: the connection is down.
     """
     for spec in stream_specs(settings):
-        await conn.ensure_stream(
+        await conn.streams.ensure(
             spec.name,
             spec.subjects,
             max_msgs_per_subject=spec.max_msgs_per_subject,
@@ -181,7 +182,7 @@ async def retained(
     out: list[Valid] = []
     for spec in streams_for(kinds, settings):
         for k in (k for k in spec.kinds if k in kinds):
-            lasts = await conn.last_per_subject(spec.name, subjects.filter_for(node, k))
+            lasts = await conn.streams.last_per_subject(spec.name, subjects.filter_for(node, k))
             for raw in lasts:
                 found = await _newest(conn, spec.name, raw, guard)
                 out.extend([found] if found is not None else [])
@@ -195,7 +196,7 @@ async def _newest(conn: Connection, stream: str, last: RawMessage, guard: Guard)
         return last, event
     if not _walkable(last[0]):
         return None
-    older = await conn.all_retained(stream, last[0])
+    older = await conn.streams.all_retained(stream, last[0])
     return newest_valid(_before(older, last), guard.accept)
 
 
@@ -240,4 +241,4 @@ async def history(
     :raises StateUnavailable: the stream is missing or not answering.
     """
     (spec,) = streams_for(frozenset((kind,)), settings)
-    return await conn.all_retained(spec.name, subjects.filter_for(node, kind))
+    return await conn.streams.all_retained(spec.name, subjects.filter_for(node, kind))

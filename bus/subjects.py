@@ -27,6 +27,7 @@ __all__ = [
     "decode_node",
     "encode_node",
     "filter_for",
+    "matches",
     "parse",
     "parse_kind",
     "subject",
@@ -139,3 +140,14 @@ def _check_node(node: str) -> None:
             raise InvalidNodeName(f"node name {node!r} contains {ch!r}")
         if 0xD800 <= ord(ch) <= 0xDFFF:
             raise InvalidNodeName(f"node name {node!r} contains a lone surrogate")
+
+
+def matches(pattern: str, subject: str) -> bool:
+    """NATS wildcard matching: ``*`` is one token, a trailing ``>`` one or more."""
+    want, have = pattern.split("."), subject.split(".")
+    for i, token in enumerate(want):
+        if token == ">":
+            return len(have) > i
+        if i >= len(have) or (token != "*" and token != have[i]):
+            return False
+    return len(want) == len(have)

@@ -33,8 +33,9 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 
 from bus import events, state, subjects
 from bus.codec import DropLog, Guard
-from bus.connection import Connection, RawMessage
+from bus.connection import Connection
 from bus.errors import InvalidSubject, NotConnected, StateUnavailable
+from bus.jetstream import RawMessage
 from bus.metrics import BusMetrics
 from bus.settings import BusSettings
 

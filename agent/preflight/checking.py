@@ -15,9 +15,10 @@ from typing import Literal
 
 from agent.deviceplugin.resources import Mode
 from agent.preflight import invocations
+from agent.preflight.declaring import HostView, sliceable
 from agent.preflight.injection import Injection, InjectionError, respond
 from agent.preflight.model import Row
-from agent.preflight.vendors import VENDORS, HostView, Vendor, sliceable
+from agent.preflight.vendors import VENDORS, Vendor
 from bus import devices
 
 __all__ = ["VENDORS", "HostView", "Plan", "Probe", "ProbeKind", "Result", "Vendor", "plan"]

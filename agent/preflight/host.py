@@ -104,7 +104,7 @@ def _kill_group(child: subprocess.Popen[str]) -> None:
 
 
 class RootedView:
-    """:class:`checking.HostView` over the host root: host paths read under ``root``."""
+    """:class:`declaring.HostView` over the host root: host paths read under ``root``."""
 
     def __init__(self, root: str) -> None:
         self.root = root

@@ -8,7 +8,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from bus import connection, embedded, errors, testing
+from bus import connection, embedded, errors, subjects, testing
 from bus.settings import BusSettings
 from kit import serving
 
@@ -85,4 +85,4 @@ async def test_tls_with_a_private_ca(tmp_path: Path) -> None:
     ],
 )
 def test_subject_matches(pattern: str, subject: str, matches: bool) -> None:
-    assert connection.subject_matches(pattern, subject) is matches
+    assert subjects.matches(pattern, subject) is matches

@@ -275,15 +275,15 @@ async def test_cancel_snapshot(
 
 @pytest.mark.parametrize("delay", DELAYS)
 async def test_cancel_kv_keys(conn: connection.Connection, delay: float) -> None:
-    await conn.kv_ensure("CANCEL_KEYS")
+    await conn.buckets.ensure("CANCEL_KEYS")
     for i in range(300):
-        await conn.kv_put("CANCEL_KEYS", f"k.{i}", b"v")
+        await conn.buckets.put("CANCEL_KEYS", f"k.{i}", b"v")
     base = Baseline()
     with anyio.move_on_after(delay):
-        await conn.kv_keys("CANCEL_KEYS")
+        await conn.buckets.keys("CANCEL_KEYS")
     # The key watcher of a cancelled listing is stopped: no heartbeat task left behind.
     await base.check()
-    assert len(await conn.kv_keys("CANCEL_KEYS", "k.>")) == 300
+    assert len(await conn.buckets.keys("CANCEL_KEYS", "k.>")) == 300
 
 
 @pytest.mark.parametrize("delay", [0.0, 0.01, 0.05, 0.2])

@@ -8,7 +8,17 @@ import anyio
 import msgspec
 import pytest
 
-from bus import codec, connection, events, publishing, state, subjects, subscribing, testing
+from bus import (
+    codec,
+    connection,
+    events,
+    jetstream,
+    publishing,
+    state,
+    subjects,
+    subscribing,
+    testing,
+)
 from bus.embedded import ServerProcess
 from bus.errors import StateUnavailable
 from bus.metrics import BusMetrics
@@ -36,7 +46,7 @@ async def _retained(conn: connection.Connection, settings: BusSettings) -> dict[
 
 async def _snapshot_once_answering(
     conn: connection.Connection, settings: BusSettings, *, timeout_s: float = 20.0
-) -> list[connection.RawMessage]:
+) -> list[jetstream.RawMessage]:
     """The agent state, retried while the cluster has no stream leader yet.
 
     After a member dies, the JetStream meta and stream groups elect new leaders; until they

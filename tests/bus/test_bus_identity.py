@@ -1,7 +1,7 @@
 """The permission templates (bus.identity) and the callout's decisions (bus.callout), no loop.
 
 The real server enforcing them is ``test_bus_callout.py``; here each rule is checked on the
-pure function, against NATS's own wildcard matching (:func:`bus.connection.subject_matches`).
+pure function, against NATS's own wildcard matching (:func:`bus.subjects.matches`).
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from bus import callout, identity, jwt, kv, subjects
-from bus.connection import subject_matches
 from bus.errors import InvalidNodeName, InvalidToken
 from bus.identity import Identity, Permissions
 from bus.state import HISTORY_STREAM, SAMPLES_STREAM, STATE_STREAM
@@ -39,13 +38,13 @@ DM = "device-manager"
 
 
 def may_publish(p: Permissions, subject: str) -> bool:
-    allowed = any(subject_matches(a, subject) for a in p.pub_allow)
-    return allowed and not any(subject_matches(d, subject) for d in p.pub_deny)
+    allowed = any(subjects.matches(a, subject) for a in p.pub_allow)
+    return allowed and not any(subjects.matches(d, subject) for d in p.pub_deny)
 
 
 def may_subscribe(p: Permissions, subject: str) -> bool:
-    allowed = any(subject_matches(a, subject) for a in p.sub_allow)
-    return allowed and not any(subject_matches(d, subject) for d in p.sub_deny)
+    allowed = any(subjects.matches(a, subject) for a in p.sub_allow)
+    return allowed and not any(subjects.matches(d, subject) for d in p.sub_deny)
 
 
 def test_node_roles_need_a_node_and_the_others_have_none() -> None:

@@ -89,7 +89,7 @@ async def test_junk_kinds_are_not_retained_and_state_of_gone_nodes_expires(
     assert metrics.dropped_count("unknown", "subject") == 1
 
     async def expired() -> bool:
-        return not await conn.last_per_subject(state.STATE_STREAM, subjects.filter_for())
+        return not await conn.streams.last_per_subject(state.STATE_STREAM, subjects.filter_for())
 
     await testing.eventually(expired, timeout_s=5)  # the junk and the real node alike
 
@@ -100,12 +100,12 @@ async def test_an_old_stream_is_brought_to_the_caps_and_keeps_its_messages(
     kinds = ("devices", "models", "agent")
     old = [subjects.filter_for(None, k) for k in kinds]  # type: ignore[arg-type]
     # As an earlier release created it: the last message only, no age, no byte caps.
-    await conn.ensure_stream(
+    await conn.streams.ensure(
         state.STATE_STREAM, old, max_msgs_per_subject=1, max_age_s=None, replicas=1
     )
     await conn.publish_acked(DEVICES, codec.encode(REAL))
     await state.ensure_streams(conn, settings)
-    config = await conn.stream_config(state.STATE_STREAM)
+    config = await conn.streams.config(state.STATE_STREAM)
     limits = ("max_msgs_per_subject", "max_age", "max_bytes", "max_msg_size", "discard")
     assert [config[k] for k in limits] == [
         settings.state_per_subject,

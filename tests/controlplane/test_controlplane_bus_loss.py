@@ -50,7 +50,7 @@ async def _whole(bus: BusSettings) -> bool:
     async with connection.connect(bus, retry=False) as conn:
         try:
             for stream in STREAMS:
-                await conn.last_per_subject(stream, subjects.ALL)
+                await conn.streams.last_per_subject(stream, subjects.ALL)
             for bucket in BUCKETS:  # read through a handle that never creates it
                 await kv.Bucket(conn, bucket).last_values()
         except StateUnavailable:

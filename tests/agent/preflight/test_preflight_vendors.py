@@ -94,19 +94,66 @@ def table(rows: list[Row]) -> list[tuple[str, str, str, str]]:
     return [(r.capability, r.state, r.depth, r.reason) for r in rows]
 
 
+def declared(capability: str, state: str = "ok", reason: str = "") -> tuple[str, str, str, str]:
+    return (capability, state, "declared", reason)
+
+
+INJECTED = [
+    ("sliced-runtime-loaded", "ok", "simulated", ""),
+    ("sliced-quota-in-force", "ok", "simulated", ""),
+    ("sidecar-visibility", "ok", "simulated", ""),
+]
+"""A manufacturer judged from the allocator's injection: no container runs."""
+PROBED = [*INJECTED[:2], ("co-tenancy", "ok", "simulated", ""), INJECTED[2]]
+"""A manufacturer whose probes would run: the co-tenant pair too."""
+NOT_ASKABLE = ("unavailable", "driver-not-askable")
+
+ASCEND_910B = group("ascend", family="910b", runtime="8.2", physical=lambda i: (3,))
+CAMBRICON = group("cambricon", physical=lambda i: (i,))
+HYGON = group("hygon", cores=120)
+SGPU = "/sys/bus/pci/devices/0000:01:00.0/sgpu"
+WITH_SGPU = View(dirs=(SGPU, f"{SGPU}/create"))
+PPU_IMAGE = "registry.local/ppu-sdk:2.0"
+
+DRY_RUNS = {  # case: (group, host files, probe image, the rows printed)
+    "iluvatar": (group("iluvatar"), View(), "", INJECTED),
+    "mthreads": (group("mthreads"), View(), "", INJECTED),
+    "hygon": (HYGON, View(), "", INJECTED),
+    "cambricon": (CAMBRICON, View(), "", [declared("smlu-mode", *NOT_ASKABLE), *INJECTED]),
+    "metax": (group("metax"), WITH_SGPU, "", [declared("sgpu-mode"), *INJECTED]),
+    "ascend-910b": (ASCEND_910B, View(), "", [declared("container-share", *NOT_ASKABLE), *PROBED]),
+    "thead": (
+        group("thead"),
+        View(),
+        PPU_IMAGE,
+        [declared("mig-partitioning", "not-declared"), *PROBED],
+    ),
+    "thead-partitioned": (
+        group("thead", partitions=7),
+        View(),
+        PPU_IMAGE,
+        [declared("mig-partitioning"), declared("sidecar-visibility")],
+    ),
+}
+
+
 def test_every_manufacturer_has_a_preflight_vendor() -> None:
     assert sorted(checking.VENDORS) == sorted(MANUFACTURERS)
 
 
+@pytest.mark.parametrize(("g", "view", "image", "expected"), DRY_RUNS.values(), ids=DRY_RUNS)
+def test_dry_run_rows_per_manufacturer(
+    g: devices.DeviceGroup, view: View, image: str, expected: list[tuple[str, str, str, str]]
+) -> None:
+    """Each row's capability, state, depth and reason, as ``dm preflight --dry-run`` prints."""
+    rows = dry_run(g, view, image)
+    assert table(rows) == expected
+    assert all(r.command == "" for r in rows if r.depth == "declared")  # declared rows carry none
+
+
 @pytest.mark.parametrize("manufacturer", ["iluvatar", "mthreads"])
-def test_injection_only_manufacturers_are_judged_from_the_injection(manufacturer: str) -> None:
-    rows = dry_run(group(manufacturer))
-    assert table(rows) == [
-        ("sliced-runtime-loaded", "ok", "simulated", ""),
-        ("sliced-quota-in-force", "ok", "simulated", ""),
-        ("sidecar-visibility", "ok", "simulated", ""),
-    ]
-    assert all(r.command == "" for r in rows)  # no container would run for them
+def test_injection_only_manufacturers_run_no_container(manufacturer: str) -> None:
+    assert all(r.command == "" for r in dry_run(group(manufacturer)))
 
 
 def test_iluvatar_names_hami_core_and_the_cap() -> None:
@@ -122,17 +169,8 @@ def test_iluvatar_names_hami_core_and_the_cap() -> None:
 # ------------------------------------------------------------------ Ascend
 
 
-def test_ascend_dry_run_rows_and_the_probe_it_would_run() -> None:
-    g = group("ascend", family="910b", runtime="8.2", physical=lambda i: (3,))
-    rows = dry_run(g)
-    assert table(rows) == [
-        ("container-share", "unavailable", "declared", "driver-not-askable"),
-        ("sliced-runtime-loaded", "ok", "simulated", ""),
-        ("sliced-quota-in-force", "ok", "simulated", ""),
-        ("co-tenancy", "ok", "simulated", ""),
-        ("sidecar-visibility", "ok", "simulated", ""),
-    ]
-    assert rows[0].command == ""  # declared rows carry none
+def test_ascend_dry_run_the_probe_it_would_run() -> None:
+    rows = dry_run(ASCEND_910B)
     command = rows[1].command
     assert command.startswith("/usr/sbin/chroot /host docker run --rm --runtime ascend ")
     assert "-e ASCEND_VISIBLE_DEVICES=3" in command
@@ -203,10 +241,9 @@ def test_ascend_910_has_no_950_rows() -> None:
 
 
 def test_ascend_staging_writes_the_rendered_config_into_scratch(tmp_path: Path) -> None:
-    g = group("ascend", family="910b", runtime="8.2", physical=lambda i: (3,))
     vendor = checking.VENDORS["ascend"]
     plan = checking.plan(
-        vendor, [g], prefix=PREFIX, image="", host_lib_dir=LIB, hold_s=0, view=View()
+        vendor, [ASCEND_910B], prefix=PREFIX, image="", host_lib_dir=LIB, hold_s=0, view=View()
     )
     sliced = next(p.injection for p in plan.probes if p.kind == "sliced")
     steps, missing = staging.plan_staging("ascend", [sliced], str(tmp_path))
@@ -231,42 +268,25 @@ def test_thead_needs_a_probe_image_and_then_probes_like_nvidia() -> None:
     rows = dry_run(group("thead"))
     assert table(rows)[0] == ("mig-partitioning", "not-declared", "declared", "")
     assert {r.reason for r in rows[1:]} == {"no-injection"}  # no default image for the PPU
-    rows = dry_run(group("thead"), image="registry.local/ppu-sdk:2.0")
-    assert table(rows) == [
-        ("mig-partitioning", "not-declared", "declared", ""),
-        ("sliced-runtime-loaded", "ok", "simulated", ""),
-        ("sliced-quota-in-force", "ok", "simulated", ""),
-        ("co-tenancy", "ok", "simulated", ""),
-        ("sidecar-visibility", "ok", "simulated", ""),
-    ]
-    command = rows[1].command
-    assert "--device /dev/alixpu_ppu0:/dev/alixpu_ppu0:rw" in command
-    assert "-e HGGC_DEVICE_SM_LIMIT=50" in command and "--runtime" not in command
-    assert rows[1].detail.startswith("the slice is enforced by /usr/local/vppu/hggc_quota.so")
-    assert "/usr/local/vppu/ppu-monitor" in command  # the reader the quota row rests on
+    loaded = dry_run(group("thead"), image=PPU_IMAGE)[1]
+    assert "--device /dev/alixpu_ppu0:/dev/alixpu_ppu0:rw" in loaded.command
+    assert "-e HGGC_DEVICE_SM_LIMIT=50" in loaded.command and "--runtime" not in loaded.command
+    assert "/usr/local/vppu/ppu-monitor" in loaded.command  # the reader the quota row rests on
+    assert loaded.detail.startswith("the slice is enforced by /usr/local/vppu/hggc_quota.so")
 
 
-def test_a_thead_card_in_partition_mode_gets_management_rows_only() -> None:
-    rows = dry_run(group("thead", partitions=7), image="registry.local/ppu-sdk:2.0")
-    assert table(rows) == [
-        ("mig-partitioning", "ok", "declared", ""),
-        ("sidecar-visibility", "ok", "declared", ""),
-    ]
-    assert rows[0].detail == "partition mode on; 7 partition tokens, profiles not reported"
+def test_a_thead_card_in_partition_mode_reports_its_partition_tokens() -> None:
+    mig, _ = dry_run(group("thead", partitions=7), image=PPU_IMAGE)
+    assert mig.detail == "partition mode on; 7 partition tokens, profiles not reported"
 
 
 # ------------------------------------------------------------------ Hygon, MetaX, Cambricon
 
 
 def test_hygon_is_judged_from_its_vdev_conf() -> None:
-    rows = dry_run(group("hygon", cores=120))
-    assert table(rows) == [
-        ("sliced-runtime-loaded", "ok", "simulated", ""),
-        ("sliced-quota-in-force", "ok", "simulated", ""),
-        ("sidecar-visibility", "ok", "simulated", ""),
-    ]
-    assert rows[0].detail.startswith("the slice is enforced by /etc/vdev/docker (mounted)")
-    assert rows[1].detail.startswith("the injection caps memory at 32768 MiB")  # 2 of 4 slices
+    loaded, quota, _ = dry_run(HYGON)
+    assert loaded.detail.startswith("the slice is enforced by /etc/vdev/docker (mounted)")
+    assert quota.detail.startswith("the injection caps memory at 32768 MiB")  # 2 of 4 slices
 
 
 def test_hygon_without_compute_units_gets_no_injection() -> None:
@@ -277,27 +297,14 @@ def test_hygon_without_compute_units_gets_no_injection() -> None:
 
 
 def test_metax_reads_its_sgpu_registry() -> None:
-    registry = "/sys/bus/pci/devices/0000:01:00.0/sgpu"
-    present = dry_run(group("metax"), View(dirs=(registry, f"{registry}/create")))
-    assert table(present) == [
-        ("sgpu-mode", "ok", "declared", ""),
-        ("sliced-runtime-loaded", "ok", "simulated", ""),
-        ("sliced-quota-in-force", "ok", "simulated", ""),
-        ("sidecar-visibility", "ok", "simulated", ""),
-    ]
-    assert present[0].detail == f"sGPU registry at {registry}; subdevices can be created there"
+    present = dry_run(group("metax"), WITH_SGPU)
+    assert present[0].detail == f"sGPU registry at {SGPU}; subdevices can be created there"
     assert present[1].detail.startswith("the slice is enforced by metax-sgpu on METAX-0")
     absent = dry_run(group("metax"))
     assert table(absent)[0] == ("sgpu-mode", "unavailable", "declared", "no-sgpu-registry")
 
 
 def test_cambricon_smlu_mode_is_not_askable_without_cndev() -> None:
-    rows = dry_run(group("cambricon", physical=lambda i: (i,)))
-    assert table(rows) == [
-        ("smlu-mode", "unavailable", "declared", "driver-not-askable"),
-        ("sliced-runtime-loaded", "ok", "simulated", ""),
-        ("sliced-quota-in-force", "ok", "simulated", ""),
-        ("sidecar-visibility", "ok", "simulated", ""),
-    ]
-    assert rows[2].detail.startswith("the injection caps memory at 32768 MiB")
-    assert "CAMBRICON_VISIBLE_DEVICES=0" in rows[3].detail
+    _, _, quota, seen = dry_run(CAMBRICON)
+    assert quota.detail.startswith("the injection caps memory at 32768 MiB")
+    assert "CAMBRICON_VISIBLE_DEVICES=0" in seen.detail

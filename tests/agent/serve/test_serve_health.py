@@ -9,7 +9,7 @@ from prometheus_client import CollectorRegistry
 
 from agent import health
 from agent.metrics import AgentMetrics
-from agent.running import Observer, keep_failed
+from agent.observing import Observer, keep_failed
 from agent.serve_settings import ServeSettings
 from bus import devices, events
 from bus.settings import BusSettings
