@@ -275,3 +275,44 @@ def test_a_destroyed_instance_and_a_closed_backend_free_their_samples(tmp_path: 
     r.backend.close()
     assert r.sim.gpm_buffers_alive() == 0 and r.backend.gpm.held() == 0
     assert r.sim.refcount == 0
+
+
+# -- fidelity to nvidia-ml-py ---------------------------------------------------------------------
+
+
+def test_metric_ids_are_the_bindings_and_the_simulators() -> None:
+    pynvml = pytest.importorskip("pynvml")
+    ours = {
+        "GRAPHICS_UTIL": nvml.GPM_GRAPHICS_UTIL,
+        "SM_UTIL": nvml.GPM_SM_UTIL,
+        "SM_OCCUPANCY": nvml.GPM_SM_OCCUPANCY,
+        "DRAM_BW_UTIL": nvml.GPM_DRAM_BW_UTIL,
+    }
+    for name, value in ours.items():
+        assert getattr(pynvml, f"NVML_GPM_METRIC_{name}") == value
+        assert getattr(SimulatedNvml, f"NVML_GPM_METRIC_{name}") == value
+
+
+def test_the_adapter_fills_and_reads_the_bindings_own_request() -> None:
+    """Field names and types as nvidia-ml-py's ``c_nvmlGpmMetricsGet_t`` has them."""
+    pynvml = pytest.importorskip("pynvml")
+    older, newer = pynvml.c_nvmlGpmSample_t(), pynvml.c_nvmlGpmSample_t()
+    asked: list[tuple[int, int, list[int]]] = []
+
+    def metrics_get(request: Any) -> Any:
+        assert isinstance(request, pynvml.c_nvmlGpmMetricsGet_t)
+        count = int(request.numMetrics)
+        asked.append((request.version, count, [request.metrics[i].metricId for i in range(count)]))
+        request.metrics[0].nvmlReturn, request.metrics[0].value = 0, 37.5
+        request.metrics[1].nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
+        return request
+
+    binding = type("Binding", (), {
+        "NVMLError": pynvml.NVMLError,
+        "c_nvmlGpmMetricsGet_t": pynvml.c_nvmlGpmMetricsGet_t,
+        "NVML_GPM_METRICS_GET_VERSION": pynvml.NVML_GPM_METRICS_GET_VERSION,
+        "nvmlGpmMetricsGet": staticmethod(metrics_get),
+    })()  # fmt: skip
+    got = Nvml(binding).gpm_metrics(older, newer, (nvml.GPM_GRAPHICS_UTIL, nvml.GPM_SM_UTIL))
+    assert got == {nvml.GPM_GRAPHICS_UTIL: 37.5}
+    assert asked == [(pynvml.NVML_GPM_METRICS_GET_VERSION, 2, [1, 2])]
