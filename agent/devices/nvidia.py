@@ -99,6 +99,33 @@ class NvidiaBackend:
     def sample(self) -> list[devices.AcceleratorSample]:
         return self._pass(self._sample) or []
 
+    def prime(self) -> bool:
+        """Take a first GPM sample of every card, so that the next pass has rates.
+
+        For a one-shot ``dm monitor``, which makes a single pass; True when a sample was taken
+        (wait :data:`agent.devices.gpm.MIN_INTERVAL_S` before sampling). Never raises: what
+        fails here fails again, and is reported, in the pass that follows.
+        """
+        try:
+            return bool(self._pass(self._prime))
+        except DetectionError:
+            return False
+
+    def _prime(self, _functions: dict[str, pci.PciFunction]) -> list[str]:
+        """The UUIDs of the cards a first GPM sample was taken of."""
+        count = self._system(self.nvml.device_count, optional=False) or 0
+        primed = []
+        for index in range(count):
+            identified = self._identify(index)
+            if not isinstance(identified, tuple):
+                continue
+            handle, uuid = identified
+            reader = _CardReader(handle, f"card {index} ({uuid})")
+            reader.get(functools.partial(self.gpm.card, uuid=uuid))
+            if reader.get(functools.partial(self.gpm.supported, uuid=uuid)):  # known: no call
+                primed.append(uuid)
+        return primed
+
     def close(self) -> None:
         """Free the GPM sample buffers (inside a session of its own; a failed init leaks them)."""
         if not self.gpm.held():

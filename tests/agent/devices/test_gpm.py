@@ -4,6 +4,7 @@ GPM yields no series and no error, and no sample buffer outlives its card, insta
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -12,12 +13,13 @@ import msgspec
 import pytest
 from nvidia_helpers import Rig, rig
 
-from agent import metrics
+from agent import metrics, oneshots
 from agent.devices import gpm, nvml
 from agent.devices.gpm import Activity, GpmSampler
 from agent.devices.nvml import Nvml, NvmlCallFailed
 from agent.devices.simulation import profiles
 from agent.devices.simulation.fakenvml import NVMLError, SimulatedNvml
+from agent.settings import DetectSettings
 from bus import devices
 
 _ALL = (nvml.GPM_GRAPHICS_UTIL, nvml.GPM_SM_UTIL, nvml.GPM_SM_OCCUPANCY, nvml.GPM_DRAM_BW_UTIL)
@@ -316,3 +318,27 @@ def test_the_adapter_fills_and_reads_the_bindings_own_request() -> None:
     got = Nvml(binding).gpm_metrics(older, newer, (nvml.GPM_GRAPHICS_UTIL, nvml.GPM_SM_UTIL))
     assert got == {nvml.GPM_GRAPHICS_UTIL: 37.5}
     assert asked == [(pynvml.NVML_GPM_METRICS_GET_VERSION, 2, [1, 2])]
+
+
+# -- dm monitor ----------------------------------------------------------------------------------
+
+
+def test_dm_monitor_primes_gpm_so_its_one_pass_has_activity(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    settings = DetectSettings(manufacturers=("nvidia",), simulate="nvidia-h100x8-mig",
+                              output="json")  # fmt: skip
+    assert oneshots.monitor_command(settings) == 0
+    (sample,) = json.loads(capsys.readouterr().out)
+    cards = sample["accelerators"]
+    assert [c["grEngineActive"] for c in cards[:4]] == [0, 0, 0, 0]  # MIG on, nothing carved
+    assert all(0.5 <= c["grEngineActive"] <= 0.6 for c in cards[4:])  # 55 % +- 5 points
+
+
+def test_dm_monitor_on_cards_without_gpm_reports_no_activity(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    settings = DetectSettings(manufacturers=("amd",), simulate="amd-rx7800xt-x2", output="json")
+    assert oneshots.monitor_command(settings) == 0
+    (sample,) = json.loads(capsys.readouterr().out)
+    assert all("grEngineActive" not in c for c in sample["accelerators"])
