@@ -101,7 +101,8 @@ class _Slot:
 class GpmSampler:
     """Two-sample GPM activity per card and per MIG GPU instance (see the module docstring).
 
-    Thread-safe: monitor passes run in worker threads, and an extra pass may overlap one.
+    Passes come one at a time (the agent's loop; :meth:`prune` ends each), from worker
+    threads; the lock keeps the buffers consistent should a close race a pass.
     """
 
     def __init__(

@@ -85,6 +85,11 @@ class GpmCalls:
     cards: tuple[NvidiaCard, ...]
     _mig: threading.RLock
     _gis: dict[int, dict[int, SimulatedGpuInstance]]
+    _gpm_buffers: dict[int, _Reading | None]
+    """Allocated sample buffers -> what each holds (None: not filled yet)."""
+    _gpm_sources: dict[tuple[int, int | None], tuple[int, dict[int, float]]]
+    """(card index, GI id or None) -> (ticks so far, running totals per metric)."""
+    _gpm_next: int
 
     def _card(self, fn: str, handle: Any, *aliases: str) -> NvidiaCard:
         raise NotImplementedError  # SimulatedNvml's
@@ -92,18 +97,10 @@ class GpmCalls:
     def _system(self, fn: str) -> None:
         raise NotImplementedError  # SimulatedNvml's
 
-    def _gpm_state(self) -> tuple[dict[int, _Reading | None], dict[tuple[int, int | None], Any]]:
-        """``(buffers, per-source [tick, totals])``, made on first use."""
-        if not hasattr(self, "_gpm_buffers"):
-            self._gpm_buffers: dict[int, _Reading | None] = {}
-            self._gpm_sources: dict[tuple[int, int | None], Any] = {}
-            self._gpm_next = 1
-        return self._gpm_buffers, self._gpm_sources
-
     def gpm_buffers_alive(self) -> int:
         """Sample buffers allocated and not freed (tests check nothing leaks)."""
         with self._mig:
-            return len(self._gpm_state()[0])
+            return len(self._gpm_buffers)
 
     # -- the calls ----------------------------------------------------------------------------
 
@@ -115,7 +112,7 @@ class GpmCalls:
     def nvmlGpmSampleAlloc(self) -> int:
         self._system("nvmlGpmSampleAlloc")
         with self._mig:
-            buffers, _ = self._gpm_state()
+            buffers = self._gpm_buffers
             handle = self._gpm_next
             self._gpm_next += 1
             buffers[handle] = None
@@ -124,7 +121,7 @@ class GpmCalls:
     def nvmlGpmSampleFree(self, gpmSample: Any) -> None:
         self._system("nvmlGpmSampleFree")
         with self._mig:
-            buffers, _ = self._gpm_state()
+            buffers = self._gpm_buffers
             if int(gpmSample) not in buffers:
                 raise NVMLError(INVALID_ARGUMENT)  # never allocated, or freed already
             del buffers[int(gpmSample)]
@@ -151,7 +148,7 @@ class GpmCalls:
         self._system("nvmlGpmMetricsGet")
         request = getattr(metricsGet, "_obj", metricsGet)  # byref() or the struct itself
         with self._mig:
-            buffers, _ = self._gpm_state()
+            buffers = self._gpm_buffers
             older = buffers.get(int(request.sample1))
             newer = buffers.get(int(request.sample2))
         if (
@@ -178,7 +175,7 @@ class GpmCalls:
         """Called with ``_mig`` held: advance the source's clock, record it in the buffer."""
         if (card.architecture or 0) < HOPPER:
             raise NVMLError(NOT_SUPPORTED)
-        buffers, sources = self._gpm_state()
+        buffers, sources = self._gpm_buffers, self._gpm_sources
         if int(gpmSample) not in buffers:
             raise NVMLError(INVALID_ARGUMENT)  # never allocated, or freed
         tick, totals = sources.get((index, gi), (0, dict.fromkeys(_SHARES, 0.0)))

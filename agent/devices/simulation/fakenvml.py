@@ -133,6 +133,9 @@ class SimulatedNvml(MigCalls, TelemetryCalls, GpmCalls):
         """Opaque GI/CI handle -> (card index, GI id, CI id or None for a GI)."""
         self._next_handle = 1
         self._created = 0
+        self._gpm_buffers = {}
+        self._gpm_sources = {}
+        self._gpm_next = 1
         for where, faults in [("system", self.system_faults)] + [
             (f"card {i}", c.faults) for i, c in enumerate(self.cards)
         ]:
