@@ -16,7 +16,8 @@ takes one new sample and computes the activity since the last pass. Invariants:
 - a sample is taken at most every ``min_interval_s`` (NVML refreshes its counters every
   100 ms); a pass sooner than that reuses the last activity;
 - a failure on a key forgets its samples (the next two passes start over) and re-raises, so the
-  backend's usual per-field handling applies; a card without GPM is asked once per UUID;
+  backend's usual per-field handling applies; a card without GPM is asked once per UUID, and a
+  sample refused as unsupported (a MIG-mode card may refuse its whole-card one) is not retried;
 - keys not sampled in a pass are freed by :meth:`GpmSampler.prune` (a destroyed instance, a
   card that went away), and :meth:`GpmSampler.close` frees every buffer.
 
@@ -44,6 +45,7 @@ from agent.devices.nvml import (
     Handle,
     Nvml,
     NvmlError,
+    NvmlUnsupported,
 )
 
 log = logging.getLogger(__name__)
@@ -117,6 +119,9 @@ class GpmSampler:
         self.clock = clock
         self._slots: dict[Key, _Slot] = {}
         self._supported: dict[str, bool] = {}
+        self._refused: set[Key] = set()
+        """Keys whose sampling answered "unsupported" (a MIG-mode card's whole-card sample may):
+        not asked again until the card is forgotten."""
         self._seen: set[Key] = set()
         self._lock = threading.Lock()
 
@@ -146,6 +151,8 @@ class GpmSampler:
 
     def _sample(self, key: Key, h: Handle, gpu_instance_id: int | None) -> Activity | None:
         with self._lock:
+            if key in self._refused:
+                return None
             self._seen.add(key)
             slot = self._slots.setdefault(key, _Slot())
             now = self.clock()
@@ -153,8 +160,10 @@ class GpmSampler:
                 return slot.last
             try:
                 return self._advance(slot, h, gpu_instance_id, now)
-            except NvmlError:
+            except NvmlError as e:
                 self._free(self._slots.pop(key))
+                if isinstance(e, NvmlUnsupported):
+                    self._refused.add(key)
                 raise
 
     def _advance(
@@ -187,12 +196,14 @@ class GpmSampler:
                 self._free(self._slots.pop(key))
             for uuid in gone:
                 self._supported.pop(uuid, None)
+            self._refused = {k for k in self._refused if k[0] not in gone}
 
     def close(self) -> None:
         """Free every sample buffer (NVML must be initialised: call inside a session)."""
         with self._lock:
             slots, self._slots = list(self._slots.values()), {}
             self._supported.clear()
+            self._refused.clear()
             self._seen.clear()
         for slot in slots:
             self._free(slot)

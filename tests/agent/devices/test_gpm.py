@@ -342,3 +342,16 @@ def test_dm_monitor_on_cards_without_gpm_reports_no_activity(
     assert oneshots.monitor_command(settings) == 0
     (sample,) = json.loads(capsys.readouterr().out)
     assert all("grEngineActive" not in c for c in sample["accelerators"])
+
+
+def test_a_whole_card_sample_refused_in_mig_mode_is_not_retried_and_instances_still_work(
+    tmp_path: Path,
+) -> None:
+    """Should a MIG-mode card refuse the whole-card sample (only per-instance ones), its
+    instances still have their activity, and the refused call is not made every pass."""
+    r = _mig_rig(tmp_path, faults={0: {"nvmlGpmSampleGet": "NOT_SUPPORTED"}})
+    for _ in range(3):
+        first = _wire(r.backend.sample())[0]
+    assert "grEngineActive" not in first and 0 < first["migInstances"][0]["grEngineActive"] <= 1
+    assert r.sim.calls.count(("nvmlGpmSampleGet", 0)) == 1
+    assert r.nvml.errors_by_call == {}
