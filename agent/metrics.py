@@ -13,8 +13,12 @@ accelerator id), ``device`` (``nvidia<minor>``, ``card<N>`` for AMD), ``modelNam
 container holding the card (``pod``, ``namespace``, ``container``: from the device plugins'
 ledger, which kubelet's pod-resources API keeps current; a card several containers hold has
 one series per container, each with the card's value), and for a MIG instance ``GPU_I_ID`` and
-``GPU_I_PROFILE`` (the instance's own memory series; the card's series leave them empty). A
-label nobody reported is the empty string, which Prometheus treats as absent.
+``GPU_I_PROFILE`` (the instance's own memory and GPM activity series; the card's series leave
+them empty). A label nobody reported is the empty string, which Prometheus treats as absent.
+
+The GPM activity ratios (``gr_engine_active``, ``sm_active``, ``sm_occupancy``,
+``dram_active``: DCGM's ``DCGM_FI_PROF_*`` profiling fields) are the only activity figures a
+card in MIG mode has; they need two monitor passes, so the first scrape after a start has none.
 
 Agent health: ``gpustack_agent_detection_pass_seconds`` and
 ``gpustack_agent_monitor_pass_seconds`` (histograms), ``gpustack_agent_pass_failures_total``
@@ -100,10 +104,29 @@ SERIES: tuple[Series, ...] = (
     Series("nvlink_rx_kibibytes", "NVLink data received since the driver loaded, KiB.",
            lambda s: s.nvlink_rx, counter=True),
     Series("unhealthy", "1 when the accelerator is Unhealthy.", lambda s: float(s.unhealthy)),
+    Series("gr_engine_active", "Ratio of time the graphics/compute engine was busy (GPM).",
+           lambda s: s.gr_engine_active),
+    Series("sm_active", "Ratio of SMs busy over the interval (GPM).", lambda s: s.sm_active),
+    Series("sm_occupancy", "Ratio of resident warps to the SMs' maximum (GPM).",
+           lambda s: s.sm_occupancy),
+    Series("dram_active", "Ratio of the peak DRAM bandwidth used (GPM).",
+           lambda s: s.dram_active),
 )  # fmt: skip
 LAST_XID = "gpustack_accelerator_last_xid"
 """The last XID each card reported since the agent started (0: none), as DCGM_FI_DEV_XID_ERRORS."""
-_MIG_SERIES = ("memory_total_mib", "memory_used_mib")
+MigReader = Callable[[devices.MigInstanceSample], float | None]
+_MIG_SERIES: tuple[tuple[str, MigReader], ...] = (
+    ("memory_total_mib", lambda m: m.memory),
+    ("memory_used_mib", lambda m: m.memory_usage),
+)
+"""A MIG device's own series (one per MIG device, GPU_I_ID and GPU_I_PROFILE set)."""
+_GI_SERIES: tuple[tuple[str, MigReader], ...] = (
+    ("gr_engine_active", lambda m: m.gr_engine_active),
+    ("sm_active", lambda m: m.sm_active),
+    ("sm_occupancy", lambda m: m.sm_occupancy),
+    ("dram_active", lambda m: m.dram_active),
+)
+"""A GPU instance's activity: one series per GI (its compute instances share the figure)."""
 
 _PASS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
@@ -220,10 +243,13 @@ def accelerator_families(
                 values = [*card, holder[1], holder[0], holder[2], "", ""]
                 _add(families, accelerator, values)
                 last_xid.add_metric(values, float((xids or {}).get(accelerator.id, 0)))
+            instances: set[int] = set()
             for mig in accelerator.mig_instances or ():
-                _add_mig(
-                    families, mig, [*card, "", "", "", str(mig.gpu_instance_id), mig.profile or ""]
-                )
+                values = [*card, "", "", "", str(mig.gpu_instance_id), mig.profile or ""]
+                _add_mig(families, mig, values, _MIG_SERIES)
+                if mig.gpu_instance_id not in instances:
+                    instances.add(mig.gpu_instance_id)
+                    _add_mig(families, mig, values, _GI_SERIES)
     return [*families.values(), last_xid]
 
 
@@ -237,10 +263,14 @@ def _add(
 
 
 def _add_mig(
-    families: Mapping[str, Metric], mig: devices.MigInstanceSample, values: list[str]
+    families: Mapping[str, Metric],
+    mig: devices.MigInstanceSample,
+    values: list[str],
+    series: tuple[tuple[str, MigReader], ...],
 ) -> None:
-    """A MIG instance's own memory, on the card's families with GPU_I_ID and GPU_I_PROFILE."""
-    for name, value in zip(_MIG_SERIES, (mig.memory, mig.memory_usage), strict=True):
+    """A MIG instance's own values, on the card's families with GPU_I_ID and GPU_I_PROFILE."""
+    for name, read in series:
+        value = read(mig)
         if value is not None:
             families[name].add_metric(values, float(value))  # type: ignore[attr-defined]
 

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
 from collections.abc import Callable
 from typing import Any
 
-from agent.devices import detection, sources
+from agent.devices import detection, gpm, sources
 from agent.errors import ProfileError
 from agent.settings import DetectSettings
 from bus.devices import DeviceGroup, MonitorSample
@@ -52,6 +53,12 @@ def _detect(settings: DetectSettings) -> detection.PassResult[Any]:
 
 def _monitor(settings: DetectSettings) -> detection.PassResult[Any]:
     with sources.open_backends(settings) as backends:
+        primed = False
+        for backend in backends:
+            prime: Callable[[], bool] | None = getattr(backend, "prime", None)
+            primed = bool(prime and prime()) or primed
+        if primed:  # rates (NVIDIA GPM activity) need a first sample and a pause
+            time.sleep(gpm.MIN_INTERVAL_S * 1.5)
         return detection.sample(backends)
 
 

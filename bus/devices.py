@@ -131,6 +131,11 @@ class MigInstanceSample(_Wire, frozen=True, kw_only=True):
     """MiB total."""
     memory_usage: int | None = None
     """MiB used."""
+    gr_engine_active: float | None = None
+    """The GPU instance's activity ratios 0-1 (NVML GPM, Hopper on), as on the card below."""
+    sm_active: float | None = None
+    sm_occupancy: float | None = None
+    dram_active: float | None = None
 
 
 class AcceleratorSample(_Wire, frozen=True, kw_only=True):
@@ -192,6 +197,15 @@ class AcceleratorSample(_Wire, frozen=True, kw_only=True):
     """KiB of data received over all NVLink links (a counter)."""
     mig_instances: tuple[MigInstanceSample, ...] | None = None
     """The MIG devices of a card in MIG mode."""
+    gr_engine_active: float | None = None
+    """Ratio 0-1 of the interval since the last sample the graphics/compute engine was busy
+    (NVML GPM, Hopper on; DCGM's ``DCGM_FI_PROF_GR_ENGINE_ACTIVE``); given in MIG mode too."""
+    sm_active: float | None = None
+    """Ratio 0-1: SMs busy over the interval (``DCGM_FI_PROF_SM_ACTIVE``)."""
+    sm_occupancy: float | None = None
+    """Ratio 0-1: resident warps against the maximum (``DCGM_FI_PROF_SM_OCCUPANCY``)."""
+    dram_active: float | None = None
+    """Ratio 0-1 of the peak DRAM bandwidth used (``DCGM_FI_PROF_DRAM_ACTIVE``)."""
 
 
 class MonitorSample(_Wire, frozen=True, kw_only=True):

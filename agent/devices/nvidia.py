@@ -25,6 +25,7 @@ from dataclasses import replace
 from typing import Any, TypeVar
 
 from agent.devices import pci
+from agent.devices.gpm import Activity, GpmSampler
 from agent.devices.hostfs import HostFS
 from agent.devices.manufacturers import MANUFACTURERS
 from agent.devices.nvidia_facts import MANUFACTURER, CardFacts, build_groups, pct
@@ -75,12 +76,20 @@ class NvidiaBackend:
     manufacturer = MANUFACTURER
 
     def __init__(
-        self, *, host: HostFS, nvml: Nvml, pci_check: bool = True, simulated: bool = False
+        self,
+        *,
+        host: HostFS,
+        nvml: Nvml,
+        pci_check: bool = True,
+        simulated: bool = False,
+        gpm: GpmSampler | None = None,
     ) -> None:
         self.host = host
         self.nvml = nvml
         self.pci_check = pci_check
         self.simulated = simulated
+        self.gpm = gpm if gpm is not None else GpmSampler(nvml)
+        """Monitor state between passes: the previous GPM sample of each card and GI."""
         self._last_seen: dict[int, CardFacts] = {}
         """Each NVML index's card as last read, to report it unhealthy if it is lost unread."""
 
@@ -89,6 +98,43 @@ class NvidiaBackend:
 
     def sample(self) -> list[devices.AcceleratorSample]:
         return self._pass(self._sample) or []
+
+    def prime(self) -> bool:
+        """Take a first GPM sample of every card, so that the next pass has rates.
+
+        For a one-shot ``dm monitor``, which makes a single pass; True when a sample was taken
+        (wait :data:`agent.devices.gpm.MIN_INTERVAL_S` before sampling). Never raises: what
+        fails here fails again, and is reported, in the pass that follows.
+        """
+        try:
+            return bool(self._pass(self._prime))
+        except DetectionError:
+            return False
+
+    def _prime(self, _functions: dict[str, pci.PciFunction]) -> list[str]:
+        """The UUIDs of the cards a first GPM sample was taken of."""
+        count = self._system(self.nvml.device_count, optional=False) or 0
+        primed = []
+        for index in range(count):
+            identified = self._identify(index)
+            if not isinstance(identified, tuple):
+                continue
+            handle, uuid = identified
+            reader = _CardReader(handle, f"card {index} ({uuid})")
+            reader.get(functools.partial(self.gpm.card, uuid=uuid))
+            if reader.get(functools.partial(self.gpm.supported, uuid=uuid)):  # known: no call
+                primed.append(uuid)
+        return primed
+
+    def close(self) -> None:
+        """Free the GPM sample buffers (inside a session of its own; a failed init leaks them)."""
+        if not self.gpm.held():
+            return
+        try:
+            with self.nvml.session():
+                self.gpm.close()
+        except NvmlError as e:
+            log.debug("NVML unavailable to free GPM samples: %s", e)
 
     # -- one pass -----------------------------------------------------------------------------
 
@@ -201,7 +247,10 @@ class NvidiaBackend:
 
     def _sample(self, _functions: dict[str, pci.PciFunction]) -> list[devices.AcceleratorSample]:
         count = self._system(self.nvml.device_count, optional=False) or 0
-        return [s for i in range(count) if (s := self._sample_card(i)) is not None]
+        try:
+            return [s for i in range(count) if (s := self._sample_card(i)) is not None]
+        finally:
+            self.gpm.prune()  # free the samples of instances and cards no longer here
 
     def _sample_card(self, index: int) -> devices.AcceleratorSample | None:
         identified = self._identify(index)
@@ -215,6 +264,8 @@ class NvidiaBackend:
         known = self._last_seen.get(index)
         if known is None or known.uuid != uuid:
             self._last_seen[index] = CardFacts(index=index, uuid=uuid)
+            if known is not None:
+                self.gpm.forget([known.uuid])
         reader = _CardReader(handle, f"card {index} ({uuid})")
         memory = reader.get(self.nvml.memory_info)
         utilization = reader.get(self.nvml.utilization)
@@ -222,6 +273,7 @@ class NvidiaBackend:
         power_mw = reader.get(self.nvml.power_usage)
         total, used = (memory.total, memory.used) if memory else (None, None)
         extra = self._telemetry(reader, self._last_seen.get(index))
+        extra.update(_activity_fields(reader.get(functools.partial(self.gpm.card, uuid=uuid))))
         return devices.AcceleratorSample(
             id=uuid,
             memory=total >> 20 if total is not None else None,
@@ -278,6 +330,7 @@ class NvidiaBackend:
         if found is None:
             return None
         profiles: dict[int, str] = {}
+        activities: dict[int, Activity | None] = {}
         for profile in known.mig_profiles or ():
             instances = reader.get(
                 functools.partial(
@@ -290,14 +343,33 @@ class NvidiaBackend:
         out = []
         for mig in found:
             memory = _CardReader(mig.handle, reader.label).get(self.nvml.memory_info)
+            gi, name = mig.gpu_instance_id, profiles.get(mig.gpu_instance_id)
+            if gi not in activities:  # one GPM sample per GI, however many CIs it holds
+                activities[gi] = reader.get(
+                    functools.partial(
+                        self.gpm.instance, uuid=known.uuid, gpu_instance_id=gi, profile=name
+                    )
+                )
             out.append(
                 devices.MigInstanceSample(
                     uuid=mig.uuid,
-                    gpu_instance_id=mig.gpu_instance_id,
+                    gpu_instance_id=gi,
                     compute_instance_id=mig.compute_instance_id,
-                    profile=profiles.get(mig.gpu_instance_id),
+                    profile=name,
                     memory=memory.total >> 20 if memory else None,
                     memory_usage=memory.used >> 20 if memory else None,
+                    **_activity_fields(activities[gi]),
                 )
             )
         return tuple(out)
+
+
+def _activity_fields(activity: Activity | None) -> dict[str, float | None]:
+    """GPM activity as sample fields (all None without GPM or on a first pass)."""
+    a = activity or Activity()
+    return {
+        "gr_engine_active": a.gr_engine_active,
+        "sm_active": a.sm_active,
+        "sm_occupancy": a.sm_occupancy,
+        "dram_active": a.dram_active,
+    }

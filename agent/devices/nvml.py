@@ -108,6 +108,15 @@ _FIELD_MEMBERS = {
 EVENT_TYPE_XID_CRITICAL_ERROR = 0x0000000000000008
 """``nvmlEventTypeXidCriticalError``: the only event type the health watcher registers."""
 
+GPM_GRAPHICS_UTIL = 1
+"""``NVML_GPM_METRIC_GRAPHICS_UTIL``: percent of time the graphics/compute engine was busy."""
+GPM_SM_UTIL = 2
+"""``NVML_GPM_METRIC_SM_UTIL``: percent of SMs busy."""
+GPM_SM_OCCUPANCY = 3
+"""``NVML_GPM_METRIC_SM_OCCUPANCY``: percent of resident warps against the SMs' maximum."""
+GPM_DRAM_BW_UTIL = 10
+"""``NVML_GPM_METRIC_DRAM_BW_UTIL``: percent of the peak DRAM bandwidth used."""
+
 CPU_SET_WORDS = 64
 """64-bit words asked for in CPU affinity masks: room for 4096 CPUs."""
 NODE_SET_WORDS = 4
@@ -661,6 +670,50 @@ class Nvml:
                 raise map_error("nvmlDeviceGetFieldValues", code, what)
             member = _FIELD_MEMBERS.get(int(getattr(v, "valueType", 3)), "ullVal")
             out.append(getattr(v.value, member))
+        return out
+
+    # -- GPM: GPU Performance Monitoring (Hopper on; see agent/devices/gpm.py) -----------------
+
+    def gpm_supported(self, h: Handle) -> bool:
+        """Whether the card offers GPM; a card or driver without the call answers False."""
+        try:
+            support = self._call("nvmlGpmQueryDeviceSupport", h)
+        except NvmlUnsupported:
+            return False
+        return bool(support.isSupportedDevice)
+
+    def gpm_sample_alloc(self) -> Any:
+        """A new sample buffer; hand it back to :meth:`gpm_sample_free`."""
+        return self._call("nvmlGpmSampleAlloc")
+
+    def gpm_sample_free(self, sample: Any) -> None:
+        self._call("nvmlGpmSampleFree", sample)
+
+    def gpm_sample(self, h: Handle, sample: Any, gpu_instance_id: int | None = None) -> None:
+        """Fill ``sample`` with the card's counters now, or one MIG GPU instance's."""
+        if gpu_instance_id is None:
+            self._call("nvmlGpmSampleGet", h, sample)
+        else:
+            self._call("nvmlGpmMigSampleGet", h, gpu_instance_id, sample)
+
+    def gpm_metrics(self, older: Any, newer: Any, ids: tuple[int, ...]) -> dict[int, float]:
+        """GPM metrics (``GPM_*``) over the interval between two samples of one card or GI.
+
+        A metric the card cannot compute is left out, uncounted; the call itself failing
+        raises as usual.
+        """
+        request = self.library.c_nvmlGpmMetricsGet_t()
+        request.version = int(getattr(self.library, "NVML_GPM_METRICS_GET_VERSION", 1))
+        request.numMetrics = len(ids)
+        request.sample1, request.sample2 = older, newer
+        for i, metric in enumerate(ids):
+            request.metrics[i].metricId = metric
+        got = self._call("nvmlGpmMetricsGet", request)
+        out: dict[int, float] = {}
+        for i, metric in enumerate(ids):
+            answer = got.metrics[i]
+            if int(answer.nvmlReturn) == 0:
+                out[metric] = float(answer.value)
         return out
 
     # -- events -------------------------------------------------------------------------------

@@ -32,7 +32,8 @@ def open_backends(settings: DetectSettings) -> Iterator[list[detection.Backend]]
     """
     if settings.simulate is None:
         host = HostFS(Path(settings.host_root))
-        yield _backends(settings, host, nvml.Nvml(), simulated=False)
+        with _closing(_backends(settings, host, nvml.Nvml(), simulated=False)) as backends:
+            yield backends
         return
     # Simulation is imported only when asked for: real runs never load it.
     from agent.devices.simulation import fakenvml, libraries, profiles, sysfs
@@ -47,7 +48,21 @@ def open_backends(settings: DetectSettings) -> Iterator[list[detection.Backend]]
         )
         library = fakenvml.SimulatedNvml(profile.nvidia)
         simulators = {key: libraries.factory(key, profile) for key in libraries.simulated_keys()}
-        yield _backends(settings, host, nvml.Nvml(library), simulated=True, libraries=simulators)
+        made = _backends(settings, host, nvml.Nvml(library), simulated=True, libraries=simulators)
+        with _closing(made) as backends:
+            yield backends
+
+
+@contextmanager
+def _closing(backends: list[detection.Backend]) -> Iterator[list[detection.Backend]]:
+    """Yield ``backends``, then close those that hold state between passes (GPM samples)."""
+    try:
+        yield backends
+    finally:
+        for backend in backends:
+            close: Callable[[], None] | None = getattr(backend, "close", None)
+            if close is not None:
+                close()
 
 
 def _scratch_dir() -> str | None:

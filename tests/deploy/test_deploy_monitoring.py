@@ -35,6 +35,7 @@ def test_every_query_names_an_exported_metric() -> None:
     # the headline DCGM-style panels are there
     assert {"gpustack_accelerator_utilization_percent", "gpustack_accelerator_last_xid",
             "gpustack_accelerator_energy_millijoules"} <= wire  # fmt: skip
+    assert "gpustack_accelerator_gr_engine_active" in wire  # the only activity of a MIG card
 
 
 def test_every_panel_reads_the_chosen_data_source_and_node() -> None:

@@ -10,7 +10,9 @@ with:
 - a card's ``faults`` (NVML function name → error name) make that call fail for that card, and
   ``nvmlDeviceGetMemoryInfo_v2`` names the v2 form alone;
 - once a card answers ``GPU_IS_LOST`` it answers nothing else, as a card off the bus does;
-- utilization is ``NOT_SUPPORTED`` on a MIG-enabled card, as on real hardware;
+- utilization is ``NOT_SUPPORTED`` on a MIG-enabled card, as on real hardware; GPM
+  (:mod:`~agent.devices.simulation.fakegpm`) gives Hopper cards and their GPU instances
+  activity figures from two samples;
 - XID events: a card's profile ``xids`` and :meth:`SimulatedNvml.inject_xid` feed the event-set
   calls (``nvmlEventSetCreate``, ``nvmlDeviceRegisterEvents``, ``nvmlEventSetWait``,
   ``nvmlEventSetFree``); :meth:`SimulatedNvml.lose` makes a card fall off the bus, which a
@@ -42,6 +44,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from types import SimpleNamespace
 
+from agent.devices.simulation.fakegpm import GpmCalls
 from agent.devices.simulation.fakemig import (
     MigCalls,
     SimulatedGpuInstance,
@@ -94,7 +97,7 @@ def opened() -> list[SimulatedNvml]:
     return list(_OPENED)
 
 
-class SimulatedNvml(MigCalls, TelemetryCalls):
+class SimulatedNvml(MigCalls, TelemetryCalls, GpmCalls):
     """The pynvml module, simulated from a profile's ``nvidia`` section (None: no driver)."""
 
     NVMLError = NVMLError
@@ -130,6 +133,9 @@ class SimulatedNvml(MigCalls, TelemetryCalls):
         """Opaque GI/CI handle -> (card index, GI id, CI id or None for a GI)."""
         self._next_handle = 1
         self._created = 0
+        self._gpm_buffers = {}
+        self._gpm_sources = {}
+        self._gpm_next = 1
         for where, faults in [("system", self.system_faults)] + [
             (f"card {i}", c.faults) for i, c in enumerate(self.cards)
         ]:

@@ -100,13 +100,21 @@ function latestSamples(n) {
   return byId;
 }
 
+function utilOf(a) {
+  // NVML gives no utilization on a card in MIG mode: its GPM graphics-engine activity stands in.
+  if (!a) return null;
+  if (a.coresUtilization !== undefined && a.coresUtilization !== null) return a.coresUtilization;
+  const active = a.grEngineActive;
+  return active === undefined || active === null ? null : Math.round(active * 100);
+}
+
 function history(n, id) {
   const util = [], mem = [];
   for (const ev of n.samples) {
     for (const s of ev.samples || []) {
       for (const a of s.accelerators || []) {
         if (a.id !== id) continue;
-        util.push(a.coresUtilization);
+        util.push(utilOf(a));
         mem.push(a.memory ? (100 * (a.memoryUsage || 0)) / a.memory : null);
       }
     }
@@ -174,7 +182,7 @@ function gpuCard(n, group, acc, sample) {
     : "free";
   return el("section", { class: "gpu", "data-uuid": acc.id, "data-health": unhealthy ? "unhealthy" : "healthy" },
     el("div", { class: "title" }, el("span", {}, `GPU ${acc.index} · ${group.name}`),
-      el("span", { class: "util" }, fmt.num(sample && sample.coresUtilization, "%"))),
+      el("span", { class: "util" }, fmt.num(utilOf(sample), "%"))),
     el("div", { class: "uuid" }, acc.id),
     el("dl", {},
       el("dt", {}, "memory"), el("dd", { class: "memory" }, `${fmt.gib(used)} / ${fmt.gib(total)} GiB`),
