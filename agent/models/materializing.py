@@ -322,6 +322,11 @@ class Materializer:
             job.waiters -= 1
             job.asked = max(job.asked, self._clock())
 
+    def waiting(self, hex_: str) -> list[Pod]:
+        """The Pods that asked for ``hex_`` within ``waiter_window_s`` (none: no job runs)."""
+        job = self.jobs.get(hex_)
+        return [] if job is None else job.waiting(self._clock(), self.tuning.waiter_window_s)
+
     def progress(self, hex_: str) -> str | None:
         """The running job's progress message; None when none runs."""
         job = self.jobs.get(hex_)
