@@ -240,3 +240,24 @@ async def test_a_failed_download_answers_its_error_at_once(rig: Rig) -> None:
     assert code == grpc.StatusCode.UNAVAILABLE
     assert "IntegrityMismatch" in message and "still downloading" not in message
     assert jobs == {}
+
+
+@pytest.mark.usefixtures("mounts")
+async def test_a_held_call_keeps_the_download_asked_for(rig: Rig) -> None:
+    # An attempt unasked for 0.05 s is cancelled; the check runs every 0.0125 s.
+    _waiting(rig, publish_wait_s=120.0, publish_margin_s=5.0, waiter_window_s=0.05)
+    record = rig.artifact("org/model", FILES)
+    digest = record.manifest_digest
+
+    async with rig.running() as plugin:
+        with _call(plugin.socket, publish_request(record, rig.target())) as future:
+            await _until(lambda: getattr(_job_of(plugin, digest), "waiters", 0) == 1)
+            job = _job_of(plugin, digest)
+            await anyio.sleep(0.5)  # forty checks: none may cancel a job someone waits in
+            kept = not job.scope.cancel_called
+            future.cancel()
+        await _until(lambda: _job_of(plugin, digest) is None)  # unasked now: cancelled
+        rig.hub.gate.set()  # the Hub's held responses end
+
+    assert kept
+    assert job.scope.cancel_called
