@@ -88,15 +88,21 @@ def _key(pod: events.WaitingPod) -> str:
     return pod.uid or f"{pod.namespace}/{pod.name}"
 
 
+def _short(m: events.ModelState) -> str:
+    """``sha256:<12 hex>``, as the agent's own messages name a model (the rest is noise)."""
+    digest = m.digest or m.model
+    return digest[:19] if digest.startswith("sha256:") else digest
+
+
 def _downloading(node: str, m: events.ModelState) -> str:
     how = progress(m.bytes_done, m.bytes_total)
-    where = f"Downloading model {m.digest or m.model} on node {node}"
+    where = f"Downloading model {_short(m)} on node {node}"
     return f"{where}: {how}" if how else where
 
 
 def _downloaded(node: str, m: events.ModelState) -> str:
     size = f" ({human_bytes(m.bytes_total)})" if m.bytes_total else ""
-    return f"Downloaded model {m.digest or m.model}{size} on node {node}"
+    return f"Downloaded model {_short(m)}{size} on node {node}"
 
 
 def plan(

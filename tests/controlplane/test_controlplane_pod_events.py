@@ -32,6 +32,7 @@ from controlplane.reconciling.podevents import (
 from kit.serving import HttpsSettings
 
 DIGEST = "sha256:" + "ab" * 32
+SHORT = "sha256:abababababab"
 GIB = 1024**3
 EVENTS = "api/v1/events"
 A = events.WaitingPod(namespace="team-a", name="llm-0", uid="uid-a")
@@ -57,7 +58,7 @@ def test_a_pod_starting_to_wait_is_told_at_once_then_at_most_every_period() -> N
     same, _ = plan("n1", (downloading(3 * GIB, A, B),), known, now=300.0, every_s=20.0)
 
     assert [(p.pod, p.reason, p.message) for p in posts] == [
-        (A, DOWNLOADING, f"Downloading model {DIGEST} on node n1: 12% (1.0 GiB of 8.0 GiB)")
+        (A, DOWNLOADING, f"Downloading model {SHORT} on node n1: 12% (1.0 GiB of 8.0 GiB)")
     ]
     assert [p.pod for p in again] == [B]  # A was told 10 s ago; B is new
     assert [(p.pod, p.message[-24:]) for p in later] == [(A, "37% (3.0 GiB of 8.0 GiB)")]
@@ -73,7 +74,7 @@ def test_the_pods_that_waited_are_told_when_it_is_ready_and_nothing_when_it_fail
     gone, _ = plan("n1", (), known, now=1.0, every_s=20.0)
 
     assert [(p.pod, p.reason) for p in done] == [(A, DOWNLOADED), (B, DOWNLOADED)]
-    assert done[0].message == f"Downloaded model {DIGEST} (8.0 GiB) on node n1"
+    assert done[0].message == f"Downloaded model {SHORT} (8.0 GiB) on node n1"
     assert after == {}
     assert failed == [] and gone == []
 
@@ -154,7 +155,7 @@ async def test_progress_is_one_normal_event_updated_then_a_downloaded_event() ->
         (DOWNLOADED, "Normal"),
         (DOWNLOADING, "Normal"),
     ]
-    assert both[0]["message"] == f"Downloaded model {DIGEST} (8.0 GiB) on node n1"
+    assert both[0]["message"] == f"Downloaded model {SHORT} (8.0 GiB) on node n1"
 
 
 @pytest.mark.anyio
