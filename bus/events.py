@@ -35,6 +35,7 @@ __all__ = [
     "ModelState",
     "ModelsEvent",
     "SamplesEvent",
+    "WaitingPod",
     "kind_of",
     "now",
     "state_key",
@@ -123,6 +124,14 @@ class AllocationEvent(_Event, tag="allocations", frozen=True, kw_only=True):
     """Partitioned: the instance's id (a ``MIG-`` UUID). Optional, added in v1."""
 
 
+class WaitingPod(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    """A Pod whose volume waits for a model's download (kubelet names it on NodePublishVolume)."""
+
+    namespace: str
+    name: str
+    uid: str | None = None
+
+
 class ModelState(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     """One model in a node's cache and how far its download got."""
 
@@ -144,6 +153,9 @@ class ModelState(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     """Machine-readable cause of ``failed``, e.g. ``IntegrityMismatch``, ``SourceUnavailable``."""
     retry_time: datetime | None = None
     """For ``failed``: no new attempt starts before this time (the persisted backoff)."""
+    waiting_pods: tuple[WaitingPod, ...] | None = None
+    """For ``downloading``: the Pods whose volumes wait for it (asked within the last
+    ``waiter_window_s``), so the worker can tell them how far it got. Optional, added in v1."""
 
 
 class ModelsEvent(_Event, tag="models", frozen=True, kw_only=True):

@@ -15,6 +15,7 @@ __all__ = [
     "CONFIGMAPS",
     "CRDS",
     "DEVICES",
+    "EVENTS",
     "GROUP",
     "LEASES",
     "MODELARTIFACTS",
@@ -76,6 +77,8 @@ APISERVICES: Final = Resource(
     group="apiregistration.k8s.io", version="v1", plural="apiservices", kind="APIService"
 )
 SECRETS: Final = Resource(group="", version="v1", plural="secrets", kind="Secret", namespaced=True)
+EVENTS: Final = Resource(group="", version="v1", plural="events", kind="Event", namespaced=True)
+"""Create and patch only: download progress on the Pods that wait (reconciling.podevents)."""
 LEASES: Final = Resource(
     group="coordination.k8s.io", version="v1", plural="leases", kind="Lease", namespaced=True
 )

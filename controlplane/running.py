@@ -63,6 +63,7 @@ from controlplane.reconciling.artifacting import ArtifactReconciler
 from controlplane.reconciling.ledger import Ledger
 from controlplane.reconciling.nodes import NodeReconciler
 from controlplane.reconciling.pending import PendingPublisher
+from controlplane.reconciling.podevents import PodEventer
 from controlplane.reconciling.processing import Processor
 from controlplane.resolving import Resolver
 from controlplane.reviewing import KubeReviewer
@@ -251,6 +252,7 @@ class _Parts:
     agents: kv.Bucket
     ledger: Ledger
     annotator: PodAnnotator
+    eventer: PodEventer
     stores: ModelStores
     sub: subscribing.Subscription
     worker: Worker
@@ -290,6 +292,8 @@ async def _assemble(
         max_keys=settings.max_nodes, on_models=artifacts.models_changed,
     )  # fmt: skip
     processor.on_allocation = annotator.note
+    eventer = PodEventer()
+    processor.on_models_event = eventer.note
     sub = await stack.enter_async_context(
         subscribing.subscribe(
             conn, settings=settings.bus, metrics=BusMetrics(registry), include_state=True
@@ -305,7 +309,7 @@ async def _assemble(
     worker.url = server.url
     return _Parts(
         conn=conn, api=api, sink=sink, agents=agents, ledger=ledger, annotator=annotator,
-        stores=stores, sub=sub, worker=worker,
+        eventer=eventer, stores=stores, sub=sub, worker=worker,
     )  # fmt: skip
 
 
@@ -323,6 +327,7 @@ async def _lead(settings: WorkerSettings, parts: _Parts) -> None:
             start_forever(tg, "pod-watch", PendingPublisher(parts.agents).watch, api)
             _start_chain(tg, api, parts.ledger, worker.chain)
             start_forever(tg, "pod-annotations", parts.annotator.run, api)
+            start_forever(tg, "pod-events", parts.eventer.run, api)
             start_forever(tg, "model-stores", parts.stores.run, api, settings.resync_s)
         start_forever(tg, "artifact-workers", artifacts.work, max(1, settings.concurrency // 4))
         if settings.cluster_name is not None:

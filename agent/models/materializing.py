@@ -4,8 +4,12 @@ One job per digest at a time; every volume asking for that digest while it runs 
 (its source is added unless one with the same repository, commit and credential is listed; a
 token is only ever used for its own repository).
 :meth:`Materializer.ensure` never waits for bytes: it starts or joins the job and raises
-:class:`Materializing` with the progress, or :class:`BackingOff` while a failure's backoff runs,
-so NodePublishVolume answers within a kubelet timeout and kubelet retries.
+:class:`Materializing` with the progress, or :class:`BackingOff` while a failure's backoff runs.
+:meth:`Materializer.wait` is how a caller waits for the job to end within its own deadline
+(NodePublishVolume holds kubelet's call open that way); a waiter is only an observer: leaving
+(cancelled or timed out) never cancels the job, and a job with waiters is never cancelled for
+being unasked. The pods that asked are kept on the job (:attr:`Job.pods`) so the bus can say who
+waits for what.
 
 An attempt: list the files at the pinned commit (the digest must match, else
 IntegrityMismatch), reserve capacity, download all files (:mod:`agent.models.downloading`),
@@ -43,7 +47,7 @@ from hub import resolving
 from hub.errors import AccessDenied, HubError, IntegrityMismatch, InvalidManifest
 from hub.manifest import Manifest
 
-__all__ = ["Job", "JobMetrics", "Materializer", "Source"]
+__all__ = ["Job", "JobMetrics", "Materializer", "Pod", "Source", "fraction"]
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +58,34 @@ def human(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
         n /= 1024
     return f"{n:.2f} TiB"
+
+
+def fraction(done: int, size: int) -> str:
+    """``41 % (3.2 of 7.8 GiB)``: both sizes in the unit of ``size``, the percentage floored
+    (100 % only once every byte arrived)."""
+    if size <= 0:
+        return "100 % (0 B)"
+    scale, unit = 1, "B"
+    for name in ("KiB", "MiB", "GiB", "TiB"):
+        if size < scale * 1024:
+            break
+        scale, unit = scale * 1024, name
+    if unit == "B":
+        return f"{done * 100 // size} % ({done} of {size} B)"
+    return f"{done * 100 // size} % ({done / scale:.1f} of {size / scale:.1f} {unit})"
+
+
+@dataclass(frozen=True)
+class Pod:
+    """A Pod whose volume waits for a digest (from NodePublishVolume's pod info)."""
+
+    namespace: str
+    name: str
+    uid: str = ""
+
+    @property
+    def key(self) -> str:
+        return self.uid or f"{self.namespace}/{self.name}"
 
 
 @dataclass(frozen=True)
@@ -88,24 +120,39 @@ class Job:
     """The source being listed or downloaded: a Hub failure is its failure."""
     denied: dict[str, Failure] = field(default_factory=dict)
     """Source key -> its refusal, for sources that were passed over for the next one."""
+    ended: anyio.Event = field(default_factory=anyio.Event)
+    """Set once the attempt's outcome is recorded and the job left :attr:`Materializer.jobs`."""
+    waiters: int = 0
+    """Callers inside :meth:`Materializer.wait` right now (a job with waiters is asked for)."""
+    pods: dict[str, tuple[Pod, float]] = field(default_factory=dict)
+    """Pod key -> (the Pod, when it last asked): who waits for this digest."""
 
-    def join(self, source: Source, now: float) -> None:
+    def join(self, source: Source, now: float, pod: Pod | None = None) -> None:
         """Add ``source`` unless one with its key (repository, commit, credential) is listed.
 
         Sources are tried in order when one is refused, so a request with another credential
         joins rather than waits for someone else's refusal.
         """
         self.asked = now
+        if pod is not None:
+            self.pods[pod.key] = (pod, now)
         if all(s.key != source.key for s in self.sources):
             self.sources.append(source)
 
+    def waiting(self, now: float, horizon_s: float) -> list[Pod]:
+        """The Pods that asked within ``horizon_s`` (older ones are forgotten: a deleted Pod's
+        kubelet stops asking), by namespace and name."""
+        for key, (_, at) in list(self.pods.items()):
+            if now - at > horizon_s:
+                del self.pods[key]
+        return sorted((p for p, _ in self.pods.values()), key=lambda p: (p.namespace, p.name))
+
     def progress(self) -> str:
-        if self.phase != "downloading":
-            return f"materializing sha256:{self.hex[:12]}: {self.phase}"
-        return (
-            f"materializing sha256:{self.hex[:12]}: {human(self.done)} of {human(self.size)} "
-            "received"
-        )
+        """What a person reads in ``kubectl describe pod``: still downloading, not failing."""
+        head = f"model sha256:{self.hex[:12]} still downloading"
+        if self.phase == "downloading":
+            return f"{head}: {fraction(self.done, self.size)}"
+        return f"{head}: {self.phase}"
 
 
 class _Count(Protocol):
@@ -179,7 +226,7 @@ class Materializer:
                     await anyio.sleep(min(30.0, self.tuning.waiter_window_s / 4))
                     now = self._clock()
                     for job in list(self.jobs.values()):
-                        if now - job.asked > self.tuning.waiter_window_s:
+                        if not job.waiters and now - job.asked > self.tuning.waiter_window_s:
                             log.info("sha256:%s: nobody waits for it, cancelling", job.hex[:12])
                             job.scope.cancel()
             finally:
@@ -190,11 +237,13 @@ class Materializer:
         """Bytes the running jobs other than ``hex_`` still have to write (for reservations)."""
         return sum(j.size - j.done for h, j in self.jobs.items() if h != hex_)
 
-    def ensure(self, hex_: str, source: Source, *, forced: bool = False) -> None:
+    def ensure(
+        self, hex_: str, source: Source, *, forced: bool = False, pod: Pod | None = None
+    ) -> None:
         """Start or join the job for ``hex_``; always raises while the tree is not published.
 
         ``forced``: start even while backing off (a person asked, by ``model-manager pull``); the
-        outcome is recorded the same way.
+        outcome is recorded the same way. ``pod``: who asks (kept on the job while it asks).
 
         :raises Materializing: running (the message has the progress).
         :raises BackingOff: the last attempt failed and the next is not due.
@@ -202,7 +251,7 @@ class Materializer:
         stamp = self._clock()
         job = self.jobs.get(hex_)
         if job is not None:
-            job.join(source, stamp)
+            job.join(source, stamp, pod)
             raise Materializing(job.progress())
         record = self._unsaved.get(hex_)
         if record is None:
@@ -213,6 +262,8 @@ class Materializer:
         if self._host is None:
             raise BackingOff.of("the materializer is not running", reason="SourceUnavailable")
         job = Job(hex_, [source], started=stamp, asked=stamp)
+        if pod is not None:
+            job.pods[pod.key] = (pod, stamp)
         self.jobs[hex_] = job
         tg, reserve = self._host
         tg.start_soon(self._run_job, job, reserve, name=f"materialize-{hex_[:12]}")
@@ -249,7 +300,37 @@ class Materializer:
             with anyio.CancelScope(shield=True):
                 await self._settle(job.hex, failures)
             self.jobs.pop(job.hex, None)
+            job.ended.set()
             self.changed()
+
+    async def wait(self, hex_: str, *, until: float) -> bool:
+        """Wait for the running job of ``hex_`` to end, until ``until`` (:func:`anyio.current_time`).
+
+        True: it ended (or none was running): ask :meth:`ensure` again for the outcome. False:
+        ``until`` came first. Leaving, by either way or by cancellation, only stops watching:
+        the job goes on, and counts as asked for at that moment.
+        """
+        job = self.jobs.get(hex_)
+        if job is None:
+            return True
+        job.waiters += 1
+        try:
+            with anyio.CancelScope(deadline=until):
+                await job.ended.wait()
+            return job.ended.is_set()
+        finally:
+            job.waiters -= 1
+            job.asked = max(job.asked, self._clock())
+
+    def waiting(self, hex_: str) -> list[Pod]:
+        """The Pods that asked for ``hex_`` within ``waiter_window_s`` (none: no job runs)."""
+        job = self.jobs.get(hex_)
+        return [] if job is None else job.waiting(self._clock(), self.tuning.waiter_window_s)
+
+    def progress(self, hex_: str) -> str | None:
+        """The running job's progress message; None when none runs."""
+        job = self.jobs.get(hex_)
+        return None if job is None else job.progress()
 
     async def _settle(self, hex_: str, failures: dict[str, Failure]) -> None:
         """Record an attempt's outcome: what failed by source key (nothing: it published).

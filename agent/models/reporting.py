@@ -7,7 +7,10 @@ state changes (a model appears, finishes, fails, is collected) at once, and prog
 download produces a bounded number of messages; an unchanged state again every ``resync_s``
 (the bus expires retained state nobody republishes), and at once after a reconnect
 (:meth:`Reporter.republish`: the server may have lost it). Models are named by digest only: the bus
-never learns a namespace, artifact or repository from this plugin.
+never learns an artifact or repository from this plugin. A download names the Pods waiting for
+it (namespace, name, uid, as allocation events name theirs), so the worker, which may write to
+the API, can post their progress as Pod events; a Pod starting to wait is a change reported at
+once.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import anyio.to_thread
 import msgspec
 
 from agent.models import layout
-from agent.models.materializing import Job, Materializer
+from agent.models.materializing import Job, Materializer, Pod
 from agent.models.metrics import ModelMetrics
 from agent.models.settings import Tuning
 from bus import events
@@ -48,6 +51,8 @@ class Facts:
     """hex -> record, for digests whose last attempt failed."""
     jobs: Mapping[str, tuple[int, int]]
     """hex -> (done, size) of running downloads."""
+    waiting: Mapping[str, tuple[Pod, ...]] = field(default_factory=dict)
+    """hex -> the Pods waiting for its running download."""
     references: Mapping[str, int] = field(default_factory=dict)
     """hex -> number of mounts using it."""
     last_used: Mapping[str, float] = field(default_factory=dict)
@@ -85,8 +90,19 @@ def snapshot(node: str, facts: Facts) -> events.ModelsEvent:
         models.append(_state(hex_, facts, state="ready", bytes_total=size))
     for hex_, (done, size) in sorted(facts.jobs.items()):
         if hex_ not in facts.published:
+            pods = tuple(
+                events.WaitingPod(namespace=p.namespace, name=p.name, uid=p.uid or None)
+                for p in facts.waiting.get(hex_, ())
+            )
             models.append(
-                _state(hex_, facts, state="downloading", bytes_done=done, bytes_total=size)
+                _state(
+                    hex_,
+                    facts,
+                    state="downloading",
+                    bytes_done=done,
+                    bytes_total=size,
+                    waiting_pods=pods or None,
+                )
             )
     for hex_, record in sorted(facts.failures.items()):
         if hex_ not in facts.published and hex_ not in facts.jobs:
@@ -115,7 +131,7 @@ def _shape(event: events.ModelsEvent) -> tuple[object, ...]:
         event.capacity_bytes,
         event.stored_bytes,
         tuple(
-            (m.model, m.state, m.referenced, m.last_used, m.reason, m.retry_time)
+            (m.model, m.state, m.referenced, m.last_used, m.reason, m.retry_time, m.waiting_pods)
             for m in event.models
         ),
     )
@@ -182,7 +198,12 @@ class Reporter:
         self._last_at = 0.0
         self.last: events.ModelsEvent | None = None
 
-    def _facts(self, references: dict[str, int], jobs: dict[str, tuple[int, int]]) -> Facts:
+    def _facts(
+        self,
+        references: dict[str, int],
+        jobs: dict[str, tuple[int, int]],
+        waiting: dict[str, tuple[Pod, ...]],
+    ) -> Facts:
         """Read the cache (in a thread): published trees, failures, last uses, usage.
 
         ``references`` and ``jobs`` are copied on the event loop, which owns those dicts.
@@ -202,6 +223,7 @@ class Reporter:
             published,
             failures,
             jobs,
+            waiting=waiting,
             references=references,
             last_used=last_used,
             used_bytes=used,
@@ -222,7 +244,8 @@ class Reporter:
     async def report_once(self) -> None:
         references = dict(self.references())
         jobs = {h: (j.done, j.size) for h, j in self.materializer.jobs.items()}
-        facts = await anyio.to_thread.run_sync(self._facts, references, jobs)
+        waiting = {h: tuple(self.materializer.waiting(h)) for h in jobs}
+        facts = await anyio.to_thread.run_sync(self._facts, references, jobs, waiting)
         event = snapshot(self.node, facts)
         self.last = event
         now = time.monotonic()

@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 import anyio.to_thread
 import grpclib.const
+import grpclib.server
 from grpclib import GRPCError
 
 from agent import grpcsocket
@@ -79,9 +80,34 @@ class Node(csi.NodeBase):
     ) -> csi.NodeGetCapabilitiesResponse:
         return csi.NodeGetCapabilitiesResponse(capabilities=[])
 
+    def __mapping__(self) -> dict[str, grpclib.const.Handler]:
+        """The generated mapping, but NodePublishVolume gets its stream: it reads the deadline."""
+        mapping = dict(super().__mapping__())
+        path = "/csi.v1.Node/NodePublishVolume"
+        generated = mapping[path]
+        mapping[path] = grpclib.const.Handler(
+            self._publish_stream,
+            generated.cardinality,
+            generated.request_type,
+            generated.reply_type,
+        )
+        return mapping
+
+    async def _publish_stream(
+        self,
+        stream: grpclib.server.Stream[csi.NodePublishVolumeRequest, csi.NodePublishVolumeResponse],
+    ) -> None:
+        request = await stream.recv_message()
+        if request is None:
+            raise GRPCError(grpclib.const.Status.INVALID_ARGUMENT, "no request message")
+        remaining = stream.deadline.time_remaining() if stream.deadline is not None else None
+        await stream.send_message(await self.node_publish_volume(request, remaining_s=remaining))
+
     async def node_publish_volume(
-        self, request: csi.NodePublishVolumeRequest
+        self, request: csi.NodePublishVolumeRequest, *, remaining_s: float | None = None
     ) -> csi.NodePublishVolumeResponse:
+        """Publish; ``remaining_s`` is what is left of the caller's deadline (None: none), so
+        a download that ends before it mounts in this call (see :meth:`Volumes.publish`)."""
         capability = request.volume_capability
         mount = capability is not None and capability.is_set("mount")
         req = PublishRequest(
@@ -91,7 +117,9 @@ class Node(csi.NodeBase):
             secrets=dict(request.secrets),
             mount_capability=bool(mount),
         )
-        await _answer("NodePublishVolume", lambda: self._volumes.publish(req))
+        await _answer(
+            "NodePublishVolume", lambda: self._volumes.publish(req, remaining_s=remaining_s)
+        )
         return csi.NodePublishVolumeResponse()
 
     async def node_unpublish_volume(

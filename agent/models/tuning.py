@@ -45,3 +45,9 @@ class Tuning(msgspec.Struct, frozen=True, kw_only=True):
     (which expires after ``--nats-state-max-age``) never loses a live node's cache."""
     waiter_window_s: float = 300.0
     """An attempt nobody asked about for this long is cancelled (partial files stay)."""
+    publish_wait_s: float = 100.0
+    """NodePublishVolume holds a call for a download at most this long (kubelet's CSI timeout
+    is 2 minutes): a download that ends in time mounts at once, with no event at all..."""
+    publish_margin_s: float = 5.0
+    """...and never past the caller's gRPC deadline less this, so the ABORTED answer (still
+    downloading, kubelet retries) reaches the caller before it gives up."""

@@ -5,6 +5,13 @@
 (different targets run in parallel), authorize, idempotency checks, claim the tree (under the
 claim lock the collector also takes, so a claimed tree is never collected), bind-mount.
 
+A model that must be downloaded first is waited for *outside* the target's lock, within
+:func:`wait_window` (the caller's deadline less a margin, capped by ``publish_wait_s``): a
+download that ends in time mounts in the same call, so kubelet records no event at all; one
+that does not is answered ABORTED with a message that says it is still downloading (kubelet
+retries). A failed download answers its own error at once. The download is shared by every
+publish of the digest and is never cancelled by a caller leaving.
+
 Before the bus's first sync, a policy kept on the node from the last run
 (:mod:`agent.models.policyfile`) authorizes mounts of trees already cached, and nothing else:
 a download waits for the bus. Unpublish never waits for anything.
@@ -31,14 +38,21 @@ import anyio.to_thread
 import msgspec
 
 from agent.models import layout, mounting
-from agent.models.errors import AlreadyPublished, InvalidVolume, MountFailed, NotReady
-from agent.models.materializing import Materializer, Source
+from agent.models.errors import (
+    AlreadyPublished,
+    InvalidVolume,
+    Materializing,
+    MountFailed,
+    NotReady,
+)
+from agent.models.materializing import Materializer, Pod, Source
 from agent.models.metrics import ModelMetrics
 from agent.models.policy import Policy, VolumeAsk, authorize
+from agent.models.tuning import Tuning
 from bus.records import ArtifactRecord
 from hub.manifest import is_digest
 
-__all__ = ["PublishRequest", "Volumes", "kubelet_volume_id", "validate"]
+__all__ = ["PublishRequest", "Volumes", "kubelet_volume_id", "validate", "wait_window"]
 
 log = logging.getLogger(__name__)
 
@@ -172,10 +186,32 @@ class Volumes:
 
     # ------------------------------------------------------------------ publish
 
-    async def publish(self, req: PublishRequest) -> None:
+    async def publish(self, req: PublishRequest, *, remaining_s: float | None = None) -> None:
+        """Publish, holding the call while the model downloads, up to :func:`wait_window`.
+
+        ``remaining_s``: what is left of the caller's gRPC deadline (None: it set none). The
+        target's lock is not held while waiting, so each turn re-authorizes and re-checks the
+        target; the download is shared by every caller of the digest and outlives them all.
+
+        :raises Materializing: the window ran out (the message has the progress).
+        """
         target, ask = validate(req, self.pods_dir)
         if not self.ready or not (self.policy.synced() or self.policy.provisional()):
             raise NotReady("the plugin is starting: references or artifacts not synced yet")
+        hex_ = ask.digest.removeprefix("sha256:")
+        until = anyio.current_time() + wait_window(remaining_s, self.materializer.tuning)
+        while True:
+            try:
+                return await self._locked(req, target, ask)
+            except Materializing as e:
+                if await self.materializer.wait(hex_, until=until):
+                    continue  # it ended: published (mount) or failed (its error), ask again
+                progress = self.materializer.progress(hex_)
+                if progress is None:
+                    continue  # it ended as the window closed
+                raise Materializing(progress) from e
+
+    async def _locked(self, req: PublishRequest, target: Path, ask: VolumeAsk) -> None:
         lock = self._locks.setdefault(str(target), anyio.Lock())
         async with lock:
             try:
@@ -223,7 +259,7 @@ class Volumes:
         self.changed()
 
     def _materialize(self, req: PublishRequest, record: ArtifactRecord, hex_: str) -> None:
-        """Start (or join) the download of ``hex_``; the caller answers ABORTED meanwhile.
+        """Start (or join) the download of ``hex_``; raises :class:`Materializing` meanwhile.
 
         :raises NotReady: the policy is only the view kept on the node: what it authorized
             then may have been revoked since, and only the bus may start a download.
@@ -245,6 +281,7 @@ class Volumes:
                 record.allow_patterns,
                 record.ignore_patterns,
             ),
+            pod=_pod(req.context),
         )
 
     async def _already(self, ref: layout.Ref, target: Path) -> bool:
@@ -317,6 +354,22 @@ class Volumes:
             pass
         except OSError as e:
             raise MountFailed(f"cannot remove {target}: {e.strerror}") from e
+
+
+def wait_window(remaining_s: float | None, tuning: Tuning) -> float:
+    """How long NodePublishVolume may wait for a download: ``publish_wait_s``, and no later
+    than ``publish_margin_s`` before the caller's deadline (``remaining_s``, None: none)."""
+    if remaining_s is None:
+        return max(0.0, tuning.publish_wait_s)
+    return max(0.0, min(tuning.publish_wait_s, remaining_s - tuning.publish_margin_s))
+
+
+def _pod(context: Mapping[str, str]) -> Pod | None:
+    """The Pod kubelet named in the volume context (``podInfoOnMount``); None without a name."""
+    name, namespace = context.get(POD_NAME), context.get(NAMESPACE)
+    if not name or not namespace:
+        return None
+    return Pod(namespace=namespace, name=name, uid=context.get(POD_UID) or "")
 
 
 def _attributes(ref: layout.Ref) -> tuple[object, ...]:

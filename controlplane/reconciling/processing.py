@@ -65,6 +65,8 @@ class Processor:
         self._on_models = on_models
         self.on_allocation: Callable[[events.AllocationEvent], None] = _ignore
         """Told every allocation event that changed the ledger (the Pod annotation writer)."""
+        self.on_models_event: Callable[[events.ModelsEvent], None] = _ignore_models
+        """Told every models event that changed the ledger (the Pod event writer)."""
 
     def ingest(self, event: events.Event) -> None:
         """Fold one event and queue its node when its objects may change (never blocks)."""
@@ -82,6 +84,7 @@ class Processor:
             self._enqueue(event.node)
             if isinstance(event, events.ModelsEvent):
                 self._on_models({m.digest or m.model for m in (*old_models, *event.models)})
+                self.on_models_event(event)
             elif isinstance(event, events.AllocationEvent):
                 self.on_allocation(event)
 
@@ -181,4 +184,8 @@ class Processor:
 
 
 def _ignore(event: events.AllocationEvent) -> None:
+    pass
+
+
+def _ignore_models(event: events.ModelsEvent) -> None:
     pass

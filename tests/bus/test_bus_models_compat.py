@@ -101,3 +101,29 @@ def test_new_fields_are_camel_case_on_the_wire() -> None:
     assert doc["capacityBytes"] == 1 and "storedBytes" in doc and "usedBytes" in doc
     assert doc["models"][0]["lastUsed"] == "2026-01-01T00:00:00Z"
     assert {"digest", "referenced", "reason", "retryTime"} <= set(doc["models"][0])
+
+
+def test_waiting_pods_are_optional_and_ignored_by_an_old_decoder() -> None:
+    pod = events.WaitingPod(namespace="team-a", name="llm-0", uid="u-1")
+    new = events.ModelsEvent(
+        node="n1",
+        ts=T0,
+        models=(
+            events.ModelState(
+                model=DIGEST, state="downloading", bytes_done=1, bytes_total=4, waiting_pods=(pod,)
+            ),
+        ),
+    )
+    wire = codec.encode(new)
+
+    doc = msgspec.json.decode(wire)
+    old = msgspec.json.decode(wire, type=OldModelsEvent)
+
+    assert doc["models"][0]["waitingPods"] == [
+        {"namespace": "team-a", "name": "llm-0", "uid": "u-1"}
+    ]
+    assert old.models == (
+        OldModelState(model=DIGEST, state="downloading", bytes_done=1, bytes_total=4),
+    )
+    assert decode(wire) == new
+    assert decode(OLD_WIRE).models[0].waiting_pods is None  # type: ignore[union-attr]

@@ -18,9 +18,11 @@ import anyio
 import pytest
 from deploy_helpers import BASE, INSTALLS, REPO, build, find
 
+from bus import events
 from controlplane import crds, errors
 from controlplane.k8s.client import KubeClient
-from controlplane.resources import CRDS, SUBJECTACCESSREVIEWS, TOKENREVIEWS, Ref
+from controlplane.reconciling import podevents
+from controlplane.resources import CRDS, EVENTS, SUBJECTACCESSREVIEWS, TOKENREVIEWS, Ref
 from controlplane.reviewing import KubeReviewer
 
 OUR_CRDS = sorted(crd["metadata"]["name"] for crd in crds.definitions().values())
@@ -180,3 +182,38 @@ async def test_the_worker_may_create_the_reviews_it_sends_and_do_nothing_else_wi
         assert allows(rules, ("create", resource.group, resource.plural, ""))
         for verb in ("get", "list", "watch", "update", "patch", "delete"):
             assert not allows(rules, (verb, resource.group, resource.plural, "")), verb
+
+
+class _EventRecorder:
+    """The calls :class:`PodEventer` makes on Events; the first create meets an existing one."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, Ref]] = []
+
+    async def create(self, ref: Ref, body: dict[str, Any]) -> dict[str, Any]:
+        self.calls.append(("create", ref))
+        raise errors.Conflict(409, "AlreadyExists")
+
+    async def get(self, ref: Ref) -> dict[str, Any]:
+        self.calls.append(("get", ref))
+        return {"count": 3}
+
+    async def patch(self, ref: Ref, body: dict[str, Any]) -> dict[str, Any]:
+        self.calls.append(("patch", ref))
+        assert body["count"] == 4
+        return body
+
+
+@pytest.mark.anyio
+async def test_the_worker_may_post_and_update_the_pod_events_it_writes() -> None:
+    recorder = _EventRecorder()
+    pod = events.WaitingPod(namespace="team-a", name="llm-0", uid="u")
+    post = podevents.Post("n1", "sha256:" + "a" * 64, pod, podevents.DOWNLOADING, "41%")
+    await podevents.PodEventer().write(cast(KubeClient, recorder), post)
+    rules = _worker_rules()
+    assert [call for call, _ in recorder.calls] == ["create", "get", "patch"]
+    for call, ref in recorder.calls:
+        assert ref.resource == EVENTS and ref.namespace == "team-a"
+        assert allows(rules, (call, EVENTS.group, EVENTS.plural, ref.name)), call
+    for verb in ("list", "watch", "update", "delete"):
+        assert not allows(rules, (verb, EVENTS.group, EVENTS.plural, "")), verb

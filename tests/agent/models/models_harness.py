@@ -36,6 +36,7 @@ TUNING = Tuning(
     checkpoint_bytes=256 * KiB,
     retry_delay_s=0.01,
     report_every_s=0.0,
+    publish_wait_s=0.0,  # answer ABORTED at once; tests of the held call set their own window
 )
 
 

@@ -86,7 +86,8 @@ async def test_publish_materializes_then_mounts_read_only_and_unpublish_cleans(r
         await unpublish(plugin.socket, "csi-abc", target)  # idempotent
         event = plugin.reporter.last
 
-    assert progress and progress[0].startswith("materializing sha256:")
+    assert progress and progress[0].startswith("model sha256:")
+    assert all(" still downloading: " in m for m in progress)
     assert mounted is not None and mounted.read_only
     assert listing == sorted(FILES)
     assert data == FILES["model-00001.safetensors"]

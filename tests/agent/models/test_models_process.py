@@ -96,7 +96,7 @@ async def test_serve_reads_artifacts_from_kv_and_publishes_models(tmp_path: Path
                 tg.cancel_scope.cancel()
 
     assert code.name == "ABORTED", message
-    assert "materializing" in message
+    assert "still downloading" in message
     assert policy.spec() is not None and policy.spec().download.concurrency == 4  # type: ignore[union-attr]
 
 

@@ -13,6 +13,9 @@ from models_harness import Rig, code_of, publish_request, publish_until_done, se
 
 from agent.models import layout, reporting
 from agent.models.backoff import Failure
+from agent.models.materializing import Pod
+from agent.models.volumes import POD_NAME, POD_UID
+from bus import events
 
 pytestmark = pytest.mark.anyio
 H = [c * 64 for c in "abc"]
@@ -47,6 +50,58 @@ def test_snapshot_carries_capacity_references_and_failure_details() -> None:
         "IntegrityMismatch: bad",
     )
     assert failed.retry_time == datetime(2026, 1, 1, 0, 1, tzinfo=UTC)
+
+
+def test_a_download_names_the_pods_waiting_for_it() -> None:
+    pods = (Pod("team-a", "llm-0", "u-0"), Pod("team-b", "llm-1"))
+    facts = reporting.Facts(
+        published={H[1]: 5}, failures={}, jobs={H[0]: (1, 4), H[1]: (5, 5)}, waiting={H[0]: pods}
+    )
+
+    downloading, ready = sorted(reporting.snapshot("node-1", facts).models, key=lambda m: m.state)
+
+    assert (downloading.state, downloading.bytes_done, downloading.bytes_total) == (
+        "downloading",
+        1,
+        4,
+    )
+    assert downloading.waiting_pods == (
+        events.WaitingPod(namespace="team-a", name="llm-0", uid="u-0"),
+        events.WaitingPod(namespace="team-b", name="llm-1"),
+    )
+    assert (ready.state, ready.waiting_pods) == ("ready", None)
+
+
+async def test_a_pod_starting_to_wait_is_reported_at_once(rig: Rig) -> None:
+    record = rig.artifact("org/model", {"config.json": b"{}"})
+    rig.hub.gate = anyio.Event()
+    first = publish_request(record, rig.target(pod="pod-1"), **{POD_UID: "u-1"})
+    second = publish_request(
+        record, rig.target(pod="pod-2"), volume_id="csi-2", **{POD_NAME: "pod-2", POD_UID: "u-2"}
+    )
+
+    async with rig.running() as plugin:
+        await code_of(plugin.socket, first)
+        await plugin.reporter.report_once()
+        await code_of(plugin.socket, second)
+        rig.sink.events.clear()
+        await plugin.reporter.report_once()  # only the waiting pods changed: published at once
+        sent = list(rig.sink.events)
+        rig.hub.gate.set()
+        await settled(plugin)
+        await plugin.reporter.report_once()
+        after = plugin.reporter.last
+
+    (event,) = sent
+    assert isinstance(event, events.ModelsEvent)
+    (model,) = event.models
+    assert model.state == "downloading"
+    assert [(p.namespace, p.name, p.uid) for p in model.waiting_pods or ()] == [
+        ("team-a", "pod-1", "u-1"),
+        ("team-a", "pod-2", "u-2"),
+    ]
+    assert after is not None
+    assert [(m.state, m.waiting_pods) for m in after.models] == [("ready", None)]
 
 
 @pytest.mark.usefixtures("mounts")
