@@ -14,7 +14,7 @@ the load average is printed before and after, since the machine may be shared:
   every byte, fsync, atomic publish;
 - **ours**: the same materialization in-process (``agent.models.materializing``), without the
   command's start-up (``--in-process``; what earlier runs of this bench measured);
-- **before**: the in-process path of another source tree (``--before-src DIR``, e.g. an
+- **before**: the ``mm pull`` command of another source tree (``--before-src DIR``, e.g. an
   exported earlier commit), for before/after figures from one run;
 - **huggingface_hub**: ``snapshot_download(local_dir=...)`` (it does not hash the bytes);
 - **curl**: ``curl -Z -L`` of every file URL to /dev/null-like files (raw transfer, no hashing).
@@ -76,7 +76,11 @@ def ours(endpoint: str, commit: str, dest: str) -> None:
     from agent.models import downloading, layout, materializing
     from agent.models.errors import Materializing
     from agent.models.metrics import ModelMetrics
-    from agent.models.settings import Tuning
+
+    try:
+        from agent.models.tuning import Tuning
+    except ImportError:  # a "before" tree older than the module
+        from agent.models.settings import Tuning  # type: ignore[no-redef]
     from hub import client as hub_client
     from hub import resolving
 
@@ -112,9 +116,15 @@ def ours(endpoint: str, commit: str, dest: str) -> None:
 
 
 def pull(endpoint: str, commit: str, dest: str) -> None:
-    cli = Path(sys.executable).with_name("gpustack-operator")
+    # The console script's own two lines, with the source tree (this one or BENCH_SRC) first.
+    src = os.environ.get("BENCH_SRC") or str(Path(__file__).resolve().parents[1])
+    code = (
+        "import sys; sys.path.insert(0, sys.argv.pop(1)); sys.argv[0] = 'gpustack-operator'; "
+        "from gpustack_operator.main import main; sys.exit(main())"
+    )
     env = {**os.environ, "HF_ENDPOINT": endpoint}
-    argv = [str(cli), "mm", "pull", "bench/model", "--revision", commit, "--cache-root", dest]
+    argv = [sys.executable, "-c", code, src, "mm", "pull", "bench/model"]
+    argv += ["--revision", commit, "--cache-root", dest]
     subprocess.run(argv, check=True, env=env, stdout=subprocess.DEVNULL)
 
 
@@ -152,7 +162,7 @@ def child(kind: str, endpoint: str, commit: str, dest: str) -> None:
 def run(kind: str, endpoint: str, commit: str, work: Path, env: dict[str, str]) -> dict[str, float]:
     dest = work / kind
     if kind == "before":
-        kind, env = "ours", {**env, "BENCH_SRC": env["BENCH_BEFORE"]}
+        kind, env = "pull", {**env, "BENCH_SRC": env["BENCH_BEFORE"]}
     shutil.rmtree(dest, ignore_errors=True)
     subprocess.run(["sync"], check=False)
     out = subprocess.run(
@@ -167,6 +177,15 @@ def run(kind: str, endpoint: str, commit: str, work: Path, env: dict[str, str]) 
     return result
 
 
+def compiled(root: str) -> None:
+    """Byte-compile a source tree, as an installed package is: with ``PYTHONDONTWRITEBYTECODE``
+    set (as on the machine that measured), every fresh process would compile it again."""
+    import compileall
+    import re
+
+    compileall.compile_dir(root, quiet=1, rx=re.compile(r"/\.(venv|git)|/tests/"))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--size-mib", type=int, default=4 if SMOKE else 256)
@@ -174,7 +193,7 @@ def main() -> None:
     parser.add_argument("--file-kib", type=int, help="each file's size (overrides --size-mib)")
     parser.add_argument("--runs", type=int, default=1 if SMOKE else 3)
     parser.add_argument("--in-process", action="store_true", help="also time the in-process path")
-    parser.add_argument("--before-src", help="a source tree to time in-process as 'before'")
+    parser.add_argument("--before-src", help="a source tree whose `mm pull` is 'before'")
     parser.add_argument("--child", nargs=4)
     args = parser.parse_args()
     if args.child:
@@ -204,7 +223,9 @@ def main() -> None:
         ]
         env = {**os.environ, "BENCH_FILES": json.dumps(names)}
         kinds = ["pull", "ours"] if args.in_process else ["pull"]
+        compiled(str(Path(__file__).resolve().parents[1]))
         if args.before_src:
+            compiled(args.before_src)
             kinds.append("before")
             env["BENCH_BEFORE"] = args.before_src
         if shutil.which("curl"):
