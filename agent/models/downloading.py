@@ -272,14 +272,19 @@ async def fetch(
     limits: Limits,
     tuning: Tuning,
     progress: Callable[[int], None],
+    present: bool = True,
 ) -> None:
     """Make ``dest`` hold ``entry``'s verified bytes (resuming what is there).
+
+    ``present=False``: the caller knows ``dest`` does not exist (it listed the attempt), so a
+    small file skips looking for one (a worker-thread call).
 
     :raises HubError: refused, unavailable after retries, or an integrity mismatch (then the
         file and its state are gone). :raises NoSpace: the cache filesystem is full.
     """
     if entry.size <= tuning.small_bytes:
-        await _fetch_whole(origin, entry, dest, state_path, limits, tuning, progress)
+        whole = _Whole(origin, entry, dest, state_path, limits, tuning, progress)
+        await whole.run(present)
         return
     job = _FileFetch(origin, entry, dest, state_path, limits, tuning, progress)
     bounds = _bounds(entry.size, tuning.segment_bytes)
@@ -292,37 +297,43 @@ async def fetch(
         await job.run(_State(entry.size, [0]), [(0, entry.size)], ranged=False)
 
 
-async def _fetch_whole(
-    origin: Origin,
-    entry: Entry,
-    dest: Path,
-    state_path: Path,
-    limits: Limits,
-    tuning: Tuning,
-    progress: Callable[[int], None],
-) -> None:
+@dataclass
+class _Whole:
     """A small file: one request, the body held in memory (at most ``small_bytes``), then one
     worker-thread call writes, hashes and closes it (:func:`diskio.land`); no resume state,
     and no fsync until publication (see :mod:`agent.models.diskio`). A cut response is asked
     again whole, as a segment would be resumed."""
-    if await anyio.to_thread.run_sync(diskio.kept, dest, entry, tuning.chunk_bytes):
-        return
-    failures = 0
-    while True:
-        try:
-            async with limits.requests:
-                body = await _whole_body(origin, entry, limits, tuning.chunk_bytes)
-            break
-        except SourceUnavailable:
-            failures += 1
-            if failures > tuning.retries:
-                raise
-            await anyio.sleep(min(tuning.retry_delay_s * failures, 10.0))
-    if not await anyio.to_thread.run_sync(diskio.land, dest, entry, body):
-        with anyio.CancelScope(shield=True):
-            await anyio.to_thread.run_sync(_forget, dest, state_path)
-        raise IntegrityMismatch(f"{entry.path}: content does not match its {entry.algorithm}")
-    progress(entry.size)
+
+    origin: Origin
+    entry: Entry
+    dest: Path
+    state_path: Path
+    limits: Limits
+    tuning: Tuning
+    progress: Callable[[int], None]
+
+    async def run(self, present: bool) -> None:
+        entry, tuning = self.entry, self.tuning
+        if present and await anyio.to_thread.run_sync(
+            diskio.kept, self.dest, entry, tuning.chunk_bytes
+        ):
+            return
+        failures = 0
+        while True:
+            try:
+                async with self.limits.requests:
+                    body = await _whole_body(self.origin, entry, self.limits, tuning.chunk_bytes)
+                break
+            except SourceUnavailable:
+                failures += 1
+                if failures > tuning.retries:
+                    raise
+                await anyio.sleep(min(tuning.retry_delay_s * failures, 10.0))
+        if not await anyio.to_thread.run_sync(diskio.land, self.dest, entry, body):
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(_forget, self.dest, self.state_path)
+            raise IntegrityMismatch(f"{entry.path}: content does not match its {entry.algorithm}")
+        self.progress(entry.size)
 
 
 async def _whole_body(

@@ -351,6 +351,7 @@ class Materializer:
         job.phase = "downloading"
         origin = downloading.Origin(self.hub, source.repository, source.commit, source.token)
         files = anyio.CapacityLimiter(self.tuning.files_per_attempt)
+        present = set(await anyio.to_thread.run_sync(diskio.files_under, attempt / "tree"))
 
         def moved(n: int) -> None:
             job.done = min(job.size, job.done + n)
@@ -358,15 +359,17 @@ class Materializer:
 
         async def one(entry_index: int) -> None:
             entry = manifest.entries[entry_index]
+            dest = attempt / "tree" / entry.path
             async with files:
                 await downloading.fetch(
                     origin,
                     entry,
-                    attempt / "tree" / entry.path,
+                    dest,
                     attempt / "state" / layout.state_name(entry.path),
                     limits=self.limits,
                     tuning=self.tuning,
                     progress=moved,
+                    present=str(dest) in present,
                 )
 
         with downloading.first_error():
