@@ -360,11 +360,12 @@ class Client:
                 while conns:
                     self._drop(conns.pop())
         await self._slots.acquire()
+        conn = _Conn(key, _Stream())
         try:
-            conn = _Conn(key, _Stream())
             async with asyncio.timeout(self.connect_s):
                 await self._dial(conn, url, proxy)
         except BaseException as e:
+            conn.close()  # a tunnel or TLS handshake cut short leaves a transport behind
             self._slots.release()
             if isinstance(e, (OSError, TimeoutError)):
                 raise HttpError(f"cannot connect to {url.host}: {e or type(e).__name__}") from e
