@@ -7,7 +7,9 @@ the third contender; it is skipped otherwise).
 A synthetic repository (``--files`` LFS files sharing ``--size-mib``, plus two small regular
 files) is served by :mod:`hub.testing` (hub + CDN redirect, ``sendfile``, ranges) in its own
 process. Each contender runs in a fresh child process so its peak RSS (``ru_maxrss``) is its own;
-the load average is printed before and after, since the machine may be shared:
+the load average is printed before and after, since the machine may be shared, and each
+contender's CPU time (user + system, its own process and children), which a shared machine
+disturbs less than wall time:
 
 - **pull**: the ``gpustack-operator mm pull`` command itself (a fresh process: imports
   included) from empty cache to a published, read-only tree: listing, SHA-256 / git-SHA-1 of
@@ -153,10 +155,10 @@ def child(kind: str, endpoint: str, commit: str, dest: str) -> None:
     start = time.perf_counter()
     {"ours": ours, "pull": pull, "hf": hf, "curl": curl}[kind](endpoint, commit, dest)
     elapsed = time.perf_counter() - start
-    usage = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    if kind in ("curl", "pull"):
-        usage = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    print(json.dumps({"seconds": elapsed, "rss_mib": usage / 1024}))
+    who = resource.RUSAGE_CHILDREN if kind in ("curl", "pull") else resource.RUSAGE_SELF
+    usage = resource.getrusage(who)
+    cpu = usage.ru_utime + usage.ru_stime  # user + system: what the shared machine gave it
+    print(json.dumps({"seconds": elapsed, "rss_mib": usage.ru_maxrss / 1024, "cpu_s": cpu}))
 
 
 def run(kind: str, endpoint: str, commit: str, work: Path, env: dict[str, str]) -> dict[str, float]:
@@ -252,9 +254,11 @@ def main() -> None:
             times = sorted(r["seconds"] for r in results[kind])
             median = times[len(times) // 2]
             rss = max(r["rss_mib"] for r in results[kind])
+            cpus = sorted(r["cpu_s"] for r in results[kind])
             print(
                 f"{kind:>6}: median {median:7.2f} s ({size / median / MiB:7.1f} MiB/s), best "
-                f"{times[0]:7.2f} s  peak RSS {rss:6.1f} MiB"
+                f"{times[0]:7.2f} s  CPU median {cpus[len(cpus) // 2]:5.2f} s  "
+                f"peak RSS {rss:6.1f} MiB"
             )
         print(f"load average after: {os.getloadavg()[0]:.2f}")
     finally:
