@@ -1,7 +1,10 @@
 """Download one manifest file into an attempt directory, verifying it while it streams.
 
-Per file: a preallocated destination (a full disk fails here, before any byte is fetched), then
-byte-range segments of :attr:`Tuning.segment_bytes` (a small file is one segment), at most
+A file of at most :attr:`Tuning.small_bytes` is fetched whole by one request and landed by
+one worker-thread call, with no resume state (:class:`_Whole`, :mod:`agent.models.diskio`).
+
+Per larger file: a preallocated destination (a full disk fails here, before any byte is
+fetched), then byte-range segments of :attr:`Tuning.segment_bytes`, at most
 :attr:`Tuning.window` in flight in file order. The hash runs in file order behind a *frontier*:
 bytes that arrive at the frontier are hashed straight from memory; bytes of a segment that ran
 ahead are hashed from the file when the frontier reaches them (the only reads, and each byte is
