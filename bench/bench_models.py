@@ -7,14 +7,16 @@ the third contender; it is skipped otherwise).
 A synthetic repository (``--files`` LFS files sharing ``--size-mib``, plus two small regular
 files) is served by :mod:`hub.testing` (hub + CDN redirect, ``sendfile``, ranges) in its own
 process. Each contender runs in a fresh child process so its peak RSS (``ru_maxrss``) is its own;
-the load average is printed before and after, since the machine may be shared:
+the load average is printed before and after, since the machine may be shared, and each
+contender's CPU time (user + system, its own process and children), which a shared machine
+disturbs less than wall time:
 
 - **pull**: the ``gpustack-operator mm pull`` command itself (a fresh process: imports
   included) from empty cache to a published, read-only tree: listing, SHA-256 / git-SHA-1 of
   every byte, fsync, atomic publish;
 - **ours**: the same materialization in-process (``agent.models.materializing``), without the
   command's start-up (``--in-process``; what earlier runs of this bench measured);
-- **before**: the in-process path of another source tree (``--before-src DIR``, e.g. an
+- **before**: the ``mm pull`` command of another source tree (``--before-src DIR``, e.g. an
   exported earlier commit), for before/after figures from one run;
 - **huggingface_hub**: ``snapshot_download(local_dir=...)`` (it does not hash the bytes);
 - **curl**: ``curl -Z -L`` of every file URL to /dev/null-like files (raw transfer, no hashing).
@@ -76,7 +78,11 @@ def ours(endpoint: str, commit: str, dest: str) -> None:
     from agent.models import downloading, layout, materializing
     from agent.models.errors import Materializing
     from agent.models.metrics import ModelMetrics
-    from agent.models.settings import Tuning
+
+    try:
+        from agent.models.tuning import Tuning
+    except ImportError:  # a "before" tree older than the module
+        from agent.models.settings import Tuning  # type: ignore[no-redef]
     from hub import client as hub_client
     from hub import resolving
 
@@ -112,9 +118,15 @@ def ours(endpoint: str, commit: str, dest: str) -> None:
 
 
 def pull(endpoint: str, commit: str, dest: str) -> None:
-    cli = Path(sys.executable).with_name("gpustack-operator")
+    # The console script's own two lines, with the source tree (this one or BENCH_SRC) first.
+    src = os.environ.get("BENCH_SRC") or str(Path(__file__).resolve().parents[1])
+    code = (
+        "import sys; sys.path.insert(0, sys.argv.pop(1)); sys.argv[0] = 'gpustack-operator'; "
+        "from gpustack_operator.main import main; sys.exit(main())"
+    )
     env = {**os.environ, "HF_ENDPOINT": endpoint}
-    argv = [str(cli), "mm", "pull", "bench/model", "--revision", commit, "--cache-root", dest]
+    argv = [sys.executable, "-c", code, src, "mm", "pull", "bench/model"]
+    argv += ["--revision", commit, "--cache-root", dest]
     subprocess.run(argv, check=True, env=env, stdout=subprocess.DEVNULL)
 
 
@@ -143,16 +155,16 @@ def child(kind: str, endpoint: str, commit: str, dest: str) -> None:
     start = time.perf_counter()
     {"ours": ours, "pull": pull, "hf": hf, "curl": curl}[kind](endpoint, commit, dest)
     elapsed = time.perf_counter() - start
-    usage = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    if kind in ("curl", "pull"):
-        usage = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    print(json.dumps({"seconds": elapsed, "rss_mib": usage / 1024}))
+    who = resource.RUSAGE_CHILDREN if kind in ("curl", "pull") else resource.RUSAGE_SELF
+    usage = resource.getrusage(who)
+    cpu = usage.ru_utime + usage.ru_stime  # user + system: what the shared machine gave it
+    print(json.dumps({"seconds": elapsed, "rss_mib": usage.ru_maxrss / 1024, "cpu_s": cpu}))
 
 
 def run(kind: str, endpoint: str, commit: str, work: Path, env: dict[str, str]) -> dict[str, float]:
     dest = work / kind
     if kind == "before":
-        kind, env = "ours", {**env, "BENCH_SRC": env["BENCH_BEFORE"]}
+        kind, env = "pull", {**env, "BENCH_SRC": env["BENCH_BEFORE"]}
     shutil.rmtree(dest, ignore_errors=True)
     subprocess.run(["sync"], check=False)
     out = subprocess.run(
@@ -167,6 +179,15 @@ def run(kind: str, endpoint: str, commit: str, work: Path, env: dict[str, str]) 
     return result
 
 
+def compiled(root: str) -> None:
+    """Byte-compile a source tree, as an installed package is: with ``PYTHONDONTWRITEBYTECODE``
+    set (as on the machine that measured), every fresh process would compile it again."""
+    import compileall
+    import re
+
+    compileall.compile_dir(root, quiet=1, rx=re.compile(r"/\.(venv|git)|/tests/"))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--size-mib", type=int, default=4 if SMOKE else 256)
@@ -174,7 +195,7 @@ def main() -> None:
     parser.add_argument("--file-kib", type=int, help="each file's size (overrides --size-mib)")
     parser.add_argument("--runs", type=int, default=1 if SMOKE else 3)
     parser.add_argument("--in-process", action="store_true", help="also time the in-process path")
-    parser.add_argument("--before-src", help="a source tree to time in-process as 'before'")
+    parser.add_argument("--before-src", help="a source tree whose `mm pull` is 'before'")
     parser.add_argument("--child", nargs=4)
     args = parser.parse_args()
     if args.child:
@@ -204,7 +225,9 @@ def main() -> None:
         ]
         env = {**os.environ, "BENCH_FILES": json.dumps(names)}
         kinds = ["pull", "ours"] if args.in_process else ["pull"]
+        compiled(str(Path(__file__).resolve().parents[1]))
         if args.before_src:
+            compiled(args.before_src)
             kinds.append("before")
             env["BENCH_BEFORE"] = args.before_src
         if shutil.which("curl"):
@@ -231,9 +254,11 @@ def main() -> None:
             times = sorted(r["seconds"] for r in results[kind])
             median = times[len(times) // 2]
             rss = max(r["rss_mib"] for r in results[kind])
+            cpus = sorted(r["cpu_s"] for r in results[kind])
             print(
                 f"{kind:>6}: median {median:7.2f} s ({size / median / MiB:7.1f} MiB/s), best "
-                f"{times[0]:7.2f} s  peak RSS {rss:6.1f} MiB"
+                f"{times[0]:7.2f} s  CPU median {cpus[len(cpus) // 2]:5.2f} s  "
+                f"peak RSS {rss:6.1f} MiB"
             )
         print(f"load average after: {os.getloadavg()[0]:.2f}")
     finally:

@@ -1,7 +1,8 @@
 """A small Hugging Face Hub HTTP client: revision, paged tree listing and file bytes.
 
-Only what the manifest and the downloads need, on one aiohttp session per process. Every aiohttp
-error is mapped here to :mod:`hub.errors` (``raise ... from e``) so callers see only reasons.
+Only what the manifest and the downloads need, on one :class:`hub.http.Client` (keep-alive
+connections) per process. Every transport error is mapped here to :mod:`hub.errors`
+(``raise ... from e``) so callers see only reasons.
 
 Credentials: a token is sent only to the endpoint's own origin. Redirects are followed by hand
 (at most :data:`MAX_REDIRECTS`) and the ``Authorization`` header is dropped as soon as a hop
@@ -14,17 +15,16 @@ SourceUnavailable saying so, so cached trees keep serving and nothing waits on a
 
 from __future__ import annotations
 
-import ssl
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Final
 from urllib.parse import quote
 
-import aiohttp
 import msgspec
 from yarl import URL
 
+from hub import http
 from hub.endpoints import HubEnvironment, bypasses
 from hub.errors import (
     AccessDenied,
@@ -41,8 +41,6 @@ USER_AGENT: Final = "gpustack-operator"
 MAX_REDIRECTS: Final = 10
 MAX_TREE_ENTRIES: Final = 100_000
 MAX_PAGE_BYTES: Final = 16 * 1024 * 1024
-READ_BUFFER: Final = 1024 * 1024
-"""Per-connection read buffer: bigger reads, fewer wake-ups (bounded memory per stream)."""
 _GATED_OID: Final = "*" * 64
 
 
@@ -112,8 +110,8 @@ def _entry(raw: _TreeEntry) -> Entry | None:
 
 
 def _failure(status: int, headers: Mapping[str, str], what: str) -> HubError:
-    code = headers.get("X-Error-Code", "")
-    detail = headers.get("X-Error-Message", "") or f"HTTP {status}"
+    code = headers.get("x-error-code", "")
+    detail = headers.get("x-error-message", "") or f"HTTP {status}"
     message = f"{what}: {detail}" + (f" ({code})" if code else "")
     if status == 404 and code == "RevisionNotFound":
         return RevisionNotFound(message)
@@ -130,18 +128,17 @@ class Body:
     """The offset of the first byte (0 for a whole-file 200)."""
     total: int | None
     """The file size the server claims (Content-Range total, or Content-Length of a 200)."""
-    _response: aiohttp.ClientResponse
+    _response: http.Response
 
-    async def pieces(self) -> AsyncIterator[bytes]:
+    async def pieces(self) -> AsyncIterator[bytes | memoryview]:
         """Yield the body as the network delivered it: no joining, so no copy of any byte.
 
         :raises SourceUnavailable: the connection broke or stalled (the caller resumes).
         """
         try:
-            async for piece, _ in self._response.content.iter_chunks():
-                if piece:
-                    yield piece
-        except (aiohttp.ClientError, TimeoutError, ConnectionError) as e:
+            async for piece in self._response.pieces():
+                yield piece
+        except (http.HttpError, OSError) as e:
             raise SourceUnavailable(f"download interrupted: {e or type(e).__name__}") from e
 
     async def chunks(self, size: int) -> AsyncIterator[bytes]:
@@ -149,18 +146,17 @@ class Body:
 
         :raises SourceUnavailable: the connection broke or stalled (the caller resumes).
         """
-        try:
-            async for chunk in self._response.content.iter_chunked(size):
-                yield chunk
-        except (aiohttp.ClientError, TimeoutError, ConnectionError) as e:
-            raise SourceUnavailable(f"download interrupted: {e or type(e).__name__}") from e
+        async for piece in self.pieces():
+            view = memoryview(piece)
+            for at in range(0, len(view), size):
+                yield bytes(view[at : at + size])
 
 
 class HubClient:
     """Hub calls on one shared session; create with :func:`client`."""
 
-    def __init__(self, session: aiohttp.ClientSession, settings: HubSettings) -> None:
-        self._session = session
+    def __init__(self, transport: http.Client, settings: HubSettings) -> None:
+        self._http = transport
         self._settings = settings
         self._origin = URL(settings.endpoint.rstrip("/")).origin()
         self._base = settings.endpoint.rstrip("/")
@@ -184,21 +180,22 @@ class HubClient:
     @asynccontextmanager
     async def _get(
         self, url: URL, token: str | None, extra: Mapping[str, str] | None = None
-    ) -> AsyncIterator[aiohttp.ClientResponse]:
+    ) -> AsyncIterator[http.Response]:
         """GET following redirects by hand; the token only goes to the endpoint's origin."""
         if self._settings.offline:
             raise SourceUnavailable(f"GET {url.host}{url.path}: HF_HUB_OFFLINE is set")
         for _ in range(MAX_REDIRECTS + 1):
             headers = {**self._headers(url, token), **(extra or {})}
             try:
-                response = await self._session.get(
-                    url, headers=headers, allow_redirects=False, proxy=self._proxy(url)
-                )
-            except (aiohttp.ClientError, TimeoutError, OSError) as e:
+                response = await self._http.get(url, headers, self._proxy(url))
+            except (http.HttpError, OSError) as e:
                 raise SourceUnavailable(f"GET {url.host}{url.path}: {e or type(e).__name__}") from e
-            if response.status in (301, 302, 303, 307, 308) and "Location" in response.headers:
-                location = url.join(URL(response.headers["Location"], encoded=True))
-                response.release()
+            if response.status in (301, 302, 303, 307, 308) and "location" in response.headers:
+                location = url.join(URL(response.headers["location"], encoded=True))
+                try:
+                    await response.discard()  # so the connection serves the next request
+                finally:
+                    response.release()
                 if url.scheme == "https" and location.scheme != "https":
                     token = None  # never downgrade a credential to plain http
                 url = location
@@ -237,8 +234,7 @@ class HubClient:
         while url is not None:
             async with self._get(url, token) as response:
                 body = await self._body(response, f"tree of {repository}@{commit[:12]}")
-                next_link = response.links.get("next")
-                next_url = next_link.get("url") if next_link is not None else None
+                next_url = response.link("next")
             try:
                 raws = _TREE.decode(body)
             except msgspec.DecodeError as e:
@@ -261,18 +257,15 @@ class HubClient:
         async with self._get(url, token) as response:
             return await self._body(response, what)
 
-    async def _body(self, response: aiohttp.ClientResponse, what: str) -> bytes:
+    async def _body(self, response: http.Response, what: str) -> bytes:
         if response.status != 200:
             raise _failure(response.status, response.headers, what)
         if (response.content_length or 0) > MAX_PAGE_BYTES:
             raise SourceUnavailable(f"{what}: body over {MAX_PAGE_BYTES} bytes")
         try:
-            body = await response.content.read(MAX_PAGE_BYTES + 1)
-        except (aiohttp.ClientError, TimeoutError, OSError) as e:
+            return await response.read(MAX_PAGE_BYTES)
+        except (http.HttpError, OSError) as e:
             raise SourceUnavailable(f"{what}: {e or type(e).__name__}") from e
-        if len(body) > MAX_PAGE_BYTES:
-            raise SourceUnavailable(f"{what}: body over {MAX_PAGE_BYTES} bytes")
-        return body
 
     @asynccontextmanager
     async def download(
@@ -301,9 +294,9 @@ class HubClient:
             yield _body_of(response, path)
 
 
-def _body_of(response: aiohttp.ClientResponse, path: str) -> Body:
+def _body_of(response: http.Response, path: str) -> Body:
     if response.status == 206:
-        start, total = _content_range(response.headers.get("Content-Range", ""), path)
+        start, total = _content_range(response.headers.get("content-range", ""), path)
         return Body(start, total, response)
     if response.status == 200:
         return Body(0, response.content_length, response)
@@ -325,24 +318,16 @@ def _content_range(value: str, path: str) -> tuple[int, int | None]:
         raise SourceUnavailable(f"{path}: malformed Content-Range {value!r}") from e
 
 
-def _ssl_context(settings: HubSettings) -> ssl.SSLContext | bool:
-    if settings.ca_file:
-        return ssl.create_default_context(cafile=settings.ca_file)
-    return True
-
-
 @asynccontextmanager
 async def client(settings: HubSettings) -> AsyncIterator[HubClient]:
-    """A :class:`HubClient` whose session (and its connections) close on exit."""
-    timeout = aiohttp.ClientTimeout(
-        total=None, connect=settings.connect_timeout_s, sock_read=settings.stall_timeout_s
+    """A :class:`HubClient` whose connections close on exit."""
+    transport = http.Client(
+        connect_s=settings.connect_timeout_s,
+        stall_s=settings.stall_timeout_s,
+        max_connections=settings.max_connections,
+        ca_file=settings.ca_file,
     )
-    connector = aiohttp.TCPConnector(limit=settings.max_connections, ssl=_ssl_context(settings))
-    async with aiohttp.ClientSession(
-        timeout=timeout,
-        connector=connector,
-        auto_decompress=False,
-        trust_env=False,
-        read_bufsize=READ_BUFFER,
-    ) as session:
-        yield HubClient(session, settings)
+    try:
+        yield HubClient(transport, settings)
+    finally:
+        transport.close()

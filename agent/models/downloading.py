@@ -1,7 +1,10 @@
 """Download one manifest file into an attempt directory, verifying it while it streams.
 
-Per file: a preallocated destination (a full disk fails here, before any byte is fetched), then
-byte-range segments of :attr:`Tuning.segment_bytes` (a small file is one segment), at most
+A file of at most :attr:`Tuning.small_bytes` is fetched whole by one request and landed by
+one worker-thread call, with no resume state (:class:`_Whole`, :mod:`agent.models.diskio`).
+
+Per larger file: a preallocated destination (a full disk fails here, before any byte is
+fetched), then byte-range segments of :attr:`Tuning.segment_bytes`, at most
 :attr:`Tuning.window` in flight in file order. The hash runs in file order behind a *frontier*:
 bytes that arrive at the frontier are hashed straight from memory; bytes of a segment that ran
 ahead are hashed from the file when the frontier reaches them (the only reads, and each byte is
@@ -24,9 +27,8 @@ Invariants: a file whose hash or size differs is deleted with its state and rais
 from __future__ import annotations
 
 import errno
-import hashlib
 import os
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +38,7 @@ import anyio
 import anyio.to_thread
 import msgspec
 
+from agent.models import diskio
 from agent.models.errors import NoSpace
 from agent.models.tuning import Tuning
 from hub import client as hub_client
@@ -108,9 +111,7 @@ class _Assembly:
         self.bounds = bounds
         self.written = [0] * len(bounds)
         self.frontier = 0
-        self.hasher: Any = hashlib.sha256() if entry.algorithm == "sha256" else hashlib.sha1()
-        if entry.algorithm == "gitsha1":
-            self.hasher.update(b"blob %d\0" % entry.size)
+        self.hasher: Any = diskio.hasher_of(entry)
         self.lock = anyio.Lock()
 
     def _ahead(self) -> int:
@@ -152,7 +153,7 @@ class _Assembly:
     async def _catch_up(self, chunk_bytes: int) -> None:
         while (n := self._ahead()) > 0:
             got = await anyio.to_thread.run_sync(
-                _hash_range, self.dest, self.hasher, self.frontier, n, chunk_bytes
+                diskio.hash_range, self.dest, self.hasher, self.frontier, n, chunk_bytes
             )
             if got < n:
                 raise SourceUnavailable(f"{self.entry.path}: file shorter than written")
@@ -173,45 +174,6 @@ def _bounds(size: int, segment: int) -> list[tuple[int, int]]:
     if size == 0:
         return [(0, 0)]
     return [(s, min(s + segment, size)) for s in range(0, size, segment)]
-
-
-def _hash_range(path: Path, hasher: Any, offset: int, n: int, chunk_bytes: int) -> int:
-    """Hash ``n`` bytes of ``path`` from ``offset``, in ``chunk_bytes`` reads; returns bytes read."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        done = 0
-        while done < n:
-            data = os.pread(fd, min(chunk_bytes, n - done), offset + done)
-            if not data:
-                break
-            hasher.update(data)
-            done += len(data)
-        return done
-    finally:
-        os.close(fd)
-
-
-def _store(fd: int, batch: Sequence[memoryview], offset: int, hasher: Any) -> None:
-    """Write ``batch`` at ``offset`` with as few ``pwritev`` calls as it takes, then hash it
-    when ``hasher`` is given (the batch is at the frontier; a failed write hashes nothing).
-    Runs in a worker thread."""
-    views = list(batch)
-    try:
-        while views:
-            n = os.pwritev(fd, views, offset)
-            offset += n
-            while views and n >= len(views[0]):
-                n -= len(views[0])
-                views.pop(0)
-            if n:
-                views[0] = views[0][n:]
-    except OSError as e:
-        if e.errno in (errno.ENOSPC, errno.EDQUOT):
-            raise NoSpace("the cache filesystem is full") from e
-        raise
-    if hasher is not None:
-        for view in batch:
-            hasher.update(view)
 
 
 def _start(state_path: Path, dest: Path, size: int, segments: int) -> tuple[_State, bool]:
@@ -313,12 +275,20 @@ async def fetch(
     limits: Limits,
     tuning: Tuning,
     progress: Callable[[int], None],
+    present: bool = True,
 ) -> None:
     """Make ``dest`` hold ``entry``'s verified bytes (resuming what is there).
+
+    ``present=False``: the caller knows ``dest`` does not exist (it listed the attempt), so a
+    small file skips looking for one (a worker-thread call).
 
     :raises HubError: refused, unavailable after retries, or an integrity mismatch (then the
         file and its state are gone). :raises NoSpace: the cache filesystem is full.
     """
+    if entry.size <= tuning.small_bytes:
+        whole = _Whole(origin, entry, dest, state_path, limits, tuning, progress)
+        await whole.run(present)
+        return
     job = _FileFetch(origin, entry, dest, state_path, limits, tuning, progress)
     bounds = _bounds(entry.size, tuning.segment_bytes)
     state, _ = await anyio.to_thread.run_sync(_start, state_path, dest, entry.size, len(bounds))
@@ -328,6 +298,73 @@ async def fetch(
         await job.run(state, bounds, ranged=True)
     except _NoRanges:
         await job.run(_State(entry.size, [0]), [(0, entry.size)], ranged=False)
+
+
+@dataclass
+class _Whole:
+    """A small file: one request, the body held in memory (at most ``small_bytes``), then one
+    worker-thread call writes, hashes and closes it (:func:`diskio.land`); no resume state,
+    and no fsync until publication (see :mod:`agent.models.diskio`). A cut response is asked
+    again whole, as a segment would be resumed."""
+
+    origin: Origin
+    entry: Entry
+    dest: Path
+    state_path: Path
+    limits: Limits
+    tuning: Tuning
+    progress: Callable[[int], None]
+
+    async def run(self, present: bool) -> None:
+        entry, tuning = self.entry, self.tuning
+        if present and await anyio.to_thread.run_sync(
+            diskio.kept, self.dest, entry, tuning.chunk_bytes
+        ):
+            return
+        failures = 0
+        while True:
+            try:
+                async with self.limits.requests:
+                    body = await _whole_body(self.origin, entry, self.limits, tuning.chunk_bytes)
+                break
+            except SourceUnavailable:
+                failures += 1
+                if failures > tuning.retries:
+                    raise
+                await anyio.sleep(min(tuning.retry_delay_s * failures, 10.0))
+        if not await anyio.to_thread.run_sync(diskio.land, self.dest, entry, body):
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(_forget, self.dest, self.state_path)
+            raise IntegrityMismatch(f"{entry.path}: content does not match its {entry.algorithm}")
+        self.progress(entry.size)
+
+
+async def _whole_body(
+    origin: Origin, entry: Entry, limits: Limits, chunk_bytes: int
+) -> list[memoryview]:
+    """All of ``entry``'s bytes from one plain GET, as the network's pieces (never joined).
+
+    :raises SourceUnavailable: the response ended short (the caller asks again).
+    """
+    if entry.size == 0:
+        return []
+    async with origin.hub.download(
+        origin.repository, origin.commit, entry.path, token=origin.token
+    ) as body:
+        if body.total is not None and body.total != entry.size:
+            raise IntegrityMismatch(
+                f"{entry.path}: the server says {body.total} bytes, the manifest {entry.size}"
+            )
+        pieces: list[memoryview] = []
+        got = 0
+        async for batch in _batches(body, chunk_bytes, 0, entry.size):
+            n = sum(len(v) for v in batch)
+            await limits.take(n)
+            pieces += batch
+            got += n
+    if got < entry.size:
+        raise SourceUnavailable(f"{entry.path}: the response ended at byte {got} of {entry.size}")
+    return pieces
 
 
 @dataclass
@@ -424,14 +461,14 @@ class _FileFetch:
                 await self.limits.take(n)
                 if asm.claim(pos):
                     try:
-                        await anyio.to_thread.run_sync(_store, fd, batch, pos, asm.hasher)
+                        await anyio.to_thread.run_sync(diskio.store, fd, batch, pos, asm.hasher)
                     except BaseException:
                         asm.lock.release()
                         raise
                     asm.written[i] += n
                     await asm.advanced(n, self.tuning.chunk_bytes)
                 else:
-                    await anyio.to_thread.run_sync(_store, fd, batch, pos, None)
+                    await anyio.to_thread.run_sync(diskio.store, fd, batch, pos, None)
                     asm.written[i] += n
                     await asm.arrived(self.tuning.chunk_bytes)
                 await self._moved(n)

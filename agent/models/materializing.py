@@ -13,7 +13,9 @@ waits for what.
 
 An attempt: list the files at the pinned commit (the digest must match, else
 IntegrityMismatch), reserve capacity, download all files (:mod:`agent.models.downloading`),
-then publish: chmod files 0444 and directories 0555, fsync, write the marker, fsync, and
+then publish: chmod files 0444 and fsync them (spread over :data:`SEAL_THREADS` worker threads,
+so the journal commits them together: small files are not fsynced before this, see
+:mod:`agent.models.diskio`), directories 0555 and fsync, write the marker, fsync, and
 ``rename(partial/<hex>/<n>, published/<hex>)`` — one atomic step, so a reader sees either no
 tree or a complete one. A failure is recorded with a backoff (1 min doubling to 1 h, in the
 ledger, so it survives restarts) for the source and credential that got it, or for every
@@ -38,7 +40,7 @@ import anyio.to_thread
 import msgspec
 from anyio.abc import TaskGroup, TaskStatus
 
-from agent.models import backoff, downloading, layout
+from agent.models import backoff, diskio, downloading, layout
 from agent.models.backoff import Failure
 from agent.models.errors import BackingOff, Materializing, NoSpace
 from agent.models.tuning import Tuning
@@ -50,6 +52,8 @@ from hub.manifest import Manifest
 __all__ = ["Job", "JobMetrics", "Materializer", "Pod", "Source", "fraction"]
 
 log = logging.getLogger(__name__)
+SEAL_THREADS = 8
+"""Worker threads that fsync a finished tree's files at once (one fsync at a time each)."""
 
 
 def human(n: float) -> str:
@@ -387,6 +391,7 @@ class Materializer:
                     raise
                 job.denied[source.key] = Failure(e.reason, str(e))
         job.phase = "publishing"
+        await _seal_files(attempt / "tree")
         await anyio.to_thread.run_sync(_publish, self.cache, job.hex, number, attempt, manifest)
         self.metrics.publish_duration.observe(self._clock() - job.started)
 
@@ -427,6 +432,7 @@ class Materializer:
         job.phase = "downloading"
         origin = downloading.Origin(self.hub, source.repository, source.commit, source.token)
         files = anyio.CapacityLimiter(self.tuning.files_per_attempt)
+        present = set(await anyio.to_thread.run_sync(diskio.files_under, attempt / "tree"))
 
         def moved(n: int) -> None:
             job.done = min(job.size, job.done + n)
@@ -434,15 +440,17 @@ class Materializer:
 
         async def one(entry_index: int) -> None:
             entry = manifest.entries[entry_index]
+            dest = attempt / "tree" / entry.path
             async with files:
                 await downloading.fetch(
                     origin,
                     entry,
-                    attempt / "tree" / entry.path,
+                    dest,
                     attempt / "state" / layout.state_name(entry.path),
                     limits=self.limits,
                     tuning=self.tuning,
                     progress=moved,
+                    present=str(dest) in present,
                 )
 
         with downloading.first_error():
@@ -450,6 +458,14 @@ class Materializer:
                 for i in range(len(manifest.entries)):
                     tg.start_soon(one, i)
         return manifest
+
+
+async def _seal_files(tree: Path) -> None:
+    """Every file under ``tree`` read-only and durable, :data:`SEAL_THREADS` at a time."""
+    paths = await anyio.to_thread.run_sync(diskio.files_under, tree)
+    async with anyio.create_task_group() as tg:
+        for k in range(min(SEAL_THREADS, len(paths))):
+            tg.start_soon(anyio.to_thread.run_sync, diskio.seal_files, paths[k::SEAL_THREADS])
 
 
 def _publish(
@@ -482,15 +498,7 @@ def _publish(
 
 
 def _seal(tree: Path) -> None:
-    """Files 0444 and fsynced, directories 0555 deepest first and fsynced."""
-    for dirpath, _, filenames in os.walk(tree, topdown=False):
-        for name in filenames:
-            path = os.path.join(dirpath, name)
-            os.chmod(path, 0o444)
-            fd = os.open(path, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+    """Directories 0555 deepest first and fsynced (their files were sealed before)."""
+    for dirpath, _, _ in os.walk(tree, topdown=False):
         layout.fsync_dir(Path(dirpath))
         os.chmod(dirpath, 0o555)

@@ -19,6 +19,7 @@ no HTTPS, no metrics server (nothing here imports them).
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
 import sys
@@ -109,13 +110,19 @@ class _NoMetrics:
 
 def pull_command(settings: PullSettings) -> int:
     try:
-        manifest, tree = anyio.run(pull, settings, sys.stderr)
+        manifest, tree = anyio.run(pull, settings, sys.stderr, backend_options=_loop_options())
     except (PullFailed, HubError, CacheCorrupt, OSError) as e:
         reason = getattr(e, "reason", None)
         log.error("%s%s", f"{reason}: " if reason else "", e)
         return EXIT_FAILED
     sys.stdout.write(f"commit: {manifest.commit}\ndigest: {manifest.digest}\npath: {tree}\n")
     return 0
+
+
+def _loop_options() -> dict[str, object]:
+    """uvloop where it is installed, as the services run (its transports cost less per request
+    and per byte than asyncio's)."""
+    return {"use_uvloop": importlib.util.find_spec("uvloop") is not None}
 
 
 async def pull(settings: PullSettings, tty: TextIO | None = None) -> tuple[Manifest, Path]:

@@ -25,6 +25,9 @@ class Tuning(msgspec.Struct, frozen=True, kw_only=True):
     files_per_attempt: int = 16
     chunk_bytes: int = MiB
     """Bytes written and hashed per step: bounds memory per stream."""
+    small_bytes: int = MiB
+    """Files of at most this size are fetched whole in one request and written, hashed and
+    closed in one worker-thread call, with no resume state (a resume rehashes them)."""
     checkpoint_bytes: int = 256 * MiB
     """A file's resume state is fsynced and saved every this many bytes."""
     retries: int = 5

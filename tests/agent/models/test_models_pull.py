@@ -169,7 +169,7 @@ def test_the_model_agent_reads_the_hugging_face_environment(tmp_path: Path) -> N
 async def test_the_one_shot_loads_no_service_stack() -> None:
     code = (
         "import sys, agent.models.pull; print(' '.join(sorted(m for m in ('nats', "
-        "'prometheus_client', 'aiohttp.web', 'aiofiles', 'grpclib', 'kubernetes_asyncio', "
+        "'prometheus_client', 'aiohttp', 'aiofiles', 'grpclib', 'kubernetes_asyncio', "
         "'bus.connection', 'kit.serving') if m in sys.modules)))"
     )
     result = await anyio.run_process([sys.executable, "-c", code], check=True)

@@ -1,0 +1,132 @@
+"""The synchronous file steps of a download, each run in one worker-thread call.
+
+Kept apart from :mod:`agent.models.downloading` (the async side) so each step is one function
+that does everything a thread hop is for: a *whole* small file is written, hashed, closed and,
+on a mismatch, deleted in :func:`land`, one call; a batch of a large file is written and hashed
+in :func:`store`, one call.
+
+Durability is batched: a file's bytes are made durable by :func:`seal_files` (chmod 0444 +
+``fsync``, files spread over a few threads so the journal commits them together) before the
+marker that publishes the tree is written. Until then a small file has no resume state: an
+attempt that resumes rehashes it (:func:`kept`) instead of trusting any record, so a crash that
+lost or tore its bytes only costs fetching it again. Large files keep their fsynced checkpoints
+(see :mod:`agent.models.downloading`).
+
+Every ``ENOSPC``/``EDQUOT`` becomes :class:`NoSpace`.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from agent.models.errors import NoSpace
+from hub.manifest import Entry
+
+__all__ = ["files_under", "hash_range", "hasher_of", "kept", "land", "seal_files", "store"]
+
+
+def hasher_of(entry: Entry) -> Any:
+    """A fresh hash of ``entry``'s algorithm (git's blob header already fed for ``gitsha1``)."""
+    hasher: Any = hashlib.sha256() if entry.algorithm == "sha256" else hashlib.sha1()
+    if entry.algorithm == "gitsha1":
+        hasher.update(b"blob %d\0" % entry.size)
+    return hasher
+
+
+def hash_range(path: Path, hasher: Any, offset: int, n: int, chunk_bytes: int) -> int:
+    """Hash ``n`` bytes of ``path`` from ``offset``, in ``chunk_bytes`` reads; returns bytes read."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        done = 0
+        while done < n:
+            data = os.pread(fd, min(chunk_bytes, n - done), offset + done)
+            if not data:
+                break
+            hasher.update(data)
+            done += len(data)
+        return done
+    finally:
+        os.close(fd)
+
+
+def store(fd: int, batch: Sequence[memoryview], offset: int, hasher: Any) -> None:
+    """Write ``batch`` at ``offset`` with as few ``pwritev`` calls as it takes, then hash it
+    when ``hasher`` is given (a failed write hashes nothing).
+
+    The written range's writeback is started at once (``POSIX_FADV_DONTNEED`` on dirty pages
+    starts it without dropping them, so later reads still hit the page cache): the disk works
+    while the network does, and the fsync before publication has little left to wait for.
+    """
+    start = offset
+    views = list(batch)
+    try:
+        while views:
+            n = os.pwritev(fd, views, offset)
+            offset += n
+            while views and n >= len(views[0]):
+                n -= len(views[0])
+                views.pop(0)
+            if n:
+                views[0] = views[0][n:]
+    except OSError as e:
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise NoSpace("the cache filesystem is full") from e
+        raise
+    if hasher is not None:
+        for view in batch:
+            hasher.update(view)
+    os.posix_fadvise(fd, start, offset - start, os.POSIX_FADV_DONTNEED)
+
+
+def kept(dest: Path, entry: Entry, chunk_bytes: int) -> bool:
+    """Whether ``dest`` already holds ``entry``'s bytes (an earlier attempt wrote it whole).
+
+    Small files carry no resume state, so their content is the only record: rehashed here, at
+    most :attr:`Tuning.small_bytes` read.
+    """
+    try:
+        if dest.stat().st_size != entry.size:
+            return False
+    except FileNotFoundError:
+        return False
+    hasher = hasher_of(entry)
+    return (
+        hash_range(dest, hasher, 0, entry.size, chunk_bytes) == entry.size
+        and hasher.hexdigest() == entry.oid
+    )
+
+
+def land(dest: Path, entry: Entry, body: Sequence[memoryview]) -> bool:
+    """Write a whole small file from ``body``, hash it, close it; False (and no file) when the
+    bytes do not match ``entry``. Not fsynced: :func:`seal_files` does that before publishing."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    hasher = hasher_of(entry)
+    fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        store(fd, body, 0, hasher)
+    finally:
+        os.close(fd)
+    if sum(len(v) for v in body) == entry.size and hasher.hexdigest() == entry.oid:
+        return True
+    dest.unlink(missing_ok=True)
+    return False
+
+
+def seal_files(paths: Sequence[str]) -> None:
+    """Make each file read-only (0444) and durable: chmod first, so the fsync covers the mode."""
+    for path in paths:
+        os.chmod(path, 0o444)
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def files_under(tree: Path) -> list[str]:
+    return [os.path.join(d, name) for d, _, names in os.walk(tree) for name in names]
