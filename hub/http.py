@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import re
 from collections import deque
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
@@ -34,6 +35,10 @@ HIGH_WATER: Final = 2 * 1024 * 1024
 LOW_WATER: Final = 512 * 1024
 MAX_HEAD: Final = 64 * 1024
 """The status line and headers of an answer may not exceed this."""
+MAX_TRAILERS: Final = 64
+"""Trailer lines after a chunked body (each at most 4 KiB) that are read and dropped."""
+_HEX: Final = re.compile(rb"[0-9A-Fa-f]{1,15}")
+"""A chunk size: plain hex digits (no sign, ``0x`` or ``_``, which ``int`` would take)."""
 
 
 class HttpError(Exception):
@@ -172,7 +177,7 @@ class Response:
     @property
     def content_length(self) -> int | None:
         value = self.headers.get("content-length")
-        return int(value) if value is not None and value.isdigit() else None
+        return int(value) if value is not None and value.isascii() and value.isdigit() else None
 
     def link(self, rel: str) -> str | None:
         """The target of the ``Link`` header's ``rel`` (the Hub's paging)."""
@@ -263,14 +268,14 @@ async def _line(stream: _Stream, stall_s: float) -> bytes:
 async def _chunked(stream: _Stream, stall_s: float) -> AsyncIterator[bytes | memoryview]:
     while True:
         size_text = (await _line(stream, stall_s)).split(b";")[0].strip()
-        try:
-            size = int(size_text, 16)
-        except ValueError as e:
-            raise HttpError(f"malformed chunk size {size_text[:20]!r}") from e
+        if not _HEX.fullmatch(size_text):
+            raise HttpError(f"malformed chunk size {size_text[:20]!r}")
+        size = int(size_text, 16)
         if size == 0:
-            while await _line(stream, stall_s):  # trailers, up to the empty line
-                pass
-            return
+            for _ in range(MAX_TRAILERS + 1):  # trailers, up to the empty line
+                if not await _line(stream, stall_s):
+                    return
+            raise HttpError(f"more than {MAX_TRAILERS} trailer lines")
         async for piece in _exactly(stream, size, stall_s):
             yield piece
         if await _line(stream, stall_s):

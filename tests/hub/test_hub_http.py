@@ -133,6 +133,9 @@ async def test_a_chunked_body_from_a_real_server_arrives_whole() -> None:
         b"SPDY/9 200 OK\r\n\r\n",  # not HTTP/1.x
         b"HTTP/1.1 200 OK\r\nno colon here\r\n\r\n",
         b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n-5\r\n",  # int() takes a sign
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n0x2\r\nab\r\n0\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n" + b"X-T: 1\r\n" * 65,
     ],
 )
 async def test_malformed_or_cut_answers_are_http_errors(answer: bytes) -> None:
