@@ -30,7 +30,15 @@ differences:
 - *steady*: the rounds after it, for ``--seconds``.
 
 Also: events/s consumed, writes per node per minute (KV ``kv_put``/``kv_delete``, or API
-``create``/``patch``/``update``/``delete``), the worker's CPU share of one core and its RSS.
+``create``/``patch``/``update``/``delete``), the worker's CPU share of one core, its CPU per
+consumed event (less sensitive to a loaded machine than latencies), the share of it spent in the
+garbage collector, and its RSS. The publishers pre-encode every node's events once and only put
+the send stamp in (:func:`node_templates`), sending in slots of the period; the bench reports
+what they offered (``offered_per_s``) and how far the worst one fell behind its schedule
+(``publisher_lag_s``): a run whose publishers lag is not a valid measure of the worker.
+
+With ``--sink api`` the worker has a Kubernetes API, so its scheduling chain (Kueue objects,
+node fit labels) runs too, against the fake API.
 
 ``--profile out`` runs the worker under pyinstrument (a bench-only dependency) and writes
 ``out.html`` and ``out.txt``.
@@ -205,7 +213,8 @@ def worker_child(args: argparse.Namespace) -> None:
     instrument(args.all_port)
 
     settings = running.WorkerSettings(
-        bus=BusSettings.for_tests(args.url),
+        # Short reconnect waits, but the default bound on a request, as the worker runs.
+        bus=BusSettings.for_tests(args.url, request_timeout_s=BusSettings().request_timeout_s),
         kube=KubeSettings(host=args.api) if args.api else None,
         https=HttpsSettings(bind_address="127.0.0.1", port=args.port, auth="none"),
         resync_s=3600.0,
@@ -446,6 +455,12 @@ def phase(
         "all_count": int(total(m1, f"{ALL_LATENCY}_count") - total(m0, f"{ALL_LATENCY}_count")),
         "latencies": int(total(m1, f"{LATENCY}_count") - total(m0, f"{LATENCY}_count")),
         "writes": int(wrote),
+        # Refused on receipt, "overflow" included: the worker fell so far behind that its
+        # buffer filled. Any is a failed run.
+        "dropped": int(
+            total(m1, "gpustack_bus_dropped_messages_total")
+            - total(m0, "gpustack_bus_dropped_messages_total")
+        ),
         "writes_per_node_min": round(wrote / n / (elapsed / 60), 2),
     }
 
