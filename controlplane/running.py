@@ -16,9 +16,7 @@ Samples are never written to the API: they stay on the bus (retained) and in met
 After every reconnect the worker re-ensures the streams and buckets it needs (the server may
 have restarted without its store) and, as leader, writes again on the next reconcile whatever
 lives only in the bus: the agents' records and, with the KV sink, the ledger itself. The
-subscription reads the retained state again by itself (:mod:`bus.subscribing`). The events
-come on a second connection (``worker-events``), so that replies to the worker's own requests
-(KV reads and writes, access reviews) never queue behind the event stream.
+subscription reads the retained state again by itself (:mod:`bus.subscribing`).
 """
 
 from __future__ import annotations
@@ -137,7 +135,6 @@ async def _endpoint(
     registry: CollectorRegistry,
     ledger: Ledger,
     worker: Worker,
-    ready: Callable[[], bool],
 ) -> AsyncIterator[serving.Server]:
     """HTTPS with the Pod webhooks and the extension API, and with an API the access reviews:
     for this endpoint and, on the bus, the agents' (answered whatever this endpoint's own
@@ -171,7 +168,7 @@ async def _endpoint(
             posts.update(guards.posts(writers))
         server = await stack.enter_async_context(
             serving.https_server(
-                https, registry=registry, ready=ready,
+                https, registry=registry, ready=lambda: conn.is_connected,
                 authorizer=reviewer, posts=posts,
                 handlers=extension.handlers(), client_ca=proxy.client_ca if proxy else None,
                 middlewares=middlewares,
@@ -293,14 +290,9 @@ async def _assemble(
         max_keys=settings.max_nodes, on_models=artifacts.models_changed,
     )  # fmt: skip
     processor.on_allocation = annotator.note
-    # The events come on a connection of their own: at thousands of events a second, a KV or
-    # API reply on the same connection would wait behind every event received before it.
-    events_conn = await stack.enter_async_context(
-        connection.connect(settings.bus, name="worker-events")
-    )
     sub = await stack.enter_async_context(
         subscribing.subscribe(
-            events_conn,
+            conn,
             settings=settings.bus,
             metrics=BusMetrics(registry),
             include_state=True,
@@ -312,11 +304,8 @@ async def _assemble(
         chain=_chain(api, ledger, settings, metrics, source),
     )  # fmt: skip
     server = await stack.enter_async_context(
-        _endpoint(
-            settings, conn, api, registry, ledger, worker,
-            ready=lambda: conn.is_connected and events_conn.is_connected,
-        )
-    )  # fmt: skip
+        _endpoint(settings, conn, api, registry, ledger, worker)
+    )
     worker.url = server.url
     return _Parts(
         conn=conn, api=api, sink=sink, agents=agents, ledger=ledger, annotator=annotator,
