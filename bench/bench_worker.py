@@ -215,7 +215,9 @@ def worker_child(args: argparse.Namespace) -> None:
     settings = running.WorkerSettings(
         # Short reconnect waits, but the default bound on a request, as the worker runs.
         bus=BusSettings.for_tests(args.url, request_timeout_s=BusSettings().request_timeout_s),
-        kube=KubeSettings(host=args.api) if args.api else None,
+        kube=KubeSettings(host=args.api, qps=args.kube_qps, burst=int(2 * args.kube_qps))
+        if args.api
+        else None,
         https=HttpsSettings(bind_address="127.0.0.1", port=args.port, auth="none"),
         resync_s=3600.0,
     )
@@ -482,6 +484,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
                 worker_cmd += ["--port", str(port), "--all-port", str(all_port)]
                 if args.profile:
                     worker_cmd += ["--profile", f"{args.profile}-{args.sink}-{args.n}"]
+                worker_cmd += ["--kube-qps", str(args.kube_qps)]
                 worker = subprocess.Popen(worker_cmd)  # noqa: ASYNC220 (a bench)
                 children.append(worker)
                 for _ in range(600):
@@ -642,6 +645,10 @@ def main() -> None:
     p.add_argument("--burst", action="store_true", help="every node publishes at once")
     p.add_argument("--profile", default="", help="pyinstrument output prefix")
     p.add_argument("--chain", action="store_true", help="the scheduling chain's reconcile cost")
+    p.add_argument(
+        "--kube-qps", type=float, default=200.0,
+        help="the worker's API client rate (burst twice that); 200 is the worker's default",
+    )  # fmt: skip
     p.add_argument("--role", default="bench", help=argparse.SUPPRESS)
     for flag in ("--url", "--api"):
         p.add_argument(flag, default="", help=argparse.SUPPRESS)
