@@ -2,7 +2,8 @@
 
 Run: ``.venv/bin/python bench/bench_worker.py --nodes 1000 --period 1 --seconds 30 --sink kv api``;
 ``--chain --nodes 1000`` measures the scheduling chain's reconcile passes instead (see
-:func:`chain_bench`).
+:func:`chain_bench`), ``--ingest --nodes 2000 10000`` the ingest path's CPU per event alone
+(see :func:`ingest_bench`).
 
 Every part is its own process, so none steals the worker's event loop and the worker's CPU
 seconds and RSS are its own: a nats-server, the worker, ``--publishers`` publisher processes
@@ -166,7 +167,7 @@ def instrument(port: int) -> None:
 
     registry = CollectorRegistry()
     hist = Hist([0.001 * 2**i for i in range(16)] + [60.0, 120.0])
-    registry.register(hist)  # type: ignore[arg-type]
+    registry.register(hist)
     gc_seconds = Counter(
         GC_SECONDS, "time in the garbage collector", ["generation"], registry=registry
     )
@@ -552,6 +553,69 @@ async def measure(
     }
 
 
+# --- the ingest path alone (``--ingest``) -----------------------------------------------------
+
+
+def ingest_bench(args: argparse.Namespace) -> dict[str, Any]:
+    """The worker's own CPU per event on its ingest path, in this process, without I/O: the
+    bus guard (subject, decode or recall, clock), the latest samples and the processor's fold
+    (counter, ledger, queue), for ``args.n`` nodes publishing as the scale runs do. Less
+    sensitive to a loaded machine than the full runs (process time, one process), it leaves
+    out what the full runs add: the NATS client, the event loop and the reconciles."""
+    from bus import state
+    from bus.metrics import BusMetrics
+    from controlplane import running
+    from controlplane.extension.registration import LatestSamples
+    from controlplane.metrics import WorkerMetrics
+    from controlplane.reconciling.ledger import Ledger
+    from controlplane.reconciling.processing import Processor
+    from controlplane.sinks import KvSink
+
+    metrics = WorkerMetrics()
+    guard = state.guard_for(
+        BusSettings(url="nats://unused"), BusMetrics(metrics.registry),
+        memo_kinds=codec.REPEATED_KINDS,
+    )  # fmt: skip
+    ledger = Ledger(max_nodes=args.n + 1)
+    processor = Processor(
+        ledger=ledger, reconciler=None, sink=KvSink(None), metrics=metrics,  # type: ignore[arg-type]
+        max_keys=args.n + 1,
+    )  # fmt: skip
+    latest = LatestSamples(max_nodes=args.n + 1)
+    names = node_names(args.n)
+    tpl = [node_templates(n, args.period_s) for n in names]
+    flip = max(1, int(args.n * args.change))
+
+    def round_of(rnd: int) -> list[tuple[str, bytes]]:
+        stamp = msgspec.json.encode(datetime.now(UTC))[1:-1]
+        out = []
+        for i, n in enumerate(names):
+            out += [
+                (subjects.subject(n, k), stamped(tpl[i][k], stamp)) for k in ("samples", "devices")
+            ]
+            if (i + rnd) % args.n < flip:
+                action = "allocated" if rnd % 2 == 0 else "released"
+                out.append((subjects.subject(n, "allocations"), stamped(tpl[i][action], stamp)))
+        return out
+
+    def feed(batch: list[tuple[str, bytes]]) -> None:
+        for subj, data in batch:
+            event = guard.accept(subj, data)
+            if event is not None:
+                latest.record(event)
+                processor.ingest(running._managed(event, ()))
+        while processor.queue.state.take() is not None:  # nobody reconciles here
+            pass
+
+    feed(round_of(0))  # the cold round: every node new
+    rounds = [round_of(r) for r in range(1, 6)]
+    count, start = sum(map(len, rounds)), time.process_time()
+    for batch in rounds:
+        feed(batch)
+    spent = time.process_time() - start
+    return {"nodes": args.n, "events": count, "cpu_us_per_event": round(1e6 * spent / count, 1)}
+
+
 # --- the scheduling chain (``--chain``) ------------------------------------------------------
 
 
@@ -634,6 +698,17 @@ def chain_nodes(names: Sequence[str]) -> list[dict[str, Any]]:
     ]  # fmt: skip
 
 
+def child(args: argparse.Namespace) -> None:
+    """One of the bench's child processes (``--role``)."""
+    if args.role == "worker":
+        return worker_child(args)
+    if args.role == "fakeapi":
+        args.nodes = args.nodes[0]
+        return fakeapi_child(args)
+    args.nodes, args.period = args.nodes[0], args.period[0]
+    return anyio.run(publisher_child, args)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     p.add_argument("--nodes", type=int, nargs="+", default=[20] if SMOKE else [1000])
@@ -645,6 +720,7 @@ def main() -> None:
     p.add_argument("--burst", action="store_true", help="every node publishes at once")
     p.add_argument("--profile", default="", help="pyinstrument output prefix")
     p.add_argument("--chain", action="store_true", help="the scheduling chain's reconcile cost")
+    p.add_argument("--ingest", action="store_true", help="the ingest path's CPU per event alone")
     p.add_argument(
         "--kube-qps", type=float, default=200.0,
         help="the worker's API client rate (burst twice that); 200 is the worker's default",
@@ -656,14 +732,13 @@ def main() -> None:
         p.add_argument(flag, type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--start", type=float, default=0.0, help=argparse.SUPPRESS)
     args = p.parse_args()
-    if args.role == "worker":
-        return worker_child(args)
-    if args.role == "fakeapi":
-        args.nodes = args.nodes[0]
-        return fakeapi_child(args)
-    if args.role == "publish":
-        args.nodes, args.period = args.nodes[0], args.period[0]
-        return anyio.run(publisher_child, args)
+    if args.role != "bench":
+        return child(args)
+    if args.ingest:
+        for n in args.nodes:
+            run = argparse.Namespace(**vars(args), n=n, period_s=args.period[0])
+            print(json.dumps(ingest_bench(run)), flush=True)
+        return
     if args.chain:
         for n in args.nodes:
             run = argparse.Namespace(**vars(args), n=n)
