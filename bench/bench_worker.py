@@ -494,7 +494,8 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
                         break
                     except OSError:
                         await anyio.sleep(0.1)
-                return await measure(args, server.url, (port, all_port), worker.pid)
+                server_pid = server._proc.pid if server._proc else 0  # its CPU is reported
+                return await measure(args, server.url, (port, all_port), (worker.pid, server_pid))
             finally:
                 # Before the server stops, so that no child sees its bus go away. The worker
                 # first (it writes its profile), then the fake API.
@@ -508,8 +509,11 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
 
 
 async def measure(
-    args: argparse.Namespace, url: str, ports: tuple[int, int], pid: int
+    args: argparse.Namespace, url: str, ports: tuple[int, int], pids: tuple[int, int]
 ) -> dict[str, Any]:
+    """Both phases; ``pids``: the worker's and nats-server's (whose CPU is reported too: with
+    the publishers, the bench itself needs more than the worker's core)."""
+    pid, server_pid = pids
     writes = API_WRITES if args.sink == "api" else KV_WRITES
     load0 = os.getloadavg()[0]
     _, rss0 = proc_usage(pid)
@@ -519,12 +523,14 @@ async def measure(
     m1 = await drained(*ports)
     cold_s = time.monotonic() - t0
     cpu1, _ = proc_usage(pid)
+    server1, _ = proc_usage(server_pid)
     t1 = time.monotonic()
     rounds = max(1, round(args.seconds / args.period_s))
     sent1, lag1 = await run_publishers(args, url, first=1, rounds=rounds)
     m2 = await drained(*ports)
     steady_s = time.monotonic() - t1
     cpu2, rss = proc_usage(pid)
+    server2, _ = proc_usage(server_pid)
     steady = phase(m2, m1, args.n, steady_s, writes)
     return {
         "nodes": args.n,
@@ -542,6 +548,7 @@ async def measure(
         "worker_cpu_pct": round(100 * (cpu2 - cpu1) / steady_s, 1),
         # Less sensitive to a loaded machine than latencies: the worker's CPU per event.
         "worker_cpu_us_per_event": round(1e6 * (cpu2 - cpu1) / max(1, steady["consumed"]), 1),
+        "server_cpu_pct": round(100 * (server2 - server1) / steady_s, 1),
         "worker_gc_pct": round(
             100 * (total(m2, f"{GC_SECONDS}_total") - total(m1, f"{GC_SECONDS}_total")) / steady_s,
             1,
