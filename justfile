@@ -36,6 +36,7 @@ bench:
     {{python}} bench/bench_models.py
     {{python}} bench/bench_worker.py
     {{python}} bench/bench_worker.py --chain
+    {{python}} bench/bench_worker.py --ingest --nodes 2000 10000
 
 # Every benchmark at tiny sizes, seconds each (CI runs it): proves they still run; the figures
 # mean nothing. A peer that is not installed (the `bench` extra, curl) is skipped, with a message.
@@ -47,3 +48,4 @@ bench-smoke:
     BENCH_SMOKE=1 {{python}} bench/bench_models.py
     BENCH_SMOKE=1 {{python}} bench/bench_worker.py
     BENCH_SMOKE=1 {{python}} bench/bench_worker.py --chain
+    BENCH_SMOKE=1 {{python}} bench/bench_worker.py --ingest

@@ -2,7 +2,8 @@
 
 Run: ``.venv/bin/python bench/bench_worker.py --nodes 1000 --period 1 --seconds 30 --sink kv api``;
 ``--chain --nodes 1000`` measures the scheduling chain's reconcile passes instead (see
-:func:`chain_bench`).
+:func:`chain_bench`), ``--ingest --nodes 2000 10000`` the ingest path's CPU per event alone
+(see :func:`ingest_bench`).
 
 Every part is its own process, so none steals the worker's event loop and the worker's CPU
 seconds and RSS are its own: a nats-server, the worker, ``--publishers`` publisher processes
@@ -30,7 +31,15 @@ differences:
 - *steady*: the rounds after it, for ``--seconds``.
 
 Also: events/s consumed, writes per node per minute (KV ``kv_put``/``kv_delete``, or API
-``create``/``patch``/``update``/``delete``), the worker's CPU share of one core and its RSS.
+``create``/``patch``/``update``/``delete``), the worker's CPU share of one core, its CPU per
+consumed event (less sensitive to a loaded machine than latencies), the share of it spent in the
+garbage collector, and its RSS. The publishers pre-encode every node's events once and only put
+the send stamp in (:func:`node_templates`), sending in slots of the period; the bench reports
+what they offered (``offered_per_s``) and how far the worst one fell behind its schedule
+(``publisher_lag_s``): a run whose publishers lag is not a valid measure of the worker.
+
+With ``--sink api`` the worker has a Kubernetes API, so its scheduling chain (Kueue objects,
+node fit labels) runs too, against the fake API.
 
 ``--profile out`` runs the worker under pyinstrument (a bench-only dependency) and writes
 ``out.html`` and ``out.txt``.
@@ -39,6 +48,8 @@ Also: events/s consumed, writes per node per minute (KV ``kv_put``/``kv_delete``
 from __future__ import annotations
 
 import argparse
+import gc
+import itertools
 import json
 import os
 import signal
@@ -55,6 +66,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import msgspec
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -116,6 +128,7 @@ def samples(node: str, period_s: float) -> events.SamplesEvent:
 
 
 ALL_LATENCY = "bench_worker_consumed_event_to_object_seconds"
+GC_SECONDS = "bench_worker_gc_seconds"
 
 
 def instrument(port: int) -> None:
@@ -124,16 +137,51 @@ def instrument(port: int) -> None:
     Wraps :meth:`Ledger.apply` and :meth:`NodeReconciler.reconcile` at class level: bench-only,
     so production code carries no per-event bookkeeping for it.
     """
+    import bisect
     import collections
 
-    from prometheus_client import CollectorRegistry, Histogram, start_http_server
+    from prometheus_client import CollectorRegistry, Counter, start_http_server
+    from prometheus_client.core import HistogramMetricFamily
 
     from controlplane.reconciling.ledger import Ledger
     from controlplane.reconciling.nodes import NodeReconciler
 
+    class Hist:
+        """A histogram without a lock or label lookups: it runs for every event, in the
+        worker's process, so it must cost next to nothing beside what it measures."""
+
+        def __init__(self, bounds: list[float]) -> None:
+            self.bounds, self.counts, self.sum = bounds, [0] * (len(bounds) + 1), 0.0
+
+        def observe(self, value: float) -> None:
+            self.counts[bisect.bisect_left(self.bounds, value)] += 1
+            self.sum += value
+
+        def collect(self) -> list[HistogramMetricFamily]:
+            les = [*map(str, self.bounds), "+Inf"]
+            cumulative = list(itertools.accumulate(self.counts))
+            return [HistogramMetricFamily(
+                ALL_LATENCY, "every consumed event", buckets=list(zip(les, cumulative, strict=True)),
+                sum_value=self.sum,
+            )]  # fmt: skip
+
     registry = CollectorRegistry()
-    buckets = [0.001 * 2**i for i in range(16)] + [60.0, 120.0]
-    hist = Histogram(ALL_LATENCY, "every consumed event", buckets=buckets, registry=registry)
+    hist = Hist([0.001 * 2**i for i in range(16)] + [60.0, 120.0])
+    registry.register(hist)
+    gc_seconds = Counter(
+        GC_SECONDS, "time in the garbage collector", ["generation"], registry=registry
+    )
+    gc_started = [0.0]
+
+    def on_gc(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            gc_started[0] = time.process_time()
+        else:
+            gc_seconds.labels(generation=str(info["generation"])).inc(
+                time.process_time() - gc_started[0]
+            )
+
+    gc.callbacks.append(on_gc)
     pending: dict[str, collections.deque[float]] = collections.defaultdict(collections.deque)
     apply, reconcile = Ledger.apply, NodeReconciler.reconcile
 
@@ -166,8 +214,11 @@ def worker_child(args: argparse.Namespace) -> None:
     instrument(args.all_port)
 
     settings = running.WorkerSettings(
-        bus=BusSettings.for_tests(args.url),
-        kube=KubeSettings(host=args.api) if args.api else None,
+        # Short reconnect waits, but the default bound on a request, as the worker runs.
+        bus=BusSettings.for_tests(args.url, request_timeout_s=BusSettings().request_timeout_s),
+        kube=KubeSettings(host=args.api, qps=args.kube_qps, burst=int(2 * args.kube_qps))
+        if args.api
+        else None,
         https=HttpsSettings(bind_address="127.0.0.1", port=args.port, auth="none"),
         resync_s=3600.0,
     )
@@ -208,40 +259,78 @@ def fakeapi_child(args: argparse.Namespace) -> None:
     web.run_app(app, host="127.0.0.1", port=args.port, access_log=None, print=None)
 
 
+Template = tuple[bytes, bytes]
+"""An event's wire form cut around its stamp: everything before the stamp, everything after."""
+
+
+def template(event: events.Event) -> Template:
+    """``event`` encoded once; :func:`stamped` puts a new ``ts`` in for each send."""
+    data = codec.encode(event)
+    start = data.index(b'"ts":"') + len(b'"ts":"')
+    return data[:start], data[data.index(b'"', start) :]
+
+
+def stamped(t: Template, stamp: bytes) -> bytes:
+    return t[0] + stamp + t[1]
+
+
+def node_templates(node: str, period_s: float) -> dict[str, Template]:
+    """A node's events, pre-encoded: samples, devices, and its allocation made and released."""
+    alloc = {
+        action: template(events.AllocationEvent(
+            node=node, allocation_id="pod/c", action=action, resource="nvidia.com/gpu",
+            device_ids=(f"nvidia-h200:GPU-{node}-0:0",),
+        ))
+        for action in ("allocated", "released")
+    }  # fmt: skip
+    return {
+        "samples": template(samples(node, period_s)),
+        "devices": template(events.DevicesEvent(node=node, groups=groups(node))),
+        **alloc,
+    }
+
+
 async def publisher_child(args: argparse.Namespace) -> None:
-    """Publish nodes ``part::parts`` for rounds ``first..first+rounds-1``; print the count."""
+    """Publish nodes ``part::parts`` for rounds ``first..first+rounds-1``; print the count and
+    how late the publisher was at worst (seconds behind its schedule).
+
+    Every event is pre-encoded once per node (:func:`node_templates`); a send only puts the
+    current stamp in. Nodes are published in slots of ``period / 200`` (at least 5 ms): the nodes
+    whose phase falls in a slot go out together, stamped when the slot is actually sent.
+    """
     nodes = node_names(args.nodes)
     mine = list(range(args.part, len(nodes), args.parts))
     flip = max(1, int(len(nodes) * args.change))
-    specs = {i: groups(nodes[i]) for i in mine}
-    sent = 0
+    tpl = {i: node_templates(nodes[i], args.period) for i in mine}
+    subj = {i: {k: subjects.subject(nodes[i], k) for k in ("samples", "devices", "allocations")}
+            for i in mine}  # fmt: skip
+    slots = 1 if args.burst else max(1, min(200, int(args.period / 0.005)))
+    by_slot: list[list[int]] = [[] for _ in range(slots)]
+    for i in mine:
+        by_slot[i * slots // len(nodes)].append(i)
+    sent, lag = 0, 0.0
     async with connection.connect(BusSettings.for_tests(args.url), name="agents") as conn:
         await anyio.sleep(max(0.0, args.start - time.time()))
         for rnd in range(args.first, args.first + args.rounds):
             began = args.start + (rnd - args.first) * args.period
-            for i in mine:
-                if not args.burst:  # this node's phase within the period
-                    wait = began + args.period * i / len(nodes) - time.time()
-                    if wait > 0.002:
-                        await anyio.sleep(wait)
-                n = nodes[i]
-                now = datetime.now(UTC)  # stamped when actually sent
-                evs: list[events.Event] = [
-                    samples(n, args.period),
-                    events.DevicesEvent(node=n, ts=now, groups=specs[i]),
-                ]
-                if (i + rnd) % len(nodes) < flip:
-                    evs.append(events.AllocationEvent(
-                        node=n, ts=now, allocation_id="pod/c",
-                        action="allocated" if rnd % 2 == 0 else "released",
-                        resource="nvidia.com/gpu", device_ids=(f"nvidia-h200:GPU-{n}-0:0",),
-                    ))  # fmt: skip
-                for e in evs:
-                    await conn.publish(subjects.subject(n, events.kind_of(e)), codec.encode(e))
-                sent += len(evs)
+            action = "allocated" if rnd % 2 == 0 else "released"
+            for k, due in enumerate(by_slot):
+                late = time.time() - (began + args.period * k / slots)
+                if late < 0:
+                    await anyio.sleep(-late)
+                lag = max(lag, late)
+                stamp = msgspec.json.encode(datetime.now(UTC))[1:-1]  # when actually sent
+                for i in due:
+                    t, s = tpl[i], subj[i]
+                    await conn.publish(s["samples"], stamped(t["samples"], stamp))
+                    await conn.publish(s["devices"], stamped(t["devices"], stamp))
+                    sent += 2
+                    if (i + rnd) % len(nodes) < flip:
+                        await conn.publish(s["allocations"], stamped(t[action], stamp))
+                        sent += 1
             await conn.flush()
             await anyio.sleep(max(0.0, began + args.period - time.time()))
-    print(sent, flush=True)
+    print(sent, round(lag, 3), flush=True)
 
 
 # --- measuring -------------------------------------------------------------------------------
@@ -325,8 +414,9 @@ async def drained(port: int, all_port: int, timeout_s: float = 600.0) -> Metrics
 async def run_publishers(
     args: argparse.Namespace, url: str, *, first: int, rounds: int
 ) -> tuple[int, float]:
-    """Run the publisher processes for ``rounds``; (events sent, seconds from start to end)."""
-    start = time.time() + 1.0  # every publisher connected before the first round
+    """Run the publisher processes for ``rounds``; (events sent, the worst publisher's lag
+    behind its schedule in seconds)."""
+    start = time.time() + 2.0 + args.n / 5000  # every publisher ready before the first round
     procs = []
     for k in range(args.publishers):
         cmd = [
@@ -337,13 +427,14 @@ async def run_publishers(
             *(["--burst"] if args.burst else []),
         ]  # fmt: skip
         procs.append(await anyio.open_process(cmd))
-    sent = 0
+    sent, lag = 0, 0.0
     for p in procs:
         assert p.stdout is not None
-        out = b"".join([chunk async for chunk in p.stdout])
+        out = b"".join([chunk async for chunk in p.stdout]).decode().split()
         await p.wait()
-        sent += int(out.decode().strip() or 0)
-    return sent, time.time() - start
+        sent += int(out[0]) if out else 0
+        lag = max(lag, float(out[1]) if len(out) > 1 else 0.0)
+    return sent, lag
 
 
 def phase(
@@ -367,6 +458,12 @@ def phase(
         "all_count": int(total(m1, f"{ALL_LATENCY}_count") - total(m0, f"{ALL_LATENCY}_count")),
         "latencies": int(total(m1, f"{LATENCY}_count") - total(m0, f"{LATENCY}_count")),
         "writes": int(wrote),
+        # Refused on receipt, "overflow" included: the worker fell so far behind that its
+        # buffer filled. Any is a failed run.
+        "dropped": int(
+            total(m1, "gpustack_bus_dropped_messages_total")
+            - total(m0, "gpustack_bus_dropped_messages_total")
+        ),
         "writes_per_node_min": round(wrote / n / (elapsed / 60), 2),
     }
 
@@ -388,6 +485,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
                 worker_cmd += ["--port", str(port), "--all-port", str(all_port)]
                 if args.profile:
                     worker_cmd += ["--profile", f"{args.profile}-{args.sink}-{args.n}"]
+                worker_cmd += ["--kube-qps", str(args.kube_qps)]
                 worker = subprocess.Popen(worker_cmd)  # noqa: ASYNC220 (a bench)
                 children.append(worker)
                 for _ in range(600):
@@ -396,7 +494,8 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
                         break
                     except OSError:
                         await anyio.sleep(0.1)
-                return await measure(args, server.url, (port, all_port), worker.pid)
+                server_pid = server._proc.pid if server._proc else 0  # its CPU is reported
+                return await measure(args, server.url, (port, all_port), (worker.pid, server_pid))
             finally:
                 # Before the server stops, so that no child sees its bus go away. The worker
                 # first (it writes its profile), then the fake API.
@@ -410,20 +509,29 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
 
 
 async def measure(
-    args: argparse.Namespace, url: str, ports: tuple[int, int], pid: int
+    args: argparse.Namespace, url: str, ports: tuple[int, int], pids: tuple[int, int]
 ) -> dict[str, Any]:
+    """Both phases; ``pids``: the worker's and nats-server's (whose CPU is reported too: with
+    the publishers, the bench itself needs more than the worker's core)."""
+    pid, server_pid = pids
     writes = API_WRITES if args.sink == "api" else KV_WRITES
+    load0 = os.getloadavg()[0]
     _, rss0 = proc_usage(pid)
     m0 = scrape(*ports)
-    sent0, cold_s = await run_publishers(args, url, first=0, rounds=1)
+    t0 = time.monotonic()
+    sent0, lag0 = await run_publishers(args, url, first=0, rounds=1)
     m1 = await drained(*ports)
+    cold_s = time.monotonic() - t0
     cpu1, _ = proc_usage(pid)
+    server1, _ = proc_usage(server_pid)
     t1 = time.monotonic()
     rounds = max(1, round(args.seconds / args.period_s))
-    sent1, _ = await run_publishers(args, url, first=1, rounds=rounds)
+    sent1, lag1 = await run_publishers(args, url, first=1, rounds=rounds)
     m2 = await drained(*ports)
     steady_s = time.monotonic() - t1
     cpu2, rss = proc_usage(pid)
+    server2, _ = proc_usage(server_pid)
+    steady = phase(m2, m1, args.n, steady_s, writes)
     return {
         "nodes": args.n,
         "period_s": args.period_s,
@@ -431,15 +539,88 @@ async def measure(
         "publishers": args.publishers,
         "burst": args.burst,
         "published": sent0 + sent1,
+        # What the publishers offered on their schedule, and how late the worst one fell.
+        "offered_per_s": round(sent1 / (rounds * args.period_s), 1),
+        "publisher_lag_s": {"cold": lag0, "steady": lag1},
         "cold": phase(m1, m0, args.n, cold_s, writes),
-        "steady": phase(m2, m1, args.n, steady_s, writes),
+        "steady": steady,
         "steady_s": round(steady_s, 1),
         "worker_cpu_pct": round(100 * (cpu2 - cpu1) / steady_s, 1),
+        # Less sensitive to a loaded machine than latencies: the worker's CPU per event.
+        "worker_cpu_us_per_event": round(1e6 * (cpu2 - cpu1) / max(1, steady["consumed"]), 1),
+        "server_cpu_pct": round(100 * (server2 - server1) / steady_s, 1),
+        "worker_gc_pct": round(
+            100 * (total(m2, f"{GC_SECONDS}_total") - total(m1, f"{GC_SECONDS}_total")) / steady_s,
+            1,
+        ),
         "worker_rss_mib": round(rss / 2**20, 1),
         "worker_rss_idle_mib": round(rss0 / 2**20, 1),
-        "load_average": round(os.getloadavg()[0], 2),
+        "load_average": [round(load0, 2), round(os.getloadavg()[0], 2)],
         "rejected": total(m2, "gpustack_worker_events_rejected_total"),
     }
+
+
+# --- the ingest path alone (``--ingest``) -----------------------------------------------------
+
+
+def ingest_bench(args: argparse.Namespace) -> dict[str, Any]:
+    """The worker's own CPU per event on its ingest path, in this process, without I/O: the
+    bus guard (subject, decode or recall, clock), the latest samples and the processor's fold
+    (counter, ledger, queue), for ``args.n`` nodes publishing as the scale runs do. Less
+    sensitive to a loaded machine than the full runs (process time, one process), it leaves
+    out what the full runs add: the NATS client, the event loop and the reconciles."""
+    from bus import state
+    from bus.metrics import BusMetrics
+    from controlplane import running
+    from controlplane.extension.registration import LatestSamples
+    from controlplane.metrics import WorkerMetrics
+    from controlplane.reconciling.ledger import Ledger
+    from controlplane.reconciling.processing import Processor
+    from controlplane.sinks import KvSink
+
+    metrics = WorkerMetrics()
+    guard = state.guard_for(
+        BusSettings(url="nats://unused"), BusMetrics(metrics.registry),
+        memo_kinds=codec.REPEATED_KINDS,
+    )  # fmt: skip
+    ledger = Ledger(max_nodes=args.n + 1)
+    processor = Processor(
+        ledger=ledger, reconciler=None, sink=KvSink(None), metrics=metrics,  # type: ignore[arg-type]
+        max_keys=args.n + 1,
+    )  # fmt: skip
+    latest = LatestSamples(max_nodes=args.n + 1)
+    names = node_names(args.n)
+    tpl = [node_templates(n, args.period_s) for n in names]
+    flip = max(1, int(args.n * args.change))
+
+    def round_of(rnd: int) -> list[tuple[str, bytes]]:
+        stamp = msgspec.json.encode(datetime.now(UTC))[1:-1]
+        out = []
+        for i, n in enumerate(names):
+            out += [
+                (subjects.subject(n, k), stamped(tpl[i][k], stamp)) for k in ("samples", "devices")
+            ]
+            if (i + rnd) % args.n < flip:
+                action = "allocated" if rnd % 2 == 0 else "released"
+                out.append((subjects.subject(n, "allocations"), stamped(tpl[i][action], stamp)))
+        return out
+
+    def feed(batch: list[tuple[str, bytes]]) -> None:
+        for subj, data in batch:
+            event = guard.accept(subj, data)
+            if event is not None:
+                latest.record(event)
+                processor.ingest(running._managed(event, ()))
+        while processor.queue.state.take() is not None:  # nobody reconciles here
+            pass
+
+    feed(round_of(0))  # the cold round: every node new
+    rounds = [round_of(r) for r in range(1, 6)]
+    count, start = sum(map(len, rounds)), time.process_time()
+    for batch in rounds:
+        feed(batch)
+    spent = time.process_time() - start
+    return {"nodes": args.n, "events": count, "cpu_us_per_event": round(1e6 * spent / count, 1)}
 
 
 # --- the scheduling chain (``--chain``) ------------------------------------------------------
@@ -524,6 +705,17 @@ def chain_nodes(names: Sequence[str]) -> list[dict[str, Any]]:
     ]  # fmt: skip
 
 
+def child(args: argparse.Namespace) -> None:
+    """One of the bench's child processes (``--role``)."""
+    if args.role == "worker":
+        return worker_child(args)
+    if args.role == "fakeapi":
+        args.nodes = args.nodes[0]
+        return fakeapi_child(args)
+    args.nodes, args.period = args.nodes[0], args.period[0]
+    return anyio.run(publisher_child, args)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     p.add_argument("--nodes", type=int, nargs="+", default=[20] if SMOKE else [1000])
@@ -535,6 +727,11 @@ def main() -> None:
     p.add_argument("--burst", action="store_true", help="every node publishes at once")
     p.add_argument("--profile", default="", help="pyinstrument output prefix")
     p.add_argument("--chain", action="store_true", help="the scheduling chain's reconcile cost")
+    p.add_argument("--ingest", action="store_true", help="the ingest path's CPU per event alone")
+    p.add_argument(
+        "--kube-qps", type=float, default=200.0,
+        help="the worker's API client rate (burst twice that); 200 is the worker's default",
+    )  # fmt: skip
     p.add_argument("--role", default="bench", help=argparse.SUPPRESS)
     for flag in ("--url", "--api"):
         p.add_argument(flag, default="", help=argparse.SUPPRESS)
@@ -542,14 +739,13 @@ def main() -> None:
         p.add_argument(flag, type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--start", type=float, default=0.0, help=argparse.SUPPRESS)
     args = p.parse_args()
-    if args.role == "worker":
-        return worker_child(args)
-    if args.role == "fakeapi":
-        args.nodes = args.nodes[0]
-        return fakeapi_child(args)
-    if args.role == "publish":
-        args.nodes, args.period = args.nodes[0], args.period[0]
-        return anyio.run(publisher_child, args)
+    if args.role != "bench":
+        return child(args)
+    if args.ingest:
+        for n in args.nodes:
+            run = argparse.Namespace(**vars(args), n=n, period_s=args.period[0])
+            print(json.dumps(ingest_bench(run)), flush=True)
+        return
     if args.chain:
         for n in args.nodes:
             run = argparse.Namespace(**vars(args), n=n)

@@ -11,6 +11,8 @@ Decoding is strict about what matters and lenient about what does not:
   is as old as its last change, and no receiver orders by ``ts``).
 
 The happy path is one ``msgspec`` decode; the envelope is only decoded again to label a failure.
+A :class:`Guard` may also *recall* a state event that repeats the last one accepted on its
+subject with only a new stamp (see :class:`Guard`), which skips that decode.
 """
 
 from __future__ import annotations
@@ -27,9 +29,9 @@ import msgspec
 from bus import events, subjects
 from bus.errors import DecodeFailed, InvalidSubject
 from bus.metrics import BusMetrics
-from bus.subjects import Kind
+from bus.subjects import KINDS, Kind
 
-__all__ = ["DropLog", "Guard", "decode", "encode", "json_schema"]
+__all__ = ["REPEATED_KINDS", "DropLog", "Guard", "decode", "encode", "json_schema"]
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +45,12 @@ class _Envelope(msgspec.Struct):
 _ENCODER: Final = msgspec.json.Encoder()
 _DECODER: Final = msgspec.json.Decoder(events.Event)
 _ENVELOPE: Final = msgspec.json.Decoder(_Envelope)
+_STAMP: Final = msgspec.json.Decoder(datetime)
+_TS_KEY: Final = b'"ts":"'
+
+REPEATED_KINDS: Final = frozenset(KINDS) - {"samples"}
+"""The kinds an agent re-sends unchanged (state restated on a period or a reconnect): worth a
+:class:`Guard`'s memory. A sample differs every time."""
 
 
 def encode(event: events.Event) -> bytes:
@@ -155,12 +163,32 @@ class DropLog:
 _UNKNOWN: Final = "unknown"
 
 
+class _Memo(msgspec.Struct, frozen=True):
+    """The last payload accepted on one subject, cut around its stamp, and its event."""
+
+    prefix: bytes
+    """Everything up to and including the opening quote of ``ts``."""
+    suffix: bytes
+    """Everything from the closing quote of ``ts``."""
+    event: events.Event
+
+
 class Guard:
     """The one gate every received message passes, live or retained: subject, payload, clock.
 
     :meth:`accept` returns the event or, for anything refused, counts and logs it in ``drops``
     and returns None, so a reader of retained state and a live subscriber refuse the same things
     for the same reasons.
+
+    With ``memo_kinds``, the guard remembers per subject the last accepted payload of those kinds
+    when it is *canonical* (exactly what :func:`encode` makes of the event it decoded to: no
+    unknown or duplicate field, no escape, so its ``ts`` is the first ``"ts":"`` and the only
+    one). A later payload that differs from it only inside the stamp's quotes, and whose stamp
+    msgspec parses as a datetime, is then the same event with that stamp, so it is recalled
+    (the remembered event with the new ``ts``) instead of decoded. Invariant: a recalled event
+    equals what a full decode of the payload would return, and whatever a full decode would
+    refuse (size, stamp, clock) takes the full path and is refused and counted there. Memory:
+    at most ``memo_entries`` subjects, payloads of at most ``memo_bytes``.
     """
 
     def __init__(
@@ -170,6 +198,9 @@ class Guard:
         max_bytes: int,
         max_skew_s: float,
         clock: Callable[[], float] = time.time,
+        memo_kinds: frozenset[Kind] = frozenset(),
+        memo_entries: int = 65536,
+        memo_bytes: int = 65536,
     ) -> None:
         self.drops = drops
         self._max_bytes = max_bytes
@@ -177,9 +208,18 @@ class Guard:
         self._clock = clock
         self._limit_at = math.inf
         self._limit = datetime.min.replace(tzinfo=UTC)
+        self._memo_kinds = memo_kinds
+        self._memo: dict[str, _Memo] = {}
+        self._memo_entries = memo_entries
+        self._memo_bytes = min(memo_bytes, max_bytes)
 
     def accept(self, subject: str, data: bytes) -> events.Event | None:
         """The decoded event on ``subject``, or None (counted and logged) when refused."""
+        memo = self._memo.get(subject) if self._memo_kinds else None
+        if memo is not None:
+            recalled = self._recall(memo, data)
+            if recalled is not None:
+                return recalled
         try:
             node, kind = subjects.parse(subject)
         except InvalidSubject as e:
@@ -192,7 +232,40 @@ class Guard:
         except DecodeFailed as e:
             self.drops.record(kind=kind, reason=e.reason, sender=node, detail=e.detail)
             return None
+        if kind in self._memo_kinds:
+            self._remember(subject, data, event)
         return event
+
+    def _recall(self, memo: _Memo, data: bytes) -> events.Event | None:
+        """The remembered event with ``data``'s stamp, or None: take the full path."""
+        start, end = len(memo.prefix), len(data) - len(memo.suffix)
+        if end < start or len(data) > self._memo_bytes:
+            return None
+        if not data.startswith(memo.prefix) or not data.endswith(memo.suffix):
+            return None
+        stamp = data[start - 1 : end + 1]  # with its quotes
+        if b'"' in stamp[1:-1] or b"\\" in stamp:
+            return None
+        try:
+            ts = _STAMP.decode(stamp)
+        except msgspec.DecodeError:
+            return None
+        if ts.tzinfo is None or ts > self._skew_limit():
+            return None  # the full path checks the clock (and counts a refusal)
+        return msgspec.structs.replace(memo.event, ts=ts)
+
+    def _remember(self, subject: str, data: bytes, event: events.Event) -> None:
+        """Remember ``data`` for :meth:`_recall` when it is canonical (else forget the subject)."""
+        memo = self._memo.pop(subject, None)
+        if len(data) > self._memo_bytes or encode(event) != data:
+            return
+        start = data.find(_TS_KEY) + len(_TS_KEY)
+        end = data.find(b'"', start)
+        if start < len(_TS_KEY) or end < 0 or _STAMP.decode(data[start - 1 : end + 1]) != event.ts:
+            return  # not where encode puts it: never recall (defensive, encode always does)
+        if memo is None and len(self._memo) >= self._memo_entries:
+            del self._memo[next(iter(self._memo))]  # the longest-remembered subject
+        self._memo[subject] = _Memo(prefix=data[:start], suffix=data[end:], event=event)
 
     def _skew_limit(self) -> datetime:
         """The latest stamp let through without a closer look: ``max_skew_s`` past the clock

@@ -151,12 +151,19 @@ def newest_valid(
     return None
 
 
-def guard_for(settings: BusSettings, metrics: BusMetrics | None = None) -> Guard:
-    """The :class:`Guard` of these settings, counting into ``metrics`` (a private set if None)."""
+def guard_for(
+    settings: BusSettings,
+    metrics: BusMetrics | None = None,
+    *,
+    memo_kinds: frozenset[Kind] = frozenset(),
+) -> Guard:
+    """The :class:`Guard` of these settings, counting into ``metrics`` (a private set if None);
+    ``memo_kinds``: see :class:`Guard`."""
     return Guard(
         DropLog(metrics or BusMetrics()),
         max_bytes=settings.max_payload_bytes,
         max_skew_s=settings.max_clock_skew_s,
+        memo_kinds=memo_kinds,
     )
 
 

@@ -47,6 +47,9 @@ _REFUSED = frozenset("*>")
 # Printable ASCII other than the escape char and the token separator passes through unchanged.
 _PLAIN = frozenset(chr(c) for c in range(0x21, 0x7F)) - {"%", "."}
 _ESCAPE = re.compile(r"%([0-9A-F]{2})")
+# The canonical token of a name of printable ASCII other than ``%``, ``*`` and ``>`` (dots
+# escaped): every Kubernetes node name. Such a token decodes by replacing ``%2E``.
+_SIMPLE = re.compile(r"(?:[\x21-\x24\x26-\x29\x2B-\x2D\x2F-\x3D\x3F-\x7E]|%2E)+")
 
 
 def encode_node(node: str) -> str:
@@ -72,6 +75,10 @@ def decode_node(token: str) -> str:
 
     :raises InvalidSubject: ``token`` is not the canonical encoding of any valid node name.
     """
+    if _SIMPLE.fullmatch(token):  # the common case, without a round trip
+        node = token.replace("%2E", ".")
+        if len(node) <= MAX_NODE_CHARS:
+            return node
     try:
         raw = bytearray()
         pos = 0
@@ -103,12 +110,15 @@ def filter_for(node: str | None = None, kind: Kind | None = None) -> str:
     return f"{PREFIX}.{token}.{kind or '*'}"
 
 
-@functools.lru_cache(maxsize=16384)
+@functools.lru_cache(maxsize=1 << 16)
 def parse(subj: str) -> tuple[str, Kind]:
     """Split a concrete subject into ``(node, kind)``.
 
-    Cached (pure function, bounded): a subscriber sees the same few thousand subjects over and
-    over, and parsing them was the largest cost per message.
+    Cached (pure function, bounded): a subscriber sees the same subjects over and over, and
+    parsing them was the largest cost per message. The bound holds 10,000 nodes' six kinds
+    (about 300 bytes each): a bound below the subjects in use is never hit when nodes publish
+    in turn (the least recently used is evicted just before it comes round again), so beyond
+    it every message pays :func:`decode_node`'s fast path (about 2 µs).
 
     :raises InvalidSubject: wrong prefix, wrong number of tokens, unknown kind or bad node token.
     """

@@ -32,7 +32,7 @@ import msgspec
 from anyio.abc import TaskStatus
 from prometheus_client import CollectorRegistry
 
-from bus import callout, connection, events, kv, state, subscribing
+from bus import callout, codec, connection, events, kv, state, subscribing
 from bus.errors import BusError, NotConnected
 from bus.metrics import BusMetrics
 from bus.reviewing import serve_reviews
@@ -296,7 +296,11 @@ async def _assemble(
     processor.on_models_event = eventer.note
     sub = await stack.enter_async_context(
         subscribing.subscribe(
-            conn, settings=settings.bus, metrics=BusMetrics(registry), include_state=True
+            conn,
+            settings=settings.bus,
+            metrics=BusMetrics(registry),
+            include_state=True,
+            memo_kinds=codec.REPEATED_KINDS,
         )
     )
     worker = Worker(

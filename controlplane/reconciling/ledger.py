@@ -115,16 +115,25 @@ class Ledger:
                 raise Refused("too_many_nodes")
             state = self._nodes[event.node] = NodeState()
         if isinstance(event, events.DevicesEvent):
-            groups = tuple(canonical_groups(event.groups))
-            changed = groups != state.groups
-            state.groups = groups
-            return changed
+            return _fold_groups(state, event.groups)
         if isinstance(event, events.ModelsEvent):
             report = StoreReport.of(event)
             changed = event.models != state.models or report != state.store
             state.models, state.store = event.models, report
             return changed
         return _fold_allocation(state, event, self._max_allocations)
+
+
+def _fold_groups(state: NodeState, received: tuple[DeviceGroup, ...]) -> bool:
+    """Keep the canonical form of ``received``: the received tuple itself when it already is
+    canonical (an agent sends it so), so that a restatement that reuses it (a recalled event,
+    :class:`bus.codec.Guard`) is known unchanged by identity, without ordering or comparing."""
+    if received is state.groups:
+        return False
+    groups = tuple(canonical_groups(received))
+    changed = groups != state.groups
+    state.groups = received if groups == received else groups
+    return changed
 
 
 def _fold_allocation(state: NodeState, event: events.AllocationEvent, limit: int) -> bool:

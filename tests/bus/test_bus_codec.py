@@ -132,3 +132,114 @@ def test_the_guard_refuses_future_stamps_as_its_clock_moves() -> None:
         heartbeat_s=30.0,
     )  # fmt: skip
     assert guard.accept(subjects.subject("n", "agent"), codec.encode(naive)) is None
+
+
+# --- recalling restatements (Guard memo_kinds) ---------------------------------------------------
+
+
+def _memo_guard(**kwargs: object) -> tuple[codec.Guard, BusMetrics]:
+    metrics = BusMetrics()
+    guard = codec.Guard(
+        DropLog(metrics), max_bytes=4096, max_skew_s=300.0,
+        memo_kinds=codec.REPEATED_KINDS, **kwargs,  # type: ignore[arg-type]
+    )  # fmt: skip
+    return guard, metrics
+
+
+def _restamped(event: events.Event, seconds: float) -> tuple[events.Event, bytes]:
+    from datetime import timedelta
+
+    moved = msgspec.structs.replace(event, ts=event.ts + timedelta(seconds=seconds))
+    return moved, codec.encode(moved)
+
+
+@pytest.mark.parametrize(
+    "event",
+    [e for e in testing.example_events(NODE) if events.kind_of(e) in codec.REPEATED_KINDS],
+    ids=events.kind_of,
+)
+def test_a_restatement_is_recalled_and_equals_a_full_decode(event: events.Event) -> None:
+    """The second payload differs only in its stamp: the guard returns the first event with
+    the new stamp (sharing its fields: it did not decode) and it equals a full decode."""
+    from bus import subjects
+
+    guard, metrics = _memo_guard()
+    subj = subjects.subject(NODE, events.kind_of(event))
+    first = guard.accept(subj, codec.encode(event))
+    assert first == event
+    for seconds in (1.0, 0.000001, 86400.0 * 30):
+        moved, data = _restamped(event, seconds)
+        again = guard.accept(subj, data)
+        assert again == moved == _decode(data, events.kind_of(event))
+        assert again is not None and again.ts == moved.ts
+        assert all(getattr(again, f) is getattr(first, f) for f in again.__struct_fields__[3:])
+    assert metrics.total_dropped() == 0
+
+
+def test_samples_are_always_decoded() -> None:
+    from bus import subjects
+
+    guard, _ = _memo_guard()
+    event = testing.example_events(NODE)[1]
+    subj = subjects.subject(NODE, "samples")
+    first = guard.accept(subj, codec.encode(event))
+    again = guard.accept(subj, _restamped(event, 1.0)[1])
+    assert first is not None and again is not None
+    assert again.samples == first.samples and again.samples is not first.samples  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    ("stamp", "reason"),
+    [
+        (b"2999-01-01T00:00:00Z", "future"),
+        (b"yesterday", "malformed"),
+        (b"2026-01-01T00:00:00Z\\", "malformed"),
+        (b"2026-01-01T00:00:00Z" + b" " * 5000, "oversized"),
+    ],
+)
+def test_what_a_decode_refuses_a_restatement_cannot_slip_through(stamp: bytes, reason: str) -> None:
+    """Only the stamp differs, but it is one a full decode refuses: refused and counted the same."""
+    from bus import subjects
+
+    guard, metrics = _memo_guard()
+    event = testing.example_events(NODE)[0]
+    subj = subjects.subject(NODE, "devices")
+    data = codec.encode(event)
+    assert guard.accept(subj, data) is not None
+    old = b'"2026-01-01T00:00:00Z"'
+    assert data.count(old) == 1
+    assert guard.accept(subj, data.replace(old, b'"' + stamp + b'"')) is None
+    assert metrics.dropped_count("devices", reason) == 1
+    assert guard.accept(subj, data) == event  # the memory still holds the good one
+
+
+def test_a_non_canonical_payload_is_decoded_every_time() -> None:
+    """A duplicate ``ts`` (escaped, so it is the one that counts) or an unknown field: nothing is
+    remembered, and each payload is what a full decode makes of it."""
+    from bus import subjects
+
+    guard, _ = _memo_guard()
+    event = testing.example_events(NODE)[0]
+    subj = subjects.subject(NODE, "devices")
+    data = codec.encode(event)
+    dup = data[:-1] + b',"t\\u0073":"2020-01-01T00:00:00Z"}'
+    for stamp in (b"2026-01-01T00:00:00Z", b"2026-01-02T00:00:00Z", b"2026-01-03T00:00:00Z"):
+        payload = dup.replace(b"2026-01-01T00:00:00Z", stamp, 1)
+        got = guard.accept(subj, payload)
+        assert got == _decode(payload, "devices")
+        assert got is not None and got.ts.year == 2020
+    extra = data[:-1] + b',"futureField":1}'
+    assert guard.accept(subj, extra) == event
+    assert guard._memo == {}
+
+
+def test_a_changed_payload_replaces_the_memory_and_the_memory_is_bounded() -> None:
+    from bus import subjects
+
+    guard, _ = _memo_guard(memo_entries=2)
+    for seq in range(3):
+        for node in ("a", "b", "c"):
+            event = testing.example_events(node, seq=seq)[0]
+            got = guard.accept(subjects.subject(node, "devices"), codec.encode(event))
+            assert got == event  # a changed spec is never the remembered one
+    assert len(guard._memo) == 2

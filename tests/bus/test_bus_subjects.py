@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import urllib.parse
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -84,3 +86,26 @@ def test_filters() -> None:
     assert subjects.filter_for() == "gpustack.v1.node.*.*"
     assert subjects.filter_for("a.b", "samples") == "gpustack.v1.node.a%2Eb.samples"
     assert subjects.filter_for(kind="agent") == "gpustack.v1.node.*.agent"
+
+
+_PIECES = ["%2E", "%2e", "%25", "%C5%93", ".", "*", ">", "%", "a", "-", "~", "!", " "]
+
+
+@given(st.lists(st.sampled_from(_PIECES), min_size=1, max_size=90).map("".join))
+def test_a_token_decodes_only_when_canonical(token: str) -> None:
+    """The fast path (plain ASCII and ``%2E``) accepts exactly the canonical tokens: a token is
+    refused only when its percent-decoding is not a valid name that encodes back to it."""
+    try:
+        node = subjects.decode_node(token)
+    except InvalidSubject:
+        candidate = urllib.parse.unquote(token)
+        assert not (_valid_name(candidate) and subjects.encode_node(candidate) == token)
+        return
+    assert subjects.encode_node(node) == token
+
+
+def test_the_longest_dotted_name_decodes_and_one_more_is_refused() -> None:
+    longest = ("a." * 127)[:253]
+    assert subjects.decode_node(subjects.encode_node(longest)) == longest
+    with pytest.raises(InvalidSubject):
+        subjects.decode_node(subjects.encode_node(longest[:-1]) + "%2Ea")

@@ -116,3 +116,24 @@ def test_token_bucket() -> None:
 
 def test_fixture_is_dm_detect_output() -> None:
     assert json.loads((HERE / "controlplane_detect_h100x8_mig.json").read_text())[0]["simulated"]
+
+
+def test_a_restated_spec_is_unchanged_by_identity_and_by_value() -> None:
+    """The ledger keeps a canonical spec as received, so a recalled restatement (the same
+    tuple) is unchanged at once; an equal copy, or the same spec out of order, is unchanged
+    too; a different one is a change."""
+    ledger = Ledger(max_nodes=1)
+    g = groups()
+    assert ledger.apply(events.DevicesEvent(node="n", ts=T0, groups=g))
+    state = ledger.get("n")
+    assert state is not None and state.groups is g
+    assert not ledger.apply(events.DevicesEvent(node="n", ts=T0, groups=g))
+    copy = msgspec.json.decode(msgspec.json.encode(g), type=tuple[DeviceGroup, ...])
+    assert not ledger.apply(events.DevicesEvent(node="n", ts=T0, groups=copy))
+    shuffled = tuple(
+        msgspec.structs.replace(x, accelerators=tuple(reversed(x.accelerators))) for x in g
+    )
+    assert not ledger.apply(events.DevicesEvent(node="n", ts=T0, groups=shuffled))
+    assert state.groups == g
+    assert ledger.apply(events.DevicesEvent(node="n", ts=T0, groups=()))
+    assert ledger.apply(events.DevicesEvent(node="n", ts=T0, groups=g))
