@@ -32,9 +32,10 @@ from test_controlplane_nms_e2e import publish, until
 from bus import events
 from bus.devices import DeviceGroup
 from controlplane import applications
+from controlplane.errors import ServerError
 from controlplane.extension import audit
 from controlplane.k8s.client import KubeSettings, open_client
-from controlplane.resources import NODES
+from controlplane.resources import NODES, Ref
 from controlplane.settings import settings_from
 from gpustack_operator.main import options_for
 
@@ -198,3 +199,24 @@ def test_every_worker_flag_has_an_effect() -> None:
 
     worker = next(c for c in COMMANDS if c.path == ("worker",))
     assert [f.name for f in worker.flags if f.inert] == []
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("bypassed", [False, True])
+async def test_the_api_proxy_is_taken_from_the_environment_once(
+    monkeypatch: pytest.MonkeyPatch, bypassed: bool
+) -> None:
+    """HTTP_PROXY/NO_PROXY are honoured as client-go honours them, decided when the client
+    opens: the fake API plays the proxy for a host that does not resolve."""
+    async with fake_api() as (fake, url):
+        fake.put_object("api/v1/nodes", node("n1"))
+        monkeypatch.setenv("HTTP_PROXY", url)
+        monkeypatch.setenv("NO_PROXY", "kube.invalid" if bypassed else "elsewhere.invalid")
+        settings = KubeSettings(host="http://kube.invalid:6443", max_retries=0)
+        async with open_client(settings) as api:
+            monkeypatch.delenv("HTTP_PROXY")  # read once: a later change has no effect
+            if bypassed:
+                with pytest.raises(ServerError):  # straight to kube.invalid: no such host
+                    await api.get(Ref(resource=NODES, name="n1"))
+            else:
+                assert (await api.get(Ref(resource=NODES, name="n1")))["metadata"]["name"] == "n1"
