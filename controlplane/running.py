@@ -70,7 +70,7 @@ from controlplane.reviewing import KubeReviewer
 from controlplane.settings import WorkerSettings
 from controlplane.settingsource import KvBackend, SecretBackend, SettingsSource
 from controlplane.sinks import KubeSink, KvSink, Sink
-from kit import serving
+from kit import heap, serving
 from kit.access import CachedAuthorizer
 from kit.tasks import start_forever
 
@@ -389,6 +389,7 @@ async def run(
             )  # fmt: skip
             start_forever(tg, "bus-reconnects", conn.every_reconnect, reconnected)
             start_forever(tg, "settings", _keep_settings, worker, settings)
+            tg.start_soon(heap.pace_collections, name="heap")  # see kit.heap: p99 at scale
             if api is not None and settings.leader_election:
                 tg.start_soon(_elected, api, settings, lead, on_change, name="election")
             else:
