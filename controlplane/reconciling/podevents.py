@@ -4,7 +4,9 @@ A Pod whose model volume waits for a download should read, in ``kubectl describe
 that waits for an image pull: ``Normal  DownloadingModel … 41% (3.2 GiB of 7.8 GiB)``, then
 ``Normal  DownloadedModel``, not a row of ``FailedMount`` warnings. The model agent holds no
 Kubernetes access; its ``models`` event names, per download, the Pods waiting for it
-(``waitingPods``, docs/bus.md). The worker turns that into core/v1 Events on those Pods.
+(``waitingPods``, docs/bus.md). The worker turns that into core/v1 Events on those Pods, once
+it has checked that each Pod runs on the node that named it (an agent's word about Pods is not
+trusted further than its own node).
 
 :func:`plan` is the pure decision, per node: a Pod newly waiting gets ``DownloadingModel`` at
 once; after that at most one per Pod and digest every ``every_s`` (while the message changed);
@@ -37,7 +39,7 @@ from bus import events
 from controlplane import errors
 from controlplane.k8s.client import KubeClient
 from controlplane.reconciling.storing import progress
-from controlplane.resources import EVENTS, Ref
+from controlplane.resources import EVENTS, PODS, Ref
 from kit.tables import human_bytes
 
 __all__ = [
@@ -254,6 +256,8 @@ class PodEventer:
         ref = Ref(resource=EVENTS, name=event_name(post), namespace=post.pod.namespace)
         count = self._counts.get(str(ref), 0)
         if count == 0:
+            if not await _runs_on(api, post):
+                return
             try:
                 await api.create(ref, event_body(post, now=now))
                 self._remember(str(ref), 1)
@@ -275,3 +279,26 @@ class PodEventer:
         while len(self._counts) > self._max_pending:
             self._counts.pop(next(iter(self._counts)))
         self.posted += 1
+
+
+async def _runs_on(api: KubeClient, post: Post) -> bool:
+    """Whether the Pod ``post`` names exists and runs on the node that reported it waiting.
+
+    A node's agent may publish only its own node's events (the bus enforces it), but the Pods
+    it names are its word: checked here before the first Event on a Pod, so an agent cannot
+    write Events about Pods of other nodes (or none). A refusal is logged, never retried.
+    """
+    where = f"{post.pod.namespace}/{post.pod.name}"
+    try:
+        pod = await api.get(Ref(resource=PODS, name=post.pod.name, namespace=post.pod.namespace))
+    except errors.NotFound:
+        log.info("no event on pod %s: it does not exist (any more)", where)
+        return False
+    meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
+    if spec.get("nodeName") != post.node or (post.pod.uid and meta.get("uid") != post.pod.uid):
+        log.warning(
+            "no event on pod %s: node %s reported it waiting, but it is not that node's Pod "
+            "(runs on %s)", where, post.node, spec.get("nodeName") or "no node",
+        )  # fmt: skip
+        return False
+    return True

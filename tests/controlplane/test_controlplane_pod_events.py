@@ -99,6 +99,12 @@ def _models(ts: datetime, *models: events.ModelState) -> events.ModelsEvent:
     return events.ModelsEvent(node="n1", ts=ts, models=models)
 
 
+def _place(fake: FakeApi, pod: events.WaitingPod, node_name: str = "n1") -> None:
+    """The Pod as the API holds it, scheduled to ``node_name``."""
+    meta = {"name": pod.name, "namespace": pod.namespace, "uid": pod.uid}
+    fake.put_object("api/v1/pods", {"metadata": meta, "spec": {"nodeName": node_name}})
+
+
 def _events_of(fake: FakeApi, pod: events.WaitingPod) -> list[dict[str, Any]]:
     return [
         o for (c, ns, _), o in fake.objects.items()
@@ -121,6 +127,8 @@ async def _eventer(clock: list[float]) -> AsyncIterator[tuple[FakeApi, KubeClien
         open_client(KubeSettings(host=url, backoff_s=0.01)) as api,
         anyio.create_task_group() as tg,
     ):
+        _place(fake, A)
+        _place(fake, B, "n2")
         tg.start_soon(eventer.run, api)
         yield fake, api, eventer
         tg.cancel_scope.cancel()
@@ -173,6 +181,24 @@ async def test_a_restarted_worker_continues_the_existing_event() -> None:
 
 
 @pytest.mark.anyio
+async def test_no_event_on_a_pod_of_another_node_or_none_or_another_uid() -> None:
+    """An agent's word about Pods goes no further than its own node's."""
+    t0 = datetime(2026, 1, 1, tzinfo=UTC)
+    clock = [t0.timestamp()]
+    ghost = events.WaitingPod(namespace="team-a", name="ghost", uid="uid-g")
+    twin = events.WaitingPod(namespace="team-a", name="llm-0", uid="uid-other")
+    async with _eventer(clock) as (fake, api, eventer):
+        for pod in (B, ghost, twin):  # B runs on n2; ghost does not exist; twin: A's name
+            await eventer.write(api, Post("n1", DIGEST, pod, DOWNLOADING, "lies"))
+        eventer.note(_models(t0, downloading(GIB, A)))
+        await eventually(_count(eventer, 1))
+        posted = [o for (c, _, _), o in fake.objects.items() if c == EVENTS]
+
+    assert [e["involvedObject"]["name"] for e in posted] == ["llm-0"]
+    assert posted[0]["involvedObject"]["uid"] == "uid-a"
+
+
+@pytest.mark.anyio
 async def test_the_worker_posts_events_on_the_pods_a_models_event_names(tmp_path: Path) -> None:
     now = datetime.now(UTC)
     async with (
@@ -182,6 +208,8 @@ async def test_the_worker_posts_events_on_the_pods_a_models_event_names(tmp_path
     ):
         bus = settings_for(server)
         fake.put_object("api/v1/nodes", node("n1"))
+        _place(fake, A)
+        _place(fake, B)
         settings = running.WorkerSettings(
             bus=bus,
             kube=KubeSettings(host=url, backoff_s=0.01),
