@@ -22,7 +22,7 @@ from bus import events
 from controlplane import crds, errors
 from controlplane.k8s.client import KubeClient
 from controlplane.reconciling import podevents
-from controlplane.resources import CRDS, EVENTS, SUBJECTACCESSREVIEWS, TOKENREVIEWS, Ref
+from controlplane.resources import CRDS, EVENTS, PODS, SUBJECTACCESSREVIEWS, TOKENREVIEWS, Ref
 from controlplane.reviewing import KubeReviewer
 
 OUR_CRDS = sorted(crd["metadata"]["name"] for crd in crds.definitions().values())
@@ -196,6 +196,8 @@ class _EventRecorder:
 
     async def get(self, ref: Ref) -> dict[str, Any]:
         self.calls.append(("get", ref))
+        if ref.resource == PODS:  # the Pod is read first: it must run on the reporting node
+            return {"metadata": {"uid": "u"}, "spec": {"nodeName": "n1"}}
         return {"count": 3}
 
     async def patch(self, ref: Ref, body: dict[str, Any]) -> dict[str, Any]:
@@ -211,8 +213,11 @@ async def test_the_worker_may_post_and_update_the_pod_events_it_writes() -> None
     post = podevents.Post("n1", "sha256:" + "a" * 64, pod, podevents.DOWNLOADING, "41%")
     await podevents.PodEventer().write(cast(KubeClient, recorder), post)
     rules = _worker_rules()
-    assert [call for call, _ in recorder.calls] == ["create", "get", "patch"]
-    for call, ref in recorder.calls:
+    assert [call for call, _ in recorder.calls] == ["get", "create", "get", "patch"]
+    (_, read), *written = recorder.calls
+    assert read.resource == PODS and read.namespace == "team-a"
+    assert allows(rules, ("get", PODS.group, PODS.plural, read.name))
+    for call, ref in written:
         assert ref.resource == EVENTS and ref.namespace == "team-a"
         assert allows(rules, (call, EVENTS.group, EVENTS.plural, ref.name)), call
     for verb in ("list", "watch", "update", "delete"):
