@@ -2,7 +2,8 @@
 
 The reasons are the NodeModelStore/ModelArtifact vocabulary (``RevisionNotFound``,
 ``AccessDenied``, ``SourceUnavailable``, ``IntegrityMismatch``, ``InvalidRequest``), so a caller
-maps an error to a status without string matching. aiohttp errors never leave this package.
+maps an error to a status without string matching. Transport errors (:class:`hub.http.HttpError`)
+never leave this package.
 """
 
 from __future__ import annotations

@@ -301,11 +301,8 @@ async def fetch(
 
 
 @dataclass
-class _Whole:
-    """A small file: one request, the body held in memory (at most ``small_bytes``), then one
-    worker-thread call writes, hashes and closes it (:func:`diskio.land`); no resume state,
-    and no fsync until publication (see :mod:`agent.models.diskio`). A cut response is asked
-    again whole, as a segment would be resumed."""
+class _Job:
+    """One file to fetch: where from, where to, and the node-wide limits it shares."""
 
     origin: Origin
     entry: Entry
@@ -314,6 +311,14 @@ class _Whole:
     limits: Limits
     tuning: Tuning
     progress: Callable[[int], None]
+
+
+@dataclass
+class _Whole(_Job):
+    """A small file: one request, the body held in memory (at most ``small_bytes``), then one
+    worker-thread call writes, hashes and closes it (:func:`diskio.land`); no resume state,
+    and no fsync until publication (see :mod:`agent.models.diskio`). A cut response is asked
+    again whole, as a segment would be resumed."""
 
     async def run(self, present: bool) -> None:
         entry, tuning = self.entry, self.tuning
@@ -368,14 +373,8 @@ async def _whole_body(
 
 
 @dataclass
-class _FileFetch:
-    origin: Origin
-    entry: Entry
-    dest: Path
-    state_path: Path
-    limits: Limits
-    tuning: Tuning
-    progress: Callable[[int], None]
+class _FileFetch(_Job):
+    """A file fetched in ranged segments (one stream when the server ignores ``Range``)."""
 
     async def run(self, state: _State, bounds: list[tuple[int, int]], *, ranged: bool) -> None:
         asm = _Assembly(self.entry, self.dest, bounds)
