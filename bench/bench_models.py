@@ -118,11 +118,13 @@ def ours(endpoint: str, commit: str, dest: str) -> None:
 
 
 def pull(endpoint: str, commit: str, dest: str) -> None:
-    # The console script's own two lines, with the source tree (this one or BENCH_SRC) first.
+    # The console script's own lines, with the source tree (this one or BENCH_SRC) first (an
+    # older tree has no ``console``: its script called ``main``).
     src = os.environ.get("BENCH_SRC") or str(Path(__file__).resolve().parents[1])
     code = (
         "import sys; sys.path.insert(0, sys.argv.pop(1)); sys.argv[0] = 'gpustack-operator'; "
-        "from gpustack_operator.main import main; sys.exit(main())"
+        "import gpustack_operator.main as m; "
+        "m.console() if hasattr(m, 'console') else sys.exit(m.main())"
     )
     env = {**os.environ, "HF_ENDPOINT": endpoint}
     argv = [sys.executable, "-c", code, src, "mm", "pull", "bench/model"]

@@ -12,12 +12,13 @@ line (or the configuration it makes) was wrong.
 from __future__ import annotations
 
 import functools
+import gc
 import importlib
 import logging
 import os
 import sys
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any, Literal, cast
+from typing import Any, Literal, NoReturn, cast
 
 from gpustack_operator import logs
 from gpustack_operator.commands import ALIASES, COMMANDS, GLOBAL_FLAGS, Command
@@ -53,6 +54,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"gpustack-operator {_version()}")
         return 0
     return run(command, parsed)
+
+
+def console() -> NoReturn:
+    """The console script: :func:`main`, then exit without the final collection's scan.
+
+    At exit the interpreter collects garbage over every object still alive, the whole module
+    graph included: 40-70 ms of a small ``mm pull`` here, spent on a process that is ending.
+    ``gc.freeze`` moves everything to the permanent generation first, so that pass has nothing
+    to scan; finalizers, ``atexit`` handlers and flushing still run as usual. Only here, not in
+    :func:`main`, which tests call in-process.
+    """
+    code = main()
+    gc.freeze()
+    sys.exit(code)
 
 
 def run(command: Command, parsed: Parsed) -> int:
@@ -187,4 +202,4 @@ def _wants_version(args: list[str]) -> bool:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    console()

@@ -226,6 +226,25 @@ def test_bad_flag_is_a_usage_error() -> None:
     assert result.returncode == 2 and "unknown flag: --frobnicate" in result.stderr
 
 
+def test_console_script_exits_with_mains_code_and_skips_the_exit_collection() -> None:
+    """``console`` (the installed script) freezes the heap before exit, so the interpreter's
+    last collection scans nothing; ``atexit`` handlers still run, and the exit code is main's."""
+    code = (
+        "import atexit, gc, sys\n"
+        "atexit.register(lambda: print('FROZEN', gc.get_freeze_count() > 0, file=sys.stderr))\n"
+        "from gpustack_operator.main import console\n"
+        "sys.argv = ['gpustack-operator', *sys.argv[1:]]\n"
+        "console()\n"
+    )
+    for args, want in ((["--version"], 0), (["dm", "detect", "--frobnicate"], 2)):
+        result = subprocess.run(
+            [sys.executable, "-c", code, *args],
+            capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+        assert result.returncode == want, result.stderr
+        assert "FROZEN True" in result.stderr
+
+
 def test_detect_imports_none_of_the_service_stacks() -> None:
     code = (
         "import sys\n"
