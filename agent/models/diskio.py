@@ -5,12 +5,14 @@ that does everything a thread hop is for: a *whole* small file is written, hashe
 on a mismatch, deleted in :func:`land`, one call; a batch of a large file is written and hashed
 in :func:`store`, one call.
 
-Durability is batched: a file's bytes are made durable by :func:`seal_files` (chmod 0444 +
-``fsync``, files spread over a few threads so the journal commits them together) before the
-marker that publishes the tree is written. Until then a small file has no resume state: an
-attempt that resumes rehashes it (:func:`kept`) instead of trusting any record, so a crash that
-lost or tore its bytes only costs fetching it again. Large files keep their fsynced checkpoints
-(see :mod:`agent.models.downloading`).
+Durability: a small file is created read-only (0444: the descriptor that creates it may still
+write it) and fsynced in the same thread call that lands it, while other files are still on
+the wire, so the journal commits them during the download rather than after it. A small file has
+no resume state: an attempt that resumes rehashes it (:func:`kept`) instead of trusting any
+record, so a crash that lost or tore its bytes only costs fetching it again. Large files keep
+their fsynced checkpoints (see :mod:`agent.models.downloading`). Before the marker that
+publishes the tree is written, :func:`seal_files` makes every file 0444 and fsyncs it (cheap for
+the files that already are).
 
 Every ``ENOSPC``/``EDQUOT`` becomes :class:`NoSpace`.
 """
@@ -20,6 +22,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
+import stat
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -102,13 +105,17 @@ def kept(dest: Path, entry: Entry, chunk_bytes: int) -> bool:
 
 
 def land(dest: Path, entry: Entry, body: Sequence[memoryview]) -> bool:
-    """Write a whole small file from ``body``, hash it, close it; False (and no file) when the
-    bytes do not match ``entry``. Not fsynced: :func:`seal_files` does that before publishing."""
+    """Write a whole small file from ``body``, hash it, fsync and close it; False (and no file)
+    when the bytes do not match ``entry``. A file already at ``dest`` (a torn or wrong one
+    that :func:`kept` refused) is replaced: created anew read-only, so the creating descriptor
+    is the only one that ever writes it."""
     dest.parent.mkdir(parents=True, exist_ok=True)
+    dest.unlink(missing_ok=True)
     hasher = hasher_of(entry)
-    fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o444)
     try:
         store(fd, body, 0, hasher)
+        os.fsync(fd)
     finally:
         os.close(fd)
     if sum(len(v) for v in body) == entry.size and hasher.hexdigest() == entry.oid:
@@ -118,9 +125,12 @@ def land(dest: Path, entry: Entry, body: Sequence[memoryview]) -> bool:
 
 
 def seal_files(paths: Sequence[str]) -> None:
-    """Make each file read-only (0444) and durable: chmod first, so the fsync covers the mode."""
+    """Make each file read-only (0444) and durable: chmod first, so the fsync covers the mode
+    (skipped where the mode is 0444 already: a chmod dirties the inode even when it changes
+    nothing, and the fsync would then wait for a journal commit)."""
     for path in paths:
-        os.chmod(path, 0o444)
+        if stat.S_IMODE(os.stat(path).st_mode) != 0o444:
+            os.chmod(path, 0o444)
         fd = os.open(path, os.O_RDONLY)
         try:
             os.fsync(fd)

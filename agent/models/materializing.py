@@ -14,7 +14,7 @@ waits for what.
 An attempt: list the files at the pinned commit (the digest must match, else
 IntegrityMismatch), reserve capacity, download all files (:mod:`agent.models.downloading`),
 then publish: chmod files 0444 and fsync them (spread over :data:`SEAL_THREADS` worker threads,
-so the journal commits them together: small files are not fsynced before this, see
+so the journal commits them together; small files were fsynced as they landed, see
 :mod:`agent.models.diskio`), directories 0555 and fsync, write the marker, fsync, and
 ``rename(partial/<hex>/<n>, published/<hex>)`` — one atomic step, so a reader sees either no
 tree or a complete one. A failure is recorded with a backoff (1 min doubling to 1 h, in the
@@ -101,6 +101,9 @@ class Source:
     token: str | None = field(repr=False)
     allow: tuple[str, ...] = ()
     ignore: tuple[str, ...] = ()
+    listed: Manifest | None = field(default=None, repr=False, compare=False)
+    """This source's listing when the caller just made it (``mm pull`` resolved the revision
+    a moment ago): the attempt uses it instead of listing again."""
 
     @property
     def key(self) -> str:
@@ -403,7 +406,7 @@ class Materializer:
         """
         job.phase = "listing the files"
         try:
-            manifest = await resolving.listing(
+            manifest = source.listed or await resolving.listing(
                 self.hub,
                 source.repository,
                 source.commit,

@@ -145,7 +145,7 @@ async def pull(settings: PullSettings, tty: TextIO | None = None) -> tuple[Manif
         if not await anyio.to_thread.run_sync(cache.is_published, hex_):
             source = materializing.Source(
                 settings.repository, manifest.commit or "", settings.token,
-                settings.allow, settings.ignore,
+                settings.allow, settings.ignore, listed=manifest,
             )  # fmt: skip
             await _materialize(cache, hub, hex_, source, settings.tuning, tty)
     return manifest, cache.tree(hex_)

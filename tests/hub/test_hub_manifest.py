@@ -62,7 +62,21 @@ def test_every_manifest_digest_is_one_the_bus_records_accept(paths: list[str]) -
 
 @pytest.mark.parametrize(
     "path",
-    ["", "/etc/passwd", "../x", "a/../b", "a//b", "a/./b", "a/", ".", "a\nb", "a\tb", "a\x7fb"],
+    [
+        "",
+        "/etc/passwd",
+        "../x",
+        "a/../b",
+        "a//b",
+        "a/./b",
+        "a/",
+        ".",
+        "a\nb",
+        "a\tb",
+        "a\x7fb",
+        "\x00",
+        "z\x1f",
+    ],
 )
 def test_invalid_paths_are_refused(path: str) -> None:
     with pytest.raises(InvalidManifest):

@@ -6,6 +6,7 @@ import ctypes
 import ctypes.util
 import hashlib
 import os
+import stat
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -234,6 +235,7 @@ async def test_a_small_file_is_one_plain_request_and_leaves_no_resume_state(
     await _fetch_small(origin, tmp_path, moved)
 
     assert (tmp_path / "tree" / "small.bin").read_bytes() == SMALL
+    assert stat.S_IMODE((tmp_path / "tree" / "small.bin").stat().st_mode) == 0o444  # as landed
     assert _blob_requests(fake) == [None]  # whole, not in 64 KiB-chunk ranges
     assert sum(moved) == len(SMALL)
     assert not (tmp_path / "state").exists()
@@ -261,11 +263,13 @@ async def test_a_small_file_already_there_is_rehashed_not_fetched_and_a_torn_one
 
     await _fetch_small(origin, tmp_path, [])  # an attempt resumed after it was written
     kept = _blob_requests(fake)
-    dest.write_bytes(b"\0" * len(SMALL))  # what a crash before the seal's fsync may leave
+    dest.unlink()
+    dest.write_bytes(b"\0" * len(SMALL))  # a torn file, writable (an older build's landing)
     await _fetch_small(origin, tmp_path, [])
 
     assert kept == []
     assert dest.read_bytes() == SMALL
+    assert stat.S_IMODE(dest.stat().st_mode) == 0o444  # replaced, not rewritten in place
     assert _blob_requests(fake) == [None]
 
 

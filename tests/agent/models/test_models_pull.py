@@ -68,6 +68,18 @@ async def test_a_pulled_snapshot_is_mounted_by_the_csi_path_without_downloading(
     assert len(_file_requests(rig.hub)) == fetched
 
 
+async def test_a_pull_lists_the_tree_once(rig: Rig) -> None:
+    """The revision is resolved and the tree listed once: the materializer is handed that
+    listing (and still checks it against the digest) instead of asking the Hub again."""
+    rig.artifact("org/model", FILES)
+    rig.hub.seen.clear()
+    code, _, err = await _pull(rig, "org/model")
+
+    assert code == 0, err
+    pages = [s for s in rig.hub.seen if "/tree/" in s.path]
+    assert len(pages) == 2  # one listing: the rig's Hub pages the tree 3 entries at a time
+
+
 async def test_a_second_pull_finds_the_tree_and_fetches_nothing(rig: Rig) -> None:
     rig.artifact("org/model", FILES)
     first = await _pull(rig, "org/model")
