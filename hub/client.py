@@ -22,7 +22,6 @@ from typing import Final
 from urllib.parse import quote
 
 import msgspec
-from yarl import URL
 
 from hub import http
 from hub.endpoints import HubEnvironment, bypasses
@@ -34,6 +33,7 @@ from hub.errors import (
     SourceUnavailable,
 )
 from hub.manifest import Entry
+from hub.urls import Url
 
 __all__ = ["Body", "HubClient", "HubSettings", "client"]
 
@@ -158,28 +158,31 @@ class HubClient:
     def __init__(self, transport: http.Client, settings: HubSettings) -> None:
         self._http = transport
         self._settings = settings
-        self._origin = URL(settings.endpoint.rstrip("/")).origin()
+        try:
+            self._origin = Url(settings.endpoint).origin
+        except ValueError as e:
+            raise SourceUnavailable(f"the Hub endpoint is not usable: {e}") from e
         self._base = settings.endpoint.rstrip("/")
 
     @property
     def settings(self) -> HubSettings:
         return self._settings
 
-    def _headers(self, url: URL, token: str | None) -> dict[str, str]:
+    def _headers(self, url: Url, token: str | None) -> dict[str, str]:
         headers = {"User-Agent": USER_AGENT, "Accept-Encoding": "identity"}
-        if token and url.origin() == self._origin:
+        if token and url.origin == self._origin:
             headers["Authorization"] = f"Bearer {token}"
         return headers
 
-    def _proxy(self, url: URL) -> str | None:
+    def _proxy(self, url: Url) -> str | None:
         s = self._settings
-        if url.host is not None and bypasses(s.no_proxy, url.host, url.explicit_port):
+        if bypasses(s.no_proxy, url.host, url.explicit_port):
             return None
         return s.proxy if url.scheme == "https" else s.http_proxy
 
     @asynccontextmanager
     async def _get(
-        self, url: URL, token: str | None, extra: Mapping[str, str] | None = None
+        self, url: Url, token: str | None, extra: Mapping[str, str] | None = None
     ) -> AsyncIterator[http.Response]:
         """GET following redirects by hand; the token only goes to the endpoint's origin."""
         if self._settings.offline:
@@ -191,11 +194,14 @@ class HubClient:
             except (http.HttpError, OSError) as e:
                 raise SourceUnavailable(f"GET {url.host}{url.path}: {e or type(e).__name__}") from e
             if response.status in (301, 302, 303, 307, 308) and "location" in response.headers:
-                location = url.join(URL(response.headers["location"], encoded=True))
                 try:
                     await response.discard()  # so the connection serves the next request
                 finally:
                     response.release()
+                try:
+                    location = url.join(response.headers["location"])
+                except ValueError as e:
+                    raise SourceUnavailable(f"GET {url.host}{url.path}: redirect to {e}") from e
                 if url.scheme == "https" and location.scheme != "https":
                     token = None  # never downgrade a credential to plain http
                 url = location
@@ -209,10 +215,9 @@ class HubClient:
 
     async def commit(self, repository: str, revision: str, *, token: str | None) -> str:
         """The 40-hex commit ``revision`` names (annotated tags peeled by the Hub)."""
-        url = URL(
+        url = Url(
             f"{self._base}/api/models/{quote(repository, safe='/')}"
-            f"/revision/{quote(revision, safe='')}",
-            encoded=True,
+            f"/revision/{quote(revision, safe='')}"
         )
         body = await self._read_json(url, token, f"revision {revision!r} of {repository}")
         try:
@@ -225,10 +230,9 @@ class HubClient:
 
     async def tree(self, repository: str, commit: str, *, token: str | None) -> list[Entry]:
         """Every file at ``commit``, following ``Link: rel="next"`` pages on the same origin."""
-        url: URL | None = URL(
+        url: Url | None = Url(
             f"{self._base}/api/models/{quote(repository, safe='/')}/tree/{quote(commit, safe='')}"
-            "?recursive=true&expand=false",
-            encoded=True,
+            "?recursive=true&expand=false"
         )
         entries: list[Entry] = []
         while url is not None:
@@ -245,15 +249,18 @@ class HubClient:
             url = self._next_page(next_url, url)
         return entries
 
-    def _next_page(self, link: object, current: URL) -> URL | None:
+    def _next_page(self, link: object, current: Url) -> Url | None:
         if link is None:
             return None
-        nxt = current.join(URL(str(link), encoded=True))
-        if nxt.origin() != self._origin:
-            raise SourceUnavailable(f"tree page link leaves {self._origin}: {nxt.origin()}")
+        try:
+            nxt = current.join(str(link))
+        except ValueError as e:
+            raise SourceUnavailable(f"tree page link: {e}") from e
+        if nxt.origin != self._origin:
+            raise SourceUnavailable(f"tree page link leaves {self._origin}: {nxt.origin}")
         return nxt
 
-    async def _read_json(self, url: URL, token: str | None, what: str) -> bytes:
+    async def _read_json(self, url: Url, token: str | None, what: str) -> bytes:
         async with self._get(url, token) as response:
             return await self._body(response, what)
 
@@ -283,10 +290,9 @@ class HubClient:
         A server that ignores ``Range`` answers 200 with the whole file: ``Body.start`` is then 0
         and the caller must restart the file. :raises HubError: on a refusal.
         """
-        url = URL(
+        url = Url(
             f"{self._base}/{quote(repository, safe='/')}/resolve/{quote(commit, safe='')}"
-            f"/{quote(path, safe='/')}",
-            encoded=True,
+            f"/{quote(path, safe='/')}"
         )
         ranged = start > 0 or end is not None
         extra = {"Range": f"bytes={start}-{'' if end is None else end - 1}"} if ranged else None

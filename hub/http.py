@@ -27,7 +27,7 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from yarl import URL
+from hub.urls import Url
 
 __all__ = ["Client", "HttpError", "Response"]
 
@@ -282,7 +282,7 @@ async def _chunked(stream: _Stream, stall_s: float) -> AsyncIterator[bytes | mem
             raise HttpError("malformed chunked body: no CRLF after a chunk")
 
 
-def _basic(url: URL) -> str | None:
+def _basic(url: Url) -> str | None:
     if url.user is None:
         return None
     pair = f"{url.user}:{url.password or ''}".encode()
@@ -315,15 +315,16 @@ class Client:
             self._ssl = ssl.create_default_context(cafile=self._ca_file)
         return self._ssl
 
-    async def get(self, url: URL, headers: Mapping[str, str], proxy: str | None = None) -> Response:
+    async def get(self, url: Url, headers: Mapping[str, str], proxy: str | None = None) -> Response:
         """Send a GET and read the answer's head; the body is read from the :class:`Response`.
 
-        :raises HttpError: no connection, or no valid answer.
+        :raises HttpError: no connection, no valid answer, or a malformed ``proxy`` URL.
         """
-        if url.scheme not in ("http", "https") or not url.host:
-            raise HttpError(f"cannot fetch {url.scheme}:// URLs")
-        proxy_url = URL(proxy) if proxy else None
-        key = (url.scheme, url.host, url.port or 0, proxy)
+        try:
+            proxy_url = Url(proxy) if proxy else None
+        except ValueError as e:
+            raise HttpError(f"the proxy URL is not usable: {e}") from e
+        key = (url.scheme, url.host, url.port, proxy)
         for _ in range(2):
             conn = await self._connection(key, url, proxy_url)
             try:
@@ -341,17 +342,17 @@ class Client:
             return Response(status, head, conn, self, keep)
         raise HttpError("the server closed every connection")  # pragma: no cover
 
-    def _request(self, url: URL, headers: Mapping[str, str], proxy: URL | None) -> bytes:
+    def _request(self, url: Url, headers: Mapping[str, str], proxy: Url | None) -> bytes:
         plain_proxy = proxy is not None and url.scheme == "http"
-        target = str(url.with_fragment(None)) if plain_proxy else (url.raw_path_qs or "/")
-        lines = [f"GET {target} HTTP/1.1", f"Host: {url.host_port_subcomponent}"]
+        target = str(url) if plain_proxy else url.target
+        lines = [f"GET {target} HTTP/1.1", f"Host: {url.host_port}"]
         lines += [f"{k}: {v}" for k, v in headers.items()]
         if plain_proxy and proxy is not None and (auth := _basic(proxy)):
             lines.append(f"Proxy-Authorization: {auth}")
         return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
 
     async def _connection(
-        self, key: tuple[str, str, int, str | None], url: URL, proxy: URL | None
+        self, key: tuple[str, str, int, str | None], url: Url, proxy: Url | None
     ) -> _Conn:
         idle = self._idle.get(key)
         while idle:
@@ -378,11 +379,11 @@ class Client:
         self._open.add(conn)
         return conn
 
-    async def _dial(self, conn: _Conn, url: URL, proxy: URL | None) -> None:
+    async def _dial(self, conn: _Conn, url: Url, proxy: Url | None) -> None:
         loop = asyncio.get_running_loop()
         tls = url.scheme == "https"
         via = proxy if proxy is not None else url
-        host, port = via.host or "", via.port or 0
+        host, port = via.host, via.port
         if proxy is not None and tls:
             await loop.create_connection(lambda: conn.stream, host, port)
             await self._tunnel(conn, url, proxy)
@@ -395,9 +396,9 @@ class Client:
             lambda: conn.stream, host, port, ssl=ssl, server_hostname=url.host if tls else None
         )
 
-    async def _tunnel(self, conn: _Conn, url: URL, proxy: URL) -> None:
+    async def _tunnel(self, conn: _Conn, url: Url, proxy: Url) -> None:
         """``CONNECT host:port`` through an https proxy; the TLS session runs inside it."""
-        target = f"{url.host_port_subcomponent}"
+        target = url.host_port
         if url.explicit_port is None:
             target = f"{target}:{url.port}"
         lines = [f"CONNECT {target} HTTP/1.1", f"Host: {target}"]

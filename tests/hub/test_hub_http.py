@@ -15,9 +15,11 @@ from pathlib import Path
 
 import pytest
 from aiohttp import web
-from yarl import URL
 
+from hub import client as hub_client
 from hub import http
+from hub.errors import SourceUnavailable
+from hub.urls import Url
 from kit.serving import self_signed_certificate
 
 pytestmark = pytest.mark.anyio
@@ -45,7 +47,7 @@ def _client(**kw: float) -> http.Client:
 
 
 async def _get(client: http.Client, url: str, proxy: str | None = None) -> bytes:
-    response = await client.get(URL(url), {"User-Agent": "t"}, proxy)
+    response = await client.get(Url(url), {"User-Agent": "t"}, proxy)
     try:
         return await response.read(1 << 20)
     finally:
@@ -114,7 +116,7 @@ async def test_a_chunked_body_from_a_real_server_arrives_whole() -> None:
     port = runner.addresses[0][1]
     try:
         client = _client()
-        response = await client.get(URL(f"http://127.0.0.1:{port}/c"), {})
+        response = await client.get(Url(f"http://127.0.0.1:{port}/c"), {})
         body = await response.read(1 << 20)
         link = response.link("next")
         response.release()
@@ -162,7 +164,7 @@ async def test_a_cut_body_delivers_what_arrived_before_failing() -> None:
     got = bytearray()
     async with raw_server(handle) as port:
         client = _client()
-        response = await client.get(URL(f"http://127.0.0.1:{port}/"), {})
+        response = await client.get(Url(f"http://127.0.0.1:{port}/"), {})
         with pytest.raises(http.HttpError):
             async for piece in response.pieces():
                 got += piece
@@ -235,3 +237,25 @@ async def test_https_through_a_connect_proxy_with_credentials(tmp_path: Path) ->
     assert tunnels[0].startswith(b"CONNECT localhost:%d HTTP/1.1" % origin_port)
     assert b"Proxy-Authorization: Basic dXNlcjpwdw==" in tunnels[0]
     assert b"secret" not in tunnels[0]
+
+
+@pytest.mark.parametrize(
+    "location", [b"http://127.0.0.1:99999/x", b"ftp://elsewhere/x", b"http://[::1/x"]
+)
+async def test_a_redirect_to_a_malformed_url_is_source_unavailable(location: bytes) -> None:
+    """The Hub client follows ``Location`` by hand: one it cannot parse is the Hub's failure,
+    said in one line, never an exception from the URL parser."""
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _request_head(reader)
+        writer.write(
+            b"HTTP/1.1 302 Found\r\nLocation: " + location + b"\r\nContent-Length: 0\r\n\r\n"
+        )
+        await writer.drain()
+        writer.close()
+
+    async with raw_server(handle) as port:
+        settings = hub_client.HubSettings(endpoint=f"http://127.0.0.1:{port}")
+        async with hub_client.client(settings) as hub:
+            with pytest.raises(SourceUnavailable, match="redirect to"):
+                await hub.commit("org/model", "main", token=None)
