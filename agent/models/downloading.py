@@ -10,6 +10,10 @@ bytes that arrive at the frontier are hashed straight from memory; bytes of a se
 ahead are hashed from the file when the frontier reaches them (the only reads, and each byte is
 read at most once). A server that ignores ``Range`` gets one sequential stream instead.
 
+Durability while downloading: every :attr:`Tuning.sync_behind_bytes` written, the file is
+fdatasynced by a worker thread behind the writers (:class:`_SyncBehind`), so the fsync before
+publication has little left to wait for.
+
 Resume: every :attr:`Tuning.checkpoint_bytes`, and when interrupted or cancelled, the file is
 fsynced and the written length of each segment saved to ``state/<sha256(path)>``; the next attempt
 continues each segment from there (rehashing the kept bytes once, since a hash state cannot be
@@ -372,6 +376,53 @@ async def _whole_body(
     return pieces
 
 
+class _SyncBehind:
+    """Makes a large file durable *while* it downloads: after every ``every`` bytes written,
+    one ``fdatasync`` of the file runs in a worker thread (never more than one at a time; the
+    writers do not wait for it). Enter with :func:`_synced_behind`.
+
+    Why: the final fsync otherwise waits for most of the file at once. A writeback hint alone
+    (the ``POSIX_FADV_DONTNEED`` of :func:`diskio.store`, or ``sync_file_range``) left that
+    wait in place on the machine that measured (a virtual disk whose cache flush is the slow
+    part): 256 MiB written at network pace (0.57 s) then fsynced took 0.9 s in all, and 0.6 s
+    with a flush running behind the writes. In ``mm pull`` of 256 MiB (4 files), flushing every
+    4-16 MiB gave 0.60-0.67 s against 0.74-0.98 s without; every 32 MiB, 0.71-0.77 s.
+    """
+
+    def __init__(self, every: int) -> None:
+        self._every = every
+        self._unsynced = 0
+        self._due = anyio.Event()
+
+    def wrote(self, n: int) -> None:
+        self._unsynced += n
+        if self._unsynced >= self._every:
+            self._unsynced = 0
+            self._due.set()
+
+    async def run(self, path: Path) -> None:
+        """Flush when due, until cancelled (a flush under way finishes first)."""
+        fd = await anyio.to_thread.run_sync(os.open, path, os.O_RDONLY)
+        try:
+            while True:
+                await self._due.wait()
+                self._due = anyio.Event()
+                await anyio.to_thread.run_sync(os.fdatasync, fd)
+        finally:
+            os.close(fd)
+
+
+@asynccontextmanager
+async def _synced_behind(path: Path, every: int) -> AsyncIterator[_SyncBehind]:
+    behind = _SyncBehind(every)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(behind.run, path)
+        try:
+            yield behind
+        finally:
+            tg.cancel_scope.cancel()
+
+
 @dataclass
 class _FileFetch(_Job):
     """A file fetched in ranged segments (one stream when the server ignores ``Range``)."""
@@ -382,11 +433,12 @@ class _FileFetch(_Job):
         self._state, self._since, self._saving = state, 0, anyio.Lock()
         window = anyio.Semaphore(self.tuning.window)
         try:
-            with first_error():
-                async with anyio.create_task_group() as tg:
-                    for i in range(len(bounds)):
-                        await window.acquire()  # segments start in file order, `window` at once
-                        tg.start_soon(self._segment, asm, i, window, ranged)
+            async with _synced_behind(self.dest, self.tuning.sync_behind_bytes) as self._behind:
+                with first_error():
+                    async with anyio.create_task_group() as tg:
+                        for i in range(len(bounds)):
+                            await window.acquire()  # segments start in file order
+                            tg.start_soon(self._segment, asm, i, window, ranged)
             await asm.finish(self.tuning.chunk_bytes)
         except IntegrityMismatch:
             with anyio.CancelScope(shield=True):
@@ -405,6 +457,7 @@ class _FileFetch(_Job):
 
     async def _moved(self, n: int) -> None:
         self.progress(n)
+        self._behind.wrote(n)
         self._since += n
         if self._since >= self.tuning.checkpoint_bytes and not self._saving.locked():
             self._since = 0

@@ -28,6 +28,9 @@ class Tuning(msgspec.Struct, frozen=True, kw_only=True):
     small_bytes: int = MiB
     """Files of at most this size are fetched whole in one request and written, hashed and
     closed in one worker-thread call, with no resume state (a resume rehashes them)."""
+    sync_behind_bytes: int = 16 * MiB
+    """A large file is fdatasynced (in the background) after every this many bytes written,
+    so its final fsync has little left to wait for."""
     checkpoint_bytes: int = 256 * MiB
     """A file's resume state is fsynced and saved every this many bytes."""
     retries: int = 5

@@ -34,6 +34,7 @@ TUNING = Tuning(
     segment_bytes=256 * KiB,
     chunk_bytes=64 * KiB,
     checkpoint_bytes=256 * KiB,
+    sync_behind_bytes=512 * KiB,
     retry_delay_s=0.01,
     report_every_s=0.0,
     publish_wait_s=0.0,  # answer ABORTED at once; tests of the held call set their own window

@@ -65,6 +65,30 @@ async def test_large_file_arrives_in_ranged_segments(
     assert sum(moved) == len(BIG)
 
 
+async def test_a_large_file_is_flushed_behind_its_writes_not_only_at_the_end(
+    served: tuple[testing.FakeHub, downloading.Origin],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The sync-behind flushes after every ``sync_behind_bytes`` written (512 KiB here), while
+    later segments still arrive: the real ``fdatasync`` runs, counted on the way."""
+    _, origin = served
+    flushed: list[int] = []
+    moved: list[int] = []
+    real = os.fdatasync
+
+    def counted(fd: int) -> None:
+        flushed.append(sum(moved))
+        real(fd)
+
+    monkeypatch.setattr(os, "fdatasync", counted)
+    await _fetch(origin, tmp_path, moved)
+
+    assert (tmp_path / "tree" / "big.bin").read_bytes() == BIG
+    assert flushed, "no flush ran while the file downloaded"
+    assert min(flushed) < len(BIG)  # the first flush came before the last byte
+
+
 async def test_a_connection_cut_mid_file_resumes_from_the_last_byte(
     served: tuple[testing.FakeHub, downloading.Origin], tmp_path: Path
 ) -> None:
