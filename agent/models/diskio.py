@@ -63,7 +63,7 @@ def store(fd: int, batch: Sequence[memoryview], offset: int, hasher: Any) -> Non
 
     The written range's writeback is started at once (``POSIX_FADV_DONTNEED`` on dirty pages
     starts it without dropping them, so later reads still hit the page cache). A large file is
-    also flushed behind its writers (see ``downloading._SyncBehind``): with both, a 256 MiB
+    also flushed behind its writers (see ``assembling.SyncBehind``): with both, a 256 MiB
     pull measured 0.60-0.67 s; without this hint, 0.75-0.79 s.
     """
     start = offset

@@ -11,7 +11,7 @@ ahead are hashed from the file when the frontier reaches them (the only reads, a
 read at most once). A server that ignores ``Range`` gets one sequential stream instead.
 
 Durability while downloading: every :attr:`Tuning.sync_behind_bytes` written, the file is
-fdatasynced by a worker thread behind the writers (:class:`_SyncBehind`), so the fsync before
+fdatasynced by a worker thread behind the writers (:class:`assembling.SyncBehind`), so the fsync before
 publication has little left to wait for.
 
 Resume: every :attr:`Tuning.checkpoint_bytes`, and when interrupted or cancelled, the file is
@@ -30,20 +30,15 @@ Invariants: a file whose hash or size differs is deleted with its state and rais
 
 from __future__ import annotations
 
-import errno
-import os
 from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import anyio
 import anyio.to_thread
-import msgspec
 
-from agent.models import diskio
-from agent.models.errors import NoSpace
+from agent.models import assembling, diskio
 from agent.models.tuning import Tuning
 from hub import client as hub_client
 from hub.errors import IntegrityMismatch, SourceUnavailable
@@ -95,159 +90,14 @@ class Origin:
     token: str | None
 
 
-class _State(msgspec.Struct):
-    size: int
-    written: list[int]
-    """Per segment, bytes written (and fsynced) from its start."""
-    verified: bool = False
-
-
 class _NoRanges(Exception):
     """The server answered a ranged request with the whole file."""
-
-
-class _Assembly:
-    """One file being written by several segments and hashed in order behind a frontier."""
-
-    def __init__(self, entry: Entry, dest: Path, bounds: list[tuple[int, int]]) -> None:
-        self.entry = entry
-        self.dest = dest
-        self.bounds = bounds
-        self.written = [0] * len(bounds)
-        self.frontier = 0
-        self.hasher: Any = diskio.hasher_of(entry)
-        self.lock = anyio.Lock()
-
-    def _ahead(self) -> int:
-        """Bytes written at the frontier that are not hashed yet."""
-        for i, (start, end) in enumerate(self.bounds):
-            if start <= self.frontier < end:
-                return start + self.written[i] - self.frontier
-        return 0
-
-    def claim(self, offset: int) -> bool:
-        """Take the hash for a batch about to be written at ``offset``, if it is the frontier.
-
-        On True the caller holds :attr:`lock`, hashes the batch as it writes it, then calls
-        :meth:`advanced`.
-        """
-        if offset != self.frontier:
-            return False
-        try:
-            self.lock.acquire_nowait()
-        except anyio.WouldBlock:
-            return False
-        return True
-
-    async def advanced(self, n: int, chunk_bytes: int) -> None:
-        """The claimed batch of ``n`` bytes is written and hashed: move on, catch up, release."""
-        try:
-            self.frontier += n
-            await self._catch_up(chunk_bytes)
-        finally:
-            self.lock.release()
-
-    async def arrived(self, chunk_bytes: int) -> None:
-        """Bytes were written away from the frontier (or it was busy): hash what can be."""
-        if self.lock.locked():
-            return  # the holder's catch-up loop will read these bytes from the file
-        async with self.lock:
-            await self._catch_up(chunk_bytes)
-
-    async def _catch_up(self, chunk_bytes: int) -> None:
-        while (n := self._ahead()) > 0:
-            got = await anyio.to_thread.run_sync(
-                diskio.hash_range, self.dest, self.hasher, self.frontier, n, chunk_bytes
-            )
-            if got < n:
-                raise SourceUnavailable(f"{self.entry.path}: file shorter than written")
-            self.frontier += got
-
-    async def finish(self, chunk_bytes: int) -> None:
-        async with self.lock:
-            await self._catch_up(chunk_bytes)
-        if self.frontier != self.entry.size:
-            raise IntegrityMismatch(f"{self.entry.path}: got {self.frontier} of {self.entry.size}")
-        if self.hasher.hexdigest() != self.entry.oid:
-            raise IntegrityMismatch(
-                f"{self.entry.path}: content does not match its {self.entry.algorithm}"
-            )
 
 
 def _bounds(size: int, segment: int) -> list[tuple[int, int]]:
     if size == 0:
         return [(0, 0)]
     return [(s, min(s + segment, size)) for s in range(0, size, segment)]
-
-
-def _start(state_path: Path, dest: Path, size: int, segments: int) -> tuple[_State, bool]:
-    """The file's resume state, or a fresh one with ``dest`` preallocated; and whether the
-    state was kept (one worker-thread call per file, not two)."""
-    kept = _load_state(state_path, size, segments, dest)
-    if kept is not None:
-        return kept, True
-    _prepare(dest, size)
-    return _State(size, [0] * segments), False
-
-
-def _load_state(path: Path, size: int, segments: int, dest: Path) -> _State | None:
-    if not dest.is_file():
-        return None
-    try:
-        state = msgspec.json.decode(path.read_bytes(), type=_State)
-    except (OSError, msgspec.DecodeError):
-        return None
-    if state.size != size or len(state.written) != segments:
-        return None
-    return state
-
-
-def _prepare(dest: Path, size: int) -> None:
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(dest, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        if size:
-            os.posix_fallocate(fd, 0, size)
-        os.ftruncate(fd, size)
-    except OSError as e:
-        if e.errno in (errno.ENOSPC, errno.EDQUOT):
-            raise NoSpace(f"no space for {size} bytes in the cache") from e
-        raise
-    finally:
-        os.close(fd)
-
-
-def _checkpoint(dest: Path, state_path: Path, state: _State) -> None:
-    fd = os.open(dest, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    tmp = state_path.with_suffix(".tmp")
-    tmp.write_bytes(msgspec.json.encode(state))
-    tmp.replace(state_path)
-
-
-def _forget(dest: Path, state_path: Path) -> None:
-    dest.unlink(missing_ok=True)
-    state_path.unlink(missing_ok=True)
-
-
-@asynccontextmanager
-async def _opened(path: Path) -> AsyncIterator[int]:
-    """A writable descriptor of ``path`` whose open and close no cancellation can cut (a
-    cancelled open would leave the descriptor the worker thread opened unowned).
-
-    Writes go straight to the OS file (``pwritev``, no userspace buffer), where the hashing
-    catch-up, on another descriptor, reads them.
-    """
-    with anyio.CancelScope(shield=True):
-        fd = await anyio.to_thread.run_sync(os.open, path, os.O_WRONLY)
-    try:
-        yield fd
-    finally:
-        with anyio.CancelScope(shield=True):
-            await anyio.to_thread.run_sync(os.close, fd)
 
 
 @contextmanager
@@ -295,13 +145,15 @@ async def fetch(
         return
     job = _FileFetch(origin, entry, dest, state_path, limits, tuning, progress)
     bounds = _bounds(entry.size, tuning.segment_bytes)
-    state, _ = await anyio.to_thread.run_sync(_start, state_path, dest, entry.size, len(bounds))
+    state, _ = await anyio.to_thread.run_sync(
+        assembling.start, state_path, dest, entry.size, len(bounds)
+    )
     if state.verified:
         return
     try:
         await job.run(state, bounds, ranged=True)
     except _NoRanges:
-        await job.run(_State(entry.size, [0]), [(0, entry.size)], ranged=False)
+        await job.run(assembling.State(entry.size, [0]), [(0, entry.size)], ranged=False)
 
 
 @dataclass
@@ -343,7 +195,7 @@ class _Whole(_Job):
                 await anyio.sleep(min(tuning.retry_delay_s * failures, 10.0))
         if not await anyio.to_thread.run_sync(diskio.land, self.dest, entry, body):
             with anyio.CancelScope(shield=True):
-                await anyio.to_thread.run_sync(_forget, self.dest, self.state_path)
+                await anyio.to_thread.run_sync(assembling.forget, self.dest, self.state_path)
             raise IntegrityMismatch(f"{entry.path}: content does not match its {entry.algorithm}")
         self.progress(entry.size)
 
@@ -376,64 +228,21 @@ async def _whole_body(
     return pieces
 
 
-class _SyncBehind:
-    """Makes a large file durable *while* it downloads: after every ``every`` bytes written,
-    one ``fdatasync`` of the file runs in a worker thread (never more than one at a time; the
-    writers do not wait for it). Enter with :func:`_synced_behind`.
-
-    Why: the final fsync otherwise waits for most of the file at once. A writeback hint alone
-    (the ``POSIX_FADV_DONTNEED`` of :func:`diskio.store`, or ``sync_file_range``) left that
-    wait in place on the machine that measured (a virtual disk whose cache flush is the slow
-    part): 256 MiB written at network pace (0.57 s) then fsynced took 0.9 s in all, and 0.6 s
-    with a flush running behind the writes. In ``mm pull`` of 256 MiB (4 files), flushing every
-    4-16 MiB gave 0.60-0.67 s against 0.74-0.98 s without; every 32 MiB, 0.71-0.77 s.
-    """
-
-    def __init__(self, every: int) -> None:
-        self._every = every
-        self._unsynced = 0
-        self._due = anyio.Event()
-
-    def wrote(self, n: int) -> None:
-        self._unsynced += n
-        if self._unsynced >= self._every:
-            self._unsynced = 0
-            self._due.set()
-
-    async def run(self, path: Path) -> None:
-        """Flush when due, until cancelled (a flush under way finishes first)."""
-        fd = await anyio.to_thread.run_sync(os.open, path, os.O_RDONLY)
-        try:
-            while True:
-                await self._due.wait()
-                self._due = anyio.Event()
-                await anyio.to_thread.run_sync(os.fdatasync, fd)
-        finally:
-            os.close(fd)
-
-
-@asynccontextmanager
-async def _synced_behind(path: Path, every: int) -> AsyncIterator[_SyncBehind]:
-    behind = _SyncBehind(every)
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(behind.run, path)
-        try:
-            yield behind
-        finally:
-            tg.cancel_scope.cancel()
-
-
 @dataclass
 class _FileFetch(_Job):
     """A file fetched in ranged segments (one stream when the server ignores ``Range``)."""
 
-    async def run(self, state: _State, bounds: list[tuple[int, int]], *, ranged: bool) -> None:
-        asm = _Assembly(self.entry, self.dest, bounds)
+    async def run(
+        self, state: assembling.State, bounds: list[tuple[int, int]], *, ranged: bool
+    ) -> None:
+        asm = assembling.Assembly(self.entry, self.dest, bounds)
         asm.written = state.written
         self._state, self._since, self._saving = state, 0, anyio.Lock()
         window = anyio.Semaphore(self.tuning.window)
         try:
-            async with _synced_behind(self.dest, self.tuning.sync_behind_bytes) as self._behind:
+            async with assembling.synced_behind(
+                self.dest, self.tuning.sync_behind_bytes
+            ) as self._behind:
                 with first_error():
                     async with anyio.create_task_group() as tg:
                         for i in range(len(bounds)):
@@ -442,7 +251,7 @@ class _FileFetch(_Job):
             await asm.finish(self.tuning.chunk_bytes)
         except IntegrityMismatch:
             with anyio.CancelScope(shield=True):
-                await anyio.to_thread.run_sync(_forget, self.dest, self.state_path)
+                await anyio.to_thread.run_sync(assembling.forget, self.dest, self.state_path)
             raise
         except BaseException:
             await self._save()
@@ -453,7 +262,9 @@ class _FileFetch(_Job):
     async def _save(self) -> None:
         with anyio.CancelScope(shield=True):
             async with self._saving:
-                await anyio.to_thread.run_sync(_checkpoint, self.dest, self.state_path, self._state)
+                await anyio.to_thread.run_sync(
+                    assembling.checkpoint, self.dest, self.state_path, self._state
+                )
 
     async def _moved(self, n: int) -> None:
         self.progress(n)
@@ -463,7 +274,9 @@ class _FileFetch(_Job):
             self._since = 0
             await self._save()
 
-    async def _segment(self, asm: _Assembly, i: int, window: anyio.Semaphore, ranged: bool) -> None:
+    async def _segment(
+        self, asm: assembling.Assembly, i: int, window: anyio.Semaphore, ranged: bool
+    ) -> None:
         """Fetch segment ``i`` to its end, retrying from the last written byte."""
         start, end = asm.bounds[i]
         failures = 0
@@ -481,7 +294,7 @@ class _FileFetch(_Job):
         finally:
             window.release()
 
-    async def _stream(self, asm: _Assembly, i: int, ranged: bool) -> None:
+    async def _stream(self, asm: assembling.Assembly, i: int, ranged: bool) -> None:
         start, end = asm.bounds[i]
         pos = start + asm.written[i]
         whole = not ranged or (pos == 0 and end == self.entry.size)
@@ -503,11 +316,11 @@ class _FileFetch(_Job):
             await self._copy(asm, i, body, pos, skip=pos if whole else 0)
 
     async def _copy(
-        self, asm: _Assembly, i: int, body: hub_client.Body, pos: int, *, skip: int
+        self, asm: assembling.Assembly, i: int, body: hub_client.Body, pos: int, *, skip: int
     ) -> None:
         """Write (and hash) the body from ``pos``; ``skip``: leading bytes already written."""
         end = asm.bounds[i][1]
-        async with _opened(asm.dest) as fd:
+        async with assembling.opened(asm.dest) as fd:
             async for batch in _batches(body, self.tuning.chunk_bytes, skip, end - pos):
                 n = sum(len(v) for v in batch)
                 await self.limits.take(n)
