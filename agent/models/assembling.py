@@ -213,7 +213,8 @@ class SyncBehind:
 
     async def run(self, path: Path) -> None:
         """Flush when due, until cancelled (a flush under way finishes first)."""
-        fd = await anyio.to_thread.run_sync(os.open, path, os.O_RDONLY)
+        with anyio.CancelScope(shield=True):  # a cancelled open would leak the descriptor
+            fd = await anyio.to_thread.run_sync(os.open, path, os.O_RDONLY)
         try:
             while True:
                 await self._due.wait()

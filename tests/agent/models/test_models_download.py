@@ -89,6 +89,33 @@ async def test_a_large_file_is_flushed_behind_its_writes_not_only_at_the_end(
     assert min(flushed) < len(BIG)  # the first flush came before the last byte
 
 
+async def test_a_download_cancelled_mid_file_leaves_no_descriptor_open(
+    served: tuple[testing.FakeHub, downloading.Origin], tmp_path: Path
+) -> None:
+    """Cancelled while segments stream (rate-limited to 1 MiB/s, so it is mid-file) and the
+    flush behind them runs: every descriptor it opened is closed, and the resume state saved."""
+    _, origin = served
+    moved: list[int] = []
+
+    with anyio.move_on_after(0.6):
+        await _fetch(origin, tmp_path, moved, rate=1024 * 1024)
+
+    assert 0 < sum(moved) < len(BIG)
+    assert _files_open_under(tmp_path / "tree") == []
+    assert (tmp_path / "state").exists()
+
+
+def _files_open_under(root: Path) -> list[str]:
+    """This process's descriptors on files under ``root`` (sockets and pipes are not)."""
+    targets = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            targets.append(os.readlink(f"/proc/self/fd/{fd}"))
+        except FileNotFoundError:
+            continue  # the descriptor listdir itself used
+    return [t for t in targets if t.startswith(str(root))]
+
+
 async def test_a_connection_cut_mid_file_resumes_from_the_last_byte(
     served: tuple[testing.FakeHub, downloading.Origin], tmp_path: Path
 ) -> None:
