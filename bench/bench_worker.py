@@ -638,8 +638,9 @@ async def chain_bench(args: argparse.Namespace) -> dict[str, Any]:
     from controlplane.chain.reconciler import ChainReconciler
     from controlplane.chain.settings import ChainSettings
     from controlplane.k8s.client import KubeSettings, open_client
+    from controlplane.k8s.informing import Informer
     from controlplane.reconciling.ledger import Ledger
-    from controlplane.resources import Ref
+    from controlplane.resources import NODES
 
     api_port = free_port()
     child = subprocess.Popen([  # noqa: ASYNC220 (a bench)
@@ -654,17 +655,12 @@ async def chain_bench(args: argparse.Namespace) -> dict[str, Any]:
             ledger.apply(events.DevicesEvent(node=name, groups=groups(name)))
         settings = KubeSettings(host=f"http://127.0.0.1:{api_port}", qps=1e6, burst=1_000_000)
         observe = lambda verb, result: requests.update([verb])
-        async with open_client(settings, observe=observe) as api:
-            for _ in range(600):
-                try:
-                    await api.list(NAMESPACES_RESOURCE)
-                    break
-                except Exception:  # noqa: BLE001 (the child is starting)
-                    await anyio.sleep(0.1)
-            for i in range(10):
-                ns = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": f"team-{i}"}}
-                await api.create(Ref(resource=NAMESPACES_RESOURCE, name=f"team-{i}"), ns)
-            chain = ChainReconciler(api=api, ledger=ledger, settings=ChainSettings())
+        async with open_client(settings, observe=observe) as api, anyio.create_task_group() as tg:
+            await _namespaces(api)
+            nodes = Informer(api, NODES)
+            chain = ChainReconciler(api=api, ledger=ledger, nodes=nodes, settings=ChainSettings())
+            tg.start_soon(nodes.run)
+            await nodes.ready.wait()
 
             async def one() -> dict[str, float]:
                 requests.clear()
@@ -683,6 +679,7 @@ async def chain_bench(args: argparse.Namespace) -> dict[str, Any]:
                     node=name, allocation_id=f"{name}/p", action="allocated",
                     resource="nvidia.com/gpu", device_ids=(f"{g.id}:{g.accelerators[0].id}:0000",),
                 ))  # fmt: skip
+                chain.state_changed(name)  # what the processor's fold tells the chain
             out["changed"] = {**await one(), "nodes_changed": len(changed)}
             facts = [facts_of(b, ledger.get(b["metadata"]["name"])) for b in chain_nodes(names)]
             start = time.perf_counter()
@@ -691,10 +688,26 @@ async def chain_bench(args: argparse.Namespace) -> dict[str, Any]:
                 instance_types={}, cluster_queues={}, active_checks=[], settings=ChainSettings(),
             )  # fmt: skip
             out["plan_seconds"] = round(time.perf_counter() - start, 3)
+            tg.cancel_scope.cancel()
             return out
     finally:
-        child.send_signal(signal.SIGTERM)
-        child.wait(60)
+        child.kill()  # its state is of no use; a SIGTERM would wait for the informer's watch
+        child.wait()
+
+
+async def _namespaces(api: Any) -> None:
+    """Wait for the fake API child to answer, then make the ten team namespaces."""
+    from controlplane.resources import Ref
+
+    for _ in range(600):
+        try:
+            await api.list(NAMESPACES_RESOURCE)
+            break
+        except Exception:  # noqa: BLE001 (the child is starting)
+            await anyio.sleep(0.1)
+    for i in range(10):
+        ns = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": f"team-{i}"}}
+        await api.create(Ref(resource=NAMESPACES_RESOURCE, name=f"team-{i}"), ns)
 
 
 def chain_nodes(names: Sequence[str]) -> list[dict[str, Any]]:
