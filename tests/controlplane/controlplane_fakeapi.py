@@ -29,8 +29,7 @@ What it does, like the real API server:
   key served, objects in key order; an unknown token is a 400); :meth:`FakeApi.compact` forgets
   history, so a continue token or a watch from an older resourceVersion gets a 410 (the watch as
   an ``ERROR`` event, as the API server sends it); :attr:`FakeApi.lists` counts list requests
-  per collection; :meth:`FakeApi.break_watches` cuts every open watch's connection,
-  :meth:`FakeApi.end_watches` ends them cleanly (as their timeout would);
+  per collection; :meth:`FakeApi.end_watches` ends every open watch (as its timeout would);
 - TokenReview and SubjectAccessReview (create only, nothing stored): :attr:`FakeApi.tokens` maps
   a token to the ``status.user`` it authenticates as, :attr:`FakeApi.grants` holds the
   ``(user or group, non-resource path)`` pairs RBAC would allow a ``get`` of,
@@ -145,7 +144,6 @@ class FakeApi:
         """List requests (pages) per collection id."""
         self.compacted = 0
         """History before this resourceVersion is gone: older watches and continues get 410."""
-        self._cuts = 0
         self._ends = 0
 
     def fail_next(self, method: str, path_prefix: str, status: int, times: int = 1) -> None:
@@ -240,11 +238,6 @@ class FakeApi:
     def compact(self) -> None:
         """Forget the history up to now (etcd's compaction)."""
         self.compacted = int(self._log[-1][0]) if self._log else 0
-
-    def break_watches(self) -> None:
-        """Cut the connection of every open watch (a broken stream, not a clean end)."""
-        self._cuts += 1
-        self._wake()
 
     def end_watches(self) -> None:
         """End every open watch cleanly (as its ``timeoutSeconds`` would)."""
@@ -357,13 +350,9 @@ class FakeApi:
                 if c == coll and ns in (None, n):
                     await _line(response, "ADDED", o)
         timeout = float(request.query.get("timeoutSeconds") or 3600)
-        cuts, ends = self._cuts, self._ends
+        ends = self._ends
         with anyio.move_on_after(timeout):
             while not self._closing and self._ends == ends:
-                if self._cuts != cuts:
-                    assert request.transport is not None
-                    request.transport.abort()
-                    return response
                 changed = self._changed
                 for _, c, kind, o in self._log[pos:]:
                     if c == coll and ns in (None, o["metadata"].get("namespace")):
