@@ -178,3 +178,27 @@ async def test_a_failed_watch_lists_again_and_reports_the_nodes_deleted_meanwhil
         assert heard.changes[:2] == [("ADDED", "n1"), ("ADDED", "n2")]
         assert sorted(heard.changes[2:]) == [("ADDED", "n3"), ("DELETED", "n2")]  # n1: as it was
         assert set(informer.objects) == {"n1", "n3"} and fake.lists[COLL] == 2
+
+
+async def test_an_event_older_than_a_write_it_was_told_changes_nothing() -> None:
+    """The watch lags behind this process's writes: events from before the write are old news."""
+    async with api_with(["n1"]) as (fake, api), informing(api) as (informer, heard):
+        ref = Ref(resource=NODES, name="n1")
+        older = await api.patch(ref, {"metadata": {"labels": {"step": "1"}}})
+        newer = await api.patch(ref, {"metadata": {"labels": {"step": "2"}}})
+        informer.put(newer)
+        told = heard.saw("MODIFIED", "n1")  # the watch may have delivered the first already
+        informer.put(older)  # an answer older than what is held: ignored
+        informer.apply("MODIFIED", older)  # as if the watch delivered it only now
+        assert informer.objects["n1"]["metadata"]["labels"]["step"] == "2"
+        fake.put_object(COLL, node("n2"))  # after both writes' echoes in the stream
+
+        async def n2() -> bool:
+            return heard.saw("ADDED", "n2") == 1
+
+        await eventually(n2)
+        assert heard.saw("MODIFIED", "n1") == told
+        assert informer.objects["n1"]["metadata"]["labels"]["step"] == "2"
+        later = {**newer, "metadata": {**newer["metadata"], "resourceVersion": "999"}}
+        informer.apply("MODIFIED", later)
+        assert heard.saw("MODIFIED", "n1") == told + 1
