@@ -630,7 +630,8 @@ async def chain_bench(args: argparse.Namespace) -> dict[str, Any]:
     """The chain's reconcile cost at ``args.n`` nodes, in this process, against the fake API in
     its own process: a cold pass (every object created), the pass after it (the queues take
     the now Active check), an idle pass (nothing changed: no write), a pass after ``--change``
-    of the nodes got an allocation, and the pure plan alone."""
+    of the nodes got an allocation, the periodic full pass (nothing changed), and the pure plan
+    alone."""
     from collections import Counter
 
     from controlplane.chain.inventory import facts_of
@@ -681,6 +682,8 @@ async def chain_bench(args: argparse.Namespace) -> dict[str, Any]:
                 ))  # fmt: skip
                 chain.state_changed(name)  # what the processor's fold tells the chain
             out["changed"] = {**await one(), "nodes_changed": len(changed)}
+            chain.settings = msgspec.structs.replace(chain.settings, period_s=0.0)
+            out["period"] = await one()  # the periodic full pass: lists, every node looked at
             facts = [facts_of(b, ledger.get(b["metadata"]["name"])) for b in chain_nodes(names)]
             start = time.perf_counter()
             plan_chain(
