@@ -197,18 +197,7 @@ class ChainReconciler:
             await self._list()
             changed = full = True
         self._lists_seen = self._nodes.lists
-        dirty, self._dirty = self._dirty, set()
-        objects = self._nodes.objects
-        look = list(objects) if full else [n for n in dirty if n in objects]
-        for name in list(self._seen) if full else dirty:
-            if name not in objects and self._seen.pop(name, None) is not None:
-                changed = True
-        for i, name in enumerate(look):
-            if i % 100 == 99:
-                await anyio.lowlevel.checkpoint()  # let the bus and the webhooks run
-            body = self._nodes.objects.get(name)
-            if body is not None and await self._label_node(body):
-                changed = True
+        changed = await self._look_at_nodes(full) or changed
         cache = self._cache
         assert cache is not None
         if changed:
@@ -226,6 +215,24 @@ class ChainReconciler:
                 await self._converge_kueue(plan, cache)
         if self._metrics is not None:
             self._metrics.reconcile_seconds.labels(kind="chain").observe(self._clock() - started)
+
+    async def _look_at_nodes(self, full: bool) -> bool:
+        """Label the dirty nodes (every node when ``full``) and forget the deleted ones;
+        whether anything about a node changed."""
+        dirty, self._dirty = self._dirty, set()
+        objects = self._nodes.objects
+        changed = False
+        for name in list(self._seen) if full else dirty:
+            if name not in objects and self._seen.pop(name, None) is not None:
+                changed = True
+        look = list(objects) if full else [n for n in dirty if n in objects]
+        for i, name in enumerate(look):
+            if i % 100 == 99:
+                await anyio.lowlevel.checkpoint()  # let the bus and the webhooks run
+            body = self._nodes.objects.get(name)  # the map may have changed meanwhile
+            if body is not None and await self._label_node(body):
+                changed = True
+        return changed
 
     def _plan(
         self, managed: list[NodeFacts], cache: Mapping[Resource, Mapping[Ref, Any]]
