@@ -402,3 +402,36 @@ async def test_the_chains_full_passes_read_the_informer_not_a_node_list(tmp_path
         await eventually(two_more_periods, timeout_s=30)
         assert fake.lists["api/v1/nodes"] == node_lists
         assert labels(fake, "h200")[naming.MANAGED] == "true"
+
+
+async def test_after_the_informer_lists_again_the_chain_looks_at_every_node(tmp_path: Path) -> None:
+    async with cluster(tmp_path, resync_s=3600.0, period_s=3600.0) as (fake, worker, _bus):
+        await eventually(lambda: settled(fake), timeout_s=30)
+        await passes(worker, 2)
+        chain = worker.chain
+        assert chain is not None
+        looked: list[str] = []
+        signature = chain._signature
+
+        def counted(body: dict[str, Any]) -> tuple[Any, ...]:
+            looked.append(body["metadata"]["name"])
+            return signature(body)
+
+        chain._signature = counted  # type: ignore[method-assign]
+        before = writes(fake)
+        lists = fake.lists["api/v1/nodes"]
+        held = fake.hold("GET", "/api/v1/nodes")  # the Node watch resumed after its stream ended
+        fake.end_watches()
+        await held.reached.wait()
+        fake.put_object("api/v1/namespaces", {"metadata": {"name": "elsewhere"}})
+        fake.compact()  # the watch resumes from history: 410, the informer lists again
+        held.release.set()
+
+        async def relisted() -> bool:
+            return chain._nodes.lists == 2  # the first list, and this one applied
+
+        await eventually(relisted, timeout_s=30)
+        await passes(worker, 2)  # the second began after the list: a full pass
+        assert fake.lists["api/v1/nodes"] == lists + 1
+        assert {"h200", "rx"} <= set(looked)
+        assert writes(fake) == before  # nothing differed: nothing written
