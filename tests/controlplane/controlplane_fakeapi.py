@@ -26,10 +26,13 @@ What it does, like the real API server:
   :attr:`FakeApi.absent` serves collections as not installed (404), e.g. Kueue's kinds;
 - SelfSubjectReview answers :attr:`FakeApi.self_user`;
 - paged lists: ``limit`` and ``continue`` (a token naming the list's resourceVersion and the last
-  key served, objects in key order; an unknown token is a 400); :meth:`FakeApi.compact` forgets
-  history, so a continue token or a watch from an older resourceVersion gets a 410 (the watch as
-  an ``ERROR`` event, as the API server sends it); :attr:`FakeApi.lists` counts list requests
-  per collection; :meth:`FakeApi.end_watches` ends every open watch (as its timeout would);
+  key served, objects in key order; an unknown token is a 400; unlike the API server, a later
+  page shows the objects as they are now, not as they were at the list's resourceVersion: a
+  watch from that resourceVersion replays the difference all the same);
+- :meth:`FakeApi.compact` forgets history, so a continue token or a watch from an older
+  resourceVersion gets a 410 (the watch as an ``ERROR`` event, as the API server sends it);
+  :attr:`FakeApi.lists` counts list requests per collection; :meth:`FakeApi.end_watches` ends
+  every open watch (as its timeout would);
 - TokenReview and SubjectAccessReview (create only, nothing stored): :attr:`FakeApi.tokens` maps
   a token to the ``status.user`` it authenticates as, :attr:`FakeApi.grants` holds the
   ``(user or group, non-resource path)`` pairs RBAC would allow a ``get`` of,
