@@ -56,6 +56,7 @@ from controlplane.extension import audit, auth, guards, registration
 from controlplane.extension.api import ExtensionApi
 from controlplane.extension.fleetview import GatewayReader
 from controlplane.k8s import client
+from controlplane.k8s.informing import Informer
 from controlplane.metrics import WorkerMetrics
 from controlplane.modelstores import ModelStores
 from controlplane.reconciling.annotating import PodAnnotator
@@ -66,6 +67,7 @@ from controlplane.reconciling.pending import PendingPublisher
 from controlplane.reconciling.podevents import PodEventer
 from controlplane.reconciling.processing import Processor
 from controlplane.resolving import Resolver
+from controlplane.resources import NODES
 from controlplane.reviewing import KubeReviewer
 from controlplane.settings import WorkerSettings
 from controlplane.settingsource import KvBackend, SecretBackend, SettingsSource
@@ -256,6 +258,8 @@ class _Parts:
     stores: ModelStores
     sub: subscribing.Subscription
     worker: Worker
+    nodes: Informer | None
+    """The one Node watch (with an API): the processor's gone/parked nodes, the chain's cache."""
 
 
 async def _assemble(
@@ -303,17 +307,24 @@ async def _assemble(
             memo_kinds=codec.REPEATED_KINDS,
         )
     )
+    nodes = None
+    if api is not None:
+        resync_s = settings.kube.relist_s if settings.kube is not None else 0.0
+        nodes = Informer(api, NODES, resync_s=resync_s)
+        nodes.listen(processor.node_changed)
     worker = Worker(
         url="", metrics=metrics, processor=processor, artifacts=artifacts, settings=source,
-        chain=_chain(api, ledger, settings, metrics, source),
+        chain=_chain(api, nodes, ledger, settings, metrics, source),
     )  # fmt: skip
+    if worker.chain is not None:
+        processor.on_state = worker.chain.state_changed
     server = await stack.enter_async_context(
         _endpoint(settings, conn, api, registry, ledger, worker)
     )
     worker.url = server.url
     return _Parts(
         conn=conn, api=api, sink=sink, agents=agents, ledger=ledger, annotator=annotator,
-        eventer=eventer, stores=stores, sub=sub, worker=worker,
+        eventer=eventer, stores=stores, sub=sub, worker=worker, nodes=nodes,
     )  # fmt: skip
 
 
@@ -324,9 +335,9 @@ async def _lead(settings: WorkerSettings, parts: _Parts) -> None:
     async with anyio.create_task_group() as tg:
         start_forever(tg, "node-resync", processor.resync_every, settings.resync_s)
         start_forever(tg, "artifact-resync", artifacts.resync_every, settings.resync_s)
-        if api is not None:
+        if api is not None and parts.nodes is not None:
             start_forever(tg, "crd-check", crds.keep_present, api, settings.crd_check_s)
-            start_forever(tg, "node-watch", processor.watch_nodes, api)
+            start_forever(tg, "node-watch", parts.nodes.run)
             start_forever(tg, "artifact-watch", artifacts.watch, api)
             start_forever(tg, "pod-watch", PendingPublisher(parts.agents).watch, api)
             _start_chain(tg, api, parts.ledger, worker.chain)
@@ -402,15 +413,16 @@ async def run(
 
 def _chain(
     api: client.KubeClient | None,
+    nodes: Informer | None,
     ledger: Ledger,
     settings: WorkerSettings,
     metrics: WorkerMetrics,
     source: SettingsSource,
 ) -> ChainReconciler | None:
-    if api is None:
+    if api is None or nodes is None:
         return None
     chain = _chain_settings(settings, source)
-    return ChainReconciler(api=api, ledger=ledger, settings=chain, metrics=metrics)
+    return ChainReconciler(api=api, ledger=ledger, nodes=nodes, settings=chain, metrics=metrics)
 
 
 def _chain_settings(settings: WorkerSettings, source: SettingsSource) -> ChainSettings:

@@ -1,10 +1,18 @@
 """The chain reconciler: InstanceTypes, their flavor catalog, the Kueue objects and the node
 labels of the chain, made to match :func:`controlplane.chain.kueue.plan_chain`. Level-based.
 
-Every ``period_s`` it lists what it depends on (Nodes, Namespaces, InstanceTypes, the Kueue
-kinds); every ``fit_coalesce_s`` (3 s) in between it re-plans from the ledger *now* against what
-it last listed or wrote, so a burst of allocations is one write per object per period, and the
-fit labels and InstanceType statuses follow the ledger within one period. Invariants:
+Every ``period_s`` it lists what it depends on (Namespaces, InstanceTypes, the Kueue kinds: a
+few objects); every ``fit_coalesce_s`` (3 s) in between it re-plans from the ledger *now* against
+what it last listed or wrote, so a burst of allocations is one write per object per period, and
+the fit labels and InstanceType statuses follow the ledger within one period.
+
+The Nodes come from the worker's Node informer (:mod:`controlplane.k8s.informing`), never from a
+list of its own: a pass looks again only at the *dirty* nodes, those the watch changed
+(:meth:`ChainReconciler.node_changed`) or whose ledger state changed
+(:meth:`ChainReconciler.state_changed`, told by the processor's fold), and at every node on a
+*full* pass: the first, each ``period_s`` (over the cache: the safety net), after the informer
+listed again, after an API error. Its own label patches' answers go into the informer
+(:meth:`Informer.put`), so the watch's echo of them is no change. Invariants:
 
 - write only on change: a patch carries only the owned fields that differ (:func:`owned_patch`,
   which never removes what Kueue or the API server defaulted), an unchanged plan writes nothing;
@@ -14,7 +22,10 @@ fit labels and InstanceType statuses follow the ledger within one period. Invari
   named ``gpustack-…``; InstanceTypes are never deleted (create-only);
 - Kueue's CRDs absent (404 on a collection): the Kueue part waits ``retry_s``, doubling up to
   ``retry_cap_s``, logged at each try; InstanceTypes and labels go on. Any API error drops the
-  cache (the next tick lists again) and never stops the loop.
+  cache (the next tick lists again and looks at every node) and never stops the loop;
+- no plan from an empty cache: passes wait for the informer's first list;
+- a node is looked at again when its Node or its ledger state changed, and every node at least
+  every ``period_s``; a pass whose nodes' signatures all compare equal plans nothing.
 """
 
 from __future__ import annotations
@@ -35,6 +46,7 @@ from controlplane.chain.inventory import NodeFacts, facts_of
 from controlplane.chain.kueue import ChainPlan, plan_chain
 from controlplane.chain.settings import ChainSettings
 from controlplane.k8s.client import KubeClient
+from controlplane.k8s.informing import Informer
 from controlplane.metrics import WorkerMetrics
 from controlplane.reconciling.ledger import Ledger
 from controlplane.reconciling.planning import Desired
@@ -96,13 +108,15 @@ def _is_active(body: Mapping[str, Any]) -> bool:
 
 
 class ChainReconciler:
-    """Owns the chain's objects; :meth:`run` until cancelled (leader only)."""
+    """Owns the chain's objects; :meth:`run` until cancelled (leader only, beside the running
+    Node informer it reads)."""
 
     def __init__(
         self,
         *,
         api: KubeClient,
         ledger: Ledger,
+        nodes: Informer,
         settings: ChainSettings,
         metrics: WorkerMetrics | None = None,
         clock: Callable[[], float] = time.monotonic,
@@ -110,6 +124,12 @@ class ChainReconciler:
     ) -> None:
         self._api = api
         self._ledger = ledger
+        self._nodes = nodes
+        nodes.listen(self.node_changed)
+        self._dirty: set[str] = set()
+        """Nodes to look at again (bounded by the node count); swapped out by each pass."""
+        self._lists_seen = -1
+        """The informer's list count at the last full pass: another list means a full pass."""
         self.settings = settings
         self._metrics = metrics
         self._clock = clock
@@ -132,8 +152,17 @@ class ChainReconciler:
     def entrance(self, local_queue: str) -> str | None:
         return self.entrances.get(local_queue)
 
+    def node_changed(self, kind: str, name: str, body: dict[str, Any]) -> None:
+        """The informer's listener: the Node was added, changed or deleted."""
+        self._dirty.add(name)
+
+    def state_changed(self, node: str) -> None:
+        """The node's ledger state changed (the processor's fold)."""
+        self._dirty.add(node)
+
     async def run(self) -> None:
         """Reconcile every ``fit_coalesce_s`` until cancelled; errors are logged and retried."""
+        await self._nodes.ready.wait()
         while True:
             try:
                 await self.reconcile()
@@ -154,27 +183,29 @@ class ChainReconciler:
         return list(self._cache[naming.INSTANCETYPES].values())
 
     async def reconcile(self) -> None:
-        """One pass: list when due, plan from the ledger now, write what differs.
+        """One pass: list when due, look at the dirty nodes (every node on a full pass), plan
+        from the ledger now, write what differs.
 
         A pass in which no node's ledger state or Node changed and nothing was listed plans
-        nothing (a thousand idle nodes cost one signature comparison each).
+        nothing (a thousand idle nodes cost nothing; a full pass one signature each).
         """
+        await self._nodes.ready.wait()
         started = self._clock()
         changed, self._replan = self._replan, False
+        full = self._nodes.lists != self._lists_seen
         if self._cache is None or started - self._listed_at >= self.settings.period_s:
             await self._list()
-            changed = True
+            changed = full = True
+        self._lists_seen = self._nodes.lists
+        changed = await self._look_at_nodes(full) or changed
         cache = self._cache
         assert cache is not None
-        managed: list[NodeFacts] = []
-        for i, body in enumerate(list(cache[NODES].values())):
-            if i % 100 == 99:
-                await anyio.lowlevel.checkpoint()  # let the bus and the webhooks run
-            facts, node_changed = await self._label_node(body)
-            changed = changed or node_changed
-            if facts is not None:
-                managed.append(facts)
         if changed:
+            managed = [
+                facts
+                for name in self._nodes.objects
+                if (seen := self._seen.get(name)) is not None and (facts := seen[1]) is not None
+            ]
             self.nodes = {n.name: n for n in managed}
             plan = self._plan(managed, cache)
             self.entrances = plan.entrances
@@ -184,6 +215,24 @@ class ChainReconciler:
                 await self._converge_kueue(plan, cache)
         if self._metrics is not None:
             self._metrics.reconcile_seconds.labels(kind="chain").observe(self._clock() - started)
+
+    async def _look_at_nodes(self, full: bool) -> bool:
+        """Label the dirty nodes (every node when ``full``) and forget the deleted ones;
+        whether anything about a node changed."""
+        dirty, self._dirty = self._dirty, set()
+        objects = self._nodes.objects
+        changed = False
+        for name in list(self._seen) if full else dirty:
+            if name not in objects and self._seen.pop(name, None) is not None:
+                changed = True
+        look = list(objects) if full else [n for n in dirty if n in objects]
+        for i, name in enumerate(look):
+            if i % 100 == 99:
+                await anyio.lowlevel.checkpoint()  # let the bus and the webhooks run
+            body = self._nodes.objects.get(name)  # the map may have changed meanwhile
+            if body is not None and await self._label_node(body):
+                changed = True
+        return changed
 
     def _plan(
         self, managed: list[NodeFacts], cache: Mapping[Resource, Mapping[Ref, Any]]
@@ -213,7 +262,6 @@ class ChainReconciler:
     async def _list(self) -> None:
         cache: dict[Resource, dict[Ref, dict[str, Any]]] = {}
         for resource in (
-            NODES,
             naming.NAMESPACES,
             naming.INSTANCETYPES,
             naming.INSTANCETYPEFLAVORS,
@@ -226,8 +274,6 @@ class ChainReconciler:
                 cache[resource] = self._cache.get(resource, {})
         self._cache = cache
         self._listed_at = self._clock()
-        present = {r.name for r in cache[NODES]}
-        self._seen = {n: seen for n, seen in self._seen.items() if n in present}
 
     async def _list_kueue(self, cache: dict[Resource, dict[Ref, dict[str, Any]]]) -> None:
         try:
@@ -261,15 +307,15 @@ class ChainReconciler:
             tuple(state.allocations.values()) if state else None,
         )
 
-    async def _label_node(self, body: dict[str, Any]) -> tuple[NodeFacts | None, bool]:
-        """Managed, general key, profile and fit labels, patched only where they differ; the
-        node's facts when it is managed, and whether anything about the node changed."""
+    async def _label_node(self, body: dict[str, Any]) -> bool:
+        """Managed, general key, profile and fit labels, patched only where they differ;
+        whether anything about the node changed (its facts are in :attr:`_seen`)."""
         meta = body.get("metadata") or {}
         name = meta["name"]
         signature = self._signature(body)
         known = self._seen.get(name)
         if known is not None and known[0] == signature:
-            return known[1], False
+            return False
         labels: dict[str, str] = meta.get("labels") or {}
         want: dict[str, str | None] = {}
         if not self.settings.node_management_manual:
@@ -287,15 +333,14 @@ class ChainReconciler:
                 want[key] = None
         patch = {k: v for k, v in want.items() if labels.get(k) != v}
         if patch:
-            new = await self._api.patch(
+            body = await self._api.patch(
                 Ref(resource=NODES, name=name), {"metadata": {"labels": patch}}
             )
-            body.clear()
-            body.update(new)
+            self._nodes.put(body)  # its watch echo has this resourceVersion: no change
             if facts is not None:
                 facts = facts_of(body, self._ledger.get(name))
         self._seen[name] = (self._signature(body), facts)
-        return facts, True
+        return True
 
     async def _converge_instance_types(
         self, plan: ChainPlan, cache: dict[Resource, dict[Ref, dict[str, Any]]]

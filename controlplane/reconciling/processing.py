@@ -6,10 +6,12 @@ take node keys and reconcile them; a key that fails is retried after ``retry_s``
 still holds its state). :meth:`Processor.resync` re-queues every known node and, with a
 Kubernetes sink, every node whose Node object disappeared, plus orphaned objects.
 
-Gone Nodes are noticed by :meth:`Processor.watch_nodes` (a Node watch: ``DELETED`` queues the
-node's removal at once, ``ADDED`` of a node whose state the ledger parked queues its reconcile,
-so an agent that published before its Node registered is not forgotten); the periodic resync stays as the safety net for deletions that happened
-while the watch was down. A removal goes through the queue like a reconcile, so it never runs
+Gone Nodes are noticed by :meth:`Processor.node_changed`, a listener of the worker's one Node
+informer (``DELETED`` queues the node's removal at once, ``ADDED`` of a node whose state the
+ledger parked queues its reconcile, so an agent that published before its Node registered is not
+forgotten); the informer's list after a broken watch reports the Nodes deleted meanwhile, and
+the periodic resync stays as the safety net. :attr:`Processor.on_state` is told the name of
+every node whose ledger state an event changed (the scheduling chain's dirty set). A removal goes through the queue like a reconcile, so it never runs
 beside a reconcile of the same node.
 """
 
@@ -18,14 +20,12 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from contextlib import aclosing
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
 from bus import events
 from controlplane import errors
-from controlplane.k8s.client import KubeClient
 from controlplane.metrics import WorkerMetrics
 from controlplane.reconciling.ledger import Ledger, Refused
 from controlplane.reconciling.nodes import NodeReconciler
@@ -72,6 +72,8 @@ class Processor:
         """Told every allocation event that changed the ledger (the Pod annotation writer)."""
         self.on_models_event: Callable[[events.ModelsEvent], None] = _ignore_models
         """Told every models event that changed the ledger (the Pod event writer)."""
+        self.on_state: Callable[[str], None] = _ignore_node
+        """Told the node of every event that changed the ledger (the scheduling chain)."""
 
     def ingest(self, event: events.Event) -> None:
         """Fold one event and queue its node when its objects may change (never blocks).
@@ -96,6 +98,7 @@ class Processor:
         if changed:
             self._since.setdefault(event.node, event.ts.timestamp())
             self._enqueue(event.node)
+            self.on_state(event.node)
             if isinstance(event, events.ModelsEvent):
                 self._on_models({m.digest or m.model for m in (*old_models, *event.models)})
                 self.on_models_event(event)
@@ -169,32 +172,17 @@ class Processor:
             except errors.ApiError as e:
                 log.warning("resync failed: %s", e)
 
-    async def watch_nodes(self, api: KubeClient, *, timeout_s: int = 300) -> None:
-        """Queue the removal of every Node the API reports deleted, until cancelled.
+    def node_changed(self, kind: str, name: str, body: dict[str, Any]) -> None:
+        """A listener of the Node informer (:class:`controlplane.k8s.informing.Informer`).
 
-        Each stream starts from the last ``resourceVersion`` seen; after a 410 or a broken
-        stream it starts over without one (the ``ADDED`` replay is harmless), after
-        ``retry_s`` when it failed.
+        ``DELETED`` (seen by the watch, or by a list after the watch was down) queues the
+        removal of the node's objects; ``ADDED`` of a node whose state the ledger parked queues
+        its reconcile (its state waited for the Node).
         """
-        since: str | None = None
-        while True:
-            try:
-                events = api.watch(NODES, resource_version=since, timeout_s=timeout_s)
-                async with aclosing(events):
-                    async for event in events:
-                        meta = event.object.get("metadata") or {}
-                        since = meta.get("resourceVersion") or since
-                        name = meta.get("name")
-                        if not name:
-                            continue
-                        if event.type == "DELETED":
-                            self.node_gone(name)
-                        elif event.type == "ADDED" and self.ledger.is_parked(name):
-                            self._enqueue(name)  # its state waited for the Node: reconcile
-            except errors.ApiError as e:
-                log.warning("watching Nodes failed: %s; watching again", e)
-                since = None
-                await anyio.sleep(self._retry_s)
+        if kind == "DELETED":
+            self.node_gone(name)
+        elif kind == "ADDED" and self.ledger.is_parked(name):
+            self._enqueue(name)
 
 
 def _ignore(event: events.AllocationEvent) -> None:
@@ -202,4 +190,8 @@ def _ignore(event: events.AllocationEvent) -> None:
 
 
 def _ignore_models(event: events.ModelsEvent) -> None:
+    pass
+
+
+def _ignore_node(node: str) -> None:
     pass

@@ -22,12 +22,17 @@ What it does, like the real API server:
 - :meth:`FakeApi.fail_next` injects one error response for a method and path prefix;
 - :meth:`FakeApi.hold` parks matching requests until the test releases them (cancellation tests);
 - per-verb counters of successful writes (``writes``);
-<<<<<<< HEAD
 - :attr:`FakeApi.validators` check objects of a collection before they are stored (422), and
   :attr:`FakeApi.absent` serves collections as not installed (404), e.g. Kueue's kinds;
-=======
 - SelfSubjectReview answers :attr:`FakeApi.self_user`;
->>>>>>> h16
+- paged lists: ``limit`` and ``continue`` (a token naming the list's resourceVersion and the last
+  key served, objects in key order; an unknown token is a 400; unlike the API server, a later
+  page shows the objects as they are now, not as they were at the list's resourceVersion: a
+  watch from that resourceVersion replays the difference all the same);
+- :meth:`FakeApi.compact` forgets history, so a continue token or a watch from an older
+  resourceVersion gets a 410 (the watch as an ``ERROR`` event, as the API server sends it);
+  :attr:`FakeApi.lists` counts list requests per collection; :meth:`FakeApi.end_watches` ends
+  every open watch (as its timeout would);
 - TokenReview and SubjectAccessReview (create only, nothing stored): :attr:`FakeApi.tokens` maps
   a token to the ``status.user`` it authenticates as, :attr:`FakeApi.grants` holds the
   ``(user or group, non-resource path)`` pairs RBAC would allow a ``get`` of,
@@ -138,6 +143,11 @@ class FakeApi:
         """Collection id -> check of an object about to be stored (its message: a 422)."""
         self.absent: set[str] = set()
         """Collection id prefixes served as not installed (404), e.g. Kueue's before its CRDs."""
+        self.lists: Counter[str] = Counter()
+        """List requests (pages) per collection id."""
+        self.compacted = 0
+        """History before this resourceVersion is gone: older watches and continues get 410."""
+        self._ends = 0
 
     def fail_next(self, method: str, path_prefix: str, status: int, times: int = 1) -> None:
         self._faults.extend([(method, path_prefix, status)] * times)
@@ -228,6 +238,15 @@ class FakeApi:
         self._closing = True
         self._wake()
 
+    def compact(self) -> None:
+        """Forget the history up to now (etcd's compaction)."""
+        self.compacted = int(self._log[-1][0]) if self._log else 0
+
+    def end_watches(self) -> None:
+        """End every open watch cleanly (as its ``timeoutSeconds`` would)."""
+        self._ends += 1
+        self._wake()
+
     def _stamp(self, body: dict[str, Any], *, new: bool) -> None:
         meta = body.setdefault("metadata", {})
         meta["resourceVersion"] = str(next(self._rv))
@@ -270,11 +289,7 @@ class FakeApi:
                 return self._create(coll, ns, body)
             if request.query.get("watch") in ("true", "1"):
                 return await self._watch(request, coll, ns)
-            items = [o for (c, n, _), o in self.objects.items() if c == coll and ns in (None, n)]
-            rv = str(self._log[-1][0]) if self._log else "0"
-            return web.json_response(
-                {"kind": "List", "items": items, "metadata": {"resourceVersion": rv}}
-            )
+            return self._list(request, coll, ns)
         key = (coll, ns, name)
         if request.method == "GET":
             return self._found(key) or web.json_response(self.objects[key])
@@ -291,11 +306,45 @@ class FakeApi:
             return self._create(coll, ns, body)
         return self._update(key, body, sub, replace=request.method == "PUT")
 
+    def _list(self, request: web.Request, coll: str, ns: str | None) -> web.Response:
+        """A list, or one page of it with ``limit``; a continue serves the keys after its last."""
+        self.lists[coll] += 1
+        found = [((n or "", name), o) for (c, n, name), o in self.objects.items()
+                 if c == coll and ns in (None, n)]  # fmt: skip
+        rv = int(self._log[-1][0]) if self._log else 0
+        token = request.query.get("continue")
+        after: tuple[str, str] | None = None
+        if token:
+            try:
+                state = json.loads(base64.urlsafe_b64decode(token.encode()))
+                rv, after = int(state["rv"]), (str(state["after"][0]), str(state["after"][1]))
+            except (ValueError, KeyError, TypeError, IndexError):
+                return _status(400, "continue key is not valid")
+            if rv < self.compacted:
+                return _status(410, "The provided continue parameter is too old")
+        meta: dict[str, Any] = {"resourceVersion": str(rv)}
+        limit = int(request.query.get("limit") or 0)
+        if limit > 0:
+            found = sorted((k, o) for k, o in found if after is None or k > after)
+            if len(found) > limit:
+                found = found[:limit]
+                last = found[-1][0]
+                state = {"rv": rv, "after": list(last)}
+                meta["continue"] = base64.urlsafe_b64encode(json.dumps(state).encode()).decode()
+        items = [o for _, o in found]
+        return web.json_response({"kind": "List", "items": items, "metadata": meta})
+
     async def _watch(self, request: web.Request, coll: str, ns: str | None) -> web.StreamResponse:
         self.watches += 1
         response = web.StreamResponse(headers={"Content-Type": "application/json"})
         await response.prepare(request)
         since = request.query.get("resourceVersion")
+        if since and int(since) < self.compacted:
+            gone = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 410,
+                    "reason": "Expired", "message": f"too old resource version: {since}"}  # fmt: skip
+            await response.write(json.dumps({"type": "ERROR", "object": gone}).encode() + b"\n")
+            await response.write_eof()
+            return response
         if since:
             pos = next((i for i, e in enumerate(self._log) if e[0] > int(since)), len(self._log))
         else:
@@ -304,8 +353,9 @@ class FakeApi:
                 if c == coll and ns in (None, n):
                     await _line(response, "ADDED", o)
         timeout = float(request.query.get("timeoutSeconds") or 3600)
+        ends = self._ends
         with anyio.move_on_after(timeout):
-            while not self._closing:
+            while not self._closing and self._ends == ends:
                 changed = self._changed
                 for _, c, kind, o in self._log[pos:]:
                     if c == coll and ns in (None, o["metadata"].get("namespace")):

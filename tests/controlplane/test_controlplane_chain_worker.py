@@ -58,7 +58,7 @@ def a_node(name: str, cpu: str) -> dict[str, Any]:
 
 @asynccontextmanager
 async def cluster(
-    tmp_path: Path, **chain: Any
+    tmp_path: Path, *, resync_s: float = 0.3, **chain: Any
 ) -> AsyncIterator[tuple[FakeApi, running.Worker, object]]:
     async with nats_server(tmp_path) as server, fake_api() as (fake, url):
         for plural in ("resourceflavors", "clusterqueues", "localqueues", "admissionchecks",
@@ -71,7 +71,9 @@ async def cluster(
         fake.put_object("api/v1/nodes", a_node("h200", "96"))
         fake.put_object("api/v1/nodes", a_node("rx", "16"))
         bus = settings_for(server)
-        settings = worker_settings(bus, url, chain=msgspec.structs.replace(CHAIN, **chain))
+        settings = worker_settings(
+            bus, url, chain=msgspec.structs.replace(CHAIN, **chain), resync_s=resync_s
+        )
         async with anyio.create_task_group() as tg:
             worker: running.Worker = await tg.start(running.run, settings)
             await publish(bus, [
@@ -338,3 +340,98 @@ async def test_workload_webhook_pins_podsets_to_fitting_nodes(tmp_path: Path) ->
             "key": "sliced-max-free-units.fit.gpustack.ai/nvidia-h200", "operator": "Gt",
             "values": ["799999"],
         }]}]  # fmt: skip
+
+
+async def test_the_chain_lists_no_nodes_and_looks_only_at_changed_ones(tmp_path: Path) -> None:
+    """After start, the chain's passes make no Node LIST (the informer's watch feeds them) and
+    look again only at the nodes whose ledger state or Node changed; the watch's echo of the
+    chain's own label patch is no reason for another patch."""
+    # resyncs (which list Nodes for the node objects and the stores) out of the way
+    async with cluster(tmp_path, resync_s=3600.0, period_s=3600.0) as (fake, worker, bus):
+        await eventually(lambda: settled(fake), timeout_s=30)
+        await passes(worker, 2)
+        chain = worker.chain
+        assert chain is not None
+        node_lists = fake.lists["api/v1/nodes"]  # the informer's, the first resyncs'
+        assert node_lists <= 3
+        looked: list[str] = []
+        signature = chain._signature
+
+        def counted(body: dict[str, Any]) -> tuple[Any, ...]:
+            looked.append(body["metadata"]["name"])
+            return signature(body)
+
+        chain._signature = counted  # type: ignore[method-assign]
+        node_writes = {n: fake.object_writes[("api/v1/nodes", None, n)] for n in ("h200", "rx")}
+        await passes(worker, 3)
+        assert looked == []  # idle: nothing to look at
+        card = H200[0].accelerators[0]
+        await publish(bus, [events.AllocationEvent(
+            node="h200", ts=events.now(), allocation_id="p/c", action="allocated",
+            resource="nvidia.com/gpu", device_ids=(f"{H200[0].id}:{card.id}:0000",),
+            pod_namespace="team-a", pod_name="p",
+        )])  # fmt: skip
+
+        async def relabelled() -> bool:
+            return labels(fake, "h200").get("shared-free-cards.fit.gpustack.ai/nvidia-h200") == "7"
+
+        await eventually(relabelled, timeout_s=30)
+        fake.put_object("api/v1/nodes", a_node("late", "8"))  # its ADDED follows h200's echo
+
+        async def late_managed() -> bool:
+            return labels(fake, "late").get(naming.MANAGED) == "true"
+
+        await eventually(late_managed, timeout_s=30)
+        await passes(worker, 3)
+        assert set(looked) == {"h200", "late"}
+        assert fake.object_writes[("api/v1/nodes", None, "h200")] == node_writes["h200"] + 1
+        assert fake.object_writes[("api/v1/nodes", None, "rx")] == node_writes["rx"]
+        assert fake.lists["api/v1/nodes"] == node_lists
+        assert fake.lists["api/v1/namespaces"] >= 1  # the small kinds are still listed
+
+
+async def test_the_chains_full_passes_read_the_informer_not_a_node_list(tmp_path: Path) -> None:
+    async with cluster(tmp_path, resync_s=3600.0) as (fake, _worker, _bus):
+        await eventually(lambda: settled(fake), timeout_s=30)
+        node_lists = fake.lists["api/v1/nodes"]
+        namespace_lists = fake.lists["api/v1/namespaces"]
+
+        async def two_more_periods() -> bool:  # each period lists the small kinds again
+            return fake.lists["api/v1/namespaces"] >= namespace_lists + 2
+
+        await eventually(two_more_periods, timeout_s=30)
+        assert fake.lists["api/v1/nodes"] == node_lists
+        assert labels(fake, "h200")[naming.MANAGED] == "true"
+
+
+async def test_after_the_informer_lists_again_the_chain_looks_at_every_node(tmp_path: Path) -> None:
+    async with cluster(tmp_path, resync_s=3600.0, period_s=3600.0) as (fake, worker, _bus):
+        await eventually(lambda: settled(fake), timeout_s=30)
+        await passes(worker, 2)
+        chain = worker.chain
+        assert chain is not None
+        looked: list[str] = []
+        signature = chain._signature
+
+        def counted(body: dict[str, Any]) -> tuple[Any, ...]:
+            looked.append(body["metadata"]["name"])
+            return signature(body)
+
+        chain._signature = counted  # type: ignore[method-assign]
+        before = writes(fake)
+        lists = fake.lists["api/v1/nodes"]
+        held = fake.hold("GET", "/api/v1/nodes")  # the Node watch resumed after its stream ended
+        fake.end_watches()
+        await held.reached.wait()
+        fake.put_object("api/v1/namespaces", {"metadata": {"name": "elsewhere"}})
+        fake.compact()  # the watch resumes from history: 410, the informer lists again
+        held.release.set()
+
+        async def relisted() -> bool:
+            return chain._nodes.lists == 2  # the first list, and this one applied
+
+        await eventually(relisted, timeout_s=30)
+        await passes(worker, 2)  # the second began after the list: a full pass
+        assert fake.lists["api/v1/nodes"] == lists + 1
+        assert {"h200", "rx"} <= set(looked)
+        assert writes(fake) == before  # nothing differed: nothing written

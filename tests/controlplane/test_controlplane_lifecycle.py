@@ -95,6 +95,39 @@ async def test_a_deleted_node_loses_its_objects_through_the_watch(tmp_path: Path
         tg.cancel_scope.cancel()
 
 
+async def test_a_node_deleted_while_the_watch_was_down_loses_its_objects(tmp_path: Path) -> None:
+    """The Node informer lists again after a failed watch: a Node gone meanwhile is DELETED for
+    the processor as if the watch had seen it (the resync, hourly here, is not needed)."""
+    async with stack(tmp_path) as (fake, url, bus), anyio.create_task_group() as tg:
+        for name in ("n1", "n2"):
+            fake.put_object("api/v1/nodes", node(name))
+        await tg.start(running.run, settings(bus, url))
+        await publish(
+            bus, [events.DevicesEvent(node=n, ts=T0, groups=GROUPS) for n in ("n1", "n2")]
+        )
+
+        async def both() -> bool:
+            return all((DEVICES, None, n) in fake.objects for n in ("n1", "n2"))
+
+        await eventually(both, timeout_s=30)
+        lists = fake.lists["api/v1/nodes"]
+        held = fake.hold("GET", "/api/v1/nodes")  # the watch resumed after the stream ended
+        fake.end_watches()
+        await held.reached.wait()
+        fake.compact()
+        fake.objects.pop(("api/v1/nodes", None, "n1"))  # gone, and no watch will tell
+        fake.fail_next("GET", "/api/v1/nodes", 500)  # the resumed watch fails: list again
+        held.release.set()
+
+        async def n1_gone() -> bool:
+            return (DEVICES, None, "n1") not in fake.objects
+
+        await eventually(n1_gone, timeout_s=30)
+        assert fake.lists["api/v1/nodes"] > lists
+        assert (DEVICES, None, "n2") in fake.objects
+        tg.cancel_scope.cancel()
+
+
 def _tasks() -> set[asyncio.Task[Any]]:
     return {t for t in asyncio.all_tasks() if not t.done()}
 
