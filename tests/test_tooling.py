@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import re
+import subprocess
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 BENCHES = sorted(p.name for p in (REPO / "bench").glob("bench_*.py"))
@@ -32,3 +35,23 @@ def test_ci_runs_the_checks_then_the_readme_tests_then_the_bench_smoke() -> None
     assert command in readme
     lines = [line.strip() for line in (REPO / ".ci" / "run").read_text().splitlines()]
     assert lines.index("just check") < lines.index(command) < lines.index("just bench-smoke")
+
+
+def test_no_merge_conflict_markers_in_tracked_files() -> None:
+    """A conflict left inside a docstring still parses, so no other check would notice it (one
+    sat in the fake API's docstring for a session)."""
+    if not (REPO / ".git").exists():
+        pytest.skip("not a git checkout")
+    tracked = subprocess.run(
+        ["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True
+    ).stdout.split(b"\0")
+    marker = re.compile(rb"^(<{7}|>{7})( |$)", re.MULTILINE)
+    found = [
+        name.decode()
+        for name in tracked
+        if name
+        and (path := REPO / name.decode()).is_file()
+        and path.suffix in {".py", ".md", ".toml", ".yaml", ".yml", ".txt", ".cfg"}
+        and marker.search(path.read_bytes())
+    ]
+    assert found == []
