@@ -210,10 +210,14 @@ def worker_child(args: argparse.Namespace) -> None:
     """The worker (KV sink, or the fake API at ``--api``) until SIGTERM."""
     from controlplane import running
     from controlplane.k8s.client import KubeSettings
+    from controlplane.settings import reconcile_concurrency
+    from gpustack_operator.main import options_for
 
     instrument(args.all_port)
 
     settings = running.WorkerSettings(
+        # As the command runs it: --gopool-worker-factor (its default) reconciles per core.
+        concurrency=reconcile_concurrency(options_for(("worker",))),
         # Short reconnect waits, but the default bound on a request, as the worker runs.
         bus=BusSettings.for_tests(args.url, request_timeout_s=BusSettings().request_timeout_s),
         kube=KubeSettings(host=args.api, qps=args.kube_qps, burst=int(2 * args.kube_qps))

@@ -27,7 +27,7 @@ from hub import endpoints
 from kit.options import Options, SettingsError
 from kit.serving import HttpsSettings, https_from
 
-__all__ = ["WorkerSettings", "settings_from"]
+__all__ = ["WorkerSettings", "reconcile_concurrency", "settings_from"]
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +117,7 @@ def settings_from(options: Options) -> WorkerSettings:
         audit=_audit(options),
         manufacturers=_manufacturers(options),
         applications=_applications(options),
-        concurrency=_concurrency(options),
+        concurrency=reconcile_concurrency(options),
         model_manager_service_account=_service_account(options),
         namespace=namespace,
         settings_seed=seed,
@@ -202,7 +202,7 @@ def _applications(options: Options) -> frozenset[str]:
 MAX_CONCURRENCY = 1024
 
 
-def _concurrency(options: Options) -> int:
+def reconcile_concurrency(options: Options) -> int:
     """``--gopool-worker-factor`` reconciles per CPU core this process may use."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return max(1, min(MAX_CONCURRENCY, options.integer("gopool-worker-factor") * (cores or 1)))
