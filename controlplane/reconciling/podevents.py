@@ -199,6 +199,9 @@ class PodEventer:
         self._pending: OrderedDict[str, Post] = OrderedDict()
         self._counts: dict[str, int] = {}
         """Event name -> the count it was last written with (this process's)."""
+        self._refused: dict[tuple[str, str, str, str], None] = {}
+        """(node, namespace, name, uid) a node named but does not run (bounded as _counts):
+        asked once, so a lying agent's every report costs no Pod read and no log line."""
         self._wake = anyio.Event()
         self.posted = 0
         """Events created or updated so far (tests, metrics)."""
@@ -256,7 +259,13 @@ class PodEventer:
         ref = Ref(resource=EVENTS, name=event_name(post), namespace=post.pod.namespace)
         count = self._counts.get(str(ref), 0)
         if count == 0:
+            claim = (post.node, post.pod.namespace, post.pod.name, post.pod.uid)
+            if claim in self._refused:
+                return
             if not await _runs_on(api, post):
+                self._refused[claim] = None
+                while len(self._refused) > self._max_pending:
+                    self._refused.pop(next(iter(self._refused)))
                 return
             try:
                 await api.create(ref, event_body(post, now=now))
@@ -286,7 +295,8 @@ async def _runs_on(api: KubeClient, post: Post) -> bool:
 
     A node's agent may publish only its own node's events (the bus enforces it), but the Pods
     it names are its word: checked here before the first Event on a Pod, so an agent cannot
-    write Events about Pods of other nodes (or none). A refusal is logged, never retried.
+    write Events about Pods of other nodes (or none). A refusal is logged once and remembered
+    by the caller, never asked again.
     """
     where = f"{post.pod.namespace}/{post.pod.name}"
     try:

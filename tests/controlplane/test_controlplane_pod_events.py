@@ -190,6 +190,10 @@ async def test_no_event_on_a_pod_of_another_node_or_none_or_another_uid() -> Non
     async with _eventer(clock) as (fake, api, eventer):
         for pod in (B, ghost, twin):  # B runs on n2; ghost does not exist; twin: A's name
             await eventer.write(api, Post("n1", DIGEST, pod, DOWNLOADING, "lies"))
+        reads = fake.requests["GET"]
+        for pod in (B, ghost, twin):  # the same claims again: refused without asking the API
+            await eventer.write(api, Post("n1", DIGEST, pod, DOWNLOADING, "lies again"))
+        assert fake.requests["GET"] == reads
         eventer.note(_models(t0, downloading(GIB, A)))
         await eventually(_count(eventer, 1))
         posted = [o for (c, _, _), o in fake.objects.items() if c == EVENTS]
