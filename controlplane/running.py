@@ -335,7 +335,8 @@ async def _lead(settings: WorkerSettings, parts: _Parts) -> None:
     async with anyio.create_task_group() as tg:
         start_forever(tg, "node-resync", processor.resync_every, settings.resync_s)
         start_forever(tg, "artifact-resync", artifacts.resync_every, settings.resync_s)
-        if api is not None and parts.nodes is not None:
+        if api is not None:
+            assert parts.nodes is not None  # made with the API client
             start_forever(tg, "crd-check", crds.keep_present, api, settings.crd_check_s)
             start_forever(tg, "node-watch", parts.nodes.run)
             start_forever(tg, "artifact-watch", artifacts.watch, api)
@@ -419,8 +420,9 @@ def _chain(
     metrics: WorkerMetrics,
     source: SettingsSource,
 ) -> ChainReconciler | None:
-    if api is None or nodes is None:
+    if api is None:
         return None
+    assert nodes is not None  # made with the API client
     chain = _chain_settings(settings, source)
     return ChainReconciler(api=api, ledger=ledger, nodes=nodes, settings=chain, metrics=metrics)
 

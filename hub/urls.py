@@ -96,9 +96,3 @@ class Url:
 
     def __repr__(self) -> str:
         return f"Url({str(self)!r})"
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Url) and str(self) == str(other)
-
-    def __hash__(self) -> int:
-        return hash(str(self))

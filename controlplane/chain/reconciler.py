@@ -162,7 +162,6 @@ class ChainReconciler:
 
     async def run(self) -> None:
         """Reconcile every ``fit_coalesce_s`` until cancelled; errors are logged and retried."""
-        await self._nodes.ready.wait()
         while True:
             try:
                 await self.reconcile()

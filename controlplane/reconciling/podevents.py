@@ -199,7 +199,7 @@ class PodEventer:
         self._pending: OrderedDict[str, Post] = OrderedDict()
         self._counts: dict[str, int] = {}
         """Event name -> the count it was last written with (this process's)."""
-        self._refused: dict[tuple[str, str, str, str], None] = {}
+        self._refused: dict[tuple[str, str, str, str | None], None] = {}
         """(node, namespace, name, uid) a node named but does not run (bounded as _counts):
         asked once, so a lying agent's every report costs no Pod read and no log line."""
         self._wake = anyio.Event()

@@ -342,6 +342,19 @@ async def test_workload_webhook_pins_podsets_to_fitting_nodes(tmp_path: Path) ->
         }]}]  # fmt: skip
 
 
+def _looks_of(chain: Any) -> list[str]:
+    """The names of the nodes ``chain`` looks at from now on (each signature it computes)."""
+    looked: list[str] = []
+    signature = chain._signature
+
+    def counted(body: dict[str, Any]) -> tuple[Any, ...]:
+        looked.append(body["metadata"]["name"])
+        return signature(body)
+
+    chain._signature = counted
+    return looked
+
+
 async def test_the_chain_lists_no_nodes_and_looks_only_at_changed_ones(tmp_path: Path) -> None:
     """After start, the chain's passes make no Node LIST (the informer's watch feeds them) and
     look again only at the nodes whose ledger state or Node changed; the watch's echo of the
@@ -354,14 +367,7 @@ async def test_the_chain_lists_no_nodes_and_looks_only_at_changed_ones(tmp_path:
         assert chain is not None
         node_lists = fake.lists["api/v1/nodes"]  # the informer's, the first resyncs'
         assert node_lists <= 3
-        looked: list[str] = []
-        signature = chain._signature
-
-        def counted(body: dict[str, Any]) -> tuple[Any, ...]:
-            looked.append(body["metadata"]["name"])
-            return signature(body)
-
-        chain._signature = counted  # type: ignore[method-assign]
+        looked = _looks_of(chain)
         node_writes = {n: fake.object_writes[("api/v1/nodes", None, n)] for n in ("h200", "rx")}
         await passes(worker, 3)
         assert looked == []  # idle: nothing to look at
@@ -410,14 +416,7 @@ async def test_after_the_informer_lists_again_the_chain_looks_at_every_node(tmp_
         await passes(worker, 2)
         chain = worker.chain
         assert chain is not None
-        looked: list[str] = []
-        signature = chain._signature
-
-        def counted(body: dict[str, Any]) -> tuple[Any, ...]:
-            looked.append(body["metadata"]["name"])
-            return signature(body)
-
-        chain._signature = counted  # type: ignore[method-assign]
+        looked = _looks_of(chain)
         before = writes(fake)
         lists = fake.lists["api/v1/nodes"]
         held = fake.hold("GET", "/api/v1/nodes")  # the Node watch resumed after its stream ended

@@ -68,15 +68,20 @@ async def publish(bus: BusSettings, evs: list[events.Event]) -> None:
         await conn.flush()
 
 
+async def _two_nodes_reporting(
+    fake: FakeApi, url: str, bus: BusSettings, tg: anyio.abc.TaskGroup
+) -> None:
+    """Nodes n1 and n2 registered, a worker (hourly resync) running, both nodes' devices sent."""
+    for name in ("n1", "n2"):
+        fake.put_object("api/v1/nodes", node(name))
+    await tg.start(running.run, settings(bus, url))
+    await publish(bus, [events.DevicesEvent(node=n, ts=T0, groups=GROUPS) for n in ("n1", "n2")])
+
+
 async def test_a_deleted_node_loses_its_objects_through_the_watch(tmp_path: Path) -> None:
     async with stack(tmp_path) as (fake, url, bus), anyio.create_task_group() as tg:
-        for name in ("n1", "n2"):
-            fake.put_object("api/v1/nodes", node(name))
         # resync every hour: only the watch can notice the deletion within the test.
-        await tg.start(running.run, settings(bus, url))
-        await publish(
-            bus, [events.DevicesEvent(node=n, ts=T0, groups=GROUPS) for n in ("n1", "n2")]
-        )
+        await _two_nodes_reporting(fake, url, bus, tg)
 
         async def both() -> bool:
             return all(
@@ -99,12 +104,7 @@ async def test_a_node_deleted_while_the_watch_was_down_loses_its_objects(tmp_pat
     """The Node informer lists again after a failed watch: a Node gone meanwhile is DELETED for
     the processor as if the watch had seen it (the resync, hourly here, is not needed)."""
     async with stack(tmp_path) as (fake, url, bus), anyio.create_task_group() as tg:
-        for name in ("n1", "n2"):
-            fake.put_object("api/v1/nodes", node(name))
-        await tg.start(running.run, settings(bus, url))
-        await publish(
-            bus, [events.DevicesEvent(node=n, ts=T0, groups=GROUPS) for n in ("n1", "n2")]
-        )
+        await _two_nodes_reporting(fake, url, bus, tg)
 
         async def both() -> bool:
             return all((DEVICES, None, n) in fake.objects for n in ("n1", "n2"))
