@@ -110,10 +110,8 @@ def land(dest: Path, entry: Entry, body: Sequence[memoryview]) -> bool:
     when the bytes do not match ``entry``. A file already at ``dest`` (a torn or wrong one
     that :func:`kept` refused) is replaced: created anew read-only, so the creating descriptor
     is the only one that ever writes it."""
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    dest.unlink(missing_ok=True)
     hasher = hasher_of(entry)
-    fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o444)
+    fd = _created(dest)
     try:
         store(fd, body, 0, hasher)
         os.fsync(fd)
@@ -123,6 +121,20 @@ def land(dest: Path, entry: Entry, body: Sequence[memoryview]) -> bool:
         return True
     dest.unlink(missing_ok=True)
     return False
+
+
+def _created(dest: Path) -> int:
+    """A descriptor of ``dest`` created anew, read-only: one ``open`` in the usual case (the
+    directory exists and the file does not); a missing directory is made, a leftover file
+    removed, only when the first attempt says so."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
+    try:
+        return os.open(dest, flags, 0o444)
+    except FileNotFoundError:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        dest.unlink()
+    return os.open(dest, flags, 0o444)
 
 
 def seal_files(paths: Sequence[str]) -> None:

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -243,6 +244,51 @@ def test_console_script_exits_with_mains_code_and_skips_the_exit_collection() ->
         )  # fmt: skip
         assert result.returncode == want, result.stderr
         assert "FROZEN True" in result.stderr
+
+
+def test_console_script_collects_nothing_until_the_command_is_loaded() -> None:
+    """Start-up runs without the collector; the command itself runs with it on and with what
+    start-up made frozen out of its scans."""
+    code = (
+        "import atexit, gc, sys\n"
+        "from gpustack_operator.main import console\n"
+        "seen = []\n"
+        "gc.callbacks.append(lambda phase, info: seen.append(gc.get_freeze_count()))\n"
+        "atexit.register(lambda: print('GC', gc.isenabled(), min(seen, default=-1) > 0,\n"
+        "                              file=sys.stderr))\n"
+        "sys.argv = ['gpustack-operator', *sys.argv[1:]]\n"
+        "console()\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code, "dm", "detect", "--simulate", "nvidia-h200x8", "-o", "json"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    # Enabled at exit, and every collection (the command's own) ran with start-up frozen.
+    assert "GC True True" in result.stderr
+
+
+def test_main_calls_loaded_once_before_the_command_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpustack_operator import main as entry
+
+    order: list[str] = []
+    real = entry._load
+
+    def load(target: str) -> Any:
+        loaded = real(target)
+        if not target.endswith(":detect_command"):
+            return loaded
+
+        def ran(settings: object) -> Any:
+            order.append("ran")
+            return loaded(settings)
+
+        return ran
+
+    monkeypatch.setattr(entry, "_load", load)
+    argv = ["dm", "detect", "--simulate", "nvidia-h200x8", "-o", "json"]
+    assert entry.main(argv, loaded=lambda: order.append("loaded")) == 0
+    assert order == ["loaded", "ran"]
 
 
 def test_detect_imports_none_of_the_service_stacks() -> None:
