@@ -80,13 +80,19 @@ class Printer:
     def print(self, valid: state.Valid, *, more: bool) -> None:
         """Write one event; ``more``: another is already waiting (flush later, off a TTY)."""
         (_, data), event = valid
+        self.relay(data, event)
+        if not more and not self._tty:
+            self._out.flush()
+
+    def relay(self, data: bytes, event: events.Event) -> None:
+        """Write one event that ``data`` was decoded to, more to come (flushed only on a TTY)."""
         if self._json and b"\n" not in data:
             write = self._out.write
             write(data)  # the hot path: no copy, no encode, no str
             write(b"\n")
         else:
             self._out.write(_render(data, event, self._fmt))
-        if self._tty or not more:
+        if self._tty:
             self._out.flush()
 
     def flush(self) -> None:
@@ -190,6 +196,8 @@ class _Relay:
         self._printer = printer
         self._guard = state.guard_for(settings, BusMetrics())
         self._dirty = anyio.Event()
+        self._flagged = False
+        """Whether :attr:`_dirty` is set: a plain attribute, read once per message."""
         self.failed: list[OSError] = []
         self.stop = anyio.CancelScope()
 
@@ -202,16 +210,17 @@ class _Relay:
         if event is None or self.failed:
             return
         try:
-            self._printer.print(((subj, data), event), more=True)
+            self._printer.relay(data, event)
         except OSError as e:
             self._fail(e)
-        if not self._dirty.is_set():
+        if not self._flagged:
+            self._flagged = True
             self._dirty.set()
 
     async def flusher(self) -> None:
         while True:
             await self._dirty.wait()
-            self._dirty = anyio.Event()
+            self._dirty, self._flagged = anyio.Event(), False
             try:
                 self._printer.flush()
             except OSError as e:
