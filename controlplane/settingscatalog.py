@@ -44,6 +44,7 @@ __all__ = [
 
 SECRET_NAME: Final = "gpustack-settings"
 MASK: Final = "(sensitive)"
+INERT_NOTE: Final = "stored for compatibility; this build does not act on it"
 
 
 class InvalidSetting(ValueError):
@@ -148,6 +149,14 @@ class Entry:
     field: str
     editable: bool = True
     sensitive: bool = False
+    inert: bool = False
+    """Stored, validated and shown for compatibility with the reference's seeds, but read by
+    nothing in this build: the API says so in its description and warns on every write."""
+
+    @property
+    def shown_description(self) -> str:
+        """The description as the API shows it (an inert setting says it has no effect)."""
+        return f"{self.description} ({INERT_NOTE})" if self.inert else self.description
 
     @property
     def env(self) -> str:
@@ -166,7 +175,7 @@ CATALOG: Final[tuple[Entry, ...]] = (
         "model-artifact-delivery-mode", "Engine",
         "how model files reach workloads: the engine downloads them (Engine) or the node cache "
         "serves them (Node); seeded once, not editable", _one_of("Engine", "Node"),
-        editable=False,
+        editable=False, inert=True,
     ),
     _entry(
         "model-artifact-huggingface-endpoint", "https://huggingface.co",
@@ -174,7 +183,7 @@ CATALOG: Final[tuple[Entry, ...]] = (
     ),
     _entry(
         "model-artifact-modelscope-endpoint", "https://www.modelscope.cn",
-        "the ModelScope endpoint", _url,
+        "the ModelScope endpoint", _url, inert=True,
     ),
     _entry(
         "model-artifact-https-proxy", "",
@@ -192,7 +201,7 @@ CATALOG: Final[tuple[Entry, ...]] = (
     _entry(
         "model-artifact-revalidate-interval", "24h",
         "how often a resolved ModelArtifact is checked against the Hub again (at least 1m)",
-        _at_least_minute,
+        _at_least_minute, inert=True,
     ),
     _entry(
         "model-store-high-watermark", "80",

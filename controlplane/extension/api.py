@@ -261,9 +261,12 @@ class ExtensionApi:
             raise Failure(503, "ServiceUnavailable", f"cannot store the setting: {e}") from e
         entry = BY_NAME[attrs.name]
         stored = self._source.stored
-        return _json(200, objects.setting(entry, stored.data.get(entry.name, entry.default),
-                                          namespace=self._namespace, version=stored.version,
-                                          created=stored.created))  # fmt: skip
+        response = _json(200, objects.setting(entry, stored.data.get(entry.name, entry.default),
+                                              namespace=self._namespace, version=stored.version,
+                                              created=stored.created))  # fmt: skip
+        if entry.inert:  # kubectl prints it as "Warning: ..."
+            response.headers["Warning"] = f'299 - "{entry.name}: {settingscatalog.INERT_NOTE}"'
+        return response
 
     async def _watch(self, request: web.Request, attrs: Attributes) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "application/json"})

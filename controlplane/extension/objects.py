@@ -117,7 +117,7 @@ def setting(
         },
         "spec": {},
         "status": {
-            "description": entry.description, "editable": entry.editable,
+            "description": entry.shown_description, "editable": entry.editable,
             "sensitive": entry.sensitive, "value": settingscatalog.shown(entry, text),
         },
     }  # fmt: skip

@@ -189,6 +189,12 @@ async def test_settings_get_update_patch_and_masking(tmp_path: Path) -> None:
                 headers={"Content-Type": "application/apply-patch+yaml"},
             )  # fmt: skip
             deleted = await http.delete(conc, ssl=proxy)
+            inert = await http.patch(
+                f"{c.url}{SETTINGS}/model-artifact-modelscope-endpoint", ssl=proxy,
+                data=json.dumps({"spec": {"value": "https://modelscope.example"}}),
+                headers={"Content-Type": "application/merge-patch+json"},
+            )  # fmt: skip
+            inert_body = await inert.json()
             table = await (await http.get(
                 c.url + SETTINGS, ssl=proxy,
                 headers={"Accept": "application/json;as=Table;v=v1;g=meta.k8s.io,application/json"},
@@ -206,6 +212,19 @@ async def test_settings_get_update_patch_and_masking(tmp_path: Path) -> None:
     assert table["kind"] == "Table"
     proxy_row = next(r for r in table["rows"] if r["cells"][0] == "model-artifact-https-proxy")
     assert proxy_row["cells"][1] == "(sensitive)"
+    # A setting this build stores but never reads says so, and kubectl shows a warning on a write.
+    assert "Warning" not in patched.headers and "Warning" not in updated.headers
+    assert inert.status == 200 and inert_body["status"]["value"] == "https://modelscope.example"
+    assert inert.headers["Warning"] == (
+        '299 - "model-artifact-modelscope-endpoint: stored for compatibility; this build does '
+        'not act on it"'
+    )
+    descriptions = {r["cells"][0]: r["cells"][3] for r in table["rows"]}
+    inert_names = {n for n, d in descriptions.items() if d.endswith("does not act on it)")}
+    assert inert_names == {
+        "model-artifact-delivery-mode", "model-artifact-modelscope-endpoint",
+        "model-artifact-revalidate-interval",
+    }  # fmt: skip
 
 
 async def test_a_watch_sees_a_change_made_in_the_secret(tmp_path: Path) -> None:
