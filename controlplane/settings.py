@@ -44,7 +44,8 @@ class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
     leader_election: bool = True
     leader: leading.LeaderSettings = leading.LeaderSettings()
     identity: str = ""
-    concurrency: int = 16
+    concurrency: int
+    """Reconciles at once: ``--gopool-worker-factor`` per core (:func:`reconcile_concurrency`)."""
     resync_s: float = 60.0
     crd_check_s: float = 60.0
     max_nodes: int = 20_000
@@ -55,11 +56,11 @@ class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
     bus_auth: busauth.BusAuthSettings | None = None
     """None: the worker serves no auth callout (the servers authenticate by themselves)."""
     webhooks: WebhookSettings = WebhookSettings()
+    """Where the API server reaches the Pod webhooks (with a cluster only)."""
     gateway_unix_path: str | None = None
     """``--worker-gateway-unix-path``: mirror that gateway's aggregate; None: none."""
     cluster_name: str | None = None
     """``--cluster-name``: answer a worker-gateway's fleet request under this name; None: not."""
-    """Where the API server reaches the Pod webhooks (with a cluster only)."""
     chain: ChainSettings = ChainSettings()
     """The scheduling chain (with a cluster only): whether Kueue objects are managed, the fit
     pin, InstanceTypes derived from nodes, manual node management."""

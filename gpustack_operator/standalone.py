@@ -64,6 +64,10 @@ from kit.serving import HttpsSettings, https_from
 
 log = logging.getLogger(__name__)
 
+RECONCILES: Final = 16
+"""The embedded worker's reconciles at once: it serves this machine's one node (the worker
+command sizes its pool by ``--gopool-worker-factor`` per core for a cluster's nodes)."""
+
 
 class StandaloneSettings(msgspec.Struct, frozen=True, kw_only=True):
     state_dir: str
@@ -104,7 +108,7 @@ def settings_from(options: Options) -> StandaloneSettings:
         raise SettingsError(f"HF_ENDPOINT: {e}") from e
     worker = WorkerSettings(
         bus=bus, kube=None, https=https("worker-port"), leader_election=False,
-        hub_endpoint=hub_endpoint,
+        hub_endpoint=hub_endpoint, concurrency=RECONCILES,
     )  # fmt: skip
     models = ModelManagerSettings(
         node_name=agent.node_name,

@@ -95,6 +95,7 @@ async def webhooks(tmp_path: Path, *, groups: bool = True) -> AsyncIterator[Webh
     async with nats_server(tmp_path) as server, anyio.create_task_group() as tg:
         bus = settings_for(server)
         settings = running.WorkerSettings(
+            concurrency=16,
             bus=bus, kube=None, https=HttpsSettings(bind_address="127.0.0.1", port=0, auth="none"),
             leader_election=False, resync_s=0.3,
         )  # fmt: skip
@@ -409,6 +410,7 @@ async def test_with_a_cluster_the_configurations_carry_the_ca_that_verifies_the_
     hooks_settings = WebhookSettings(service="gpustack-operator-worker", namespace="ns", port=31443)
     async with nats_server(tmp_path) as server, fake_api() as (fake, api_url):
         settings = running.WorkerSettings(
+            concurrency=16,
             bus=settings_for(server), kube=KubeSettings(host=api_url, backoff_s=0.01),
             https=HttpsSettings(bind_address="127.0.0.1", port=0, auth="none"), leader_election=False,
             webhooks=hooks_settings,

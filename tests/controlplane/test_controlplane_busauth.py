@@ -207,6 +207,7 @@ async def test_the_worker_serves_the_callout_and_ingests_what_agents_publish(
             server, nkey_seed_file=str(tmp_path / "worker.nk"), inbox_prefix="_INBOX.worker"
         )
         settings = running.WorkerSettings(
+            concurrency=16,
             bus=bus,
             kube=KubeSettings(host=url, backoff_s=0.01),
             https=HttpsSettings(bind_address="127.0.0.1", port=0),

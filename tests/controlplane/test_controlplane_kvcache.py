@@ -166,6 +166,7 @@ async def test_a_node_that_publishes_before_its_node_exists_is_reconciled_when_i
     async with nats_server(tmp_path) as server, fake_api() as (fake, url):
         bus = settings_for(server)
         settings = running.WorkerSettings(
+            concurrency=16,
             bus=bus,
             kube=KubeSettings(host=url, backoff_s=0.01),
             https=HttpsSettings(bind_address="127.0.0.1", port=0, auth="none"),

@@ -44,6 +44,7 @@ LEASES = "apis/coordination.k8s.io/v1/leases"
 
 def settings(bus: BusSettings, api_url: str, **over: Any) -> running.WorkerSettings:
     base = running.WorkerSettings(
+        concurrency=16,
         bus=bus,
         kube=KubeSettings(host=api_url, backoff_s=0.01),
         https=HttpsSettings(bind_address="127.0.0.1", port=0, auth="none"),

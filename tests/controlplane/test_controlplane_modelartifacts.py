@@ -79,6 +79,7 @@ async def env(tmp_path: Path, flaky: int = 0) -> AsyncIterator[Env]:
         anyio.create_task_group() as tg,
     ):
         settings = running.WorkerSettings(
+            concurrency=16,
             bus=settings_for(server),
             kube=KubeSettings(host=url, backoff_s=0.01),
             https=HttpsSettings(bind_address="127.0.0.1", port=0, auth="none"),

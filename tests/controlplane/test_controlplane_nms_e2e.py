@@ -27,6 +27,7 @@ D = ["sha256:" + c * 64 for c in "ab"]
 
 def settings(bus: object, api_url: str) -> running.WorkerSettings:
     return running.WorkerSettings(
+        concurrency=16,
         bus=bus,  # type: ignore[arg-type]
         kube=KubeSettings(host=api_url, backoff_s=0.01),
         https=HttpsSettings(bind_address="127.0.0.1", port=0, auth="none"),

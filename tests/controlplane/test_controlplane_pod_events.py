@@ -215,6 +215,7 @@ async def test_the_worker_posts_events_on_the_pods_a_models_event_names(tmp_path
         _place(fake, A)
         _place(fake, B)
         settings = running.WorkerSettings(
+            concurrency=16,
             bus=bus,
             kube=KubeSettings(host=url, backoff_s=0.01),
             https=HttpsSettings(bind_address="127.0.0.1", port=0, auth="none"),

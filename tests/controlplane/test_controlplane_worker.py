@@ -36,6 +36,7 @@ T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
 def worker_settings(bus_url: object, api_url: str | None, **over: object) -> running.WorkerSettings:
     base = running.WorkerSettings(
+        concurrency=16,
         bus=bus_url,  # type: ignore[arg-type]
         kube=None if api_url is None else KubeSettings(host=api_url, backoff_s=0.01),
         https=HttpsSettings(bind_address="127.0.0.1", port=0, auth="none"),

@@ -293,6 +293,7 @@ async def test_two_real_workers_on_linked_buses_add_up(tmp_path: Path) -> None:
         east_bus, west_bus = on_hub(hub), testing.settings_for(west_server)
         for bus, cluster in ((east_bus, "east"), (west_bus, "west")):
             worker = WorkerSettings(
+                concurrency=16,
                 bus=msgspec.structs.replace(bus, inbox_prefix="_INBOX.worker"), kube=None,
                 https=https, leader_election=False, cluster_name=cluster,
             )  # fmt: skip
