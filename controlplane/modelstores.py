@@ -16,6 +16,7 @@ import anyio
 
 from controlplane import errors, storespec
 from controlplane.k8s.client import KubeClient
+from controlplane.k8s.informing import Informer
 from controlplane.reconciling.planning import Desired
 from controlplane.resources import MODELSTORES, NODES, Observed, Ref
 from controlplane.settingscatalog import Values
@@ -41,8 +42,12 @@ class ModelStores:
         """The user's edits of the observed spec kept (:func:`storespec.respec`)."""
         return storespec.respec(desired, observed)
 
-    async def refresh(self, api: KubeClient) -> None:
-        """List the stores and nodes again and write every store status that changed."""
+    async def refresh(self, api: KubeClient, nodes: Informer | None = None) -> None:
+        """List the stores again and write every store status that changed.
+
+        The Nodes' labels come from ``nodes`` (the worker's Node informer) once it has listed;
+        without it, or before that, the Nodes are listed too.
+        """
         try:
             self.stores = await api.list(MODELSTORES)
         except errors.NotFound:  # the CRD is not served (yet)
@@ -50,21 +55,20 @@ class ModelStores:
             return
         if not self.stores:
             return
-        nodes = {
-            n["metadata"]["name"]: (n["metadata"].get("labels") or {})
-            for n in await api.list(NODES)
-        }
-        for name, status in storespec.store_statuses(self.stores, nodes).items():
+        held = nodes.objects if nodes is not None and nodes.names() is not None else None
+        bodies = held.values() if held is not None else await api.list(NODES)
+        labels = {n["metadata"]["name"]: (n["metadata"].get("labels") or {}) for n in bodies}
+        for name, status in storespec.store_statuses(self.stores, labels).items():
             current = next(s for s in self.stores if s["metadata"]["name"] == name)
             if _without_times(current.get("status")) != status:
                 ref = Ref(resource=MODELSTORES, name=name)
                 await api.patch(ref, {"status": status}, subresource="status")
 
-    async def run(self, api: KubeClient, period_s: float) -> None:
+    async def run(self, api: KubeClient, period_s: float, nodes: Informer | None = None) -> None:
         """:meth:`refresh` every ``period_s`` until cancelled (failures logged, retried)."""
         while True:
             try:
-                await self.refresh(api)
+                await self.refresh(api, nodes)
             except errors.ApiError as e:
                 log.warning("refreshing the ModelStores failed: %s", e)
             await anyio.sleep(period_s)

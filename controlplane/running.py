@@ -312,6 +312,7 @@ async def _assemble(
         resync_s = settings.kube.relist_s if settings.kube is not None else 0.0
         nodes = Informer(api, NODES, resync_s=resync_s)
         nodes.listen(processor.node_changed)
+        processor.known_nodes = nodes.names
     worker = Worker(
         url="", metrics=metrics, processor=processor, artifacts=artifacts, settings=source,
         chain=_chain(api, nodes, ledger, settings, metrics, source),
@@ -344,7 +345,7 @@ async def _lead(settings: WorkerSettings, parts: _Parts) -> None:
             _start_chain(tg, api, parts.ledger, worker.chain)
             start_forever(tg, "pod-annotations", parts.annotator.run, api)
             start_forever(tg, "pod-events", parts.eventer.run, api)
-            start_forever(tg, "model-stores", parts.stores.run, api, settings.resync_s)
+            start_forever(tg, "model-stores", parts.stores.run, api, settings.resync_s, parts.nodes)
         start_forever(tg, "artifact-workers", artifacts.work, max(1, settings.concurrency // 4))
         if settings.cluster_name is not None:
             start_forever(tg, "fleet-answers", _answer_fleet, settings.cluster_name, parts)

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from contextlib import aclosing
 from typing import Any
 
@@ -93,6 +93,10 @@ class Informer:
 
     def listen(self, listener: Listener) -> None:
         self._listeners.append(listener)
+
+    def names(self) -> Collection[str] | None:
+        """The names held now (a view of the current map), or None until this run's first list."""
+        return self.objects.keys() if self.ready.is_set() else None
 
     def put(self, body: dict[str, Any]) -> None:
         """This process wrote the object and the API answered ``body``: hold it (silently), so

@@ -10,7 +10,8 @@ Gone Nodes are noticed by :meth:`Processor.node_changed`, a listener of the work
 informer (``DELETED`` queues the node's removal at once, ``ADDED`` of a node whose state the
 ledger parked queues its reconcile, so an agent that published before its Node registered is not
 forgotten); the informer's list after a broken watch reports the Nodes deleted meanwhile, and
-the periodic resync stays as the safety net. :attr:`Processor.on_state` is told the name of
+the periodic resync stays as the safety net (reading Node presence from that informer, so it
+lists only the ``Devices``). :attr:`Processor.on_state` is told the name of
 every node whose ledger state an event changed (the scheduling chain's dirty set). A removal goes through the queue like a reconcile, so it never runs
 beside a reconcile of the same node.
 """
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -30,7 +31,7 @@ from controlplane.metrics import WorkerMetrics
 from controlplane.reconciling.ledger import Ledger, Refused
 from controlplane.reconciling.nodes import NodeReconciler
 from controlplane.reconciling.queueing import AsyncKeyQueue
-from controlplane.resources import DEVICES, NODES
+from controlplane.resources import DEVICES, NODES, Ref
 from controlplane.sinks import Sink
 
 if TYPE_CHECKING:
@@ -74,6 +75,9 @@ class Processor:
         """Told every models event that changed the ledger (the Pod event writer)."""
         self.on_state: Callable[[str], None] = _ignore_node
         """Told the node of every event that changed the ledger (the scheduling chain)."""
+        self.known_nodes: Callable[[], Collection[str] | None] = _unknown
+        """The Node names the informer holds, or None until its first list (then the resync
+        lists the Nodes itself)."""
 
     def ingest(self, event: events.Event) -> None:
         """Fold one event and queue its node when its objects may change (never blocks).
@@ -151,18 +155,34 @@ class Processor:
             self._metrics.queue_depth.set(self.queue.state.depth)
 
     async def resync(self) -> None:
-        """Queue every node of the ledger, the overflowed ones, and the gone or orphaned ones."""
+        """Queue every node of the ledger, the overflowed ones, and the gone or orphaned ones.
+
+        Which Nodes exist comes from the informer (:attr:`known_nodes`) once it has listed: the
+        resync lists only the ``Devices``, to find those of a Node deleted while no worker
+        watched. A name the informer lacks is read once before it counts as gone, since the
+        informer may not have seen a Node created a moment ago.
+        """
         nodes = set(self.ledger.nodes()) | self._overflow
         self._overflow.clear()
         if self._sink.has_nodes:
-            present = {o.body["metadata"]["name"] for o in await self._sink.list(NODES)}
+            known = self.known_nodes()
+            present = known if known is not None else await self._listed_nodes()
             for obj in await self._sink.list(DEVICES):
                 name = obj.body["metadata"]["name"]
-                if name not in present:
-                    self._gone.add(name)
-                    nodes.add(name)
+                if name in present:
+                    continue
+                if (
+                    known is not None
+                    and await self._sink.get(Ref(resource=NODES, name=name)) is not None
+                ):
+                    continue
+                self._gone.add(name)
+                nodes.add(name)
         for node in sorted(nodes):
             self._enqueue(node)
+
+    async def _listed_nodes(self) -> set[str]:
+        return {o.body["metadata"]["name"] for o in await self._sink.list(NODES)}
 
     async def resync_every(self, period_s: float) -> None:
         while True:
@@ -195,3 +215,7 @@ def _ignore_models(event: events.ModelsEvent) -> None:
 
 def _ignore_node(node: str) -> None:
     pass
+
+
+def _unknown() -> None:
+    return None

@@ -145,6 +145,8 @@ class FakeApi:
         """Collection id prefixes served as not installed (404), e.g. Kueue's before its CRDs."""
         self.lists: Counter[str] = Counter()
         """List requests (pages) per collection id."""
+        self.reads: Counter[tuple[str, str]] = Counter()
+        """GETs of one object per (collection id, name)."""
         self.compacted = 0
         """History before this resourceVersion is gone: older watches and continues get 410."""
         self._ends = 0
@@ -292,6 +294,7 @@ class FakeApi:
             return self._list(request, coll, ns)
         key = (coll, ns, name)
         if request.method == "GET":
+            self.reads[(coll, name)] += 1
             return self._found(key) or web.json_response(self.objects[key])
         if request.method == "DELETE":
             missing = self._found(key)

@@ -12,6 +12,7 @@ Cancellation invariants (checked after every cancelled worker):
 from __future__ import annotations
 
 import asyncio
+import copy
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
@@ -126,6 +127,41 @@ async def test_a_node_deleted_while_the_watch_was_down_loses_its_objects(tmp_pat
         await eventually(n1_gone, timeout_s=30)
         assert fake.lists["api/v1/nodes"] > lists
         assert (DEVICES, None, "n2") in fake.objects
+        tg.cancel_scope.cancel()
+
+
+async def test_the_resync_reads_node_presence_from_the_informer(tmp_path: Path) -> None:
+    """Once the informer has listed, the periodic resync lists only the Devices: those of a Node
+    deleted while no worker ran are removed, and a name the informer lacks (a Node created a
+    moment ago, not yet on the watch) is read once before it counts as gone."""
+    async with stack(tmp_path) as (fake, url, bus), anyio.create_task_group() as tg:
+        for name in ("n1", "n2"):
+            fake.put_object("api/v1/nodes", node(name))
+        fake.put_object(DEVICES, {"kind": "Devices", "metadata": {"name": "ghost"}, "status": {}})
+        await tg.start(running.run, settings(bus, url, resync_s=0.2))
+        await publish(
+            bus, [events.DevicesEvent(node=n, ts=T0, groups=GROUPS) for n in ("n1", "n2")]
+        )
+
+        async def settled() -> bool:
+            present = all((DEVICES, None, n) in fake.objects for n in ("n1", "n2"))
+            return present and (DEVICES, None, "ghost") not in fake.objects
+
+        await eventually(settled, timeout_s=30)
+        node_lists, device_lists = fake.lists["api/v1/nodes"], fake.lists[DEVICES]
+        # Behind the watch's back: no event tells the informer of this Node.
+        fake.objects[("api/v1/nodes", None, "n3")] = node("n3")
+        body = copy.deepcopy(fake.get(DEVICES, "n2"))
+        body["metadata"]["name"] = "n3"
+        fake.objects[(DEVICES, None, "n3")] = body
+
+        async def resynced_twice_more() -> bool:
+            return fake.lists[DEVICES] >= device_lists + 2
+
+        await eventually(resynced_twice_more, timeout_s=30)
+        assert fake.reads[("api/v1/nodes", "n3")] >= 1
+        assert all((DEVICES, None, n) in fake.objects for n in ("n1", "n2", "n3"))
+        assert fake.lists["api/v1/nodes"] == node_lists
         tg.cancel_scope.cancel()
 
 

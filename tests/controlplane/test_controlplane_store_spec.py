@@ -138,7 +138,16 @@ async def test_a_model_store_overrides_its_nodes_and_reports_overlap(tmp_path: P
         await until(lambda: _spec(fake).get("store") == "a-pool")
         await until(lambda: fake.get(MS, "b-pool")["status"]["nodes"] == 0)
         spec, b_status = _spec(fake), fake.get(MS, "b-pool")["status"]
+        # Another labelled Node: the stores learn its labels from the worker's Node watch, and
+        # their refreshes (every resync, 0.3 s here) list no Nodes once it has listed.
+        node_lists, store_lists = fake.lists["api/v1/nodes"], fake.lists[MS]
+        second = node("n2")
+        second["metadata"]["labels"]["pool"] = "fast"
+        fake.put_object("api/v1/nodes", second)
+        await until(lambda: fake.get(MS, "a-pool")["status"]["nodes"] == 2)
+        await until(lambda: fake.lists[MS] >= store_lists + 2)
         tg.cancel_scope.cancel()
+    assert fake.lists["api/v1/nodes"] == node_lists
     assert spec["download"]["concurrency"] == 24
     overlap = {c["type"]: c for c in b_status["conditions"]}["SelectorOverlap"]
     assert overlap["status"] == "True"
