@@ -13,11 +13,8 @@ waits for what.
 
 An attempt: list the files at the pinned commit (the digest must match, else
 IntegrityMismatch), reserve capacity, download all files (:mod:`agent.models.downloading`),
-then publish: chmod files 0444 and fsync them (spread over :data:`SEAL_THREADS` worker threads,
-so the journal commits them together; small files were fsynced as they landed, see
-:mod:`agent.models.diskio`), directories 0555 and fsync, write the marker, fsync, and
-``rename(partial/<hex>/<n>, published/<hex>)`` — one atomic step, so a reader sees either no
-tree or a complete one. A failure is recorded with a backoff (1 min doubling to 1 h, in the
+then publish (:mod:`agent.models.publishing`: every file sealed and durable, the marker, and one
+atomic rename, so a reader sees either no tree or a complete one). A failure is recorded with a backoff (1 min doubling to 1 h, in the
 ledger, so it survives restarts) for the source and credential that got it, or for every
 request when the node itself failed (:mod:`agent.models.backoff`); ``Canceled`` does not back
 off. A listing that is invalid or another digest is permanent for the pinned commit: it is
@@ -27,11 +24,9 @@ answered FAILED_PRECONDITION, not "retry later".
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Protocol
 
@@ -40,7 +35,7 @@ import anyio.to_thread
 import msgspec
 from anyio.abc import TaskGroup, TaskStatus
 
-from agent.models import backoff, diskio, downloading, layout
+from agent.models import backoff, diskio, downloading, layout, publishing
 from agent.models.backoff import Failure
 from agent.models.errors import BackingOff, Materializing, NoSpace
 from agent.models.tuning import Tuning
@@ -52,8 +47,6 @@ from hub.manifest import Manifest
 __all__ = ["Job", "JobMetrics", "Materializer", "Pod", "Source", "fraction"]
 
 log = logging.getLogger(__name__)
-SEAL_THREADS = 8
-"""Worker threads that fsync a finished tree's files at once (one fsync at a time each)."""
 
 
 def human(n: float) -> str:
@@ -394,8 +387,10 @@ class Materializer:
                     raise
                 job.denied[source.key] = Failure(e.reason, str(e))
         job.phase = "publishing"
-        await _seal_files(attempt / "tree")
-        await anyio.to_thread.run_sync(_publish, self.cache, job.hex, number, attempt, manifest)
+        await publishing.seal_files(attempt / "tree")
+        await anyio.to_thread.run_sync(
+            publishing.publish, self.cache, job.hex, number, attempt, manifest
+        )
         self.metrics.publish_duration.observe(self._clock() - job.started)
 
     async def _list(self, job: Job, source: Source) -> Manifest:
@@ -461,47 +456,3 @@ class Materializer:
                 for i in range(len(manifest.entries)):
                     tg.start_soon(one, i)
         return manifest
-
-
-async def _seal_files(tree: Path) -> None:
-    """Every file under ``tree`` read-only and durable, :data:`SEAL_THREADS` at a time."""
-    paths = await anyio.to_thread.run_sync(diskio.files_under, tree)
-    async with anyio.create_task_group() as tg:
-        for k in range(min(SEAL_THREADS, len(paths))):
-            tg.start_soon(anyio.to_thread.run_sync, diskio.seal_files, paths[k::SEAL_THREADS])
-
-
-def _publish(
-    cache: layout.Cache, hex_: str, number: int, attempt: Path, manifest: Manifest
-) -> None:
-    """Seal ``attempt`` and rename it to ``published/<hex>`` (see the module docstring)."""
-    state = attempt / "state"
-    for p in state.iterdir():
-        p.unlink()
-    state.rmdir()
-    tree = attempt / "tree"
-    for e in manifest.entries:  # directories of empty repos still need to exist
-        (tree / e.path).parent.mkdir(parents=True, exist_ok=True)
-    layout.write_atomically(attempt / "manifest", manifest.text().encode())
-    _seal(tree)
-    marker = layout.Marker(
-        digest="sha256:" + hex_,
-        attempt=number,
-        size_bytes=manifest.size,
-        file_count=len(manifest.entries),
-        published_time=datetime.now(UTC),
-    )
-    layout.write_atomically(attempt / "marker", msgspec.json.encode(marker))
-    if cache.is_published(hex_):
-        cache.discard(attempt)  # published by an earlier run meanwhile: same bytes, keep that one
-        return
-    cache.discard(cache.published / hex_)  # a torn leftover without marker
-    attempt.rename(cache.published / hex_)
-    layout.fsync_dir(cache.published)
-
-
-def _seal(tree: Path) -> None:
-    """Directories 0555 deepest first and fsynced (their files were sealed before)."""
-    for dirpath, _, _ in os.walk(tree, topdown=False):
-        layout.fsync_dir(Path(dirpath))
-        os.chmod(dirpath, 0o555)
