@@ -3,8 +3,8 @@
 
 One anyio task group: the bus subscription (retained state first, then live events) feeding the
 ledger in every replica; the reconcilers, resync and CRD repair only in the leader; the HTTPS
-endpoint (``/metrics``, ``/readyz``, ``/livez`` and the Pod admission webhooks, which answer from
-the ledger) throughout. With an API, every replica also answers the agents' access reviews on the
+endpoint (:mod:`controlplane.endpoint`: ``/metrics``, probes, the Pod admission webhooks, which
+answer from the ledger) throughout. With an API, every replica also answers the agents' access reviews on the
 bus (TokenReview and SubjectAccessReview on their behalf: :mod:`controlplane.reviewing`) and uses
 the same reviewer for its own ``/metrics``. With a reachable Kubernetes API the sink is the API
 (CRDs and webhook configurations applied at start-up, Lease-based election); without one
@@ -35,26 +35,21 @@ from prometheus_client import CollectorRegistry
 from bus import callout, codec, connection, events, kv, state, subscribing
 from bus.errors import BusError, NotConnected
 from bus.metrics import BusMetrics
-from bus.reviewing import serve_reviews
 from controlplane import (
     applications,
     busauth,
     crds,
+    endpoint,
     errors,
     fleet,
     leading,
     resolving,
     settingscatalog,
 )
-from controlplane.admission import certificates, webhooks
-from controlplane.admission.cards import LedgerCatalog
-from controlplane.chain import workloads
 from controlplane.chain.checking import AdmissionChecker
 from controlplane.chain.reconciler import ChainReconciler
 from controlplane.chain.settings import ChainSettings
-from controlplane.extension import audit, auth, guards, registration
-from controlplane.extension.api import ExtensionApi
-from controlplane.extension.fleetview import GatewayReader
+from controlplane.extension import registration
 from controlplane.k8s import client
 from controlplane.k8s.informing import Informer
 from controlplane.metrics import WorkerMetrics
@@ -68,12 +63,10 @@ from controlplane.reconciling.podevents import PodEventer
 from controlplane.reconciling.processing import Processor
 from controlplane.resolving import Resolver
 from controlplane.resources import NODES
-from controlplane.reviewing import KubeReviewer
 from controlplane.settings import WorkerSettings
 from controlplane.settingsource import KvBackend, SecretBackend, SettingsSource
 from controlplane.sinks import KubeSink, KvSink, Sink
-from kit import heap, serving
-from kit.access import CachedAuthorizer
+from kit import heap
 from kit.tasks import start_forever
 
 __all__ = ["Worker", "WorkerSettings", "run"]
@@ -128,93 +121,6 @@ async def _settings_source(
     source = SettingsSource(backend, settings.settings_seed, period_s=settings.settings_period_s)
     await source.prepare()
     return source, ModelStores(lambda: source.values)
-
-
-@asynccontextmanager
-async def _endpoint(
-    settings: WorkerSettings,
-    conn: connection.Connection,
-    api: client.KubeClient | None,
-    registry: CollectorRegistry,
-    ledger: Ledger,
-    worker: Worker,
-) -> AsyncIterator[serving.Server]:
-    """HTTPS with the Pod webhooks and the extension API, and with an API the access reviews:
-    for this endpoint and, on the bus, the agents' (answered whatever this endpoint's own
-    ``--metrics-auth`` says).
-
-    With a cluster it serves a certificate the API server can verify, and the configurations
-    naming its CA (webhooks, APIService) are applied once it listens: the API server is never
-    sent to an endpoint that is not up.
-    """
-    async with AsyncExitStack() as stack:
-        reviewer = None if api is None else KubeReviewer(api)
-        if reviewer is not None:
-            await stack.enter_async_context(serve_reviews(conn, CachedAuthorizer(reviewer)))
-        https, ca_bundle = settings.https, None
-        if api is not None and settings.webhooks.service is not None:
-            ident = await stack.enter_async_context(
-                certificates.serving_identity(api, settings.https, settings.webhooks)
-            )
-            https, ca_bundle = ident.https, ident.ca_bundle
-        extension, proxy = await _extension(settings, api, ledger, worker)
-        middlewares = []
-        if settings.audit.enabled:
-            auditor = await stack.enter_async_context(audit.Auditor(settings.audit).running())
-            middlewares.append(auditor.middleware())
-        posts = {**webhooks.posts(LedgerCatalog(ledger)), **_workload_posts(worker.chain)}
-        if api is not None:  # the API server calls the status guards; they need who we are
-            writers = guards.allowed_writers(
-                await guards.whoami(api), settings.namespace,
-                settings.model_manager_service_account,
-            )  # fmt: skip
-            posts.update(guards.posts(writers))
-        server = await stack.enter_async_context(
-            serving.https_server(
-                https, registry=registry, ready=lambda: conn.is_connected,
-                authorizer=reviewer, posts=posts,
-                handlers=extension.handlers(), client_ca=proxy.client_ca if proxy else None,
-                middlewares=middlewares,
-            )
-        )  # fmt: skip
-        if api is not None and ca_bundle is not None:
-            await webhooks.ensure(api, settings.webhooks, ca_bundle)
-            chain = worker.chain
-            if chain is not None and chain.settings.manage_kueue:
-                await workloads.ensure(api, settings.webhooks, ca_bundle)
-            await registration.ensure(api, settings.webhooks, ca_bundle)
-            await guards.ensure(api, settings.webhooks, ca_bundle)
-        yield server
-
-
-def _workload_posts(chain: ChainReconciler | None) -> dict[str, serving.PostRoute]:
-    """The Workload fit-pin route (with a cluster: it answers from the chain's entrances)."""
-    if chain is None:
-        return {}
-    return workloads.posts(chain.entrance, lambda: chain.settings.workload_fit_affinity)
-
-
-async def _extension(
-    settings: WorkerSettings, api: client.KubeClient | None, ledger: Ledger, worker: Worker
-) -> tuple[ExtensionApi, auth.FrontProxy | None]:
-    """The extension API; its front proxy read from the cluster unless ``--disable-auths``."""
-    assert worker.settings is not None
-    proxy = None
-    if api is not None and not settings.disable_auths:
-        proxy = await auth.load_front_proxy(api)
-
-    def models() -> list[tuple[str, tuple[events.ModelState, ...]]]:
-        states = ((n, ledger.get(n)) for n in ledger.nodes())
-        return [(n, s.models) for n, s in states if s is not None and s.models]
-
-    extension = ExtensionApi(
-        source=worker.settings, namespace=settings.namespace, samples=worker.samples,
-        models=models,
-        authenticator=None if settings.disable_auths else auth.Authenticator(proxy, api),
-        authorizer=None if settings.disable_auths or api is None else auth.Authorizer(api),
-        fleet=None if settings.gateway_unix_path is None else GatewayReader(settings.gateway_unix_path),
-    )  # fmt: skip
-    return extension, proxy
 
 
 @asynccontextmanager
@@ -320,7 +226,16 @@ async def _assemble(
     if worker.chain is not None:
         processor.on_state = worker.chain.state_changed
     server = await stack.enter_async_context(
-        _endpoint(settings, conn, api, registry, ledger, worker)
+        endpoint.serve(
+            settings,
+            conn,
+            api,
+            registry,
+            ledger,
+            source=source,
+            chain=worker.chain,
+            samples=worker.samples,
+        )
     )
     worker.url = server.url
     return _Parts(

@@ -1,0 +1,126 @@
+"""The worker's HTTPS endpoint: ``/metrics``, ``/readyz`` and ``/livez``, the Pod admission
+webhooks and the Workload fit pin, the status guards, the extension API, and (with an API) the
+access reviews it and, on the bus, the agents use.
+
+With a cluster it serves a certificate the API server can verify, and applies the configurations
+naming its CA (webhooks, APIService, guards) only once it listens, so the API server is never
+sent to an endpoint that is not up. Composed by :mod:`controlplane.running`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+
+from prometheus_client import CollectorRegistry
+
+from bus import connection, events
+from bus.reviewing import serve_reviews
+from controlplane.admission import certificates, webhooks
+from controlplane.admission.cards import LedgerCatalog
+from controlplane.chain import workloads
+from controlplane.chain.reconciler import ChainReconciler
+from controlplane.extension import audit, auth, guards, registration
+from controlplane.extension.api import ExtensionApi
+from controlplane.extension.fleetview import GatewayReader
+from controlplane.k8s import client
+from controlplane.reconciling.ledger import Ledger
+from controlplane.reviewing import KubeReviewer
+from controlplane.settings import WorkerSettings
+from controlplane.settingsource import SettingsSource
+from kit import serving
+from kit.access import CachedAuthorizer
+
+__all__ = ["serve"]
+
+
+@asynccontextmanager
+async def serve(
+    settings: WorkerSettings,
+    conn: connection.Connection,
+    api: client.KubeClient | None,
+    registry: CollectorRegistry,
+    ledger: Ledger,
+    *,
+    source: SettingsSource,
+    chain: ChainReconciler | None,
+    samples: registration.LatestSamples,
+) -> AsyncIterator[serving.Server]:
+    """HTTPS with the Pod webhooks and the extension API, and with an API the access reviews:
+    for this endpoint and, on the bus, the agents' (answered whatever this endpoint's own
+    ``--metrics-auth`` says).
+
+    With a cluster it serves a certificate the API server can verify, and the configurations
+    naming its CA (webhooks, APIService) are applied once it listens: the API server is never
+    sent to an endpoint that is not up.
+    """
+    async with AsyncExitStack() as stack:
+        reviewer = None if api is None else KubeReviewer(api)
+        if reviewer is not None:
+            await stack.enter_async_context(serve_reviews(conn, CachedAuthorizer(reviewer)))
+        https, ca_bundle = settings.https, None
+        if api is not None and settings.webhooks.service is not None:
+            ident = await stack.enter_async_context(
+                certificates.serving_identity(api, settings.https, settings.webhooks)
+            )
+            https, ca_bundle = ident.https, ident.ca_bundle
+        extension, proxy = await _extension(settings, api, ledger, source, samples)
+        middlewares = []
+        if settings.audit.enabled:
+            auditor = await stack.enter_async_context(audit.Auditor(settings.audit).running())
+            middlewares.append(auditor.middleware())
+        posts = {**webhooks.posts(LedgerCatalog(ledger)), **_workload_posts(chain)}
+        if api is not None:  # the API server calls the status guards; they need who we are
+            writers = guards.allowed_writers(
+                await guards.whoami(api), settings.namespace,
+                settings.model_manager_service_account,
+            )  # fmt: skip
+            posts.update(guards.posts(writers))
+        server = await stack.enter_async_context(
+            serving.https_server(
+                https, registry=registry, ready=lambda: conn.is_connected,
+                authorizer=reviewer, posts=posts,
+                handlers=extension.handlers(), client_ca=proxy.client_ca if proxy else None,
+                middlewares=middlewares,
+            )
+        )  # fmt: skip
+        if api is not None and ca_bundle is not None:
+            await webhooks.ensure(api, settings.webhooks, ca_bundle)
+            if chain is not None and chain.settings.manage_kueue:
+                await workloads.ensure(api, settings.webhooks, ca_bundle)
+            await registration.ensure(api, settings.webhooks, ca_bundle)
+            await guards.ensure(api, settings.webhooks, ca_bundle)
+        yield server
+
+
+def _workload_posts(chain: ChainReconciler | None) -> dict[str, serving.PostRoute]:
+    """The Workload fit-pin route (with a cluster: it answers from the chain's entrances)."""
+    if chain is None:
+        return {}
+    return workloads.posts(chain.entrance, lambda: chain.settings.workload_fit_affinity)
+
+
+async def _extension(
+    settings: WorkerSettings,
+    api: client.KubeClient | None,
+    ledger: Ledger,
+    source: SettingsSource,
+    samples: registration.LatestSamples,
+) -> tuple[ExtensionApi, auth.FrontProxy | None]:
+    """The extension API; its front proxy read from the cluster unless ``--disable-auths``."""
+    proxy = None
+    if api is not None and not settings.disable_auths:
+        proxy = await auth.load_front_proxy(api)
+
+    def models() -> list[tuple[str, tuple[events.ModelState, ...]]]:
+        states = ((n, ledger.get(n)) for n in ledger.nodes())
+        return [(n, s.models) for n, s in states if s is not None and s.models]
+
+    extension = ExtensionApi(
+        source=source, namespace=settings.namespace, samples=samples,
+        models=models,
+        authenticator=None if settings.disable_auths else auth.Authenticator(proxy, api),
+        authorizer=None if settings.disable_auths or api is None else auth.Authorizer(api),
+        fleet=None if settings.gateway_unix_path is None else GatewayReader(settings.gateway_unix_path),
+    )  # fmt: skip
+    return extension, proxy
