@@ -203,12 +203,10 @@ async def https_server(  # noqa: PLR0913 - keyword-only parts of one endpoint, e
     # reading for ten seconds past the connection's end, and past the server's.
     runner = web.AppRunner(app, access_log=None, handle_signals=False, handler_cancellation=True)
     await runner.setup()
+    site = web.TCPSite(runner, settings.bind_address, settings.port, ssl_context=context)
     try:
-        site = web.TCPSite(runner, settings.bind_address, settings.port, ssl_context=context)
-        await site.start()
+        await start_site(runner, site)
     except OSError as e:
-        with anyio.CancelScope(shield=True):
-            await runner.cleanup()
         raise ServingFailed(
             f"cannot serve HTTPS on {settings.bind_address}:{settings.port}: {e.strerror or e}"
         ) from e
@@ -232,18 +230,33 @@ async def http_metrics_server(
     app.router.add_get("/metrics", _metrics_handler(registry))
     runner = web.AppRunner(app, access_log=None, handle_signals=False, handler_cancellation=True)
     await runner.setup()
+    site = web.TCPSite(runner, bind_address, port)
     try:
-        site = web.TCPSite(runner, bind_address, port)
-        await site.start()
+        await start_site(runner, site)
     except OSError as e:
-        with anyio.CancelScope(shield=True):
-            await runner.cleanup()
         raise ServingFailed(f"cannot serve HTTP on {bind_address}:{port}: {e.strerror or e}") from e
     try:
         yield Server(host=bind_address, port=_bound_port(site), scheme="http")
     finally:
         with anyio.move_on_after(shutdown_timeout_s, shield=True):
             await runner.cleanup()
+
+
+async def start_site(runner: web.AppRunner, site: web.BaseSite) -> None:
+    """Start ``site``, shielded: the bind is local and quick, and asyncio's ``create_server``,
+    cancelled at its last step, drops a server whose listening socket stays bound and
+    registered with the loop until the loop closes. A cancellation that arrives meanwhile is
+    delivered at the caller's next checkpoint, where its cleanup (``runner.cleanup()``) runs.
+
+    :raises OSError: the bind failed; the runner is cleaned up.
+    """
+    try:
+        with anyio.CancelScope(shield=True):
+            await site.start()
+    except OSError:
+        with anyio.CancelScope(shield=True):
+            await runner.cleanup()
+        raise
 
 
 def _bound_port(site: web.TCPSite) -> int:

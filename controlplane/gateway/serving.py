@@ -30,7 +30,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from controlplane.gateway.catalog import Catalog
 from controlplane.resources import GROUP, VERSION
 from kit.access import Authorizer
-from kit.serving import Handler, HttpsSettings, ServingFailed, gate_for, https_server
+from kit.serving import Handler, HttpsSettings, ServingFailed, gate_for, https_server, start_site
 
 __all__ = ["COLLECTION", "handlers", "serve"]
 
@@ -143,8 +143,10 @@ async def _unix(
     runner = web.AppRunner(app, access_log=None, handle_signals=False, handler_cancellation=True)
     await runner.setup()
     try:
-        site = web.UnixSite(runner, path)
-        await site.start()
+        await start_site(runner, web.UnixSite(runner, path))
+    except OSError as e:
+        raise ServingFailed(f"cannot serve on {path}: {e.strerror or e}") from e
+    try:
         os.chmod(path, 0o600)
     except OSError as e:
         with anyio.CancelScope(shield=True):

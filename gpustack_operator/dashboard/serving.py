@@ -46,7 +46,7 @@ from bus.metrics import BusMetrics
 from bus.settings import BusSettings, from_options
 from gpustack_operator.dashboard.feed import Feed
 from kit.options import Options
-from kit.serving import ServingFailed, bind_address
+from kit.serving import ServingFailed, bind_address, start_site
 
 __all__ = ["DashboardSettings", "Hub", "main", "serve", "settings_from"]
 
@@ -240,12 +240,10 @@ async def http_server(settings: DashboardSettings, hub: Hub) -> AsyncIterator[st
         application(hub), access_log=None, handle_signals=False, handler_cancellation=True
     )
     await runner.setup()
+    site = web.TCPSite(runner, settings.bind_address, settings.port)
     try:
-        site = web.TCPSite(runner, settings.bind_address, settings.port)
-        await site.start()
+        await start_site(runner, site)
     except OSError as e:
-        with anyio.CancelScope(shield=True):
-            await runner.cleanup()
         raise ServingFailed(
             f"cannot serve the dashboard on {settings.bind_address}:{settings.port}: "
             f"{e.strerror or e}"
