@@ -159,14 +159,23 @@ class HubClient:
         self._http = transport
         self._settings = settings
         try:
-            self._origin = Url(settings.endpoint).origin
+            self._endpoint = Url(settings.endpoint)
         except ValueError as e:
             raise SourceUnavailable(f"the Hub endpoint is not usable: {e}") from e
+        self._origin = self._endpoint.origin
         self._base = settings.endpoint.rstrip("/")
 
     @property
     def settings(self) -> HubSettings:
         return self._settings
+
+    def _url(self, path: str) -> Url:
+        """``path`` (percent-encoded) under the endpoint, without parsing the endpoint again
+        (one URL a file: its cost shows in a pull of many small files)."""
+        try:
+            return self._endpoint.under(path)
+        except ValueError:  # an endpoint with a query: join it as text, as ever
+            return Url(f"{self._base}{path}")
 
     def _headers(self, url: Url, token: str | None) -> dict[str, str]:
         headers = {"User-Agent": USER_AGENT, "Accept-Encoding": "identity"}
@@ -290,9 +299,8 @@ class HubClient:
         A server that ignores ``Range`` answers 200 with the whole file: ``Body.start`` is then 0
         and the caller must restart the file. :raises HubError: on a refusal.
         """
-        url = Url(
-            f"{self._base}/{quote(repository, safe='/')}/resolve/{quote(commit, safe='')}"
-            f"/{quote(path, safe='/')}"
+        url = self._url(
+            f"/{quote(repository, safe='/')}/resolve/{quote(commit, safe='')}/{quote(path, safe='/')}"
         )
         ranged = start > 0 or end is not None
         extra = {"Range": f"bytes={start}-{'' if end is None else end - 1}"} if ranged else None

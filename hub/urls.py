@@ -88,8 +88,29 @@ class Url:
         return host if self.explicit_port is None else f"{host}:{self.explicit_port}"
 
     def join(self, reference: str) -> Url:
-        """Where ``reference`` (a ``Location`` or a ``Link`` target) points from here."""
-        return Url(urljoin(str(self), reference.strip()))
+        """Where ``reference`` (a ``Location`` or a ``Link`` target) points from here.
+
+        An absolute ``http(s)`` reference (what a CDN redirect is) needs nothing of this URL:
+        it is parsed as it is, which is what resolving it would give.
+        """
+        reference = reference.strip()
+        if reference.startswith(("https://", "http://")):
+            return Url(reference)
+        return Url(urljoin(str(self), reference))
+
+    def under(self, path: str) -> Url:
+        """This URL with ``path`` (percent-encoded, starting with ``/``) appended to its path:
+        the same origin, parsed once for every file of a pull. :raises ValueError: this URL
+        has a query, or ``path`` holds a byte a request line may not carry."""
+        if "?" in self.target or not path.startswith("/") or " " in path:
+            raise ValueError(f"cannot append {path[:200]!r} to {self}")
+        if not path.isascii() or not path.isprintable():
+            raise ValueError(f"cannot append {path[:200]!r} to {self}")
+        url = object.__new__(Url)
+        url.scheme, url.host, url.port = self.scheme, self.host, self.port
+        url.explicit_port, url.user, url.password = self.explicit_port, self.user, self.password
+        url.target = self.target.rstrip("/") + path
+        return url
 
     def __str__(self) -> str:
         return f"{self.scheme}://{self.host_port}{self.target}"

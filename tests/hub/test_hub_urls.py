@@ -58,3 +58,53 @@ def test_credentials_are_decoded_and_never_printed() -> None:
 def test_malformed_urls_are_value_errors(text: str) -> None:
     with pytest.raises(ValueError, match="URL|host"):
         Url(text)
+
+
+def _fields(url: Url) -> tuple[object, ...]:
+    return (url.scheme, url.host, url.port, url.explicit_port, url.target, url.user, url.password)
+
+
+@pytest.mark.parametrize(
+    "reference",
+    [
+        "https://cdn.example/f?sig=a%2Fb&exp=1",
+        "http://CDN.Example:8080/a/./b/../c",
+        "https://u:p@cdn.example/f#x",
+        "https://bücher.example/f",
+        "https://cdn.example",
+    ],
+)
+def test_an_absolute_reference_is_what_resolving_it_gives(reference: str) -> None:
+    from urllib.parse import urljoin
+
+    base = Url("https://hub.example/api/models")
+    assert _fields(base.join(reference)) == _fields(Url(urljoin(str(base), reference)))
+
+
+@pytest.mark.parametrize(
+    "endpoint",
+    [
+        "https://hub.example",
+        "https://hub.example/",
+        "http://mirror.example:8443/hf/",
+        "https://u:p@h",
+    ],
+)
+def test_a_path_under_the_endpoint_is_the_url_its_text_parses_to(endpoint: str) -> None:
+    path = "/org/m%20x/resolve/abc/dir/f%C3%A9.bin"
+    assert _fields(Url(endpoint).under(path)) == _fields(Url(endpoint.rstrip("/") + path))
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "path"),
+    [
+        ("https://hub.example/?x=1", "/f"),  # a query: joined as text by the caller instead
+        ("https://hub.example", "f"),
+        ("https://hub.example", "/a b"),
+        ("https://hub.example", "/a\r\nX-Evil: 1"),
+        ("https://hub.example", "/é"),
+    ],
+)
+def test_under_refuses_what_it_cannot_append_verbatim(endpoint: str, path: str) -> None:
+    with pytest.raises(ValueError, match="cannot append"):
+        Url(endpoint).under(path)
