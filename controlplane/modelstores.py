@@ -42,11 +42,11 @@ class ModelStores:
         """The user's edits of the observed spec kept (:func:`storespec.respec`)."""
         return storespec.respec(desired, observed)
 
-    async def refresh(self, api: KubeClient, nodes: Informer | None = None) -> None:
+    async def refresh(self, api: KubeClient, nodes: Informer) -> None:
         """List the stores again and write every store status that changed.
 
-        The Nodes' labels come from ``nodes`` (the worker's Node informer) once it has listed;
-        without it, or before that, the Nodes are listed too.
+        The Nodes' labels come from ``nodes`` (the worker's Node informer); until its first list
+        the Nodes are listed here.
         """
         try:
             self.stores = await api.list(MODELSTORES)
@@ -55,7 +55,7 @@ class ModelStores:
             return
         if not self.stores:
             return
-        held = nodes.objects if nodes is not None and nodes.names() is not None else None
+        held = nodes.held()
         bodies = held.values() if held is not None else await api.list(NODES)
         labels = {n["metadata"]["name"]: (n["metadata"].get("labels") or {}) for n in bodies}
         for name, status in storespec.store_statuses(self.stores, labels).items():
@@ -64,7 +64,7 @@ class ModelStores:
                 ref = Ref(resource=MODELSTORES, name=name)
                 await api.patch(ref, {"status": status}, subresource="status")
 
-    async def run(self, api: KubeClient, period_s: float, nodes: Informer | None = None) -> None:
+    async def run(self, api: KubeClient, period_s: float, nodes: Informer) -> None:
         """:meth:`refresh` every ``period_s`` until cancelled (failures logged, retried)."""
         while True:
             try:

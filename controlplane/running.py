@@ -4,19 +4,19 @@
 One anyio task group: the bus subscription (retained state first, then live events) feeding the
 ledger in every replica; the reconcilers, resync and CRD repair only in the leader; the HTTPS
 endpoint (:mod:`controlplane.endpoint`: ``/metrics``, probes, the Pod admission webhooks, which
-answer from the ledger) throughout. With an API, every replica also answers the agents' access reviews on the
-bus (TokenReview and SubjectAccessReview on their behalf: :mod:`controlplane.reviewing`) and uses
-the same reviewer for its own ``/metrics``. With a reachable Kubernetes API the sink is the API
-(CRDs and webhook configurations applied at start-up, Lease-based election); without one
-(``standalone``, or ``--kubeconfig=none``) the same reconcilers keep their ledger in the bus's KV
-bucket, and the webhooks are served all the same.
+answer from the ledger) throughout. With an API, every replica also answers the agents' access
+reviews on the bus (TokenReview and SubjectAccessReview on their behalf:
+:mod:`controlplane.reviewing`) and uses the same reviewer for its own ``/metrics``. With a
+reachable Kubernetes API the sink is the API (CRDs and webhook configurations applied at start-up,
+Lease-based election); without one (``standalone``, or ``--kubeconfig=none``) the same reconcilers
+keep their ledger in the bus's KV bucket, and the webhooks are served all the same.
 
 Samples are never written to the API: they stay on the bus (retained) and in metrics.
 
-After every reconnect the worker re-ensures the streams and buckets it needs (the server may
-have restarted without its store) and, as leader, writes again on the next reconcile whatever
-lives only in the bus: the agents' records and, with the KV sink, the ledger itself. The
-subscription reads the retained state again by itself (:mod:`bus.subscribing`).
+After every reconnect the worker re-ensures the streams and buckets it needs (the server may have
+restarted without its store) and, as leader, writes again on the next reconcile whatever lives only
+in the bus: the agents' records and, with the KV sink, the ledger itself. The subscription reads
+the retained state again by itself (:mod:`bus.subscribing`).
 """
 
 from __future__ import annotations
@@ -218,7 +218,7 @@ async def _assemble(
         resync_s = settings.kube.relist_s if settings.kube is not None else 0.0
         nodes = Informer(api, NODES, resync_s=resync_s)
         nodes.listen(processor.node_changed)
-        processor.known_nodes = nodes.names
+        processor.known_nodes = nodes.held
     worker = Worker(
         url="", metrics=metrics, processor=processor, artifacts=artifacts, settings=source,
         chain=_chain(api, nodes, ledger, settings, metrics, source),

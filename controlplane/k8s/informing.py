@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Mapping
 from contextlib import aclosing
 from typing import Any
 
@@ -94,9 +94,10 @@ class Informer:
     def listen(self, listener: Listener) -> None:
         self._listeners.append(listener)
 
-    def names(self) -> Collection[str] | None:
-        """The names held now (a view of the current map), or None until this run's first list."""
-        return self.objects.keys() if self.ready.is_set() else None
+    def held(self) -> Mapping[str, dict[str, Any]] | None:
+        """The map as it is now (name -> body; read, never mutate), or None until this run's
+        first list: a reader then asks the API itself."""
+        return self.objects if self.ready.is_set() else None
 
     def put(self, body: dict[str, Any]) -> None:
         """This process wrote the object and the API answered ``body``: hold it (silently), so

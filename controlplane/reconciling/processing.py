@@ -7,13 +7,13 @@ still holds its state). :meth:`Processor.resync` re-queues every known node and,
 Kubernetes sink, every node whose Node object disappeared, plus orphaned objects.
 
 Gone Nodes are noticed by :meth:`Processor.node_changed`, a listener of the worker's one Node
-informer (``DELETED`` queues the node's removal at once, ``ADDED`` of a node whose state the
-ledger parked queues its reconcile, so an agent that published before its Node registered is not
-forgotten); the informer's list after a broken watch reports the Nodes deleted meanwhile, and
-the periodic resync stays as the safety net (reading Node presence from that informer, so it
-lists only the ``Devices``). :attr:`Processor.on_state` is told the name of
-every node whose ledger state an event changed (the scheduling chain's dirty set). A removal goes through the queue like a reconcile, so it never runs
-beside a reconcile of the same node.
+informer (``DELETED`` queues the node's removal at once, ``ADDED`` of a node whose state the ledger
+parked queues its reconcile, so an agent that published before its Node registered is not
+forgotten); the informer's list after a broken watch reports the Nodes deleted meanwhile, and the
+periodic resync stays as the safety net (reading Node presence from that informer, so it lists only
+the ``Devices``). :attr:`Processor.on_state` is told the name of every node whose ledger state an
+event changed (the scheduling chain's dirty set). A removal goes through the queue like a
+reconcile, so it never runs beside a reconcile of the same node.
 """
 
 from __future__ import annotations
@@ -76,8 +76,8 @@ class Processor:
         self.on_state: Callable[[str], None] = _ignore_node
         """Told the node of every event that changed the ledger (the scheduling chain)."""
         self.known_nodes: Callable[[], Collection[str] | None] = _unknown
-        """The Node names the informer holds, or None until its first list (then the resync
-        lists the Nodes itself)."""
+        """The Nodes the informer holds (``Informer.held``; only membership is asked), or None
+        until its first list (then the resync lists the Nodes itself)."""
 
     def ingest(self, event: events.Event) -> None:
         """Fold one event and queue its node when its objects may change (never blocks).
