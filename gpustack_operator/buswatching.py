@@ -196,8 +196,6 @@ class _Relay:
         self._printer = printer
         self._guard = state.guard_for(settings, BusMetrics())
         self._dirty = anyio.Event()
-        self._flagged = False
-        """Whether :attr:`_dirty` is set: a plain attribute, read once per message."""
         self.failed: list[OSError] = []
         self.stop = anyio.CancelScope()
 
@@ -213,14 +211,13 @@ class _Relay:
             self._printer.relay(data, event)
         except OSError as e:
             self._fail(e)
-        if not self._flagged:
-            self._flagged = True
+        if not self._dirty.is_set():
             self._dirty.set()
 
     async def flusher(self) -> None:
         while True:
             await self._dirty.wait()
-            self._dirty, self._flagged = anyio.Event(), False
+            self._dirty = anyio.Event()
             try:
                 self._printer.flush()
             except OSError as e:
