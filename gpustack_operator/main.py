@@ -30,7 +30,11 @@ log = logging.getLogger(__name__)
 EXIT_USAGE = 2
 
 
-def main(argv: Sequence[str] | None = None, *, loaded: Callable[[], None] = lambda: None) -> int:
+def _nothing() -> None:
+    pass
+
+
+def main(argv: Sequence[str] | None = None, *, loaded: Callable[[], None] = _nothing) -> int:
     """Run the command ``argv`` names; returns the exit code. ``loaded`` is called once the
     command's modules are imported and its settings built, just before it runs."""
     args = list(sys.argv[1:] if argv is None else argv)
@@ -83,7 +87,7 @@ def _loaded() -> None:
     gc.enable()
 
 
-def run(command: Command, parsed: Parsed, loaded: Callable[[], None] = lambda: None) -> int:
+def run(command: Command, parsed: Parsed, loaded: Callable[[], None] = _nothing) -> int:
     name = " ".join(command.path)
     try:
         logs.configure(log_settings(parsed.values))

@@ -300,7 +300,8 @@ class HubClient:
         and the caller must restart the file. :raises HubError: on a refusal.
         """
         url = self._url(
-            f"/{quote(repository, safe='/')}/resolve/{quote(commit, safe='')}/{quote(path, safe='/')}"
+            f"/{quote(repository, safe='/')}/resolve/{quote(commit, safe='')}"
+            f"/{quote(path, safe='/')}"
         )
         ranged = start > 0 or end is not None
         extra = {"Range": f"bytes={start}-{'' if end is None else end - 1}"} if ranged else None

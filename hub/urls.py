@@ -102,9 +102,8 @@ class Url:
         """This URL with ``path`` (percent-encoded, starting with ``/``) appended to its path:
         the same origin, parsed once for every file of a pull. :raises ValueError: this URL
         has a query, or ``path`` holds a byte a request line may not carry."""
-        if "?" in self.target or not path.startswith("/") or " " in path:
-            raise ValueError(f"cannot append {path[:200]!r} to {self}")
-        if not path.isascii() or not path.isprintable():
+        verbatim = path.startswith("/") and path.isascii() and path.isprintable()
+        if "?" in self.target or not verbatim or " " in path:
             raise ValueError(f"cannot append {path[:200]!r} to {self}")
         url = object.__new__(Url)
         url.scheme, url.host, url.port = self.scheme, self.host, self.port

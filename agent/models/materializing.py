@@ -11,13 +11,13 @@ token is only ever used for its own repository).
 being unasked. The pods that asked are kept on the job (:attr:`Job.pods`) so the bus can say who
 waits for what.
 
-An attempt: list the files at the pinned commit (the digest must match, else
-IntegrityMismatch), reserve capacity, download all files (:mod:`agent.models.downloading`),
-then publish (:mod:`agent.models.publishing`: every file sealed and durable, the marker, and one
-atomic rename, so a reader sees either no tree or a complete one). A failure is recorded with a backoff (1 min doubling to 1 h, in the
-ledger, so it survives restarts) for the source and credential that got it, or for every
-request when the node itself failed (:mod:`agent.models.backoff`); ``Canceled`` does not back
-off. A listing that is invalid or another digest is permanent for the pinned commit: it is
+An attempt: list the files at the pinned commit (the digest must match, else IntegrityMismatch),
+reserve capacity, download all files (:mod:`agent.models.downloading`), then publish
+(:mod:`agent.models.publishing`: every file sealed and durable, the marker, and one atomic rename,
+so a reader sees either no tree or a complete one). A failure is recorded with a backoff (1 min
+doubling to 1 h, in the ledger, so it survives restarts) for the source and credential that got it,
+or for every request when the node itself failed (:mod:`agent.models.backoff`); ``Canceled`` does
+not back off. A listing that is invalid or another digest is permanent for the pinned commit: it is
 answered FAILED_PRECONDITION, not "retry later".
 """
 
