@@ -20,6 +20,7 @@ from bus.settings import BusSettings
 from gpustack_operator.dashboard import serving
 from gpustack_operator.dashboard.feed import Feed
 from gpustack_operator.main import options_for
+from kit import testing as testing_servers
 from kit.options import SettingsError
 from kit.serving import ServingFailed
 
@@ -185,3 +186,14 @@ async def test_a_taken_port_is_one_clear_error(bus: BusSettings) -> None:
         settings = serving.DashboardSettings(bus=bus, port=port)
         with pytest.raises(ServingFailed, match=f"cannot serve the dashboard on 127.0.0.1:{port}"):
             await serving.serve(settings)
+
+
+async def test_a_start_cancelled_at_any_step_leaves_no_socket_bound() -> None:
+    """The page's server starts through ``kit.serving.start_site`` like every other: cancelled
+    at any loop turn of its start, it leaves no listening socket behind."""
+    settings = serving.DashboardSettings(
+        bus=BusSettings.for_tests(f"nats://127.0.0.1:{_free_port()}")
+    )
+    await testing_servers.cancel_every_start(
+        lambda: serving.http_server(settings, serving.Hub(Feed(), client_buffer=4))
+    )
