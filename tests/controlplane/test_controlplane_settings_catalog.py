@@ -16,7 +16,7 @@ from bus import connection, kv
 from bus.testing import nats_server, settings_for
 from controlplane import errors, settingscatalog
 from controlplane.k8s.client import KubeSettings, open_client
-from controlplane.settingscatalog import CATALOG, InvalidSetting
+from controlplane.settingscatalog import BY_NAME, CATALOG, InvalidSetting
 from controlplane.settingsource import KvBackend, SecretBackend, SettingsSource
 
 SECRETS = "api/v1/secrets"
@@ -198,3 +198,23 @@ async def test_a_worker_without_a_cluster_keeps_its_settings_in_the_bus(tmp_path
         tg.cancel_scope.cancel()
     assert stored is not None and stored.data["node-management-manual"] == "true"
     assert worker.settings is not None and worker.settings.values.node_management_manual is True
+
+
+def test_the_settings_table_in_the_docs_is_the_catalog() -> None:
+    """docs/settings.md lists every setting once, with its default, and marks exactly the inert
+    ones (stored, never read: the API says so too) with "—" in its "Read by" column."""
+    from pathlib import Path
+
+    text = (Path(__file__).parents[2] / "docs" / "settings.md").read_text()
+    rows = {}
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 4 and cells[0].startswith("`") and cells[0].strip("`") in BY_NAME:
+            rows[cells[0].strip("`")] = cells
+    assert set(rows) == {e.name for e in CATALOG}
+    assert {n for n, cells in rows.items() if cells[3] == "—"} == {
+        e.name for e in CATALOG if e.inert
+    }
+    for entry in CATALOG:
+        shown = rows[entry.name][1].strip("`")
+        assert shown == (entry.default or "empty"), entry.name
