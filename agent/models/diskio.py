@@ -11,8 +11,8 @@ the wire, so the journal commits them during the download rather than after it. 
 no resume state: an attempt that resumes rehashes it (:func:`kept`) instead of trusting any
 record, so a crash that lost or tore its bytes only costs fetching it again. Large files keep
 their fsynced checkpoints (see :mod:`agent.models.downloading`). Before the marker that
-publishes the tree is written, :func:`seal_files` makes every file 0444 and fsyncs it (cheap for
-the files that already are).
+publishes the tree is written, :func:`seal_files` makes every other file 0444 and fsyncs it:
+those kept from an earlier attempt (rehashed, but perhaps only in the page cache) and large ones.
 
 Every ``ENOSPC``/``EDQUOT`` becomes :class:`NoSpace`.
 """

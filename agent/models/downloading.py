@@ -130,8 +130,11 @@ async def fetch(
     tuning: Tuning,
     progress: Callable[[int], None],
     present: bool = True,
-) -> None:
-    """Make ``dest`` hold ``entry``'s verified bytes (resuming what is there).
+) -> bool:
+    """Make ``dest`` hold ``entry``'s verified bytes (resuming what is there); returns whether
+    this call also *sealed* it: a small file landed whole, read-only and fsynced, which
+    publication need not fsync again (a file kept from an earlier attempt or fetched in
+    segments is not sealed: its bytes may still be only in the page cache, its mode 0644).
 
     ``present=False``: the caller knows ``dest`` does not exist (it listed the attempt), so a
     small file skips looking for one (a worker-thread call).
@@ -141,19 +144,18 @@ async def fetch(
     """
     if entry.size <= tuning.small_bytes:
         whole = _Whole(origin, entry, dest, state_path, limits, tuning, progress)
-        await whole.run(present)
-        return
+        return await whole.run(present)
     job = _FileFetch(origin, entry, dest, state_path, limits, tuning, progress)
     bounds = _bounds(entry.size, tuning.segment_bytes)
     state, _ = await anyio.to_thread.run_sync(
         assembling.start, state_path, dest, entry.size, len(bounds)
     )
-    if state.verified:
-        return
-    try:
-        await job.run(state, bounds, ranged=True)
-    except _NoRanges:
-        await job.run(assembling.State(entry.size, [0]), [(0, entry.size)], ranged=False)
+    if not state.verified:
+        try:
+            await job.run(state, bounds, ranged=True)
+        except _NoRanges:
+            await job.run(assembling.State(entry.size, [0]), [(0, entry.size)], ranged=False)
+    return False
 
 
 @dataclass
@@ -176,12 +178,13 @@ class _Whole(_Job):
     and no fsync until publication (see :mod:`agent.models.diskio`). A cut response is asked
     again whole, as a segment would be resumed."""
 
-    async def run(self, present: bool) -> None:
+    async def run(self, present: bool) -> bool:
+        """Whether the file was landed (sealed) now: False when an earlier attempt's is kept."""
         entry, tuning = self.entry, self.tuning
         if present and await anyio.to_thread.run_sync(
             diskio.kept, self.dest, entry, tuning.chunk_bytes
         ):
-            return
+            return False
         failures = 0
         while True:
             try:
@@ -198,6 +201,7 @@ class _Whole(_Job):
                 await anyio.to_thread.run_sync(assembling.forget, self.dest, self.state_path)
             raise IntegrityMismatch(f"{entry.path}: content does not match its {entry.algorithm}")
         self.progress(entry.size)
+        return True
 
 
 async def _whole_body(

@@ -376,10 +376,11 @@ class Materializer:
         number = record.last_attempt
         attempt = await anyio.to_thread.run_sync(self.cache.new_attempt, job.hex, number)
         tried = 0
+        sealed: set[str] = set()  # files landed read-only and fsynced, by any source
         while tried < len(job.sources):  # sources that join meanwhile are tried too
             job.trying = source = job.sources[tried]
             try:
-                manifest = await self._download(job, source, attempt, reserve)
+                manifest = await self._download(job, source, attempt, reserve, sealed)
                 break
             except AccessDenied as e:
                 tried += 1
@@ -387,7 +388,7 @@ class Materializer:
                     raise
                 job.denied[source.key] = Failure(e.reason, str(e))
         job.phase = "publishing"
-        await publishing.seal_files(attempt / "tree")
+        await publishing.seal_files(attempt / "tree", sealed=sealed)
         await anyio.to_thread.run_sync(
             publishing.publish, self.cache, job.hex, number, attempt, manifest
         )
@@ -421,8 +422,10 @@ class Materializer:
         return manifest
 
     async def _download(
-        self, job: Job, source: Source, attempt: Path, reserve: Reserve
+        self, job: Job, source: Source, attempt: Path, reserve: Reserve, sealed: set[str]
     ) -> Manifest:
+        """Fetch every file of ``source``'s listing into ``attempt``; the paths of files that
+        landed sealed (see :func:`downloading.fetch`) are added to ``sealed``."""
         manifest = await self._list(job, source)
         on_disk = await anyio.to_thread.run_sync(self.cache.partial_bytes, job.hex)
         job.size, job.done = manifest.size, 0
@@ -440,7 +443,7 @@ class Materializer:
             entry = manifest.entries[entry_index]
             dest = attempt / "tree" / entry.path
             async with files:
-                await downloading.fetch(
+                landed = await downloading.fetch(
                     origin,
                     entry,
                     dest,
@@ -450,6 +453,8 @@ class Materializer:
                     progress=moved,
                     present=str(dest) in present,
                 )
+            if landed:
+                sealed.add(str(dest))
 
         with downloading.first_error():
             async with anyio.create_task_group() as tg:

@@ -1,0 +1,114 @@
+"""Durability of a published tree: every file is fsynced after its last change, and no twice.
+
+The operating system calls of a real pull (a real Hub server, the real cache filesystem) are
+journaled by path: what changed a file's bytes or mode, and what fsynced it. A small file lands
+read-only and fsynced in one call, so publication must not fsync it again; a file kept from an
+earlier attempt (rehashed, perhaps only in the page cache) and a large one must be fsynced by
+publication.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from models_harness import FILES, TUNING, Rig
+
+from agent.models import pull
+from hub import testing
+
+pytestmark = pytest.mark.anyio
+
+SMALL = [name for name, data in FILES.items() if len(data) <= TUNING.small_bytes]
+LARGE = [name for name, data in FILES.items() if len(data) > TUNING.small_bytes]
+
+
+class Journal:
+    """``(call, file under a tree)`` for each journaled call, in the order they ran."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.calls: list[tuple[str, str]] = []
+        for name in ("pwritev", "ftruncate", "posix_fallocate", "fsync"):
+            monkeypatch.setattr(os, name, self._by_fd(name, getattr(os, name)))
+        monkeypatch.setattr(os, "chmod", self._by_path(os.chmod))
+
+    def _note(self, call: str, path: str) -> None:
+        if "/tree/" in path and not os.path.isdir(path):
+            self.calls.append((call, path.split("/tree/", 1)[1]))
+
+    def _by_fd(self, call: str, real: Callable[..., Any]) -> Callable[..., Any]:
+        def journaled(fd: int, *args: Any) -> Any:
+            self._note(call, os.readlink(f"/proc/self/fd/{fd}"))
+            return real(fd, *args)
+
+        return journaled
+
+    def _by_path(self, real: Callable[..., Any]) -> Callable[..., Any]:
+        def journaled(path: Any, *args: Any, **kwargs: Any) -> Any:
+            self._note("chmod", os.fspath(path))
+            return real(path, *args, **kwargs)
+
+        return journaled
+
+    def fsyncs(self, name: str) -> int:
+        return self.calls.count(("fsync", name))
+
+    def synced_last(self, name: str) -> bool:
+        """Whether ``name``'s last journaled call is an fsync (nothing changed it after)."""
+        own = [call for call, path in self.calls if path == name]
+        return bool(own) and own[-1] == "fsync"
+
+
+async def _pull(rig: Rig) -> Path:
+    settings = pull.PullSettings(
+        repository="org/model",
+        revision="main",
+        cache_root=rig.settings.cache_root,
+        endpoint=rig.endpoints.hub,
+        tuning=TUNING,
+    )
+    _, tree = await pull.pull(settings)
+    return tree
+
+
+def _fetched(hub: testing.FakeHub) -> set[str]:
+    return {s.path.rsplit("/", 1)[-1] for s in hub.seen if "/api/" not in s.path}
+
+
+async def test_a_fresh_pull_fsyncs_each_file_after_its_last_change_and_small_ones_once(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rig.artifact("org/model", FILES)
+    journal = Journal(monkeypatch)
+
+    tree = await _pull(rig)
+
+    monkeypatch.undo()
+    assert sorted(str(p.relative_to(tree)) for p in tree.rglob("*") if p.is_file()) == sorted(FILES)
+    assert {name: journal.synced_last(name) for name in FILES} == dict.fromkeys(FILES, True)
+    assert {name: journal.fsyncs(name) for name in SMALL} == dict.fromkeys(SMALL, 1)
+    assert LARGE and all(journal.fsyncs(name) >= 1 for name in LARGE)
+
+
+async def test_files_kept_from_a_failed_attempt_are_fsynced_by_the_next_publication(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rig.artifact("org/model", FILES)
+    rig.hub.corrupt.add("model-00002.safetensors")
+    with pytest.raises(pull.PullFailed, match="IntegrityMismatch"):
+        await _pull(rig)
+    rig.hub.corrupt.clear()
+    rig.hub.seen.clear()
+    journal = Journal(monkeypatch)
+
+    tree = await _pull(rig)
+
+    monkeypatch.undo()
+    kept = set(FILES) - _fetched(rig.hub) - {"empty.txt"}  # an empty file is never requested
+    assert kept and "model-00002.safetensors" not in kept
+    assert {p: (tree / p).read_bytes() for p in FILES} == FILES
+    assert {name: journal.synced_last(name) for name in FILES} == dict.fromkeys(FILES, True)
+    assert journal.fsyncs("model-00002.safetensors") == 1
