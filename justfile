@@ -45,7 +45,7 @@ bench-smoke:
     BENCH_SMOKE=1 {{python}} bench/bench_bus.py
     BENCH_SMOKE=1 {{python}} bench/bench_deviceplugin.py
     BENCH_SMOKE=1 {{python}} bench/bench_serve.py
-    BENCH_SMOKE=1 {{python}} bench/bench_models.py
+    BENCH_SMOKE=1 {{python}} bench/bench_models.py --noop
     BENCH_SMOKE=1 {{python}} bench/bench_worker.py
     BENCH_SMOKE=1 {{python}} bench/bench_worker.py --chain
     BENCH_SMOKE=1 {{python}} bench/bench_worker.py --ingest

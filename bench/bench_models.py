@@ -19,7 +19,10 @@ disturbs less than wall time:
 - **before**: the ``mm pull`` command of another source tree (``--before-src DIR``, e.g. an
   exported earlier commit), for before/after figures from one run;
 - **huggingface_hub**: ``snapshot_download(local_dir=...)`` (it does not hash the bytes);
-- **curl**: ``curl -Z -L`` of every file URL to /dev/null-like files (raw transfer, no hashing).
+- **curl**: ``curl -Z -L`` of every file URL to /dev/null-like files (raw transfer, no hashing);
+- **noop**: ``mm pull`` of the digest once it is published (``--noop``): the command's fixed
+  cost (start-up, the two listing requests, the check that finds the tree), which no transfer
+  can shorten. Its figures are the second of two pulls in one child; the first is not timed.
 """
 
 from __future__ import annotations
@@ -153,13 +156,22 @@ def curl(endpoint: str, commit: str, dest: str) -> None:
     subprocess.run(args, check=True)
 
 
+def noop(endpoint: str, commit: str, dest: str) -> None:
+    """``mm pull`` of a digest already published: start-up and listing, no transfer."""
+    pull(endpoint, commit, dest)
+
+
 def child(kind: str, endpoint: str, commit: str, dest: str) -> None:
+    who = resource.RUSAGE_CHILDREN if kind in ("curl", "pull", "noop") else resource.RUSAGE_SELF
+    if kind == "noop":
+        pull(endpoint, commit, dest)  # untimed: publishes the digest the timed run finds
+    before = resource.getrusage(who)
     start = time.perf_counter()
-    {"ours": ours, "pull": pull, "hf": hf, "curl": curl}[kind](endpoint, commit, dest)
+    {"ours": ours, "pull": pull, "noop": noop, "hf": hf, "curl": curl}[kind](endpoint, commit, dest)
     elapsed = time.perf_counter() - start
-    who = resource.RUSAGE_CHILDREN if kind in ("curl", "pull") else resource.RUSAGE_SELF
     usage = resource.getrusage(who)
-    cpu = usage.ru_utime + usage.ru_stime  # user + system: what the shared machine gave it
+    # user + system: what the shared machine gave it
+    cpu = usage.ru_utime + usage.ru_stime - before.ru_utime - before.ru_stime
     print(json.dumps({"seconds": elapsed, "rss_mib": usage.ru_maxrss / 1024, "cpu_s": cpu}))
 
 
@@ -190,6 +202,29 @@ def compiled(root: str) -> None:
     compileall.compile_dir(root, quiet=1, rx=re.compile(r"/\.(venv|git)|/tests/"))
 
 
+def contenders(args: argparse.Namespace, env: dict[str, str]) -> list[str]:
+    """The kinds to run, in order; byte-compiles the trees whose command is timed."""
+    kinds = ["pull", "ours"] if args.in_process else ["pull"]
+    if args.noop:
+        kinds.append("noop")
+    compiled(str(Path(__file__).resolve().parents[1]))
+    if args.before_src:
+        compiled(args.before_src)
+        kinds.append("before")
+        env["BENCH_BEFORE"] = args.before_src
+    if shutil.which("curl"):
+        kinds.insert(0, "curl")
+    else:
+        print("curl not installed: skipping it", file=sys.stderr)
+    try:
+        import huggingface_hub  # noqa: F401
+
+        kinds.append("hf")
+    except ImportError:
+        print("huggingface_hub not installed: skipping it", file=sys.stderr)
+    return kinds
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--size-mib", type=int, default=4 if SMOKE else 256)
@@ -198,6 +233,9 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=1 if SMOKE else 3)
     parser.add_argument("--in-process", action="store_true", help="also time the in-process path")
     parser.add_argument("--before-src", help="a source tree whose `mm pull` is 'before'")
+    parser.add_argument(
+        "--noop", action="store_true", help="also time `mm pull` of a digest already published"
+    )
     parser.add_argument("--child", nargs=4)
     args = parser.parse_args()
     if args.child:
@@ -226,22 +264,7 @@ def main() -> None:
             "README.md",
         ]
         env = {**os.environ, "BENCH_FILES": json.dumps(names)}
-        kinds = ["pull", "ours"] if args.in_process else ["pull"]
-        compiled(str(Path(__file__).resolve().parents[1]))
-        if args.before_src:
-            compiled(args.before_src)
-            kinds.append("before")
-            env["BENCH_BEFORE"] = args.before_src
-        if shutil.which("curl"):
-            kinds.insert(0, "curl")
-        else:
-            print("curl not installed: skipping it", file=sys.stderr)
-        try:
-            import huggingface_hub  # noqa: F401
-
-            kinds.append("hf")
-        except ImportError:
-            print("huggingface_hub not installed: skipping it", file=sys.stderr)
+        kinds = contenders(args, env)
         size = size_kib * 1024
         print(
             f"repository: {args.files} files + 2 small, {size_kib / 1024:.1f} MiB; median and "
