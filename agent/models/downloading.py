@@ -174,9 +174,9 @@ class _Job:
 @dataclass
 class _Whole(_Job):
     """A small file: one request, the body held in memory (at most ``small_bytes``), then one
-    worker-thread call writes, hashes and closes it (:func:`diskio.land`); no resume state,
-    and no fsync until publication (see :mod:`agent.models.diskio`). A cut response is asked
-    again whole, as a segment would be resumed."""
+    worker-thread call writes, hashes, fsyncs and closes it (:func:`diskio.land`); no resume
+    state, and sealed as it lands, so publication skips it (see :mod:`agent.models.diskio`).
+    A cut response is asked again whole, as a segment would be resumed."""
 
     async def run(self, present: bool) -> bool:
         """Whether the file was landed (sealed) now: False when an earlier attempt's is kept."""

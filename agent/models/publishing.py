@@ -3,10 +3,11 @@
 What a reader may rely on, and why each step is here: every file is read-only (0444) and
 fsynced (:func:`seal_files`, spread over :data:`SEAL_THREADS` worker threads so the journal
 commits many at once; small files that landed in this attempt were sealed then and are
-skipped, see :mod:`agent.models.diskio`); every directory is 0555 and fsynced, deepest first; the manifest and
-the marker are written atomically; then ``rename(partial/<hex>/<n>, published/<hex>)`` and an
-fsync of ``published``. A reader therefore sees either no tree or a complete, durable one, and a
-tree without its marker is a torn leftover that the next publication replaces.
+skipped, see :mod:`agent.models.diskio`); every directory is 0555 and fsynced, deepest first;
+the manifest and the marker are written atomically; then
+``rename(partial/<hex>/<n>, published/<hex>)`` and an fsync of ``published``. A reader
+therefore sees either no tree or a complete, durable one, and a tree without its marker is a
+torn leftover that the next publication replaces.
 """
 
 from __future__ import annotations
