@@ -34,6 +34,7 @@ bench:
     {{python}} bench/bench_deviceplugin.py
     {{python}} bench/bench_serve.py
     {{python}} bench/bench_models.py
+    {{python}} bench/pull_timeline.py
     {{python}} bench/bench_worker.py
     {{python}} bench/bench_worker.py --chain
     {{python}} bench/bench_worker.py --ingest --nodes 2000 10000
@@ -46,6 +47,7 @@ bench-smoke:
     BENCH_SMOKE=1 {{python}} bench/bench_deviceplugin.py
     BENCH_SMOKE=1 {{python}} bench/bench_serve.py
     BENCH_SMOKE=1 {{python}} bench/bench_models.py --noop
+    BENCH_SMOKE=1 {{python}} bench/pull_timeline.py
     BENCH_SMOKE=1 {{python}} bench/bench_worker.py
     BENCH_SMOKE=1 {{python}} bench/bench_worker.py --chain
     BENCH_SMOKE=1 {{python}} bench/bench_worker.py --ingest
