@@ -13,10 +13,10 @@ maps NVML's return codes to our own errors, named for what the caller should do:
   the instance; retry later) and :class:`NvmlNotPermitted` (``NO_PERMISSION``: MIG management
   needs root; a subclass of :class:`NvmlUnsupported`, so detection still just drops the field).
 
-MIG instances (GPU instance + compute instance) are created, listed and destroyed by the
-``*_instance*`` methods; a MIG device is named by its ``MIG-`` UUID, found by walking the card's
-MIG device slots (:meth:`Nvml.mig_devices`) and matching the GI and CI ids, because slot numbers
-shift when a sibling is destroyed.
+The adapter is three modules, and callers import only this one, which re-exports the rest:
+:mod:`agent.devices.nvmlcalls` (return codes, the error types and the call that maps one to
+the other), :mod:`agent.devices.nvmlmig` (MIG profiles, placements and instances: a base of
+:class:`Nvml`) and this one (identity, capability, locality, usage, GPM and XID events).
 
 The library is the real ``pynvml`` module (imported on first construction, so importing this
 module costs nothing) or a pynvml-compatible simulator. Only ``library.NVMLError`` and its int
@@ -29,70 +29,66 @@ successful init is paired with a shutdown.
 
 from __future__ import annotations
 
-import ctypes
 import logging
-from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 from agent.devices import pci
-from agent.errors import AgentError
+from agent.devices.nvmlcalls import (
+    ABSENT,
+    INVALID_ARGUMENT,
+    NOT_FOUND,
+    NOT_SUPPORTED,
+    TIMEOUT,
+    Handle,
+    NvmlCallFailed,
+    NvmlError,
+    NvmlGpuLost,
+    NvmlInUse,
+    NvmlNoRoom,
+    NvmlNotPermitted,
+    NvmlUnavailable,
+    NvmlUnsupported,
+    map_error,
+    text,
+)
+from agent.devices.nvmlmig import (
+    ComputeInstance,
+    GpuInstance,
+    GpuInstanceProfile,
+    MigCalls,
+    MigDevice,
+)
+
+__all__ = [
+    "GPM_DRAM_BW_UTIL",
+    "GPM_GRAPHICS_UTIL",
+    "GPM_SM_OCCUPANCY",
+    "GPM_SM_UTIL",
+    "NOT_FOUND",
+    "ComputeInstance",
+    "GpuInstance",
+    "GpuInstanceProfile",
+    "Handle",
+    "MemoryInfo",
+    "MigDevice",
+    "Nvml",
+    "NvmlCallFailed",
+    "NvmlError",
+    "NvmlGpuLost",
+    "NvmlInUse",
+    "NvmlNoRoom",
+    "NvmlNotPermitted",
+    "NvmlUnavailable",
+    "NvmlUnsupported",
+    "XidEvent",
+    "map_error",
+]
 
 log = logging.getLogger(__name__)
 
-Handle = Any
-"""An opaque NVML device handle (a ctypes pointer for the real library)."""
-
-# NVML return codes (nvml.h); the simulator uses the same numbers.
-UNINITIALIZED = 1
-INVALID_ARGUMENT = 2
-NOT_SUPPORTED = 3
-NO_PERMISSION = 4
-NOT_FOUND = 6
-DRIVER_NOT_LOADED = 9
-TIMEOUT = 10
-LIBRARY_NOT_FOUND = 12
-FUNCTION_NOT_FOUND = 13
-GPU_IS_LOST = 15
-IN_USE = 19
-INSUFFICIENT_RESOURCES = 23
-UNKNOWN = 999
-
-CODE_NAMES: dict[int, str] = {
-    UNINITIALIZED: "UNINITIALIZED",
-    INVALID_ARGUMENT: "INVALID_ARGUMENT",
-    NOT_SUPPORTED: "NOT_SUPPORTED",
-    NO_PERMISSION: "NO_PERMISSION",
-    5: "ALREADY_INITIALIZED",
-    NOT_FOUND: "NOT_FOUND",
-    7: "INSUFFICIENT_SIZE",
-    8: "INSUFFICIENT_POWER",
-    DRIVER_NOT_LOADED: "DRIVER_NOT_LOADED",
-    TIMEOUT: "TIMEOUT",
-    11: "IRQ_ISSUE",
-    LIBRARY_NOT_FOUND: "LIBRARY_NOT_FOUND",
-    FUNCTION_NOT_FOUND: "FUNCTION_NOT_FOUND",
-    14: "CORRUPTED_INFOROM",
-    GPU_IS_LOST: "GPU_IS_LOST",
-    16: "RESET_REQUIRED",
-    17: "OPERATING_SYSTEM",
-    18: "LIB_RM_VERSION_MISMATCH",
-    IN_USE: "IN_USE",
-    20: "MEMORY",
-    21: "NO_DATA",
-    22: "VGPU_ECC_NOT_SUPPORTED",
-    INSUFFICIENT_RESOURCES: "INSUFFICIENT_RESOURCES",
-    UNKNOWN: "UNKNOWN",
-}
-
-_UNSUPPORTED_CODES = frozenset({NOT_SUPPORTED, NO_PERMISSION, FUNCTION_NOT_FOUND})
-_UNAVAILABLE_CODES = frozenset({LIBRARY_NOT_FOUND, DRIVER_NOT_LOADED})
-_PROFILE_ABSENT_CODES = frozenset({NOT_SUPPORTED, INVALID_ARGUMENT, NOT_FOUND})
-"""What a GI-profile scan gets for a profile index this card does not have: skip it, silently."""
-
-_ABSENT: Any = object()
 _FIELD_MEMBERS = {
     0: "dVal",
     1: "uiVal",
@@ -103,7 +99,6 @@ _FIELD_MEMBERS = {
     6: "usVal",
 }
 """``nvmlValueType_t`` -> the member of the ``nvmlValue_t`` union that holds the value."""
-"""What :meth:`Nvml._call_unless` returns for an expected "nothing here" code."""
 
 EVENT_TYPE_XID_CRITICAL_ERROR = 0x0000000000000008
 """``nvmlEventTypeXidCriticalError``: the only event type the health watcher registers."""
@@ -121,110 +116,6 @@ CPU_SET_WORDS = 64
 """64-bit words asked for in CPU affinity masks: room for 4096 CPUs."""
 NODE_SET_WORDS = 4
 """64-bit words asked for in NUMA-node affinity masks: room for 256 nodes."""
-
-
-class NvmlError(AgentError):
-    """An NVML call failed; ``call`` names it, ``code`` is NVML's return code."""
-
-    def __init__(self, call: str, code: int, detail: str) -> None:
-        self.call = call
-        self.code = code
-        self.code_name = CODE_NAMES.get(code, f"ERROR_{code}")
-        self.detail = detail
-        super().__init__(f"{call}: {detail} ({self.code_name})")
-
-
-class NvmlUnsupported(NvmlError):
-    """This value is not available from this card or driver; only its field is lost."""
-
-
-class NvmlGpuLost(NvmlError):
-    """The card no longer answers (fell off the bus); it must not be asked again this pass."""
-
-
-class NvmlUnavailable(NvmlError):
-    """NVML cannot be used at all here: the library is absent or the driver is not loaded."""
-
-
-class NvmlCallFailed(NvmlError):
-    """Any other NVML failure."""
-
-
-class NvmlNotPermitted(NvmlUnsupported):
-    """The caller lacks the privilege (MIG management needs root); detection drops the field."""
-
-
-class NvmlNoRoom(NvmlCallFailed):
-    """``INSUFFICIENT_RESOURCES``: the placement overlaps an instance, or the card is full."""
-
-
-class NvmlInUse(NvmlCallFailed):
-    """``IN_USE``: the instance is busy (a process, or compute instances inside); retry later."""
-
-
-def map_error(call: str, code: int, detail: str) -> NvmlError:
-    """Choose the error type for an NVML return code (pure, so tests can pin the table)."""
-    if code == NO_PERMISSION:
-        return NvmlNotPermitted(call, code, detail)
-    if code in _UNSUPPORTED_CODES:
-        return NvmlUnsupported(call, code, detail)
-    if code == INSUFFICIENT_RESOURCES:
-        return NvmlNoRoom(call, code, detail)
-    if code == IN_USE:
-        return NvmlInUse(call, code, detail)
-    if code == GPU_IS_LOST:
-        return NvmlGpuLost(call, code, detail)
-    if code in _UNAVAILABLE_CODES:
-        return NvmlUnavailable(call, code, detail)
-    return NvmlCallFailed(call, code, detail)
-
-
-@dataclass(frozen=True)
-class GpuInstanceProfile:
-    """One MIG GPU-instance profile of a card, as NVML reports it on an empty card."""
-
-    index: int
-    """The NVML profile index scanned (``NVML_GPU_INSTANCE_PROFILE_1_SLICE`` = 0, ...)."""
-    name: str
-    """Without NVML's ``MIG`` prefix: ``1g.10gb``, ``1g.10gb+me``."""
-    memory_mib: int
-    slice_count: int
-    instance_count: int
-    multiprocessor_count: int
-    placements: tuple[tuple[int, int], ...]
-    """Legal ``(start, size)`` placements in memory slices; empty when there are none."""
-
-
-@dataclass(frozen=True)
-class GpuInstance:
-    """One existing MIG GPU instance of a card."""
-
-    handle: Handle
-    id: int
-    profile_id: int
-    start: int
-    size: int
-    """Memory slices ``[start, start + size)`` it occupies."""
-
-
-@dataclass(frozen=True)
-class ComputeInstance:
-    """One compute instance inside a GPU instance."""
-
-    handle: Handle
-    id: int
-    profile_id: int
-
-
-@dataclass(frozen=True)
-class MigDevice:
-    """One MIG device (a compute instance as CUDA sees it), named by its ``MIG-`` UUID."""
-
-    uuid: str
-    gpu_instance_id: int
-    compute_instance_id: int
-    handle: Handle = None
-    """The MIG device's own handle (memory, as that instance sees it)."""
 
 
 @dataclass(frozen=True)
@@ -248,16 +139,11 @@ class XidEvent:
     """The XID code (the event's ``eventData``)."""
 
 
-def _text(value: object) -> str:
-    if isinstance(value, bytes):
-        return value.decode("utf-8", errors="replace").rstrip("\x00").strip()
-    return str(value).strip()
-
-
-class Nvml:
+class Nvml(MigCalls):
     """NVML calls returning plain values; every failure is one of the :class:`NvmlError` types.
 
     ``errors_by_call`` counts the errors raised per NVML function name, for the agent's metrics.
+    The MIG methods come from :class:`~agent.devices.nvmlmig.MigCalls`.
     """
 
     def __init__(self, library: Any = None) -> None:
@@ -265,37 +151,7 @@ class Nvml:
             import pynvml
 
             library = pynvml
-        self.library: Any = library
-        self.errors_by_call: Counter[str] = Counter()
-
-    # -- plumbing -----------------------------------------------------------------------------
-
-    def _call(self, name: str, *args: Any, **kwargs: Any) -> Any:
-        """Call ``library.<name>`` and map its failure; an absent symbol is "unsupported"."""
-        fn: Callable[..., Any] | None = getattr(self.library, name, None)
-        if fn is None:
-            self.errors_by_call[name] += 1
-            raise NvmlUnsupported(name, FUNCTION_NOT_FOUND, "not found in the NVML binding")
-        try:
-            return fn(*args, **kwargs)
-        except self.library.NVMLError as e:
-            if int(e.value) != NOT_SUPPORTED:  # "this card has no such value": not an error
-                self.errors_by_call[name] += 1
-            raise map_error(name, int(e.value), str(e)) from e
-
-    def _call_unless(self, absent: frozenset[int], name: str, *args: Any) -> Any:
-        """Like :meth:`_call`, but a code in ``absent`` returns :data:`_ABSENT`, uncounted."""
-        fn: Callable[..., Any] | None = getattr(self.library, name, None)
-        if fn is None:
-            self.errors_by_call[name] += 1
-            raise NvmlUnsupported(name, FUNCTION_NOT_FOUND, "not found in the NVML binding")
-        try:
-            return fn(*args)
-        except self.library.NVMLError as e:
-            if int(e.value) in absent:
-                return _ABSENT
-            self.errors_by_call[name] += 1
-            raise map_error(name, int(e.value), str(e)) from e
+        super().__init__(library)
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -324,7 +180,7 @@ class Nvml:
     # -- system -------------------------------------------------------------------------------
 
     def driver_version(self) -> str:
-        return _text(self._call("nvmlSystemGetDriverVersion"))
+        return text(self._call("nvmlSystemGetDriverVersion"))
 
     def cuda_driver_version(self) -> int:
         """``major*1000 + minor*10``: ``12080`` is CUDA 12.8."""
@@ -339,10 +195,10 @@ class Nvml:
     # -- identity -----------------------------------------------------------------------------
 
     def uuid(self, h: Handle) -> str:
-        return _text(self._call("nvmlDeviceGetUUID", h))
+        return text(self._call("nvmlDeviceGetUUID", h))
 
     def name(self, h: Handle) -> str:
-        return _text(self._call("nvmlDeviceGetName", h))
+        return text(self._call("nvmlDeviceGetName", h))
 
     def minor_number(self, h: Handle) -> int:
         return int(self._call("nvmlDeviceGetMinorNumber", h))
@@ -350,7 +206,7 @@ class Nvml:
     def pci_bus_id(self, h: Handle) -> str:
         """The card's PCI address as lowercase ``dddd:bb:dd.f`` (``busIdLegacy`` preferred)."""
         info = self._call("nvmlDeviceGetPciInfo", h)
-        raw = _text(getattr(info, "busIdLegacy", b"")) or _text(info.busId)
+        raw = text(getattr(info, "busIdLegacy", b"")) or text(info.busId)
         return pci.normalize_bdf(raw)
 
     # -- capability ---------------------------------------------------------------------------
@@ -378,172 +234,6 @@ class Nvml:
     def architecture(self, h: Handle) -> int:
         """NVML's ``nvmlDeviceArchitecture_t`` (9 = Hopper)."""
         return int(self._call("nvmlDeviceGetArchitecture", h))
-
-    def mig_mode(self, h: Handle) -> bool:
-        """The *current* MIG mode (a pending change takes effect only after a reset).
-
-        A card that is not MIG-capable answers NOT_SUPPORTED: that is "off", not a failure.
-        """
-        got = self._call_unless(frozenset({NOT_SUPPORTED}), "nvmlDeviceGetMigMode", h)
-        if got is _ABSENT:
-            return False
-        current, _pending = got
-        return bool(current)
-
-    def gpu_instance_profiles(self, h: Handle) -> tuple[GpuInstanceProfile, ...]:
-        """Scan every GI profile index; indexes this card lacks are skipped.
-
-        Raises :class:`NvmlUnsupported` when the v2 profile call itself is unavailable (no name
-        without it), and :class:`NvmlGpuLost` / :class:`NvmlCallFailed` as usual.
-        """
-        profiles = []
-        for index in range(int(self.library.NVML_GPU_INSTANCE_PROFILE_COUNT)):
-            info = self._profile_info(h, index)
-            if info is None:
-                continue
-            name = _text(info.name).removeprefix("MIG ").strip()
-            profiles.append(
-                GpuInstanceProfile(
-                    index=index,
-                    name=name,
-                    memory_mib=int(info.memorySizeMB),
-                    slice_count=int(info.sliceCount),
-                    instance_count=int(info.instanceCount),
-                    multiprocessor_count=int(info.multiprocessorCount),
-                    placements=self.placements(h, int(info.id)),
-                )
-            )
-        return tuple(profiles)
-
-    def _profile_info(self, h: Handle, index: int) -> Any:
-        name = "nvmlDeviceGetGpuInstanceProfileInfo"
-        fn: Callable[..., Any] | None = getattr(self.library, name, None)
-        if fn is None:
-            raise NvmlUnsupported(name, FUNCTION_NOT_FOUND, "not found in the NVML binding")
-        try:
-            return fn(h, index)
-        except self.library.NVMLError as e:
-            code = int(e.value)
-            if code in _PROFILE_ABSENT_CODES:
-                return None
-            self.errors_by_call[name] += 1
-            raise map_error(name, code, str(e)) from e
-
-    def placements(self, h: Handle, profile_id: int) -> tuple[tuple[int, int], ...]:
-        """Legal ``(start, size)`` placements of a GI profile on an empty card.
-
-        The binding takes a ctypes array and a count pointer (the ``_v2`` C call): one call with
-        no array gets the count, a second fills the array.
-        """
-        count = ctypes.c_uint(0)
-        name = "nvmlDeviceGetGpuInstancePossiblePlacements"
-        self._call(name, h, profile_id, None, ctypes.pointer(count))
-        if count.value == 0:
-            return ()
-        array = (self.library.c_nvmlGpuInstancePlacement_t * count.value)()
-        self._call(name, h, profile_id, array, ctypes.pointer(count))
-        return tuple((int(p.start), int(p.size)) for p in array[: count.value])
-
-    # -- MIG management (needs root on real hardware) -----------------------------------------
-
-    def handle_by_uuid(self, uuid: str) -> Handle:
-        return self._call("nvmlDeviceGetHandleByUUID", uuid.encode())
-
-    def create_gpu_instance(self, h: Handle, profile_id: int, start: int, size: int) -> GpuInstance:
-        """Create a GI of ``profile_id`` at memory slices ``[start, start + size)``.
-
-        :raises NvmlNoRoom: the placement overlaps an instance or the card has no room left.
-        :raises NvmlNotPermitted: not root.
-        """
-        placement = self.library.c_nvmlGpuInstancePlacement_t(start, size)
-        gi = self._call(
-            "nvmlDeviceCreateGpuInstanceWithPlacement", h, profile_id, ctypes.pointer(placement)
-        )
-        return self.gpu_instance_info(gi)
-
-    def gpu_instance_info(self, gi: Handle) -> GpuInstance:
-        info = self._call("nvmlGpuInstanceGetInfo", gi)
-        return GpuInstance(
-            handle=gi,
-            id=int(info.id),
-            profile_id=int(info.profileId),
-            start=int(info.placement.start),
-            size=int(info.placement.size),
-        )
-
-    def gpu_instances(self, h: Handle, profile_id: int, capacity: int) -> tuple[GpuInstance, ...]:
-        """The existing GIs of one profile; ``capacity`` is the profile's ``instance_count``."""
-        if capacity <= 0:
-            return ()
-        array = (self.library.c_nvmlGpuInstance_t * capacity)()
-        count = ctypes.c_uint(0)
-        self._call("nvmlDeviceGetGpuInstances", h, profile_id, array, ctypes.pointer(count))
-        return tuple(self.gpu_instance_info(array[i]) for i in range(count.value))
-
-    def create_compute_instance(self, gi: Handle, slice_count: int) -> ComputeInstance:
-        """One compute instance spanning the whole GI (the CI profile with its slice count)."""
-        profile_id = self._whole_ci_profile(gi, slice_count)
-        ci = self._call("nvmlGpuInstanceCreateComputeInstance", gi, profile_id)
-        return self.compute_instance_info(ci)
-
-    def _whole_ci_profile(self, gi: Handle, slice_count: int) -> int:
-        """The CI profile id whose slice count is the GI's (else the largest that fits)."""
-        name = "nvmlGpuInstanceGetComputeInstanceProfileInfo"
-        best: tuple[int, int] | None = None
-        shared = int(getattr(self.library, "NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED", 0))
-        for index in range(int(self.library.NVML_COMPUTE_INSTANCE_PROFILE_COUNT)):
-            info = self._call_unless(_PROFILE_ABSENT_CODES, name, gi, index, shared)
-            if info is _ABSENT:
-                continue
-            slices = int(info.sliceCount)
-            if slices <= slice_count and (best is None or slices > best[0]):
-                best = (slices, int(info.id))
-        if best is None:
-            raise NvmlCallFailed(name, NOT_FOUND, f"no compute profile fits {slice_count} slices")
-        return best[1]
-
-    def compute_instance_info(self, ci: Handle) -> ComputeInstance:
-        info = self._call("nvmlComputeInstanceGetInfo", ci)
-        return ComputeInstance(handle=ci, id=int(info.id), profile_id=int(info.profileId))
-
-    def compute_instances(self, gi: Handle) -> tuple[ComputeInstance, ...]:
-        """Every compute instance inside ``gi``, of any CI profile."""
-        found: list[ComputeInstance] = []
-        for profile_id in range(int(self.library.NVML_COMPUTE_INSTANCE_PROFILE_COUNT)):
-            array = (self.library.c_nvmlComputeInstance_t * 8)()
-            count = ctypes.c_uint(0)
-            name = "nvmlGpuInstanceGetComputeInstances"
-            args = (gi, profile_id, array, ctypes.pointer(count))
-            if self._call_unless(_PROFILE_ABSENT_CODES, name, *args) is _ABSENT:
-                continue  # a CI profile this GI does not offer
-            found.extend(self.compute_instance_info(array[i]) for i in range(count.value))
-        return tuple(found)
-
-    def destroy_compute_instance(self, ci: Handle) -> None:
-        """:raises NvmlInUse: a process still runs on it."""
-        self._call("nvmlComputeInstanceDestroy", ci)
-
-    def destroy_gpu_instance(self, gi: Handle) -> None:
-        """:raises NvmlInUse: compute instances (or processes) remain inside it."""
-        self._call("nvmlGpuInstanceDestroy", gi)
-
-    def mig_devices(self, h: Handle) -> tuple[MigDevice, ...]:
-        """Every MIG device of a card, by walking its slots (an empty slot is skipped)."""
-        found: list[MigDevice] = []
-        for slot in range(int(self._call("nvmlDeviceGetMaxMigDeviceCount", h))):
-            absent = frozenset({NOT_FOUND, INVALID_ARGUMENT})
-            mig = self._call_unless(absent, "nvmlDeviceGetMigDeviceHandleByIndex", h, slot)
-            if mig is _ABSENT:
-                continue  # an empty slot
-            found.append(
-                MigDevice(
-                    uuid=self.uuid(mig),
-                    gpu_instance_id=int(self._call("nvmlDeviceGetGpuInstanceId", mig)),
-                    compute_instance_id=int(self._call("nvmlDeviceGetComputeInstanceId", mig)),
-                    handle=mig,
-                )
-            )
-        return tuple(found)
 
     # -- locality -----------------------------------------------------------------------------
 
@@ -639,7 +329,7 @@ class Nvml:
         up = 0
         for link in range(int(getattr(self.library, "NVML_NVLINK_MAX_LINKS", 18))):
             state = self._call_unless(absent, "nvmlDeviceGetNvLinkState", h, link)
-            if state is _ABSENT:
+            if state is ABSENT:
                 if link == 0:
                     raise NvmlUnsupported("nvmlDeviceGetNvLinkState", NOT_SUPPORTED, "no NVLink")
                 break
@@ -735,19 +425,8 @@ class Nvml:
         A timeout is the normal outcome of a quiet card, so it is not counted as an error.
         :raises NvmlGpuLost, NvmlCallFailed: the wait itself failed.
         """
-        name = "nvmlEventSetWait"
-        fn: Callable[..., Any] | None = getattr(self.library, name, None)
-        if fn is None:
-            self.errors_by_call[name] += 1
-            raise NvmlUnsupported(name, FUNCTION_NOT_FOUND, "not found in the NVML binding")
-        try:
-            data = fn(event_set, timeout_ms)
-        except self.library.NVMLError as e:
-            if int(e.value) == TIMEOUT:
-                return None
-            self.errors_by_call[name] += 1
-            raise map_error(name, int(e.value), str(e)) from e
-        if not int(data.eventType) & EVENT_TYPE_XID_CRITICAL_ERROR:
+        data = self._call_unless(frozenset({TIMEOUT}), "nvmlEventSetWait", event_set, timeout_ms)
+        if data is ABSENT or not int(data.eventType) & EVENT_TYPE_XID_CRITICAL_ERROR:
             return None
         return XidEvent(handle=data.device, xid=int(data.eventData))
 
