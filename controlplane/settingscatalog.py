@@ -80,7 +80,11 @@ def _bool(text: str) -> bool:
 def _url(text: str, *, proxy: bool = False) -> str:
     if proxy and not text:
         return ""
-    parts = urlsplit(text)
+    try:
+        parts = urlsplit(text)
+        parts.port  # noqa: B018  (a port out of range or not a number raises here)
+    except ValueError as e:
+        raise ValueError(f"not a usable http(s) URL: {e}") from e
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ValueError("not an http(s) URL")
     if proxy and (parts.username is not None or parts.password is not None):

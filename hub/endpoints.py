@@ -20,9 +20,10 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Final
-from urllib.parse import urlsplit
 
 import msgspec
+
+from hub.urls import Url
 
 __all__ = [
     "DEFAULT_ENDPOINT",
@@ -45,12 +46,15 @@ class InvalidName(ValueError):
 
 
 def endpoint_from(flag: str | None, env: Mapping[str, str]) -> str:
-    """The endpoint: ``flag``, else ``HF_ENDPOINT``, else the public Hub; validated."""
+    """The endpoint: ``flag``, else ``HF_ENDPOINT``, else the public Hub; validated by the
+    client's own URL parser, so a URL it would refuse at the first request (a bad port, an
+    unclosed IPv6 bracket) is refused here, where the command exits 2."""
     url = flag or env.get("HF_ENDPOINT") or DEFAULT_ENDPOINT
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise InvalidName(f"{url!r} is not an http(s) URL with a host")
-    if parts.username or parts.password:
+    try:
+        parsed = Url(url)
+    except ValueError as e:
+        raise InvalidName(str(e)) from e
+    if parsed.user is not None or parsed.password is not None:
         raise InvalidName("the Hub endpoint must not carry credentials (use HF_TOKEN)")
     return url.rstrip("/")
 

@@ -135,6 +135,23 @@ async def test_bad_command_lines_exit_2(rig: Rig) -> None:
         assert len(result.stderr.decode().strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize(
+    "endpoint", ["http://[::1", "http://hub:99999", "http://hub:port", "ftp://hub"]
+)
+async def test_a_malformed_endpoint_exits_2_in_one_line(endpoint: str) -> None:
+    commands = (
+        ["mm", "pull", "org/model", "--cache-root", "/nonexistent"],
+        ["mm", "manifest", "org/model"],
+    )
+    for argv in commands:
+        given = (([*argv, "--hf-endpoint", endpoint], _env()), (argv, _env(HF_ENDPOINT=endpoint)))
+        for args, env in given:
+            result = await anyio.run_process([CLI, *args], env=env, check=False)
+            err = result.stderr.decode()
+            assert result.returncode == 2, (args, err)
+            assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+
+
 async def test_the_token_comes_from_the_legacy_variable(rig: Rig) -> None:
     rig.artifact("org/private", FILES, token="s3cret")
     denied = await _pull(rig, "org/private")
