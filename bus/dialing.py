@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import ssl
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, Final
@@ -23,7 +22,7 @@ import nats.errors
 from nats.aio.client import Client
 
 from bus.errors import BusError, NotConnected
-from bus.settings import BusSettings
+from bus.settings import BusSettings, tls_context
 from kit.redaction import redact_urls
 
 __all__ = ["Reconnects", "close_client", "mapped", "open_client", "quietly"]
@@ -100,6 +99,9 @@ async def close_client(nc: Client) -> None:
     transport that died under it (``RuntimeError: … the handler is closed``) aborted the close
     and left those tasks running for the life of the process.
     """
+    if getattr(nc, "_flush_queue", None) is None:
+        _abandon(nc)  # never connected: nats-py's close() asserts it was
+        return
     try:
         await nc.close()
     except (nats.errors.Error, OSError, RuntimeError) as e:
@@ -123,15 +125,6 @@ def _abandon(nc: Client) -> None:
 def _cancel(task: object) -> None:
     if isinstance(task, asyncio.Task) and not task.done():
         task.cancel()
-
-
-def _tls_context(settings: BusSettings) -> ssl.SSLContext | None:
-    if not (settings.tls_ca_file or settings.tls_cert_file):
-        return None
-    ctx = ssl.create_default_context(cafile=settings.tls_ca_file)
-    if settings.tls_cert_file:
-        ctx.load_cert_chain(settings.tls_cert_file, settings.tls_key_file)
-    return ctx
 
 
 def _token_reader(path: str) -> Callable[[], str]:
@@ -180,7 +173,7 @@ def _options(
         "error_cb": on_error,
         "disconnected_cb": on_disconnected,
         "reconnected_cb": on_reconnected,
-        "tls": _tls_context(settings),
+        "tls": tls_context(settings),
         "inbox_prefix": settings.inbox_prefix,
     }
     optional = {

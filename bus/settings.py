@@ -7,7 +7,8 @@ seconds (``_s``) and sizes bytes, so the units are in the names.
 
 from __future__ import annotations
 
-from typing import Final
+import os
+from typing import TYPE_CHECKING, Final
 from urllib.parse import urlsplit
 
 import msgspec
@@ -15,12 +16,16 @@ import msgspec
 from kit.options import Options, SettingsError
 from kit.redaction import redact_urls
 
+if TYPE_CHECKING:
+    import ssl
+
 __all__ = [
     "DEFAULT_URL",
     "REPUBLISHES_PER_MAX_AGE",
     "BusSettings",
     "check_republish",
     "from_options",
+    "tls_context",
 ]
 
 DEFAULT_URL: Final = "nats://127.0.0.1:4222"
@@ -138,18 +143,25 @@ def from_options(options: Options, *, state: bool = True) -> BusSettings:
     no retained state (the gateway); the ``--nats-state-*`` flags are then not read.
     """
     url = options.optional_text("nats-url") or options.env.get("NATS_URL") or DEFAULT_URL
+    files = {flag: _readable(options, flag) for flag in _FILE_FLAGS}
     client = BusSettings(
         url=server_urls(url),
         user=options.optional_text("nats-user"),
         password=options.optional_text("nats-password"),
         token=options.optional_text("nats-token"),
-        token_file=options.optional_text("nats-token-file"),
-        nkey_seed_file=options.optional_text("nats-nkey-seed"),
-        creds_file=options.optional_text("nats-creds"),
-        tls_ca_file=options.optional_text("nats-tls-ca"),
-        tls_cert_file=options.optional_text("nats-tls-cert"),
-        tls_key_file=options.optional_text("nats-tls-key"),
+        token_file=files["nats-token-file"],
+        nkey_seed_file=_nkey_seed(files["nats-nkey-seed"]),
+        creds_file=files["nats-creds"],
+        tls_ca_file=files["nats-tls-ca"],
+        tls_cert_file=files["nats-tls-cert"],
+        tls_key_file=files["nats-tls-key"],
     )
+    if client.tls_key_file and not client.tls_cert_file:
+        raise SettingsError("--nats-tls-key: needs --nats-tls-cert, the certificate it signs for")
+    try:
+        tls_context(client)  # loads as the client will at every connection, or exits 2 now
+    except OSError as e:  # ssl.SSLError is an OSError
+        raise SettingsError(f"--nats-tls-ca/-cert/-key: the TLS files do not load: {e}") from e
     if not state:
         return client
     return msgspec.structs.replace(
@@ -157,6 +169,55 @@ def from_options(options: Options, *, state: bool = True) -> BusSettings:
         state_replicas=options.integer("nats-state-replicas"),
         state_max_age_s=options.seconds("nats-state-max-age"),
     )
+
+
+_FILE_FLAGS: Final = (
+    "nats-token-file",
+    "nats-nkey-seed",
+    "nats-creds",
+    "nats-tls-ca",
+    "nats-tls-cert",
+    "nats-tls-key",
+)
+"""Flags naming a file the client reads when it connects: checked here, so a typo exits 2 at
+start instead of failing every connection attempt for ever."""
+
+
+def _readable(options: Options, flag: str) -> str | None:
+    path = options.optional_text(flag)
+    if path is not None and not (os.path.isfile(path) and os.access(path, os.R_OK)):
+        raise SettingsError(f"--{flag}: {path!r} is not a readable file")
+    return path
+
+
+def _nkey_seed(path: str | None) -> str | None:
+    """``path`` if it holds an NKey seed (``S…``), as the client will read it at connect."""
+    if path is None:
+        return None
+    from bus.errors import InvalidToken
+    from bus.jwt import NKey  # nkeys is loaded only by a process that uses a seed
+
+    try:
+        with open(path, encoding="ascii") as f:
+            NKey(f.read())
+    except (OSError, UnicodeError, InvalidToken) as e:
+        raise SettingsError(f"--nats-nkey-seed: {path!r}: {e}") from e
+    return path
+
+
+def tls_context(settings: BusSettings) -> ssl.SSLContext | None:
+    """The client's TLS context from the ``--nats-tls-*`` files; None when none is given.
+
+    :raises OSError: a file that does not load (``ssl.SSLError`` included).
+    """
+    if not (settings.tls_ca_file or settings.tls_cert_file):
+        return None
+    import ssl
+
+    ctx = ssl.create_default_context(cafile=settings.tls_ca_file)
+    if settings.tls_cert_file:
+        ctx.load_cert_chain(settings.tls_cert_file, settings.tls_key_file)
+    return ctx
 
 
 def check_republish(flag: str, period_s: float, settings: BusSettings) -> None:

@@ -11,6 +11,7 @@ import pytest
 from bus import (
     codec,
     connection,
+    dialing,
     events,
     jetstream,
     publishing,
@@ -20,9 +21,10 @@ from bus import (
     testing,
 )
 from bus.embedded import ServerProcess
-from bus.errors import StateUnavailable
+from bus.errors import NotConnected, StateUnavailable
 from bus.metrics import BusMetrics
 from bus.settings import BusSettings
+from kit import serving
 
 pytestmark = pytest.mark.anyio
 
@@ -154,3 +156,18 @@ async def test_cluster_client_fails_over_when_its_server_dies(tmp_path: Path) ->
             retained = await _snapshot_once_answering(pub_conn, settings)
             assert len(retained) == 1
             assert msgspec.json.decode(retained[0][1])["version"] == f"0.1.{seq}"
+
+
+async def test_a_client_whose_tls_file_vanished_fails_to_connect_in_one_error(
+    tmp_path: Path,
+) -> None:
+    """The TLS context is built before the client ever connects; closing that client must not
+    trip nats-py's "connect must be called first" assertion (it did: a traceback, not an error).
+    """
+    ca = tmp_path / "ca.pem"
+    ca.write_bytes(serving.self_signed_certificate("bus")[0])
+    settings = BusSettings(url="nats://127.0.0.1:1", tls_ca_file=str(ca), connect_timeout_s=1)
+    ca.unlink()  # removed after the process checked its flags
+
+    with pytest.raises(NotConnected, match="FileNotFoundError"):
+        await dialing.open_client(settings, "t", retry=False, reconnects=dialing.Reconnects())

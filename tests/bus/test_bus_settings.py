@@ -8,18 +8,74 @@ import pytest
 
 from agent import serve_settings
 from agent.models import settings as models_settings
-from bus.settings import DEFAULT_URL, from_options
+from bus.jwt import NKey
+from bus.settings import DEFAULT_URL, from_options, tls_context
 from gpustack_operator.flags import FlagError
 from gpustack_operator.main import options_for
+from kit import serving
 from kit.options import SettingsError
 
 
-def test_flags_map_onto_settings_and_nats_url_fills_an_unset_url() -> None:
-    argv = ["--nats-user=agent", "--nats-tls-ca=/ca.pem", "--nats-state-replicas=3"]
+@pytest.fixture
+def pki(tmp_path: Path) -> dict[str, str]:
+    """A certificate, its key and an NKey seed, as files; and a file that is none of them."""
+    cert, key = serving.self_signed_certificate("bus")
+    files = {
+        "cert": cert,
+        "key": key,
+        "seed": NKey.generate("user").seed.encode(),
+        "garbage": b"not a certificate, a key or a seed\n",
+    }
+    for name, data in files.items():
+        (tmp_path / name).write_bytes(data)
+    return {name: str(tmp_path / name) for name in files}
+
+
+def test_flags_map_onto_settings_and_nats_url_fills_an_unset_url(pki: dict[str, str]) -> None:
+    argv = ["--nats-user=agent", f"--nats-tls-ca={pki['cert']}", "--nats-state-replicas=3"]
     settings = from_options(options_for(("worker",), argv, {"NATS_URL": "nats://bus:4222"}))
     assert settings.url == "nats://bus:4222"
-    assert (settings.user, settings.tls_ca_file, settings.state_replicas) == ("agent", "/ca.pem", 3)
+    assert (settings.user, settings.tls_ca_file, settings.state_replicas) == (
+        "agent",
+        pki["cert"],
+        3,
+    )
     assert settings.token is None, "an empty flag is unset, not an empty token"
+
+
+def test_files_that_load_are_taken(pki: dict[str, str]) -> None:
+    argv = [f"--nats-tls-ca={pki['cert']}", f"--nats-tls-cert={pki['cert']}"]
+    argv += [f"--nats-tls-key={pki['key']}", f"--nats-nkey-seed={pki['seed']}"]
+    settings = from_options(options_for(("worker",), argv))
+    assert (settings.tls_key_file, settings.nkey_seed_file) == (pki["key"], pki["seed"])
+    assert tls_context(settings) is not None
+
+
+@pytest.mark.parametrize(
+    "flag",
+    ["nats-token-file", "nats-nkey-seed", "nats-creds", "nats-tls-ca", "nats-tls-cert"],
+)
+def test_a_file_flag_naming_no_readable_file_is_refused_at_start(flag: str, tmp_path: Path) -> None:
+    for path in (tmp_path / "missing", tmp_path):  # absent, and a directory
+        with pytest.raises(SettingsError, match=f"--{flag}: .* is not a readable file"):
+            from_options(options_for(("worker",), [f"--{flag}={path}"]))
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["--nats-tls-ca={garbage}"], "TLS files do not load"),
+        (["--nats-tls-cert={garbage}"], "TLS files do not load"),
+        (["--nats-tls-cert={cert}", "--nats-tls-key={garbage}"], "TLS files do not load"),
+        (["--nats-tls-key={key}"], "needs --nats-tls-cert"),
+        (["--nats-nkey-seed={garbage}"], "not an NKey seed"),
+    ],
+)
+def test_files_that_do_not_load_are_refused_at_start(
+    pki: dict[str, str], argv: list[str], needle: str
+) -> None:
+    with pytest.raises(SettingsError, match=needle):
+        from_options(options_for(("worker",), [a.format(**pki) for a in argv]))
 
 
 def test_the_flag_wins_over_nats_url_and_the_default_applies_last() -> None:

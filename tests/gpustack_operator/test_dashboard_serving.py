@@ -167,12 +167,14 @@ async def test_a_page_that_falls_behind_is_closed_and_the_others_carry_on() -> N
     assert hub.pages == 0
 
 
-def test_the_command_reads_its_flags() -> None:
+def test_the_command_reads_its_flags(tmp_path: Path) -> None:
+    token = tmp_path / "token"
+    token.write_text("s3cret")
     argv = ["--port=0", "--bind-address=127.0.0.1", "--nats-url=nats://bus:4222",
-            "--nats-token-file=/t"]  # fmt: skip
+            f"--nats-token-file={token}"]  # fmt: skip
     built = serving.settings_from(options_for(("dashboard",), argv))
     assert (built.port, built.bind_address) == (0, "127.0.0.1")
-    assert built.bus.url == "nats://bus:4222" and built.bus.token_file == "/t"
+    assert built.bus.url == "nats://bus:4222" and built.bus.token_file == str(token)
     assert built.bus.inbox_prefix == "_INBOX.dashboard"
     with pytest.raises(SettingsError, match="not an IP address"):
         serving.settings_from(options_for(("dashboard",), ["--bind-address=everywhere"]))

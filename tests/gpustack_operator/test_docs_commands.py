@@ -163,7 +163,8 @@ async def _watch_once(argv: list[str], tmp_path: Path) -> list[str]:
             for event in testing.example_events(node):
                 pub.publish(event)
             await pub.wait_sent()
-        once = _with_url(argv, server.url) + ([] if "--once" in argv else ["--once"])
+        here = [w.replace("…/", f"{tmp_path}/") for w in argv]  # the docs' "…/": the state dir
+        once = _with_url(here, server.url) + ([] if "--once" in argv else ["--once"])
         result = await anyio.to_thread.run_sync(
             lambda: _run(once, tmp_path, {"NATS_URL": server.url})
         )
