@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Generic, Protocol, TypeVar
 
-from agent.errors import DetectionError
+from agent.errors import DetectionError, HostReadError
 from bus import devices
 
 log = logging.getLogger(__name__)
@@ -86,6 +86,8 @@ def _detect_once(backends: Sequence[Backend]) -> PassResult[devices.DeviceGroup]
             result.items.extend(backend.detect())
         except DetectionError as e:
             result.errors.append(e)
+        except HostReadError as e:  # sysfs that exists but cannot be read: this pass is lost
+            result.errors.append(DetectionError(backend.manufacturer, str(e)))
     return result
 
 
@@ -100,6 +102,9 @@ def sample(
             accelerators = backend.sample()
         except DetectionError as e:
             result.errors.append(e)
+            continue
+        except HostReadError as e:
+            result.errors.append(DetectionError(backend.manufacturer, str(e)))
             continue
         if accelerators:
             result.items.append(

@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta, timezone
 import pytest
 
 from agent.devices import detection
-from agent.errors import DetectionError
+from agent.errors import AgentError, DetectionError, HostReadError
 from bus import devices
 
 
@@ -29,7 +29,7 @@ def _group(manufacturer: str, index: int, name: str = "Card") -> devices.DeviceG
 @dataclass
 class FakeBackend:
     manufacturer: str
-    passes: list[list[devices.DeviceGroup] | DetectionError]
+    passes: list[list[devices.DeviceGroup] | AgentError]
     simulated: bool = False
     calls: int = 0
     samples: list[devices.AcceleratorSample] = field(default_factory=list)
@@ -37,12 +37,12 @@ class FakeBackend:
     def detect(self) -> list[devices.DeviceGroup]:
         outcome = self.passes[min(self.calls, len(self.passes) - 1)]
         self.calls += 1
-        if isinstance(outcome, DetectionError):
+        if isinstance(outcome, AgentError):
             raise outcome
         return outcome
 
     def sample(self) -> list[devices.AcceleratorSample]:
-        if self.samples == [] and self.passes and isinstance(self.passes[0], DetectionError):
+        if self.samples == [] and self.passes and isinstance(self.passes[0], AgentError):
             raise self.passes[0]
         return self.samples
 
@@ -53,6 +53,17 @@ def test_one_manufacturer_failing_keeps_the_others_cards() -> None:
     result = detection.detect([amd, nvidia])
     assert [g.manufacturer for g in result.items] == ["amd"]
     assert [str(e) for e in result.errors] == ["nvidia: NVML failed"]
+
+
+def test_a_host_that_cannot_be_read_fails_that_manufacturer_only() -> None:
+    unreadable = HostReadError("cannot list /sys/bus/pci/devices: Permission denied")
+    nvidia = FakeBackend("nvidia", [unreadable])
+    amd = FakeBackend("amd", [[_group("amd", 0)]])
+    result = detection.detect([amd, nvidia], fast_failed=False)
+    assert [g.manufacturer for g in result.items] == ["amd"]
+    assert [str(e) for e in result.errors] == [f"nvidia: {unreadable}"]
+    sampled = detection.sample([nvidia])
+    assert sampled.items == [] and [e.manufacturer for e in sampled.errors] == ["nvidia"]
 
 
 def test_groups_come_out_in_canonical_order() -> None:

@@ -416,6 +416,18 @@ def test_the_command_prints_json_and_reports_every_manufacturer(
     assert printed["topology"]["policy"] == "none"
 
 
+def test_a_host_root_that_cannot_be_listed_is_reported_not_raised(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    too_long = "/" + "x" * 5000  # sysfs under it cannot be listed (ENAMETOOLONG), nor chrooted
+    argv = ["dm", "preflight", "--manufacturer=nvidia", "--dry-run", "-o", "json",
+            f"--host-root={too_long}"]  # fmt: skip
+    assert launcher.main(argv) == 0  # the exit code counts capability rows; none was checked
+    (group,) = json.loads(capsys.readouterr().out)["accelerators"]
+    assert group["detection"]["state"] == "unavailable"
+    assert "File name too long" in group["detection"]["detail"]
+
+
 def test_bad_input_is_refused_with_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
     assert launcher.main(["dm", "preflight", "--manufacturer=nvidai"]) == 2
     assert launcher.main(["dm", "preflight", "extra"]) == 2
