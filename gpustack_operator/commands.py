@@ -152,7 +152,7 @@ NATS_FLAGS = (
     Flag("nats-creds", "", "NATS credentials file (JWT and NKey seed)"),
     Flag("nats-tls-ca", "", "CA bundle that verifies the NATS servers"),
     Flag("nats-tls-cert", "", "client certificate for NATS TLS"),
-    Flag("nats-tls-key", "", "client key for NATS TLS"),
+    Flag("nats-tls-key", "", "client key for NATS TLS (with --nats-tls-cert)"),
     Flag(
         "nats-state-replicas",
         "1",
