@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import re
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -129,9 +130,28 @@ def _resolved(env: list[dict[str, Any]]) -> dict[str, str]:
     return out
 
 
+def _mounted(c: dict[str, Any], env: dict[str, str], root: Path) -> dict[str, str]:
+    """``env`` with each file a ``*_FILE`` variable names laid out under ``root``, as the
+    container's volumes provide it in the pod; the settings builder checks that it exists. A
+    file no volume mount holds fails the test: in the pod it would not exist either."""
+    mounts = [m["mountPath"].rstrip("/") + "/" for m in c.get("volumeMounts", [])]
+    out = dict(env)
+    for name, value in env.items():
+        if not name.endswith("_FILE"):
+            continue
+        assert any(value.startswith(m) for m in mounts), f"{name}={value}: on no volume mount"
+        path = root / value.lstrip("/")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("a projected token\n")
+        out[name] = str(path)
+    return out
+
+
 @pytest.mark.parametrize("tree", INSTALLS)
 @pytest.mark.parametrize("agent", AGENTS)
-def test_agents_take_the_node_name_from_the_downward_api(tree: str, agent: str) -> None:
+def test_agents_take_the_node_name_from_the_downward_api(
+    tree: str, agent: str, tmp_path: Path
+) -> None:
     """``KUBERNETES_NODE_NAME`` from ``spec.nodeName``, nothing that overrides it, and the
     command's own settings builder ends up with that node (not the pod's host name)."""
     spec = pod_spec(find(build(tree), "DaemonSet", agent))
@@ -141,7 +161,9 @@ def test_agents_take_the_node_name_from_the_downward_api(tree: str, agent: str) 
     assert not {"NODE_NAME", "GPUSTACK_NODE_NAME"} & set(env)
     assert not any(a.startswith("--node-name") for a in c["args"])
     command, rest = launcher.find_command(c["args"])
-    options = launcher.options_for(command.path, rest, _resolved(c["env"]))
+    by_flag = [a for a in rest if a.startswith(("--nats-token-file", "--nats-tls", "--nats-creds"))]
+    assert not by_flag, f"{by_flag}: a file by flag; _mounted lays out only *_FILE variables"
+    options = launcher.options_for(command.path, rest, _mounted(c, _resolved(c["env"]), tmp_path))
     module, _, function = command.settings.partition(":")
     settings = getattr(importlib.import_module(module), function)(options)
     assert settings.node_name == NODE
