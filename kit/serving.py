@@ -203,15 +203,14 @@ async def https_server(  # noqa: PLR0913 - keyword-only parts of one endpoint, e
     # reading for ten seconds past the connection's end, and past the server's.
     runner = web.AppRunner(app, access_log=None, handle_signals=False, handler_cancellation=True)
     await runner.setup()
-    site = web.TCPSite(runner, settings.bind_address, settings.port, ssl_context=context)
     try:
-        await start_site(runner, site)
+        port = await serve_tcp(runner, settings.bind_address, settings.port, context)
     except OSError as e:
         raise ServingFailed(
             f"cannot serve HTTPS on {settings.bind_address}:{settings.port}: {e.strerror or e}"
         ) from e
     try:
-        yield Server(host=settings.bind_address, port=_bound_port(site), certificate_pem=pem)
+        yield Server(host=settings.bind_address, port=port, certificate_pem=pem)
     finally:
         with anyio.move_on_after(settings.shutdown_timeout_s, shield=True):
             await runner.cleanup()
@@ -230,13 +229,12 @@ async def http_metrics_server(
     app.router.add_get("/metrics", _metrics_handler(registry))
     runner = web.AppRunner(app, access_log=None, handle_signals=False, handler_cancellation=True)
     await runner.setup()
-    site = web.TCPSite(runner, bind_address, port)
     try:
-        await start_site(runner, site)
+        bound = await serve_tcp(runner, bind_address, port)
     except OSError as e:
         raise ServingFailed(f"cannot serve HTTP on {bind_address}:{port}: {e.strerror or e}") from e
     try:
-        yield Server(host=bind_address, port=_bound_port(site), scheme="http")
+        yield Server(host=bind_address, port=bound, scheme="http")
     finally:
         with anyio.move_on_after(shutdown_timeout_s, shield=True):
             await runner.cleanup()
@@ -259,10 +257,44 @@ async def start_site(runner: web.AppRunner, site: web.BaseSite) -> None:
         raise
 
 
-def _bound_port(site: web.TCPSite) -> int:
-    server = site._server  # aiohttp keeps the asyncio server here; no public accessor
-    sockets: list[socket.socket] = list(getattr(server, "sockets", ()) or ())
-    return int(sockets[0].getsockname()[1]) if sockets else 0
+async def serve_tcp(
+    runner: web.AppRunner, host: str, port: int, ssl_context: ssl.SSLContext | None = None
+) -> int:
+    """Serve ``runner`` on ``host:port`` (an IP address; port 0: any); returns the bound port.
+
+    The socket is bound and listening before the loop sees it. Given an address, uvloop binds,
+    then reports a failed ``listen`` (a process that bound the port at the same moment listened
+    first) to its exception handler and returns a server without a socket, which aiohttp trips
+    on (``AttributeError``); here either step fails as the ``OSError`` it is.
+
+    :raises OSError: the address cannot be bound or listened on; the runner is cleaned up.
+    """
+    try:
+        sock = _listening(host, port)
+    except OSError:
+        with anyio.CancelScope(shield=True):
+            await runner.cleanup()
+        raise
+    try:
+        await start_site(runner, web.SockSite(runner, sock, ssl_context=ssl_context))
+    except BaseException:
+        sock.close()  # the server that would own it was never made
+        raise
+    return int(sock.getsockname()[1])
+
+
+def _listening(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ipaddress.ip_address(host).version == 6 else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(socket.SOMAXCONN)
+        sock.setblocking(False)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
 
 
 _CORS_METHODS: Final = "GET, POST, PUT, PATCH, DELETE, OPTIONS"

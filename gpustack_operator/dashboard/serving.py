@@ -29,7 +29,6 @@ import datetime as dt
 import importlib.resources
 import logging
 import math
-import socket
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from typing import Final
@@ -46,7 +45,7 @@ from bus.metrics import BusMetrics
 from bus.settings import BusSettings, from_options
 from gpustack_operator.dashboard.feed import Feed
 from kit.options import Options
-from kit.serving import ServingFailed, bind_address, start_site
+from kit.serving import ServingFailed, bind_address, serve_tcp
 
 __all__ = ["DashboardSettings", "Hub", "main", "serve", "settings_from"]
 
@@ -240,25 +239,18 @@ async def http_server(settings: DashboardSettings, hub: Hub) -> AsyncIterator[st
         application(hub), access_log=None, handle_signals=False, handler_cancellation=True
     )
     await runner.setup()
-    site = web.TCPSite(runner, settings.bind_address, settings.port)
     try:
-        await start_site(runner, site)
+        port = await serve_tcp(runner, settings.bind_address, settings.port)
     except OSError as e:
         raise ServingFailed(
             f"cannot serve the dashboard on {settings.bind_address}:{settings.port}: "
             f"{e.strerror or e}"
         ) from e
     try:
-        yield _url(settings.bind_address, _bound_port(site))
+        yield _url(settings.bind_address, port)
     finally:
         with anyio.move_on_after(settings.shutdown_timeout_s, shield=True):
             await runner.cleanup()
-
-
-def _bound_port(site: web.TCPSite) -> int:
-    server = site._server  # aiohttp keeps the asyncio server here; no public accessor
-    sockets: list[socket.socket] = list(getattr(server, "sockets", ()) or ())
-    return int(sockets[0].getsockname()[1]) if sockets else 0
 
 
 def _url(host: str, port: int) -> str:
