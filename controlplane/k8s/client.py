@@ -39,6 +39,7 @@ from typing import Any, Final
 import aiohttp
 import anyio
 import msgspec
+import yaml
 from kubernetes_asyncio import client as k8s
 from kubernetes_asyncio import config as k8s_config
 from kubernetes_asyncio import watch as k8s_watch
@@ -349,7 +350,7 @@ async def _configuration(settings: KubeSettings) -> k8s.Configuration:
                 k8s_config.load_incluster_config(client_configuration=conf)  # type: ignore[no-untyped-call]
             except ConfigException:
                 await k8s_config.load_kube_config(client_configuration=conf)
-    except (ConfigException, OSError, TypeError, ValueError) as e:
+    except (ConfigException, OSError, TypeError, ValueError, yaml.YAMLError) as e:
         tried = (
             f"the kubeconfig {settings.kubeconfig}"
             if settings.kubeconfig

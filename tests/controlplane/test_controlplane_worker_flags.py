@@ -32,7 +32,7 @@ from test_controlplane_nms_e2e import publish, until
 from bus import events
 from bus.devices import DeviceGroup
 from controlplane import applications
-from controlplane.errors import ServerError
+from controlplane.errors import ServerError, SinkUnavailable
 from controlplane.extension import audit
 from controlplane.k8s.client import KubeSettings, open_client
 from controlplane.resources import NODES, Ref
@@ -220,3 +220,23 @@ async def test_the_api_proxy_is_taken_from_the_environment_once(
                     await api.get(Ref(resource=NODES, name="n1"))
             else:
                 assert (await api.get(Ref(resource=NODES, name="n1")))["metadata"]["name"] == "n1"
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "clusters: [\n",  # not YAML
+        "- a list\n",  # YAML, not a mapping
+        "apiVersion: v1\nclusters: []\ncontexts: []\ncurrent-context: x\n",  # no such context
+        None,  # a directory
+    ],
+)
+async def test_an_unusable_kubeconfig_is_one_clear_error(tmp_path: Path, text: str | None) -> None:
+    path = tmp_path / "kubeconfig"
+    if text is None:
+        path.mkdir()
+    else:
+        path.write_text(text)
+    with pytest.raises(SinkUnavailable, match="no usable Kubernetes configuration"):
+        async with open_client(KubeSettings(kubeconfig=str(path))):
+            pass
