@@ -53,7 +53,7 @@ def endpoint_from(flag: str | None, env: Mapping[str, str]) -> str:
     try:
         parsed = Url(url)
     except ValueError as e:
-        raise InvalidName(str(e)) from e
+        raise InvalidName(f"the Hub endpoint is not usable: {e}") from e
     if parsed.user is not None or parsed.password is not None:
         raise InvalidName("the Hub endpoint must not carry credentials (use HF_TOKEN)")
     return url.rstrip("/")
