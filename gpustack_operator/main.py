@@ -24,6 +24,7 @@ from gpustack_operator import logs
 from gpustack_operator.commands import ALIASES, COMMANDS, GLOBAL_FLAGS, Command
 from gpustack_operator.flags import FlagError, Parsed, effective_cmdline, parse, render_help
 from kit.options import Options, SettingsError
+from kit.redaction import redact_urls
 
 log = logging.getLogger(__name__)
 
@@ -118,11 +119,12 @@ def run(command: Command, parsed: Parsed, loaded: Callable[[], None] = _nothing)
 
 def _tell(level: int, text: str) -> None:
     """A line for the person at the terminal, on stderr: as written in the text format; as a
-    log entry in the JSON format, where a collector must be able to parse every line."""
+    log entry in the JSON format, where a collector must be able to parse every line. Either
+    way a password inside a URL is redacted (a settings error may quote the URL it refuses)."""
     if logs.json_lines():
         log.log(level, "%s", text)
     else:
-        print(text, file=sys.stderr)
+        print(redact_urls(text), file=sys.stderr)
 
 
 def _serve(name: str, service: Callable[[Any], Awaitable[object]], settings: object) -> int:

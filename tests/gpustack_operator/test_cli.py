@@ -341,3 +341,16 @@ def test_json_logging_format_writes_one_object_per_stderr_line() -> None:
 def test_unknown_logging_format_is_a_usage_error() -> None:
     result = run("dm", "detect", "--logging-format=xml")
     assert result.returncode == 2 and "must be one of text, json" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("argv", "env"),
+    [
+        (["mm", "pull", "a/b", "--cache-root=/tmp"], {"HF_ENDPOINT": "http://u:s3cret@hub:99999"}),
+        (["mm", "manifest", "a/b", "--hf-endpoint=http://u:s3cret@[::1"], {}),
+    ],
+)
+def test_a_refused_url_is_quoted_without_its_password(argv: list[str], env: dict[str, str]) -> None:
+    result = run(*argv, env=env)
+    assert result.returncode == 2, result.stderr
+    assert "s3cret" not in result.stderr and "u:REDACTED@" in result.stderr, result.stderr
