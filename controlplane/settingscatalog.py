@@ -19,11 +19,12 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Final
-from urllib.parse import urlsplit
 
 import msgspec
 
 from controlplane.admission.pods import parse_quantity
+from hub.urls import Url
+from kit.redaction import redact_urls
 
 __all__ = [
     "BY_NAME",
@@ -81,13 +82,10 @@ def _url(text: str, *, proxy: bool = False) -> str:
     if proxy and not text:
         return ""
     try:
-        parts = urlsplit(text)
-        parts.port  # noqa: B018  (a port out of range or not a number raises here)
+        parsed = Url(text)  # the Hub client's own parser: what it would refuse, refused here
     except ValueError as e:
-        raise ValueError(f"not a usable http(s) URL: {e}") from e
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError("not an http(s) URL")
-    if proxy and (parts.username is not None or parts.password is not None):
+        raise ValueError(redact_urls(str(e))) from e
+    if proxy and (parsed.user is not None or parsed.password is not None):
         raise ValueError("a proxy URL may not carry credentials (user or password)")
     return text.rstrip("/") if not proxy else text
 

@@ -45,6 +45,7 @@ def test_every_entry_has_a_valid_default_and_a_typed_field() -> None:
         ("model-artifact-huggingface-endpoint", "http://[::1", "Invalid IPv6 URL"),
         ("model-artifact-huggingface-endpoint", "http://hub:99999", "out of range"),
         ("model-artifact-https-proxy", "http://proxy:port", "could not be cast"),
+        ("model-artifact-https-proxy", "http://u:s3cret@proxy:99999", "u:REDACTED@proxy"),
         ("workload-fit-affinity", "maybe", "boolean"),
         ("model-artifact-ca-bundle", "Not_A_Name", "ConfigMap"),
         ("no-such-setting", "x", "catalog is fixed"),
@@ -54,6 +55,7 @@ def test_bad_texts_are_refused_naming_the_setting(name: str, text: str, needle: 
     with pytest.raises(InvalidSetting) as caught:
         settingscatalog.check(name, text)
     assert needle in str(caught.value) and name in str(caught.value)
+    assert "s3cret" not in str(caught.value)
 
 
 def test_low_must_stay_below_high() -> None:
