@@ -209,3 +209,45 @@ async def test_a_start_cancelled_at_any_step_leaves_no_socket_bound(which: str) 
         return serving.http_metrics_server("127.0.0.1", 0, registry)
 
     await testing.cancel_every_start(open_server)
+
+
+def test_two_servers_starting_on_one_port_at_once_leave_one_serving_and_one_clear_error() -> None:
+    """Two event loops (threads, each with uvloop) start on one port at the same moment: one
+    serves, the other gets an ``OSError``. With the loop binding for aiohttp, the loser's failed
+    ``listen`` came back as a server without a socket, an ``AttributeError`` (21 of 200 rounds
+    on the machine that measured)."""
+    import threading
+
+    import uvloop
+    from aiohttp import web
+
+    outcomes: list[str] = []
+
+    async def start(port: int, ready: threading.Barrier, done: threading.Barrier) -> None:
+        runner = web.AppRunner(web.Application())
+        await runner.setup()
+        ready.wait()
+        try:
+            await serving.serve_tcp(runner, "127.0.0.1", port)
+            outcomes.append("serving")
+        except OSError:
+            outcomes.append("OSError")
+        except Exception as e:  # noqa: BLE001 - the failure this test is about
+            outcomes.append(type(e).__name__)
+        done.wait()  # the winner holds the port until the loser has tried
+        await runner.cleanup()
+
+    for _ in range(100):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        ready, done = threading.Barrier(2), threading.Barrier(2)
+        threads = [
+            threading.Thread(target=uvloop.run, args=(start(port, ready, done),)) for _ in range(2)
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=30)
+    assert len(outcomes) == 200
+    assert {o: outcomes.count(o) for o in set(outcomes)} == {"serving": 100, "OSError": 100}
