@@ -17,21 +17,29 @@ from agent.devices import clib
 CANDIDATES = (
     "libhydmi_mig.so.1",
     "libhydmi_mig.so",
+    "/opt/hyhal/lib/libhydmi_mig.so.1",
     "/opt/hyhal/lib/libhydmi_mig.so",
+    "/opt/dtk/lib/libhydmi_mig.so.1",
     "/opt/dtk/lib/libhydmi_mig.so",
 )
+"""gpustack-runtime's order: the versioned soname first (a host may carry only it), on the
+loader path, then in the hyhal and DTK trees, which are not on it."""
 LIBRARY = "DMI MIG (libhydmi_mig.so)"
 PROFILE_INDEXES = range(4)
 """1, 2, 3 and 4 slices."""
 
+INVALID_ARGUMENT = 2
 NOT_SUPPORTED = 3
+NOT_FOUND = 6
+GAPS = frozenset({INVALID_ARGUMENT, NOT_SUPPORTED, NOT_FOUND})
+"""What a card answers for a slice-count index it has no profile at: a gap, not a fault."""
 CODES = clib.Codes(
     names={
         1: "UNINITIALIZED",
-        2: "INVALID_ARGUMENT",
+        INVALID_ARGUMENT: "INVALID_ARGUMENT",
         NOT_SUPPORTED: "NOT_SUPPORTED",
         4: "NO_PERMISSION",
-        6: "NOT_FOUND",
+        NOT_FOUND: "NOT_FOUND",
         12: "LIBRARY_NOT_FOUND",
         13: "FUNCTION_NOT_FOUND",
         27: "NOT_READY",
@@ -75,12 +83,15 @@ class DmiMig(clib.Binding):
         handle = ctypes.c_void_p(None)
         self.call("nvmlDeviceGetHandleByPciBusId", bus_id.encode(), ctypes.byref(handle))
         found = []
+        query = self.function("nvmlDeviceGetGpuInstanceProfileInfo")
         for index in PROFILE_INDEXES:
             info = ProfileInfo()
-            try:
-                self.call("nvmlDeviceGetGpuInstanceProfileInfo", handle, index, ctypes.byref(info))
-            except clib.LibUnsupported:
-                continue
+            status = int(query(handle, index, ctypes.byref(info)))
+            if status in GAPS:
+                continue  # no profile at this slice count; the others still count
+            if status != 0:
+                self.errors_by_call["nvmlDeviceGetGpuInstanceProfileInfo"] += 1
+                raise self.codes.error("nvmlDeviceGetGpuInstanceProfileInfo", status)
             found.append(
                 (
                     clib.text(info.name),

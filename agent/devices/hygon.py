@@ -1,7 +1,8 @@
 """Hygon DCUs through DTK's ROCm SMI, with sysfs and KFD for what ROCm SMI does not say.
 
-- identity: ``GPU-`` and ROCm SMI's 64-bit unique id as 16 zero-padded hex digits (an
-  un-padded rendering would make ids of the same card differ between tools);
+- identity: ``GPU-`` and ROCm SMI's 64-bit unique id in lower-case hex without padding, as
+  gpustack-runtime writes it (``hex()`` minus its ``0x``), so the same card has the same id in
+  our ``Devices`` and in GPUStack's own detector;
 - ``physicalIndexes``: ``[cardN, renderD minor]`` from the function's ``drm`` entries (card and
   render numbers are not the index: ``card1``/``renderD128`` for index 0 on real hosts);
 - cores and compute capability: the KFD topology node at the card's PCI location (compute
@@ -77,7 +78,7 @@ class HygonReader:
         unique = self.smi.unique_id(slot)
         if not unique:
             raise clib.LibFailed("rsmi_dev_unique_id_get", 14, "NO_DATA", "unique id 0")
-        return slot, f"GPU-{unique:016x}"
+        return slot, f"GPU-{unique:x}"
 
     def describe(self, handle: int, card: Card, get: Get) -> None:
         card.bus_id = get(self.smi.pci_bus_id, handle)

@@ -10,16 +10,20 @@ the backend runs only behind the PCI check for Hygon's vendor id, so this never 
 from __future__ import annotations
 
 import ctypes
+import os
+from collections.abc import Mapping
 from typing import Any
 
 from agent.devices import clib
 
-CANDIDATES = (
-    "/opt/hyhal/lib/librocm_smi64.so",
-    "/opt/dtk/rocm_smi/lib/librocm_smi64.so",
-    "/opt/dtk/lib/librocm_smi64.so",
-    "librocm_smi64.so",
+SONAME = "librocm_smi64.so"
+HYGON_DIRS = (
+    "/opt/hyhal/lib",
+    "/opt/dtk/.hyhal/rocm_smi/lib",
+    "/opt/dtk/rocm_smi/lib",
+    "/opt/dtk/lib",
 )
+"""Where DTK and hyhal install the library when no environment variable points at it."""
 LIBRARY = "ROCm SMI from DTK (librocm_smi64.so)"
 
 NOT_SUPPORTED = 2
@@ -52,9 +56,30 @@ TEMPERATURE_SENSORS = (0, 1, 2)
 """Edge, junction, memory: the first that answers is reported."""
 
 
-def load() -> Any:
+def candidates(env: Mapping[str, str]) -> tuple[str, ...]:
+    """Where to look, in order: first what gpustack-runtime's binding tries, then Hygon's trees.
+
+    The binding's order: ``$ROCM_SMI_LIB_PATH`` when set; else the ROCm home (``$ROCM_HOME``,
+    else ``$ROCM_PATH``, else ``/opt/rocm``) under ``lib`` then ``rocm_smi/lib``. After those,
+    the hyhal and DTK directories (bare and ``.1`` sonames: a host may carry only the versioned
+    one), and last the loader path.
+    """
+    first: list[str] = []
+    if env.get("ROCM_SMI_LIB_PATH"):
+        first.append(os.path.join(env["ROCM_SMI_LIB_PATH"], SONAME))
+    else:
+        home = env.get("ROCM_HOME") or env.get("ROCM_PATH") or "/opt/rocm"
+        first += [os.path.join(home, "lib", SONAME), os.path.join(home, "rocm_smi", "lib", SONAME)]
+    found = [*first]
+    for directory in HYGON_DIRS:
+        found += [os.path.join(directory, SONAME), os.path.join(directory, SONAME + ".1")]
+    found += [SONAME, SONAME + ".1"]
+    return tuple(dict.fromkeys(found))
+
+
+def load(env: Mapping[str, str] | None = None) -> Any:
     """:raises clib.LibUnavailable: no candidate loads."""
-    return clib.load(LIBRARY, CANDIDATES, CODES)
+    return clib.load(LIBRARY, candidates(os.environ if env is None else env), CODES)
 
 
 def decode_bdf(bdfid: int) -> str:
@@ -118,6 +143,13 @@ class RocmSmi(clib.Binding):
         raise self.codes.error("rsmi_dev_temp_metric_get", NOT_SUPPORTED, "no sensor answers")
 
     def power_uw(self, index: int) -> int:
-        value = ctypes.c_uint64(0)
+        """Power drawn, µW: ``rsmi_dev_power_get`` (current or average, whichever the card has);
+        the older ``rsmi_dev_power_ave_get`` when the library lacks or refuses the newer call."""
+        value, kind = ctypes.c_uint64(0), ctypes.c_int(0)
+        try:
+            self.call("rsmi_dev_power_get", index, ctypes.byref(value), ctypes.byref(kind))
+            return value.value
+        except clib.LibUnsupported:
+            pass
         self.call("rsmi_dev_power_ave_get", index, 0, ctypes.byref(value))
         return value.value

@@ -96,6 +96,15 @@ class SimulatedRocmSmi(SimulatedLibrary):
             put(value, card.edge_temperature_mc)
         return status
 
+    def rsmi_dev_power_get(self, index: int, value: Any, kind: Any) -> int:
+        status, card = self._gate("rsmi_dev_power_get", index)
+        if status == 0 and card is not None:
+            if card.power_uw is None:
+                return rocmsmi.NOT_SUPPORTED
+            put(value, card.power_uw)
+            put(kind, 0)  # RSMI_CURRENT_POWER
+        return status
+
     def rsmi_dev_power_ave_get(self, index: int, sensor: int, value: Any) -> int:
         status, card = self._gate("rsmi_dev_power_ave_get", index)
         if status == 0 and card is not None:
@@ -132,7 +141,7 @@ class SimulatedDmiMig:
         card = self.host.cards[position]
         found = next((p for p in card.mig_profiles if p.slice_count == index + 1), None)
         if found is None:
-            return 3
+            return self.host.mig_gap_code
         out = target(info)
         out.id, out.gi_count_max, out.cu_count = index, found.instance_count, found.cu_count
         out.gpu_slice_count, out.memory_size_MB = found.slice_count, found.memory_mib

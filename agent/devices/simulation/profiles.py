@@ -288,6 +288,8 @@ class HygonCard(DrmCard, frozen=True, kw_only=True):
     busy_percent: int = 0
     edge_temperature_mc: int
     power_average_uw: int
+    power_uw: int | None = None
+    """``rsmi_dev_power_get``'s reading; None: the library refuses that call (older DTK)."""
     simd_count: int
     simd_per_cu: int = 4
     gfx_target_version: int
@@ -304,6 +306,9 @@ class HygonHost(LibHost, frozen=True, kw_only=True):
     """Whether DTK's ``libhydmi_mig.so`` is installed."""
     mig_mode: bool = False
     """The node-wide MIG switch (only read through the MIG library)."""
+    mig_gap_code: int = 3
+    """What the MIG library answers for a slice count a card has no profile at: NOT_SUPPORTED
+    (3), NOT_FOUND (6) or INVALID_ARGUMENT (2), all routine per gpustack-runtime's binding."""
     cards: tuple[HygonCard, ...] = ()
 
 

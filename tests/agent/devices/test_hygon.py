@@ -51,7 +51,10 @@ def test_the_packed_pci_id(packed: int, bdf: str) -> None:
     assert rocmsmi.decode_bdf(packed) == bdf
 
 
-def test_a_leading_zero_unique_id_keeps_its_width(tmp_path: Path) -> None:
+def test_a_leading_zero_unique_id_is_written_as_gpustack_runtime_writes_it(
+    tmp_path: Path,
+) -> None:
+    """Oracle: gpustack-runtime 0.2.6 ``detector/hygon.py`` writes ``GPU-`` + ``hex(id)[2:]``."""
     text = Path(__file__).parent.parent.parent.parent / "agent/devices/simulation/builtin"
     yaml = (
         (text / "hygon-k100-ai-x8.yaml")
@@ -59,7 +62,7 @@ def test_a_leading_zero_unique_id_keeps_its_width(tmp_path: Path) -> None:
         .replace("0x7100f95cee823041", "0x0000f95cee823041", 1)
     )
     found = wire(rig("hygon", yaml, tmp_path).backend.detect())[0]["accelerators"]
-    assert found[0]["id"] == "GPU-0000f95cee823041"
+    assert found[0]["id"] == "GPU-" + hex(0x0000F95CEE823041)[2:] == "GPU-f95cee823041"
 
 
 def _with_mig(mode: bool) -> str:
@@ -96,6 +99,41 @@ def test_dcus_in_mig_mode_offer_their_partitions(tmp_path: Path) -> None:
         ],
         "count": 4,
     }  # fmt: skip
+
+
+@pytest.mark.parametrize("gap", [2, 3, 6])
+def test_a_profile_gap_answered_any_routine_way_keeps_the_other_profiles(
+    tmp_path: Path, gap: int
+) -> None:
+    """No 3-slice profile: INVALID_ARGUMENT (2), NOT_SUPPORTED (3) and NOT_FOUND (6) are all
+    routine answers for it (gpustack-runtime's ``pydmi``); none may empty the partition set."""
+    yaml = _with_mig(True).replace("  migMode: true\n", f"  migMode: true\n  migGapCode: {gap}\n")
+    status = wire(rig("hygon", yaml, tmp_path).backend.detect())[0]["accelerators"][0]["status"]
+    assert [p["computeSlices"] for p in status["physicalSliced"]["profiles"]] == [1, 2, 4]
+
+
+def test_a_profile_query_failing_otherwise_is_not_taken_for_a_gap(tmp_path: Path) -> None:
+    yaml = _with_mig(True).replace("  migMode: true\n", "  migMode: true\n  migGapCode: 999\n")
+    status = wire(rig("hygon", yaml, tmp_path).backend.detect())[0]["accelerators"][0]["status"]
+    assert not status.get("physicalSliced", {}).get("profiles")  # UNKNOWN: logged, left out
+
+
+def test_power_drawn_is_rsmi_dev_power_get_and_the_average_only_without_it(
+    tmp_path: Path,
+) -> None:
+    """gpustack-runtime reads ``rsmi_dev_power_get`` (µW) and falls back to the average."""
+    text = Path(__file__).parent.parent.parent.parent / "agent/devices/simulation/builtin"
+    yaml = (text / "hygon-k100-ai-x8.yaml").read_text()
+    yaml = yaml.replace(
+        "      powerAverageUw: 104300000\n",
+        "      powerAverageUw: 104300000\n      powerUw: 250900000\n",
+        1,
+    )
+    samples = wire(rig("hygon", yaml, tmp_path / "current").backend.sample())
+    assert samples[0]["powerUsage"] == 250  # the current reading, not the 104 W average
+    older = rig("hygon", "hygon-k100-ai-x8", tmp_path / "older")  # refuses rsmi_dev_power_get
+    assert wire(older.backend.sample())[0]["powerUsage"] == 104
+    assert ("rsmi_dev_power_ave_get", 0) in older.library.calls
 
 
 def test_mig_off_or_no_mig_library_means_software_slices(tmp_path: Path) -> None:
