@@ -76,17 +76,22 @@ class CardName(ctypes.Structure):
 
 
 class MemoryInfoV2(ctypes.Structure):
+    """``cndevMemoryInfoV2_t``: 176 bytes, the library writes the trailing reserved words too."""
+
     _fields_ = [
         ("physicalMemoryTotal", ctypes.c_longlong),
         ("physicalMemoryUsed", ctypes.c_longlong),
         ("reservedMemory", ctypes.c_longlong),
         ("virtualMemoryTotal", ctypes.c_longlong),
         ("virtualMemoryUsed", ctypes.c_longlong),
-        ("globalMemory", ctypes.c_longlong),
+        ("globalMemory", ctypes.c_ulonglong),
+        ("reserved", ctypes.c_ulonglong * 16),
     ]
 
 
 class PcieInfoV2(ctypes.Structure):
+    """``cndevPCIeInfoV2_t``: 64 bytes, the library writes the trailing reserved words too."""
+
     _fields_ = [
         ("subsystemId", ctypes.c_uint),
         ("deviceId", ctypes.c_uint),
@@ -98,6 +103,7 @@ class PcieInfoV2(ctypes.Structure):
         ("function", ctypes.c_uint),
         ("moduleId", ctypes.c_ushort),
         ("slotId", ctypes.c_ushort),
+        ("reserved", ctypes.c_uint * 8),
     ]
 
 

@@ -46,6 +46,8 @@ CODES = clib.Codes(
 
 
 class PciInfo(ctypes.Structure):
+    """``MtmlPciInfo``: 104 bytes with its six reserved ints, all written by the library."""
+
     _fields_ = [
         ("sbdf", ctypes.c_char * 32),
         ("segment", ctypes.c_uint),
@@ -60,6 +62,7 @@ class PciInfo(ctypes.Structure):
         ("pciCurWidth", ctypes.c_uint),
         ("pciMaxGen", ctypes.c_uint),
         ("pciCurGen", ctypes.c_uint),
+        ("rsvd", ctypes.c_int * 6),
     ]
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from agent.devices import cndev
-from agent.devices.simulation.fakelib import SimulatedLibrary, target
+from agent.devices.simulation.fakelib import SimulatedLibrary, target, written
 from agent.devices.simulation.profiles import CambriconCard, CambriconHost
 
 _BASE = 100
@@ -56,7 +56,7 @@ class SimulatedCndev(SimulatedLibrary):
         if status == 0:
             if target(info).version != cndev.STRUCT_VERSION:
                 return _UNSUPPORTED_API_VERSION
-            target(info).number = len(self.host.cards)
+            written(info, "cndevCardInfo_t").number = len(self.host.cards)
         return status
 
     def cndevGetDeviceHandleByIndex(self, index: int, handle: Any) -> int:
@@ -68,7 +68,7 @@ class SimulatedCndev(SimulatedLibrary):
     def cndevGetUUID(self, info: Any, handle: int) -> int:
         status, card = self._gate("cndevGetUUID", handle, info)
         if status == 0 and card is not None:
-            target(info).uuid = card.uuid.encode()[:36] + b"\x00"
+            written(info, "cndevUUID_t").uuid = card.uuid.encode()[:36] + b"\x00"
         return status
 
     def _name_string(self, handle: int) -> bytes | None:
@@ -78,7 +78,7 @@ class SimulatedCndev(SimulatedLibrary):
     def cndevGetCardName(self, info: Any, handle: int) -> int:
         status, card = self._gate("cndevGetCardName", handle, info)
         if status == 0 and card is not None:
-            target(info).id = card.name_id
+            written(info, "cndevCardName_t").id = card.name_id
         return status
 
     def cndevGetPCIeInfoV2(self, info: Any, handle: int) -> int:
@@ -86,7 +86,7 @@ class SimulatedCndev(SimulatedLibrary):
         if status == 0 and card is not None:
             domain, bus, rest = card.bus_id.split(":")
             dev, fn = rest.split(".")
-            out = target(info)
+            out = written(info, "cndevPCIeInfoV2_t")
             out.domain, out.bus, out.device, out.function = (
                 int(domain, 16), int(bus, 16), int(dev, 16), int(fn, 16),
             )  # fmt: skip
@@ -96,7 +96,7 @@ class SimulatedCndev(SimulatedLibrary):
     def cndevGetVersionInfo(self, info: Any, handle: int) -> int:
         status, card = self._gate("cndevGetVersionInfo", handle, info)
         if status == 0 and card is not None:
-            out = target(info)
+            out = written(info, "cndevVersionInfo_t")
             major, minor, build = card.driver_version
             out.driverMajorVersion, out.driverMinorVersion, out.driverBuildVersion = (
                 major, minor, build,
@@ -106,7 +106,7 @@ class SimulatedCndev(SimulatedLibrary):
     def cndevGetMemoryUsageV2(self, info: Any, handle: int) -> int:
         status, card = self._gate("cndevGetMemoryUsageV2", handle)
         if status == 0 and card is not None:
-            out = target(info)
+            out = written(info, "cndevMemoryInfoV2_t")
             out.physicalMemoryTotal, out.physicalMemoryUsed = (
                 card.memory_total_mib, card.memory_used_mib,
             )  # fmt: skip
@@ -115,17 +115,19 @@ class SimulatedCndev(SimulatedLibrary):
     def cndevGetDeviceUtilizationInfo(self, info: Any, handle: int) -> int:
         status, card = self._gate("cndevGetDeviceUtilizationInfo", handle, info)
         if status == 0 and card is not None:
-            target(info).averageCoreUtilization = card.utilization_percent
+            written(
+                info, "cndevUtilizationInfo_t"
+            ).averageCoreUtilization = card.utilization_percent
         return status
 
     def cndevGetTemperatureInfo(self, info: Any, handle: int) -> int:
         status, card = self._gate("cndevGetTemperatureInfo", handle, info)
         if status == 0 and card is not None:
-            target(info).chip = card.chip_temperature_c
+            written(info, "cndevTemperatureInfo_t").chip = card.chip_temperature_c
         return status
 
     def cndevGetDevicePowerInfo(self, info: Any, handle: int) -> int:
         status, card = self._gate("cndevGetDevicePowerInfo", handle)
         if status == 0 and card is not None:
-            target(info).usage = card.power_w
+            written(info, "cndevDevicePowerInfo_t").usage = card.power_w
         return status

@@ -8,6 +8,9 @@ per-chip calls with ``NOT_SUPPORT`` as the real MCU does for power.
 The container-share flag is the one piece of state a caller can change: every chip starts with it
 off (:attr:`SimulatedDcmi.shared` holds it by chip position), and a chip's ``faults`` can make
 the set call fail (``OPER_NOT_PERMITTED``, as outside the physical machine's root).
+
+With ``api: 2`` it is a V2-only driver (Ascend 950): every V1 entry point answers ``NOT_SUPPORT``
+and the ``dcmiv2_*`` calls address a chip by its logic id; with ``api: 1`` it exports no V2 call.
 """
 
 from __future__ import annotations
@@ -15,10 +18,26 @@ from __future__ import annotations
 from typing import Any
 
 from agent.devices import dcmi
-from agent.devices.simulation.fakelib import SimulatedLibrary, put, put_text, target
+from agent.devices.simulation.fakelib import SimulatedLibrary, put, put_text, written
 from agent.devices.simulation.profiles import AscendChip, AscendHost
 
 _UNIT_MCU = 1
+
+
+def _pcie(chip: AscendChip, info: Any) -> None:
+    domain, bus, rest = chip.bus_id.split(":")
+    dev, fn = rest.split(".")
+    out = written(info, "dcmi_pcie_info_all")
+    out.venderid, out.deviceid = 0x19E5, chip.pci_device_id
+    out.domain, out.bdf_busid = int(domain, 16), int(bus, 16)
+    out.bdf_deviceid, out.bdf_funcid = int(dev, 16), int(fn, 16)
+
+
+def _hbm(chip: AscendChip, info: Any) -> None:
+    out = written(info, "dcmi_hbm_info")
+    out.memory_size = chip.memory_total_mib if chip.hbm else 0
+    out.memory_usage = chip.memory_used_mib if chip.hbm else 0
+    out.temp = chip.temperature_c
 
 
 class SimulatedDcmi(SimulatedLibrary):
@@ -46,6 +65,15 @@ class SimulatedDcmi(SimulatedLibrary):
         if not self.initialized:
             return dcmi.UNINITIALIZED, None
         return (dcmi.NOT_SUPPORT if card in self.host.mcu_cards else dcmi.DEVICE_NOT_EXIST), None
+
+    def __getattribute__(self, name: str) -> Any:
+        api = object.__getattribute__(self, "host").api
+        if name.startswith("dcmiv2_") and api != 2:
+            raise AttributeError(name)  # a V1 driver's library exports no V2 call
+        if name.startswith("dcmi_") and api == 2:
+            calls = object.__getattribute__(self, "calls")
+            return lambda *args: calls.append((name, None)) or dcmi.NOT_SUPPORT
+        return object.__getattribute__(self, name)
 
     # -- system --------------------------------------------------------------------------------
 
@@ -129,7 +157,7 @@ class SimulatedDcmi(SimulatedLibrary):
     def dcmi_get_device_chip_info(self, card: int, device: int, info: Any) -> int:
         status, chip = self._find("dcmi_get_device_chip_info", card, device)
         if status == 0 and chip is not None:
-            out = target(info)
+            out = written(info, "dcmi_chip_info")
             out.chip_type = b"Ascend"
             out.chip_name = chip.chip_name.encode()
             out.chip_ver = b"V1"
@@ -139,34 +167,27 @@ class SimulatedDcmi(SimulatedLibrary):
     def dcmi_get_device_die_v2(self, card: int, device: int, kind: int, die: Any) -> int:
         status, chip = self._find("dcmi_get_device_die_v2", card, device)
         if status == 0 and chip is not None:
+            out = written(die, "dcmi_die_id")
             for i, word in enumerate(chip.die_id):
-                target(die).soc_die[i] = word
+                out.soc_die[i] = word
         return status
 
     def dcmi_get_device_pcie_info_v2(self, card: int, device: int, info: Any) -> int:
         status, chip = self._find("dcmi_get_device_pcie_info_v2", card, device)
         if status == 0 and chip is not None:
-            domain, bus, rest = chip.bus_id.split(":")
-            dev, fn = rest.split(".")
-            out = target(info)
-            out.venderid, out.deviceid = 0x19E5, chip.pci_device_id
-            out.domain, out.bdf_busid = int(domain, 16), int(bus, 16)
-            out.bdf_deviceid, out.bdf_funcid = int(dev, 16), int(fn, 16)
+            _pcie(chip, info)
         return status
 
     def dcmi_get_device_hbm_info(self, card: int, device: int, info: Any) -> int:
         status, chip = self._find("dcmi_get_device_hbm_info", card, device)
         if status == 0 and chip is not None:
-            out = target(info)
-            out.memory_size = chip.memory_total_mib if chip.hbm else 0
-            out.memory_usage = chip.memory_used_mib if chip.hbm else 0
-            out.temp = chip.temperature_c
+            _hbm(chip, info)
         return status
 
     def dcmi_get_device_memory_info_v3(self, card: int, device: int, info: Any) -> int:
         status, chip = self._find("dcmi_get_device_memory_info_v3", card, device)
         if status == 0 and chip is not None:
-            out = target(info)
+            out = written(info, "dcmi_get_memory_info_stru")
             out.memory_size = chip.memory_total_mib
             out.memory_available = chip.memory_total_mib - chip.memory_used_mib
         return status
@@ -187,6 +208,89 @@ class SimulatedDcmi(SimulatedLibrary):
 
     def dcmi_get_device_power_info(self, card: int, device: int, power: Any) -> int:
         status, chip = self._find("dcmi_get_device_power_info", card, device)
+        if status == 0 and chip is not None:
+            put(power, chip.power_deciwatts)
+        return status
+
+    # -- V2 (a chip addressed by its logic id) -------------------------------------------------
+
+    def _v2(self, name: str, dev: int) -> tuple[int, AscendChip | None]:
+        for chip in self.chips:
+            if chip.logic_id == dev:
+                return self._find(name, chip.card_id, chip.device_id)
+        self.calls.append((name, None))
+        return (dcmi.DEVICE_NOT_EXIST if self.initialized else dcmi.UNINITIALIZED), None
+
+    def dcmiv2_init(self) -> int:
+        return self._init("dcmiv2_init")
+
+    def dcmiv2_get_device_list(self, devices: Any, count: Any, size: int) -> int:
+        status = self._system("dcmiv2_get_device_list")
+        if status:
+            return status
+        for i, chip in enumerate(self.chips[:size]):
+            devices[i] = chip.logic_id
+        put(count, len(self.chips))
+        return 0
+
+    def dcmiv2_get_device_type(self, dev: int, unit: Any) -> int:
+        status, _ = self._v2("dcmiv2_get_device_type", dev)
+        if status == 0:
+            put(unit, dcmi.UNIT_NPU)
+        return status
+
+    def dcmiv2_get_chip_phy_id_by_dev_id(self, dev: int, phy: Any) -> int:
+        status, chip = self._v2("dcmiv2_get_chip_phy_id_by_dev_id", dev)
+        if status == 0 and chip is not None:
+            put(phy, chip.physical_id)
+        return status
+
+    def dcmiv2_get_device_chip_info(self, dev: int, info: Any) -> int:
+        status, chip = self._v2("dcmiv2_get_device_chip_info", dev)
+        if status == 0 and chip is not None:
+            out = written(info, "dcmi_chip_info_v2")
+            out.chip_type, out.chip_name = b"Ascend", chip.chip_name.encode()
+            out.aicore_cnt, out.npu_name = chip.aicore_count, chip.chip_name.encode()
+        return status
+
+    def dcmiv2_get_device_die_id(self, dev: int, kind: int, die: Any) -> int:
+        status, chip = self._v2("dcmiv2_get_device_die_id", dev)
+        if status == 0 and chip is not None:
+            if kind != dcmi.DIE_TYPE_VDIE:
+                return -8001
+            out = written(die, "dcmi_die_id")
+            for i, word in enumerate(chip.die_id):
+                out.soc_die[i] = word
+        return status
+
+    def dcmiv2_get_device_pcie_info(self, dev: int, info: Any) -> int:
+        status, chip = self._v2("dcmiv2_get_device_pcie_info", dev)
+        if status == 0 and chip is not None:
+            _pcie(chip, info)
+        return status
+
+    def dcmiv2_get_device_hbm_info(self, dev: int, info: Any) -> int:
+        status, chip = self._v2("dcmiv2_get_device_hbm_info", dev)
+        if status == 0 and chip is not None:
+            _hbm(chip, info)
+        return status
+
+    def dcmiv2_get_device_utilization_rate(self, dev: int, kind: int, rate: Any) -> int:
+        status, chip = self._v2("dcmiv2_get_device_utilization_rate", dev)
+        if status == 0 and chip is not None:
+            if kind != dcmi.UTILIZATION_AICORE:
+                return dcmi.NOT_SUPPORT
+            put(rate, chip.aicore_utilization)
+        return status
+
+    def dcmiv2_get_device_temperature(self, dev: int, temp: Any) -> int:
+        status, chip = self._v2("dcmiv2_get_device_temperature", dev)
+        if status == 0 and chip is not None:
+            put(temp, chip.temperature_c)
+        return status
+
+    def dcmiv2_get_device_power_info(self, dev: int, power: Any) -> int:
+        status, chip = self._v2("dcmiv2_get_device_power_info", dev)
         if status == 0 and chip is not None:
             put(power, chip.power_deciwatts)
         return status

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from agent.devices import clib
+from agent.devices.simulation import layouts
 from agent.errors import ProfileError
 
 
@@ -33,6 +34,28 @@ def put(ref: Any, value: Any) -> None:
 def target(ref: Any) -> Any:
     """The structure a ``byref`` (or ``pointer``) argument points at."""
     return ref._obj if hasattr(ref, "_obj") else ref.contents
+
+
+class UndersizedBuffer(AssertionError):
+    """An adapter passed a structure smaller than the library writes: on hardware, a heap
+    overflow. Raised (never caught by the adapters) so the ordinary test run fails on it."""
+
+
+def written(ref: Any, layout: str) -> Any:
+    """The structure behind ``ref``, after writing all of ``layout``'s documented size into it.
+
+    A real library writes its whole structure, reserved tail included, whatever the caller's
+    idea of it; so does this (zeros, before the caller's fields are set). A buffer smaller than
+    the documented size is refused with :class:`UndersizedBuffer` instead of overrun.
+    """
+    out = target(ref)
+    size = layouts.SIZES[layout].size
+    if ctypes.sizeof(out) < size:
+        raise UndersizedBuffer(
+            f"{layout}: the adapter passed {ctypes.sizeof(out)} bytes, the library writes {size}"
+        )
+    ctypes.memset(ctypes.addressof(out), 0, size)
+    return out
 
 
 def put_text(buffer: Any, text: str, size: int | None = None) -> int:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from agent.devices import mtml
-from agent.devices.simulation.fakelib import SimulatedLibrary, put, put_text, target
+from agent.devices.simulation.fakelib import SimulatedLibrary, put, put_text, written
 from agent.devices.simulation.profiles import MthreadsCard, MthreadsHost
 
 _INVALID = 3
@@ -108,7 +108,7 @@ class SimulatedMtml(SimulatedLibrary):
     def mtmlDeviceGetPciInfo(self, device: Any, info: Any) -> int:
         status, card = self._gate("mtmlDeviceGetPciInfo", device, _DEVICE)
         if status == 0 and card is not None:
-            out = target(info)
+            out = written(info, "MtmlPciInfo")
             out.sbdf = card.bus_id.encode()
             domain, bus, rest = card.bus_id.split(":")
             out.segment, out.bus = int(domain, 16), int(bus, 16)

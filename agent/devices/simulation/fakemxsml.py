@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from agent.devices import mxsml
-from agent.devices.simulation.fakelib import SimulatedLibrary, put, put_text, target
+from agent.devices.simulation.fakelib import SimulatedLibrary, put, put_text, target, written
 from agent.devices.simulation.profiles import MetaxCard, MetaxHost
 
 _INVALID_ID = 6
@@ -48,7 +48,7 @@ class SimulatedMxsml(SimulatedLibrary):
     def mxSmlGetDeviceInfo(self, device: int, info: Any) -> int:
         status, card = self._gate("mxSmlGetDeviceInfo", device)
         if status == 0 and card is not None:
-            out = target(info)
+            out = written(info, "mxSmlDeviceInfo_t")
             out.deviceId, out.brand, out.mode = device, card.brand, card.mode
             out.bdfId = card.bus_id.encode()
             out.uuid = card.uuid.encode()
@@ -67,7 +67,7 @@ class SimulatedMxsml(SimulatedLibrary):
     def mxSmlGetMemoryInfo(self, device: int, info: Any) -> int:
         status, card = self._gate("mxSmlGetMemoryInfo", device)
         if status == 0 and card is not None:
-            out = target(info)
+            out = written(info, "mxSmlMemoryInfo_t")
             out.vramTotal = out.visVramTotal = card.vram_total_kb
             out.vramUse = out.visVramUse = card.vram_used_kb
         return status

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from agent.devices import nvmlabi
-from agent.devices.simulation.fakelib import SimulatedLibrary, put, put_text, target
+from agent.devices.simulation.fakelib import SimulatedLibrary, put, put_text, written
 from agent.devices.simulation.profiles import CloneCard, CloneHost
 
 _MIB = 1 << 20
@@ -115,7 +115,7 @@ class SimulatedNvmlAbi(SimulatedLibrary):
     def _DeviceGetPciInfo_v3(self, name: str, h: Any, info: Any) -> int:
         status, card = self._gate(name, h)
         if status == 0 and card is not None:
-            out = target(info)
+            out = written(info, "nvmlPciInfo_t")
             domain, bus, rest = card.bus_id.split(":")
             out.domain, out.bus = int(domain, 16), int(bus, 16)
             out.device = int(rest.split(".")[0], 16)
@@ -126,7 +126,7 @@ class SimulatedNvmlAbi(SimulatedLibrary):
     def _DeviceGetMemoryInfo(self, name: str, h: Any, info: Any) -> int:
         status, card = self._gate(name, h)
         if status == 0 and card is not None:
-            out = target(info)
+            out = written(info, "nvmlMemory_t")
             out.total = card.memory_total_mib * _MIB
             out.used = card.memory_used_mib * _MIB
             out.free = out.total - out.used
@@ -152,7 +152,7 @@ class SimulatedNvmlAbi(SimulatedLibrary):
     def _DeviceGetUtilizationRates(self, name: str, h: Any, info: Any) -> int:
         status, card = self._gate(name, h)
         if status == 0 and card is not None:
-            target(info).gpu = card.utilization_percent
+            written(info, "nvmlUtilization_t").gpu = card.utilization_percent
         return status
 
     def _DeviceGetTemperature(self, name: str, h: Any, sensor: int, temp: Any) -> int:
@@ -185,7 +185,7 @@ class SimulatedNvmlAbi(SimulatedLibrary):
         found = next((p for p in card.mig_profiles if p.id == profile), None)
         if found is None:
             return nvmlabi.NOT_SUPPORTED
-        out = target(info)
+        out = written(info, "nvmlGpuInstanceProfileInfo_t")
         out.id, out.sliceCount, out.instanceCount = (
             found.id,
             found.slice_count,

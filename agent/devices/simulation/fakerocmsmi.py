@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from agent.devices import rocmsmi
-from agent.devices.simulation.fakelib import SimulatedLibrary, put, put_text, target
+from agent.devices.simulation.fakelib import SimulatedLibrary, put, put_text, written
 from agent.devices.simulation.profiles import HygonCard, HygonHost
 
 _INVALID = 1
@@ -142,7 +142,7 @@ class SimulatedDmiMig:
         found = next((p for p in card.mig_profiles if p.slice_count == index + 1), None)
         if found is None:
             return self.host.mig_gap_code
-        out = target(info)
+        out = written(info, "dmiGpuInstanceProfileInfo_t")
         out.id, out.gi_count_max, out.cu_count = index, found.instance_count, found.cu_count
         out.gpu_slice_count, out.memory_size_MB = found.slice_count, found.memory_mib
         out.name = found.name.encode()

@@ -187,6 +187,9 @@ class AscendHost(LibHost, frozen=True, kw_only=True):
     """The ``Version=`` of the CANN toolkit's ``version.info``; None: no toolkit on the host."""
     mcu_cards: tuple[int, ...] = ()
     """Cards that also list an MCU unit after their chips (A3 boards); detection must skip it."""
+    api: int = 1
+    """2: a V2-only driver (Ascend 950): every ``dcmi_*`` call, init included, answers
+    ``NOT_SUPPORT`` and the ``dcmiv2_*`` calls address a chip by its logic id."""
     chips: tuple[AscendChip, ...] = ()
 
 
