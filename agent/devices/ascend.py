@@ -5,8 +5,9 @@
   usable in a name, and a PCI address is never an id (two chips of a duo card share one);
 - ``physicalIndexes``: ``[physical id, card id, device id]``; ``/dev/davinci<N>`` and
   ``ASCEND_VISIBLE_DEVICES`` use the physical id, which need not equal the enumeration index;
-- cores: AI cores; family: the SoC line (``910B``, ``310P``, ``910_93``, ``950``) from the chip
-  name; the CANN version comes from the toolkit's ``version.info`` when the host has one;
+- cores: AI cores; family: the SoC line (``910B``, ``310P``, ``910C`` for the A3 chips that
+  name themselves ``910_93xx``, ``950``) from the chip name; the CANN version comes from
+  the toolkit's ``version.info`` when the host has one;
 - MCU and CPU units of a card are skipped; a unit whose type cannot be read is kept.
 
 The reader also performs the one driver change the device plugin asks of DCMI:
@@ -40,7 +41,7 @@ def family(chip_name: str) -> str | None:
     """The SoC line of a chip name: ``910B2`` → ``910B``, ``310P3`` → ``310P``."""
     name = chip_name.strip()
     if name.startswith("910_93"):
-        return "910_93"
+        return "910C"  # A3: what GPUStack's docs and images call it
     if "950" in name:
         return "950"
     m = _SOC.match(name)

@@ -1,6 +1,8 @@
 """Iluvatar CoreX GPUs through IXML (an NVML clone, see :mod:`agent.devices.clones`).
 
-``physicalIndexes`` is ``[minor]``: the GPU's node is ``/dev/iluvatar<minor>``, not the index.
+``physicalIndexes`` is ``[minor]``: the GPU's node is ``/dev/iluvatar<minor>``, not the index;
+when the minor number is unreadable it is the index, as gpustack-runtime's CDI generator does
+(the node a container then gets is the one GPUStack's own deployer would give it).
 The runtime version is IXML's CUDA-style driver version (the CoreX SDK level), omitted when the
 library reports none (``CUDA Version: N/A`` in ``ixsmi``).
 """
@@ -16,7 +18,7 @@ MANUFACTURER = "iluvatar"
 
 
 def _minor(index: int, minor: int | None) -> int | None:
-    return minor
+    return minor if minor is not None else index
 
 
 def reader(library: Any | None, host: HostFS) -> clones.CloneReader:

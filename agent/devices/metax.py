@@ -3,7 +3,7 @@
 ``physicalIndexes`` is ``[cardN, renderD minor]`` from the function's ``drm`` entries in sysfs
 (what ``/dev/dri`` nodes a container needs), not the device id. The driver version is per
 device; the runtime is the MACA version, ``major.minor``. ``family`` is the product line the
-library reports (``N``, ``C`` or ``G`` class). Every virtualization mode (bare metal, PF, VF)
+library reports, named as GPUStack names it (``MXN``, ``MXC`` or ``MXG``). Every virtualization mode (bare metal, PF, VF)
 is reported: skipping PFs loses whole cards on SR-IOV hosts.
 """
 

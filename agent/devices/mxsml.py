@@ -51,8 +51,9 @@ TEMPERATURE_HOTSPOT = 0
 USAGE_DLA = 0
 USAGE_XCORE = 4
 BRAND_N = 1
-BRANDS = {1: "N", 2: "C", 3: "G"}
-"""``mxSmlDeviceBrand_t``: the product line (N-class inference, C-class compute, G-class)."""
+BRANDS = {1: "MXN", 2: "MXC", 3: "MXG"}
+"""``mxSmlDeviceBrand_t`` → the product line as GPUStack and the products name it (``MXC500`` is
+an MXC card): N-class inference, C-class compute, G-class graphics."""
 
 
 class DeviceInfo(ctypes.Structure):

@@ -106,9 +106,55 @@ def test_ddr_memory_comes_from_memory_info_v3(tmp_path: Path) -> None:
     assert ("dcmi_get_device_memory_info_v3", 0) in r.library.calls
 
 
+A5_V2_ONLY = """
+description: two Ascend 950 chips behind a V2-only driver (dcmi_init refused)
+ascend:
+  api: 2
+  chips:
+    - &chip
+      busId: "0000:41:00.0"
+      pciDeviceId: 0xd806
+      cardId: 0
+      logicId: 0
+      physicalId: 8
+      chipName: "Ascend950PR"
+      aicoreCount: 32
+      dieId: [10, 20, 30, 40, 50]
+      memoryTotalMib: 131072
+      memoryUsedMib: 2048
+      aicoreUtilization: 12
+      temperatureC: 45
+      powerDeciwatts: 2505
+    - <<: *chip
+      busId: "0000:42:00.0"
+      cardId: 1
+      logicId: 1
+      physicalId: 9
+      dieId: [10, 20, 30, 40, 51]
+"""
+
+
+def test_a_v2_only_driver_is_read_through_the_dcmiv2_calls(tmp_path: Path) -> None:
+    """As gpustack-runtime's ``AscendDetector.is_supported`` and the reference's DCMI binding:
+    when ``dcmi_init`` is refused, ``dcmiv2_init`` and the ``dcmiv2_*`` calls by device id."""
+    r = rig("ascend", A5_V2_ONLY, tmp_path)
+    groups = r.backend.detect()
+    validate_devices(groups)
+    (group,) = wire(groups)
+    assert group["family"] == "950" and group["cores"] == 32 and "driverVersion" not in group
+    found = group["accelerators"]
+    assert [a["physicalIndexes"] for a in found] == [[8, 0, 0], [9, 1, 0]]
+    assert [a["topology"]["pciBusId"] for a in found] == ["0000:41:00.0", "0000:42:00.0"]
+    samples = wire(r.backend.sample())
+    assert [(s["memory"], s["powerUsage"], s["coresUtilization"]) for s in samples] == [
+        (131072, 250, 12), (131072, 250, 12),
+    ]  # fmt: skip
+    assert ("dcmi_init", None) in r.library.calls and ("dcmiv2_init", None) in r.library.calls
+
+
 @pytest.mark.parametrize(
     ("chip", "family"),
-    [("910B2", "910B"), ("310P3", "310P"), ("910", "910"), ("910_9391", "910_93"),
+    [("910B2", "910B"), ("310P3", "310P"), ("910", "910"), ("910_9391", "910C"),
      ("Ascend950PR", "950"), ("310B1", "310B"), ("weird", None)],
 )  # fmt: skip
 def test_family_from_the_chip_name(chip: str, family: str | None) -> None:

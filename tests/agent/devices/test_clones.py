@@ -50,6 +50,15 @@ def test_the_bi_v150s_reads_as_ixsmi_shows_it(tmp_path: Path) -> None:
     assert found[0]["topology"] == {"pciBusId": "0000:8a:00.0", "numaAffinity": "1"}
 
 
+def test_an_unreadable_iluvatar_minor_number_falls_back_to_the_index(tmp_path: Path) -> None:
+    """Oracle: gpustack-runtime 0.2.6 ``deployer/cdi/iluvatar.py`` uses the index then."""
+    text = Path(__file__).parent.parent.parent.parent / "agent/devices/simulation/builtin"
+    yaml = (text / "iluvatar-bi-v150s-x2.yaml").read_text()
+    yaml = yaml.replace("      minor: 0\n", "").replace("      minor: 1\n", "")
+    found = wire(rig("iluvatar", yaml, tmp_path).backend.detect())[0]["accelerators"]
+    assert [a["physicalIndexes"] for a in found] == [[0], [1]]
+
+
 def test_clone_units_are_nvmls(tmp_path: Path) -> None:
     samples = wire(rig("thead", "thead-ppu-zw810e-x16", tmp_path).backend.sample())
     assert samples[0] == {

@@ -17,7 +17,7 @@ def test_the_c500_node_reads_as_captured(tmp_path: Path) -> None:
         "memory": 65536,  # 67108864 KB
         "driverVersion": "3.6.11",
         "runtimeVersion": "3.5",
-        "family": "C",
+        "family": "MXC",  # the product line as the product is named: MXC500
         "simulated": True,
     }
     assert [a["physicalIndexes"] for a in found] == [[i + 1, 128 + i] for i in range(8)]
