@@ -10,15 +10,21 @@ practice (what ``cnmon`` shows), power is W, temperature °C.
 from __future__ import annotations
 
 import ctypes
+import os
+from collections.abc import Mapping
 from typing import Any
 
 from agent.devices import clib, pci
 
-CANDIDATES = (
-    "libcndev.so",
-    "/usr/local/neuware/lib64/libcndev.so",
-    "/usr/local/neuware/lib/libcndev.so",
-)
+
+def candidates(env: Mapping[str, str]) -> tuple[str, ...]:
+    """The loader path, then ``$NEUWARE_HOME`` (default ``/usr/local/neuware``) ``lib64``, ``lib``:
+    gpustack-runtime's and the reference's order."""
+    home = env.get("NEUWARE_HOME") or "/usr/local/neuware"
+    return ("libcndev.so", f"{home}/lib64/libcndev.so", f"{home}/lib/libcndev.so")
+
+
+CANDIDATES = candidates({})
 LIBRARY = "CNDev (libcndev.so)"
 STRUCT_VERSION = 6
 """``CNDEV_VERSION_6``, stamped into every versioned structure."""
@@ -156,7 +162,7 @@ class PowerInfo(ctypes.Structure):
 
 def load() -> Any:
     """:raises clib.LibUnavailable: no candidate loads."""
-    return clib.load(LIBRARY, CANDIDATES, CODES)
+    return clib.load(LIBRARY, candidates(os.environ), CODES)
 
 
 def _stamped(struct: type[ctypes.Structure]) -> Any:
