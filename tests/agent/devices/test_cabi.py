@@ -8,6 +8,7 @@ values and ``char*``) and structure layouts cross a real ABI boundary. Needs a C
 
 from __future__ import annotations
 
+import ctypes
 import shutil
 import subprocess
 from pathlib import Path
@@ -231,3 +232,56 @@ def test_rocm_smi_through_the_c_abi(tmp_path: Path) -> None:
     assert lib.pci_bus_id(0) == "0001:9c:03.1"  # partition bit 28 dropped
     assert lib.temperature_mc(0) == 64500  # sensor 0 unsupported, sensor 1 answers
     assert lib.power_uw(0) == 110_000_000
+
+
+FULL_SIZE_C = r"""
+#include <string.h>
+/* Each writes the whole structure the vendor header documents, reserved tail included, as the
+   real library does: cndevMemoryInfoV2_t 176, cndevPCIeInfoV2_t 64 (cndev.h), MtmlPciInfo 104
+   (mtml.h); the sizes are checked against pycndev and pymtml in test_conformance.py. */
+int cndevGetMemoryUsageV2(void *info, int dev) {
+  memset(info, 0x5a, 176); ((long long *)info)[0] = 49152; ((long long *)info)[1] = 1024;
+  return 0; }
+int cndevGetPCIeInfoV2(void *info, int dev) {
+  memset(info, 0, 64); unsigned *u = info; u[3] = 0; u[4] = 0x3b; u[5] = 0; u[6] = 0;
+  return 0; }
+int mtmlDeviceGetPciInfo(void *dev, void *info) {
+  memset(info, 0, 104); strcpy(info, "00000000:5f:00.0"); return 0; }
+"""
+
+GUARD = b"\xee" * 4096
+"""Larger than any structure here, so a write past ours lands in it, never in the heap."""
+
+
+def _guarded(monkeypatch: pytest.MonkeyPatch, module: object, name: str) -> list[bytearray]:
+    """Replace ``module.name`` by a factory placing each instance right before a guard region."""
+    struct = getattr(module, name)
+    arenas: list[bytearray] = []
+
+    def make() -> object:
+        arena = bytearray(ctypes.sizeof(struct)) + bytearray(GUARD)
+        arenas.append(arena)
+        return struct.from_buffer(arena)
+
+    monkeypatch.setattr(module, name, make)
+    return arenas
+
+
+def test_c_stand_ins_writing_the_documented_size_stay_inside_our_structures(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the old 48/32/80-byte structures the stand-ins overwrite the guard region."""
+    path = _build(tmp_path, "libfullsize", FULL_SIZE_C)
+    watched = [
+        _guarded(monkeypatch, cndev, "MemoryInfoV2"),
+        _guarded(monkeypatch, cndev, "PcieInfoV2"),
+        _guarded(monkeypatch, mtml, "PciInfo"),
+    ]
+    library = clib.load("stand-in", [path], cndev.CODES)
+    assert cndev.Cndev(library).memory(100) == (49152, 1024)
+    assert cndev.Cndev(library).pci_bus_id(100) == "0000:3b:00.0"
+    assert mtml.Mtml(library).pci_bus_id(ctypes.c_void_p(None)) == "0000:5f:00.0"
+    arenas = [arena for made in watched for arena in made]
+    assert len(arenas) == 3
+    for arena in arenas:
+        assert bytes(arena[-len(GUARD) :]) == GUARD, "the library wrote past our structure"
