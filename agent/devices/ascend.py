@@ -1,8 +1,10 @@
 """Huawei Ascend NPUs through DCMI: what each chip is, and its usage now.
 
-- identity: the chip's virtual die id, written ``NPU-`` + five zero-padded hex words joined by
-  dashes. DCMI's own rendering (un-padded words joined by spaces) is neither unique-looking nor
-  usable in a name, and a PCI address is never an id (two chips of a duo card share one);
+- identity: the chip's die id (the virtual die; on V2 drivers the A5's own die when the virtual
+  one is refused), written ``NPU-`` + five zero-padded hex words joined by dashes. GPUStack's
+  rendering (un-padded upper-case words joined by spaces) cannot be used: a device-plugin token
+  id (``<group>:<id>:<index>``) may hold no whitespace. A PCI address is never an id (two chips
+  of a duo card share one);
 - ``physicalIndexes``: ``[physical id, card id, device id]``; ``/dev/davinci<N>`` and
   ``ASCEND_VISIBLE_DEVICES`` use the physical id, which need not equal the enumeration index;
 - cores: AI cores; family: the SoC line (``910B``, ``310P``, ``910C`` for the A3 chips that

@@ -29,6 +29,7 @@ from typing import Any
 import pymtml
 import pynvml
 import pytest
+from gpustack_runtime.detector import ascend as gr_ascend
 from gpustack_runtime.detector import (
     pycndev,
     pydcmi,
@@ -39,7 +40,8 @@ from gpustack_runtime.detector import (
     pyrocmsmi,
 )
 
-from agent.devices import cndev, dcmi, dmimig, mtml, mxsml, nvmlabi, rocmsmi
+from agent.devices import ascend, cndev, dcmi, dmimig, hygon, mtml, mxsml, nvmlabi, rocmsmi
+from agent.devices.hostfs import HostFS
 from agent.devices.simulation import layouts
 
 # -- structures --------------------------------------------------------------------------------
@@ -465,3 +467,54 @@ def test_mtml_candidates_are_pymtmls() -> None:
     source = Path(inspect.getfile(pymtml)).read_text()
     assert source.index('"libmtml.so.2"') < source.index('"libmtml.so"')
     assert mtml.CANDIDATES == ("libmtml.so.2", "libmtml.so")
+
+
+# -- ids as GPUStack writes them -----------------------------------------------------------------
+
+
+def test_the_hygon_id_is_gpustack_runtimes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Oracle: GR's ``rsmi_dev_unique_id_get`` answer, prefixed as GR's ``hygon.py`` does."""
+    value = 0x0000F95CEE823041
+
+    def unique_id(index: int, out: Any) -> int:
+        out._obj.value = value
+        return 0
+
+    monkeypatch.setattr(pyrocmsmi, "_rocmsmiGetFunctionPointer", lambda name: unique_id)
+    monkeypatch.setattr(pyrocmsmi, "_rocmsmiCheckReturn", lambda status: status)
+    theirs = f"GPU-{pyrocmsmi.rsmi_dev_unique_id_get(0)[2:]}"
+    reader = hygon.HygonReader(rocmsmi.RocmSmi(Recorder()), HostFS(Path("/nonexistent")), None)
+    monkeypatch.setattr(reader.smi, "unique_id", lambda index: value)
+    assert reader.identify(0)[1] == theirs
+
+
+def test_the_ascend_id_names_the_die_gpustack_runtime_names(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Oracle: GR's ``dcmi_get_device_die_v2`` rendering, upper-cased by its detector. Ours is
+    the same five words, zero-padded and dash-joined (docs/detection.md says why)."""
+    words = (0x7281A664, 0xC0C977, 0x2879FD72, 0xB9D00485, 0x104301E3)
+
+    def die(card: int, device: int, kind: int, out: Any) -> int:
+        for i, word in enumerate(words):
+            out._obj.soc_die[i] = word
+        return 0
+
+    monkeypatch.setattr(pydcmi, "_dcmiGetFunctionPointer", lambda name: die)
+    theirs = pydcmi.dcmi_get_device_die_v2(0, 0, pydcmi.DCMI_DIE_TYPE_VDIE).upper()
+    assert theirs == "7281A664 C0C977 2879FD72 B9D00485 104301E3"
+    ours = ascend.uuid(words)
+    assert ours.startswith("NPU-")
+    assert [int(w, 16) for w in ours[4:].split("-")] == [int(w, 16) for w in theirs.split()]
+
+
+@pytest.mark.parametrize(
+    ("chip", "theirs", "ours"),
+    [("910B2", "Ascend910B2", "910B"), ("310P3", "Ascend310P3", "310P"),
+     ("Ascend950PR", "Ascend950", "950"), ("910_9391", "Ascend910_9391", "910C")],
+)  # fmt: skip
+def test_the_ascend_family_is_the_soc_line_gr_guesses(chip: str, theirs: str, ours: str) -> None:
+    """Oracle: GR's ``_guess_soc_name_from_dev_name`` (its ``arch_family``); ours is that SoC's
+    line, the A3 (``910_93xx``) named 910C as GPUStack's docs name it."""
+    assert gr_ascend._guess_soc_name_from_dev_name(chip) == theirs
+    assert ascend.family(chip) == ours
