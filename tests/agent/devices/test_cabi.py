@@ -4,6 +4,11 @@ The simulators answer in Python; here a C stand-in for the vendor library, writt
 documented header layouts, is compiled and loaded with :func:`agent.devices.clib.load`, so
 argument passing (``byref`` outputs, by-value ``uint64``, output-first pointers, returned
 values and ``char*``) and structure layouts cross a real ABI boundary. Needs a C compiler.
+
+Every output structure an adapter passes is also handed to a C stand-in that writes the size the
+vendor's header documents (``agent.devices.simulation.layouts``, held to independent bindings by
+``test_conformance.py``), with our structure placed right before a guard region the test checks:
+an adapter structure shorter than the library's fails here instead of overrunning a node's heap.
 """
 
 from __future__ import annotations
@@ -15,7 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.devices import clib, cndev, dcmi, hgml, mtml, mxsml, nvmlabi, rocmsmi
+from agent.devices import clib, cndev, dcmi, dmimig, hgml, mtml, mxsml, nvmlabi, rocmsmi
+from agent.devices.simulation import layouts
 
 pytestmark = pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler")
 
@@ -285,3 +291,78 @@ def test_c_stand_ins_writing_the_documented_size_stay_inside_our_structures(
     assert len(arenas) == 3
     for arena in arenas:
         assert bytes(arena[-len(GUARD) :]) == GUARD, "the library wrote past our structure"
+
+
+# Every output structure an adapter passes, written in full by a C stand-in: (C function, which
+# argument is the structure, the documented layout, our class as module and attribute).
+WRITES: list[tuple[str, int, str, object, str]] = [
+    ("cndevGetDeviceCount", 0, "cndevCardInfo_t", cndev, "CardInfo"),
+    ("cndevGetUUID", 0, "cndevUUID_t", cndev, "Uuid"),
+    ("cndevGetPCIeInfoV2", 0, "cndevPCIeInfoV2_t", cndev, "PcieInfoV2"),
+    ("cndevGetVersionInfo", 0, "cndevVersionInfo_t", cndev, "VersionInfo"),
+    ("cndevGetMemoryUsageV2", 0, "cndevMemoryInfoV2_t", cndev, "MemoryInfoV2"),
+    ("cndevGetDeviceUtilizationInfo", 0, "cndevUtilizationInfo_t", cndev, "UtilizationInfo"),
+    ("cndevGetTemperatureInfo", 0, "cndevTemperatureInfo_t", cndev, "TemperatureInfo"),
+    ("cndevGetDevicePowerInfo", 0, "cndevDevicePowerInfo_t", cndev, "PowerInfo"),
+    ("dcmi_get_device_chip_info", 2, "dcmi_chip_info", dcmi, "ChipInfo"),
+    ("dcmi_get_device_die_v2", 3, "dcmi_die_id", dcmi, "DieId"),
+    ("dcmi_get_device_pcie_info_v2", 2, "dcmi_pcie_info_all", dcmi, "PcieInfoAll"),
+    ("dcmi_get_device_hbm_info", 2, "dcmi_hbm_info", dcmi, "HbmInfo"),
+    ("dcmi_get_device_memory_info_v3", 2, "dcmi_get_memory_info_stru", dcmi, "MemoryInfoV3"),
+    ("dcmiv2_get_device_chip_info", 1, "dcmi_chip_info_v2", dcmi, "ChipInfoV2"),
+    ("mtmlDeviceGetPciInfo", 1, "MtmlPciInfo", mtml, "PciInfo"),
+    ("mxSmlGetDeviceInfo", 1, "mxSmlDeviceInfo_t", mxsml, "DeviceInfo"),
+    ("mxSmlGetMemoryInfo", 1, "mxSmlMemoryInfo_t", mxsml, "MemoryInfo"),
+    ("hgmlDeviceGetPciInfo_v3", 1, "nvmlPciInfo_t", nvmlabi, "PciInfo"),
+    ("hgmlDeviceGetMemoryInfo", 1, "nvmlMemory_t", nvmlabi, "Memory"),
+    ("hgmlDeviceGetUtilizationRates", 1, "nvmlUtilization_t", nvmlabi, "Utilization"),
+    ("hgmlDeviceGetGpuInstanceProfileInfo", 2, "nvmlGpuInstanceProfileInfo_t", nvmlabi,
+     "GpuInstanceProfileInfo"),
+    ("nvmlDeviceGetGpuInstanceProfileInfo", 2, "dmiGpuInstanceProfileInfo_t", dmimig,
+     "ProfileInfo"),
+]  # fmt: skip
+QUIET = ("dcmiv2_init", "hgmlDeviceGetGpuInstancePossiblePlacements_v2")
+"""Called on the way, writing nothing (the placement count stays 0)."""
+
+
+def _full_size_source() -> str:
+    """One C function per entry of :data:`WRITES`, zeroing the documented size (from
+    ``layouts.SIZES``, which the conformance suite holds to the oracles, never from our class)."""
+    lines = ["#include <string.h>"]
+    for name, position, layout, _, _ in WRITES:
+        size = layouts.SIZES[layout].size
+        lines.append(
+            f"int {name}(void *a0, void *a1, void *a2, void *a3) "
+            f"{{ memset(a{position}, 0, {size}); return 0; }}"
+        )
+    lines += [f"int {name}(void) {{ return 0; }}" for name in QUIET]
+    lines.append("int nvmlDeviceGetHandleByPciBusId(char *bus, void **h) { *h = 0; return 0; }")
+    return "\n".join(lines) + "\n"
+
+
+def test_no_adapter_structure_is_smaller_than_the_library_writes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each adapter call is made against a stand-in writing the structure's full documented
+    size, into our structure placed before a guard region; no guard may be touched."""
+    arenas = {(m, a): _guarded(monkeypatch, m, a) for _, _, _, m, a in WRITES}
+    library = clib.load("full-size", [_build(tmp_path, "libfull", _full_size_source())], dcmi.CODES)
+    c = cndev.Cndev(library)
+    for read in (c.device_count, lambda: c.uuid(1), lambda: c.pci_bus_id(1),
+                 lambda: c.driver_version(1), lambda: c.memory(1), lambda: c.utilization(1),
+                 lambda: c.temperature(1), lambda: c.power(1)):  # fmt: skip
+        read()
+    d = dcmi.Dcmi(library)
+    d.chip_info(0, 0), d.die_id(0, 0), d.pci_bus_id(0, 0), d.memory(0, 0)  # HBM 0 → v3 too
+    d.v2 = True
+    d.chip_info(0, 0)
+    mtml.Mtml(library).pci_bus_id(ctypes.c_void_p(None))
+    m = mxsml.Mxsml(library)
+    m.device_info(0), m.memory(0)
+    h = nvmlabi.NvmlAbi(library, prefix="hgml", cuda="Hggc")
+    h.pci_bus_id(None), h.memory(None), h.utilization(None), h.gpu_instance_profiles(None)
+    assert dmimig.DmiMig(library).profiles("0000:1d:00.0")  # four zeroed profiles, all kept
+    for (_, attr), made in arenas.items():
+        assert made, f"{attr}: never passed to the stand-in"
+        for arena in made:
+            assert bytes(arena[-len(GUARD) :]) == GUARD, f"the library wrote past {attr}"
