@@ -5,7 +5,8 @@ Devices are plain ids ``0..count-1`` (no handles), and the count is the *return 
 temperature in **°C × 100**, power in **mW** summed over the board's supply "ways" (whose
 count is negotiated with a first call answering ``INSUFFICIENT_SIZE``).
 
-Candidates are the fixed install directories (never a walk of ``/opt``: slow on a big tree).
+Candidates are gpustack-runtime's fixed install directories in its order, then the loader path
+(where gpustack-runtime walks all of ``/opt`` instead: slow on a big tree, so not done here).
 """
 
 from __future__ import annotations
@@ -16,10 +17,10 @@ from typing import Any
 from agent.devices import clib, pci
 
 CANDIDATES = (
-    "libmxsml.so",
     "/opt/mxdriver/lib/libmxsml.so",
     "/opt/maca/lib/libmxsml.so",
     "/opt/mxn100/lib/libmxsml.so",
+    "libmxsml.so",
 )
 LIBRARY = "MXSML (libmxsml.so)"
 

@@ -40,7 +40,18 @@ from gpustack_runtime.detector import (
     pyrocmsmi,
 )
 
-from agent.devices import ascend, cndev, dcmi, dmimig, hygon, mtml, mxsml, nvmlabi, rocmsmi
+from agent.devices import (
+    ascend,
+    cndev,
+    dcmi,
+    dmimig,
+    hygon,
+    ixml,
+    mtml,
+    mxsml,
+    nvmlabi,
+    rocmsmi,
+)
 from agent.devices.hostfs import HostFS
 from agent.devices.simulation import layouts
 
@@ -459,6 +470,34 @@ def test_dcmi_cndev_and_dmi_mig_candidates_are_the_oracles_in_order(
     monkeypatch.setenv("NEUWARE_HOME", "/srv/neuware")
     assert _attempts(pycndev._LoadCndevLibrary, pycndev, monkeypatch) == list(
         cndev.candidates({"NEUWARE_HOME": "/srv/neuware"})
+    )
+
+
+def test_ixml_candidates_are_pyixmls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Oracle: GR pyixml's loader, recorded by refusing each path, with ``COREX_HOME`` set."""
+    monkeypatch.setenv("COREX_HOME", str(tmp_path))
+    tried = _attempts(pyixml._LoadNvmlLibrary, pyixml, monkeypatch)
+    assert tried == list(ixml.candidates({"COREX_HOME": str(tmp_path)}))
+
+
+def test_mxsml_candidates_are_pymxsmls_fixed_paths_in_order(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Oracle: GR pymxsml's search, recorded; its walk of ``/opt`` is left out on purpose."""
+    checked: list[str] = []
+
+    def isfile(path: str) -> bool:
+        checked.append(path)
+        return False
+
+    with monkeypatch.context() as patched:  # os.path is shared: patched for this call only
+        patched.setattr(pymxsml.os.path, "isfile", isfile)
+        patched.setattr(pymxsml.os, "walk", lambda *a, **k: iter(()))
+        assert pymxsml._searchMxsmlLibrary() is None
+    assert (
+        list(mxsml.CANDIDATES[: len(checked)])
+        == checked
+        == [c for c in mxsml.CANDIDATES if os.path.isabs(c)]
     )
 
 
