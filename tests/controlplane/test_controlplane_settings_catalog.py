@@ -201,6 +201,15 @@ async def test_writes_are_validated_and_conditional() -> None:
             await source.write("model-artifact-https-proxy", "http://u:p@proxy:1")
         with pytest.raises(InvalidSetting, match="not editable"):
             await source.write("model-artifact-delivery-mode", "Node")
+        # Nothing oversized or loosely typed reaches the Secret (a 1 MB URL was stored before).
+        for name, text in (
+            ("model-artifact-huggingface-endpoint", "https://hub.example/" + "a" * 2**20),
+            ("model-store-download-concurrency", " 8"), ("instance-type-mixed-on-node", "yes"),
+        ):  # fmt: skip
+            with pytest.raises(InvalidSetting):
+                await source.write(name, text)
+        assert _secret_data(fake)["model-artifact-huggingface-endpoint"] == "https://huggingface.co"
+        assert _secret_data(fake)["model-store-download-concurrency"] == "16"
         other = SettingsSource(SecretBackend(api, NS), settingscatalog.seed({}))
         await other.prepare()
         await other.write("model-store-download-concurrency", "4")
