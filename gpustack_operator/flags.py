@@ -89,7 +89,7 @@ def convert(flag: Flag, text: str) -> object:
         if flag.choices and text not in flag.choices:
             raise FlagError(f"must be one of {', '.join(flag.choices)}")
         if flag.kind == "bool":
-            return parse_bool(text)
+            return parsers.parse_bool(text)
         if flag.kind == "list":
             return tuple(part.strip() for part in text.split(",") if part.strip())
         if flag.kind == "str":

@@ -61,8 +61,8 @@ def test_bool_alone_is_true_and_takes_a_value_only_after_equals() -> None:
     [
         (["--v= 8"], "not an integer"), (["--v=1_6"], "not an integer"),
         (["--v=０８"], "not an integer"), (["--v=9223372036854775808"], "int64"),
-        (["--no-shared=yes"], "invalid boolean"), (["--no-shared=on"], "invalid boolean"),
-        (["--no-shared=y"], "invalid boolean"), (["--no-shared= true"], "invalid boolean"),
+        (["--no-shared=yes"], "not a boolean"), (["--no-shared=on"], "not a boolean"),
+        (["--no-shared=y"], "not a boolean"), (["--no-shared= true"], "not a boolean"),
         ([f"--manufacturer={'a' * 4097}"], "at most 4096"),
     ],
 )  # fmt: skip
