@@ -94,9 +94,13 @@ async def serve(
 
 
 def _workload_posts(chain: ChainReconciler | None) -> dict[str, serving.PostRoute]:
-    """The Workload fit-pin route (with a cluster: it answers from the chain's entrances)."""
+    """The Workload fit-pin route, served wherever the Pod webhooks are.
+
+    With a cluster it answers from the chain's entrances; without one (``standalone``) there is no
+    LocalQueue of ours, so it checks the review and allows every Workload untouched.
+    """
     if chain is None:
-        return {}
+        return workloads.posts(lambda _queue: None)
     return workloads.posts(chain.entrance, lambda: chain.settings.workload_fit_affinity)
 
 

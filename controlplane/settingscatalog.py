@@ -9,7 +9,11 @@ which is what reconcilers and webhooks read. Invariants:
   (with the problem reported), so a bad edit never stops the worker; a bad *seed* from the
   environment does (:func:`seed` raises), because that is a deployment mistake to see at once;
 - the catalog is fixed: no setting is created or deleted through the API, only edited;
-- a sensitive value is never shown (:func:`shown`); a proxy URL never carries credentials.
+- a sensitive value is never shown (:func:`shown`); a proxy URL never carries credentials;
+- a text is read by the one parser of its type (:mod:`kit.values`, shared with the flags and the
+  webhooks): Go's forms exactly (``8``, never `` 8``, ``1_6`` or full-width digits; ``true``/
+  ``false``/``1``/``0``..., never ``yes``/``on``; ``1h30m``), at most 4096 characters, a URL at
+  most 2048.
 """
 
 from __future__ import annotations
@@ -22,8 +26,8 @@ from typing import Final
 
 import msgspec
 
-from controlplane.admission.pods import parse_quantity
 from hub.urls import Url
+from kit import values as parsers
 from kit.redaction import redact_urls
 
 __all__ = [
@@ -52,35 +56,13 @@ class InvalidSetting(ValueError):
     """A setting's text breaks its entry's rules (the message names the setting)."""
 
 
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
-_UNITS: Final = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
-
-
-def _duration(text: str) -> float:
-    pos, total = 0, 0.0
-    for match in _DURATION.finditer(text):
-        if match.start() != pos:
-            break
-        total += float(match.group(1)) * _UNITS[match.group(2)]
-        pos = match.end()
-    if not text or pos != len(text):
-        raise ValueError("not a duration (e.g. 90s, 30m, 24h)")
-    return total
-
-
-def _bool(text: str) -> bool:
-    lowered = text.strip().lower()
-    if lowered in ("true", "1", "yes"):
-        return True
-    if lowered in ("false", "0", "no"):
-        return False
-    raise ValueError("not a boolean (true or false)")
 
 
 def _url(text: str, *, proxy: bool = False) -> str:
     if proxy and not text:
         return ""
+    parsers.bounded(text, parsers.MAX_URL, "URL")
     try:
         parsed = Url(text)  # the Hub client's own parser: what it would refuse, refused here
     except ValueError as e:
@@ -91,7 +73,7 @@ def _url(text: str, *, proxy: bool = False) -> str:
 
 
 def _bytes_per_second(text: str) -> int:
-    value = parse_quantity(text)
+    value = parsers.parse_quantity(text)
     if value < 0 or value.denominator != 1:
         raise ValueError("not a whole, non-negative quantity of bytes per second")
     return int(value)
@@ -116,10 +98,7 @@ def _config_map(text: str) -> str:
 
 def _int(low: int, high: int) -> Callable[[str], int]:
     def parse(text: str) -> int:
-        value = int(text.strip())
-        if not low <= value <= high:
-            raise ValueError(f"must be within [{low}, {high}]")
-        return value
+        return parsers.parse_int(text, low, high)
 
     return parse
 
@@ -134,7 +113,7 @@ def _one_of(*choices: str) -> Callable[[str], str]:
 
 
 def _at_least_minute(text: str) -> float:
-    seconds = _duration(text)
+    seconds = parsers.parse_duration(text)
     if seconds < 60:
         raise ValueError("must be at least 1m")
     return seconds
@@ -202,7 +181,8 @@ CATALOG: Final[tuple[Entry, ...]] = (
     ),
     _entry(
         "model-artifact-revalidate-interval", "24h",
-        "how often a resolved ModelArtifact is checked against the Hub again (at least 1m)",
+        "how often a resolved ModelArtifact is checked against the Hub again (a Go duration, at "
+        "least 1m)",
         _at_least_minute, inert=True,
     ),
     _entry(
@@ -224,26 +204,27 @@ CATALOG: Final[tuple[Entry, ...]] = (
     ),
     _entry(
         "workload-fit-affinity", "true",
-        "pin admitted Kueue workloads to nodes whose free slices fit them", _bool,
+        "pin admitted Kueue workloads to nodes whose free slices fit them", parsers.parse_bool,
     ),
     _entry(
         "node-management-manual", "false",
-        "manage only nodes labelled gpustack.ai/managed=true by hand", _bool,
+        "manage only nodes labelled gpustack.ai/managed=true by hand", parsers.parse_bool,
     ),
     _entry(
-        "instance-type-mixed-on-node", "true", "allow several instance types on one node", _bool
+        "instance-type-mixed-on-node", "true", "allow several instance types on one node",
+        parsers.parse_bool,
     ),
     _entry(
         "instance-type-derived-from-node", "true",
-        "derive instance types from the nodes' detected devices", _bool,
+        "derive instance types from the nodes' detected devices", parsers.parse_bool,
     ),
     _entry(
         "instance-type-drain-when-no-flavors", "true",
-        "drain an instance type whose flavors are all gone", _bool,
+        "drain an instance type whose flavors are all gone", parsers.parse_bool,
     ),
     _entry(
         "instance-type-aware-cpu-manufacturer", "false",
-        "tell instance types apart by CPU manufacturer", _bool,
+        "tell instance types apart by CPU manufacturer", parsers.parse_bool,
     ),
 )  # fmt: skip
 
@@ -281,7 +262,7 @@ def check(name: str, text: str) -> object:
     if entry is None:
         raise InvalidSetting(f"no setting {name!r} (the catalog is fixed)")
     try:
-        return entry.convert(text)
+        return entry.convert(parsers.bounded(text))
     except (ValueError, ArithmeticError) as e:
         # A sensitive text (a proxy URL, perhaps with the very credentials refused) is never
         # repeated: this message reaches logs, exit lines and API clients.

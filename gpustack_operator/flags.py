@@ -2,7 +2,10 @@
 
 The binary is used by people who know kubectl and klog, so flags behave as Go's do: ``-flag`` and
 ``--flag`` are the same, ``--flag=value`` and ``--flag value`` both work, a boolean flag alone means
-true and takes a value only after ``=`` (``--no-shared=false``), durations read ``15s``/``5m``/``1h``.
+true and takes a value only after ``=`` (``--no-shared=false``), values read as Go reads them, by the
+one parser per type of :mod:`kit.values` (settings and webhooks use it too): integers are ASCII
+digits (``strconv.ParseInt``), booleans ``strconv.ParseBool``'s forms, durations
+``time.ParseDuration``'s (``15s``/``5m``/``1h``; a bare number is refused, ``0`` alone aside).
 
 Every flag can also come from the environment as ``GPUSTACK_<FLAG>`` (upper case, dashes to
 underscores); the command line wins. :func:`parse` returns where each value came from, so
@@ -11,21 +14,16 @@ underscores); the command line wins. :func:`parse` returns where each value came
 
 from __future__ import annotations
 
-import math
 import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from kit import values as parsers
 from kit.redaction import REDACTED, redact_urls
 
 Kind = Literal["bool", "str", "int", "float", "duration", "list"]
-
-_DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
-_UNIT_SECONDS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
-_TRUE = {"1", "t", "true", "y", "yes", "on"}
-_FALSE = {"0", "f", "false", "n", "no", "off"}
 
 
 class FlagError(ValueError):
@@ -68,39 +66,30 @@ class Parsed:
 
 
 def parse_duration(text: str) -> float:
-    """Parse a Go duration (``1m30s``, ``15s``, ``500ms``) into seconds; a bare number is seconds."""
-    text = text.strip()
+    """A Go duration (``time.ParseDuration``: ``1m30s``, ``15s``, ``500ms``; ``0`` alone), in
+    seconds: the one parser settings and webhooks use too (:mod:`kit.values`)."""
     try:
-        return float(text)
-    except ValueError:
-        pass
-    pos, total = 0, 0.0
-    for match in _DURATION.finditer(text):
-        if match.start() != pos:
-            break
-        total += float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
-        pos = match.end()
-    if pos != len(text) or not text:
-        raise FlagError(f"invalid duration {text!r} (use e.g. 15s, 5m, 1h30m)")
-    return total
+        return parsers.parse_duration(text)
+    except parsers.InvalidValue as e:
+        raise FlagError(f"invalid duration {text!r}: {e} (use e.g. 15s, 5m, 1h30m)") from e
 
 
 def parse_bool(text: str) -> bool:
-    lowered = text.strip().lower()
-    if lowered in _TRUE:
-        return True
-    if lowered in _FALSE:
-        return False
-    raise FlagError(f"invalid boolean {text!r} (use true or false)")
+    """A Go boolean (``strconv.ParseBool``), as Go's flag package reads it."""
+    try:
+        return parsers.parse_bool(text)
+    except parsers.InvalidValue as e:
+        raise FlagError(f"invalid boolean {text!r} (use true or false)") from e
 
 
 def convert(flag: Flag, text: str) -> object:
     """Convert one raw value to the flag's type. :raises FlagError: naming the flag."""
     try:
+        parsers.bounded(text)
         if flag.choices and text not in flag.choices:
             raise FlagError(f"must be one of {', '.join(flag.choices)}")
         if flag.kind == "bool":
-            return parse_bool(text)
+            return parsers.parse_bool(text)
         if flag.kind == "list":
             return tuple(part.strip() for part in text.split(",") if part.strip())
         if flag.kind == "str":
@@ -113,10 +102,8 @@ def convert(flag: Flag, text: str) -> object:
 
 def _number(flag: Flag, text: str) -> float:
     if flag.kind == "int":
-        return int(text)
-    value = parse_duration(text) if flag.kind == "duration" else float(text)
-    if not math.isfinite(value):
-        raise FlagError("must be a finite number")
+        return parsers.parse_int(text)
+    value = parsers.parse_duration(text) if flag.kind == "duration" else parsers.parse_float(text)
     if flag.kind == "duration" and value < 0:
         raise FlagError("must not be negative")
     return value

@@ -53,6 +53,7 @@ from bus.settings import BusSettings
 from controlplane import running as worker_running
 from controlplane.admission import webhooks
 from controlplane.busauth import BusAuthSettings
+from controlplane.chain import workloads
 from controlplane.settings import WorkerSettings
 from gpustack_operator import logs
 from gpustack_operator.dashboard import serving as dashboard_serving
@@ -221,6 +222,7 @@ def _banner(
         f"  device metrics:  {agent_url}/metrics  (snapshot: /monitor/snapshot)",
         f"  worker metrics:  {worker_url}/metrics",
         f"  pod webhooks:    {worker_url}{webhooks.MUTATE_PATH}, {worker_url}{webhooks.VALIDATE_PATH}",
+        f"  workload hook:   {worker_url}{workloads.PATH}",
         f"  model agent:     CSI on {settings.models.socket_path}",
         "  stop:            Ctrl-C",
         "",

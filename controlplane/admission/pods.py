@@ -8,11 +8,11 @@ fields) because the shared-card pin rewrites the list of terms and must keep wha
 
 from __future__ import annotations
 
-import re
-from fractions import Fraction
-from typing import Any, Final
+from typing import Any
 
 import msgspec
+
+from kit.values import parse_quantity
 
 __all__ = [
     "Container",
@@ -132,32 +132,3 @@ class PatchOp(msgspec.Struct, frozen=True, kw_only=True):
 def pointer(*tokens: str) -> str:
     """A JSON Pointer from raw tokens: ``~`` becomes ``~0`` and ``/`` becomes ``~1``."""
     return "".join("/" + t.replace("~", "~0").replace("/", "~1") for t in tokens)
-
-
-_QUANTITY: Final = re.compile(
-    r"^([+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+))([eE][+-]?[0-9]{1,2}|[KMGTPE]i|[numkMGTPE])?$"
-)
-_SUFFIX: Final[dict[str, Fraction]] = {
-    "n": Fraction(1, 10**9), "u": Fraction(1, 10**6), "m": Fraction(1, 1000), "": Fraction(1),
-    "k": Fraction(10**3), "M": Fraction(10**6), "G": Fraction(10**9), "T": Fraction(10**12),
-    "P": Fraction(10**15), "E": Fraction(10**18),
-    "Ki": Fraction(2**10), "Mi": Fraction(2**20), "Gi": Fraction(2**30), "Ti": Fraction(2**40),
-    "Pi": Fraction(2**50), "Ei": Fraction(2**60),
-}  # fmt: skip
-
-
-def parse_quantity(value: str | int) -> Fraction:
-    """A Kubernetes quantity's exact value. The API server re-serializes quantities in their
-    canonical form, so ``1600000`` arrives as ``1600k``: the suffixes must be read.
-
-    :raises ValueError: not a quantity.
-    """
-    if isinstance(value, int):
-        return Fraction(value)
-    match = _QUANTITY.match(value.strip()) if len(value) <= 64 else None
-    if match is None:
-        raise ValueError(f"{value!r} is not a quantity")
-    number, suffix = match.group(1), match.group(2) or ""
-    if suffix not in _SUFFIX:  # a decimal exponent (``E`` alone is exa, ``Ei`` exbi)
-        return Fraction(number) * Fraction(10) ** int(suffix[1:])
-    return Fraction(number) * _SUFFIX[suffix]

@@ -6,8 +6,10 @@ JSON, as msgspec encodes ``bytes``). A refusal carries a ``status`` whose messag
 after ``admission webhook "<name>" denied the request:``.
 
 A body that is no AdmissionReview v1 (not JSON, another version, no ``request``, an object that is
-no Pod) is the caller's mistake: :class:`BadReview`, answered 400, never an exception. A review of
-anything but a Pod CREATE (the configurations send none) is allowed untouched.
+no Pod) is the caller's mistake: :class:`BadReview`, answered 400, never an exception. So is a
+review whose object is not the resource it names (:func:`check_object`: a ConfigMap sent as the
+object of a Pod review), whatever the operation. A review of anything but a Pod CREATE (the
+configurations send none) is otherwise allowed untouched.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import msgspec
 
 from controlplane.admission.pods import PatchOp, Pod
 
-__all__ = ["API_VERSION", "BadReview", "Decision", "Request", "answer", "decode"]
+__all__ = ["API_VERSION", "BadReview", "Decision", "Request", "answer", "check_object", "decode"]
 
 API_VERSION: Final = "admission.k8s.io/v1"
 _MAX_MESSAGE: Final = 4096
@@ -49,6 +51,11 @@ class Request(_Camel, kw_only=True):
     sub_resource: str = ""
     object: msgspec.Raw = msgspec.Raw(b"null")
     dry_run: bool = False
+
+
+class _TypeMeta(msgspec.Struct, kw_only=True, rename="camel"):
+    api_version: str = ""
+    kind: str = ""
 
 
 class _Review(_Camel, kw_only=True):
@@ -88,8 +95,36 @@ class Decision(msgspec.Struct, frozen=True, kw_only=True):
 
 
 _REVIEW = msgspec.json.Decoder(_Review)
+_TYPE_META = msgspec.json.Decoder(_TypeMeta)
 _POD = msgspec.json.Decoder(Pod)
 _ENCODER = msgspec.json.Encoder()
+
+
+def check_object(request: Request) -> None:
+    """Refuse an object whose ``kind``/``apiVersion`` are not the resource ``request.kind`` names.
+
+    The API server always writes both into the object it sends; a review whose object says
+    another kind (or another group/version) was not made by it, and answering it as if it were
+    would decide on the wrong thing. A member left out is not checked (a hand-written review may
+    omit them), nor is a subresource's object (``pods/eviction`` sends an Eviction), nor an object
+    that is no JSON object (the kind's own decoder judges that).
+
+    :raises BadReview: the object names another kind or group/version.
+    """
+    if request.sub_resource:
+        return
+    try:
+        meta = _TYPE_META.decode(request.object)
+    except msgspec.DecodeError:
+        return
+    named = request.kind
+    expected = f"{named.group}/{named.version}" if named.group else named.version
+    if meta.kind and meta.kind != named.kind:
+        raise BadReview(f"request.object is a {meta.kind}, not the {named.kind} the review names")
+    if meta.api_version and named.version and meta.api_version != expected:
+        raise BadReview(
+            f"request.object is {meta.api_version}, not the {expected} the review names"
+        )
 
 
 def decode(body: bytes) -> tuple[Request, Pod | None]:
@@ -108,6 +143,7 @@ def decode(body: bytes) -> tuple[Request, Pod | None]:
     request = review.request
     if request is None or not request.uid:
         raise BadReview("the AdmissionReview carries no request with a uid")
+    check_object(request)
     if (request.kind.group, request.kind.kind, request.operation) != ("", "Pod", "CREATE"):
         return request, None
     if request.sub_resource:

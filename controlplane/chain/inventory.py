@@ -24,6 +24,7 @@ from controlplane.chain import naming
 from controlplane.reconciling import allocating
 from controlplane.reconciling.labeling import product_key
 from controlplane.reconciling.ledger import NodeState
+from kit import k8snames
 
 __all__ = ["Card", "NodeFacts", "facts_of", "general_key"]
 
@@ -79,7 +80,8 @@ def general_key(labels: Mapping[str, str], annotations: Mapping[str, str]) -> st
     key = naming.slug(name)
     for noise in ("amd-", "intel-r-", "intel-", "r-"):
         key = key.removeprefix(noise)
-    return f"{vendor}-{key}" if vendor else key
+    key = f"{vendor}-{key}" if vendor else key
+    return k8snames.bounded(key, k8snames.LABEL_NAME_MAX)  # the name part of its node label
 
 
 def _cores(status: Mapping[str, Any]) -> int:

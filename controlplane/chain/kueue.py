@@ -11,7 +11,14 @@
 - **ClusterQueue**, name-identical to its InstanceType: isolated (no cohort, no borrowing, no
   preemption), ``namespaceSelector: {}``; one resource group over ``credits.gpustack.ai/<mfr>``
   (accelerated: nominal quota = the flavor's cards x 1,600,000) or ``cpu`` (cores), its flavors
-  ordered smallest per-node count first. ``stopPolicy``: ``Hold`` with the marker annotation
+  ordered smallest per-node count first, **at most** :data:`~controlplane.chain.naming.MAX_FLAVORS`
+  (64, the maxItems of Kueue's CRD; a ClusterQueue with more is refused whole). The flavors past
+  the 64th are left out of the queue (their ResourceFlavors and InstanceTypeFlavors still exist)
+  and the InstanceType's status carries ``Degraded=True`` (reason ``TooManyFlavors``) naming the
+  nodes left out, so nothing is silently unschedulable; the condition goes when they fit again.
+  Splitting into more ClusterQueues in a cohort would not help: a Workload only takes flavors of
+  the ClusterQueue its LocalQueue points at, and borrowing in a cohort is only of flavors the
+  borrower lists itself. ``stopPolicy``: ``Hold`` with the marker annotation
   ``topology.gpustack.ai/empty-plan-hold`` while a new queue has no flavor yet; ``HoldAndDrain``
   when a queue that had flavors has none left; otherwise ``Hold`` when the InstanceType is
   ``spec.inactive`` and ``None`` when not. A check is listed in ``admissionChecksStrategy`` only
@@ -45,9 +52,13 @@ from controlplane.reconciling.labeling import product_key
 from controlplane.reconciling.planning import Desired
 from controlplane.resources import Ref
 
-__all__ = ["ChainPlan", "FlavorKey", "QueueKey", "plan_chain", "stop_policy"]
+__all__ = [
+    "ChainPlan", "FlavorKey", "QueueKey", "degraded", "plan_chain", "stamp_conditions", "stop_policy",
+]  # fmt: skip
 
 SYSTEM_PREFIXES: Final = ("kube-",)
+_NAMED: Final = 20
+"""Nodes a Degraded message names before it only counts the rest (a status stays small)."""
 
 
 class QueueKey(msgspec.Struct, frozen=True, order=True):
@@ -161,13 +172,61 @@ def _catalog_body(key: FlavorKey, nodes: Sequence[NodeFacts]) -> Desired:
     return Desired(metadata=_meta(), spec=spec)
 
 
+def _ordered(
+    flavors: Sequence[tuple[FlavorKey, list[NodeFacts]]],
+) -> list[tuple[FlavorKey, list[NodeFacts]]]:
+    """A queue's flavors in the order Kueue tries them: smallest per-node count first."""
+    return sorted(flavors, key=lambda f: (f[0].count, f[0].name))
+
+
+def degraded(flavors: Sequence[tuple[FlavorKey, list[NodeFacts]]]) -> list[dict[str, Any]] | None:
+    """The InstanceType's ``Degraded`` condition when its flavors exceed Kueue's limit (None: they
+    fit). Its message names the nodes left out (the first :data:`_NAMED`, then a count)."""
+    left = _ordered(flavors)[naming.MAX_FLAVORS :]
+    if not left:
+        return None
+    nodes = sorted({n.name for _, members in left for n in members})
+    named = ", ".join(nodes[:_NAMED]) + (
+        f" and {len(nodes) - _NAMED} more" if len(nodes) > _NAMED else ""
+    )
+    message = (
+        f"its nodes make {len(flavors)} flavors, more than the {naming.MAX_FLAVORS} a Kueue "
+        f"resource group holds: the ClusterQueue lists the first {naming.MAX_FLAVORS} (smallest "
+        f"per-node count first) and leaves out {len(left)}; {len(nodes)} nodes get no work "
+        f"from it: {named}"
+    )
+    return [{
+        "type": naming.DEGRADED, "status": "True", "reason": "TooManyFlavors", "message": message,
+    }]  # fmt: skip
+
+
+def stamp_conditions(
+    desired: Mapping[str, Any], observed: Mapping[str, Any] | None, now: str
+) -> dict[str, Any]:
+    """The status to write: ``desired`` with each condition's ``lastTransitionTime`` (the
+    observed one while the condition's status is unchanged, else ``now``, RFC 3339), and
+    ``conditions: None`` (a merge patch removing them) when none is desired but some are set."""
+    conditions = desired.get("conditions")
+    if not conditions:
+        gone = {"conditions": None} if (observed or {}).get("conditions") else {}
+        return {**desired, **gone}
+    before = {c.get("type"): c for c in (observed or {}).get("conditions") or []}
+    stamped = []
+    for c in conditions:
+        old = before.get(c["type"])
+        same = old is not None and old.get("status") == c["status"]
+        since = old.get("lastTransitionTime") if same and old is not None else None
+        stamped.append({**c, "lastTransitionTime": since or now})
+    return {**desired, "conditions": stamped}
+
+
 def _resource_groups(
     key: QueueKey, flavors: Sequence[tuple[FlavorKey, list[NodeFacts]]], manufacturer: str
 ) -> list[dict[str, Any]]:
     if not flavors:
         return []
     resource = "cpu" if key.a_key is None else naming.credits(manufacturer)
-    ordered = sorted(flavors, key=lambda f: (f[0].count, f[0].name))
+    ordered = _ordered(flavors)[: naming.MAX_FLAVORS]
     entries = [
         {
             "name": f.name,
@@ -235,15 +294,21 @@ def plan_chain(
         for k in sorted(derived, key=lambda k: k.name)
         if settings.instance_type_derived_from_node and k.name not in instance_types
     }
+    by_queue: dict[str, list[tuple[FlavorKey, list[NodeFacts]]]] = defaultdict(list)
+    for fkey, fmembers in flavors.items():
+        by_queue[fkey.queue.name].append((fkey, fmembers))
     statuses: dict[str, dict[str, Any]] = {}
     for name, key in sorted(queues.items()):
         lq = naming.local_queue(name)
         members = [n for n in nodes if (n.os, n.arch) == (key.os, key.arch)]
         if key.a_key is None:
             statuses[name] = {"entrance": lq}
-            continue
-        members = [n for n in members if n.group_cards(key.a_key)]
-        statuses[name] = views.instance_type_status(key.a_key, members, allocations, lq)
+        else:
+            members = [n for n in members if n.group_cards(key.a_key)]
+            statuses[name] = views.instance_type_status(key.a_key, members, allocations, lq)
+        capped = degraded(by_queue.get(name, [])) if settings.manage_kueue else None
+        if capped:
+            statuses[name]["conditions"] = capped
     kueue = (
         _kueue(nodes, flavors, queues, instance_types, cluster_queues, active, namespaces, settings)
         if settings.manage_kueue

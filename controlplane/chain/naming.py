@@ -9,6 +9,13 @@ the general (CPU) key (``amd-epyc-7763``, else ``generic``):
 - ClusterQueue and InstanceType ``gpustack--<aKey>-<os>-<arch>`` or ``gpustack--generic-<os>-<arch>``;
 - LocalQueue ``gpustack-fnv64-<16 hex of FNV-1a 64 of the ClusterQueue name>`` (31 characters);
 - Topology ``gpustack--<profile>``.
+
+Every generated name stays valid: ``gKey`` and ``aKey`` are label name parts, cut to fit with a
+stable digest where they are made (:func:`controlplane.chain.inventory.general_key`,
+:func:`controlplane.reconciling.labeling.product_key`), and an object name longer than 253
+characters is cut the same way (:func:`kit.k8snames.bounded`).
+
+Kueue's own limit the chain must respect: :data:`MAX_FLAVORS` flavors in one resource group.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ from typing import Final
 
 from controlplane.reconciling.allocating import UNITS
 from controlplane.resources import Resource
+from kit import k8snames
 
 __all__ = [
     "ADMISSIONCHECKS",
@@ -28,6 +36,7 @@ __all__ = [
     "INSTANCETYPES",
     "KUEUE_KINDS",
     "LOCALQUEUES",
+    "MAX_FLAVORS",
     "NAMESPACES",
     "RESOURCEFLAVORS",
     "TOPOLOGIES",
@@ -94,6 +103,9 @@ EMPTY_PLAN_HOLD: Final = "topology.gpustack.ai/empty-plan-hold"
 PART_OF: Final = {"app.kubernetes.io/part-of": "gpustack-operator"}
 LOCAL_QUEUE_PREFIX: Final = "gpustack-fnv64-"
 CREDITS_PREFIX: Final = "credits.gpustack.ai/"
+MAX_FLAVORS: Final = 64
+"""``ClusterQueue.spec.resourceGroups[].flavors`` maxItems in Kueue's CRD (v0.19.2 and later)."""
+DEGRADED: Final = "Degraded"
 
 _FNV_OFFSET: Final = 0xCBF29CE484222325
 _FNV_PRIME: Final = 0x100000001B3
@@ -142,15 +154,18 @@ def card_credits(cards: int) -> str:
 
 
 def cluster_queue(a_key: str | None, os: str, arch: str) -> str:
-    return f"gpustack--{a_key or 'generic'}-{slug(os)}-{slug(arch)}"
+    name = f"gpustack--{a_key or 'generic'}-{slug(os)}-{slug(arch)}"
+    return k8snames.bounded(name, k8snames.DNS_SUBDOMAIN_MAX)
 
 
 def flavor(g_key: str, a_key: str | None, os: str, arch: str, count: int, profile: str) -> str:
     tail = "" if profile == DEFAULT_PROFILE else f"-p{slug(profile)}"
     if a_key is None:
-        return f"gpustack--{g_key}-{slug(os)}-{slug(arch)}-{count}c{tail}"
-    return f"gpustack--{g_key}--{a_key}-{slug(os)}-{slug(arch)}-{count}d{tail}"
+        name = f"gpustack--{g_key}-{slug(os)}-{slug(arch)}-{count}c{tail}"
+    else:
+        name = f"gpustack--{g_key}--{a_key}-{slug(os)}-{slug(arch)}-{count}d{tail}"
+    return k8snames.bounded(name, k8snames.DNS_SUBDOMAIN_MAX)
 
 
 def topology(profile: str) -> str:
-    return f"gpustack--{slug(profile)}"
+    return k8snames.bounded(f"gpustack--{slug(profile)}", k8snames.DNS_SUBDOMAIN_MAX)

@@ -41,7 +41,7 @@ import anyio.lowlevel
 
 from bus import events
 from controlplane import errors
-from controlplane.chain import fit, naming
+from controlplane.chain import fit, kueue, naming
 from controlplane.chain.inventory import NodeFacts, facts_of
 from controlplane.chain.kueue import ChainPlan, plan_chain
 from controlplane.chain.settings import ChainSettings
@@ -349,9 +349,13 @@ class ChainReconciler:
             ref = Ref(resource=naming.INSTANCETYPES, name=name)
             if ref not in observed:
                 observed[ref] = await self._create(ref, desired)
+        now = self._wallclock().strftime("%Y-%m-%dT%H:%M:%SZ")
         for ref, body in list(observed.items()):
-            status = plan.statuses.get(ref.name)
-            if status is None or body.get("status") == status:
+            wanted = plan.statuses.get(ref.name)
+            if wanted is None:
+                continue
+            status = kueue.stamp_conditions(wanted, body.get("status"), now)
+            if body.get("status") == status:
                 continue
             patch = owned_patch(body.get("status") or {}, status)
             if not patch:

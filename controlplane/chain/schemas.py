@@ -114,6 +114,29 @@ INSTANCETYPE_SCHEMA: Final = _o(
                     },
                 ),
                 "entrance": _s("The LocalQueue name Pods use (kueue.x-k8s.io/queue-name)."),
+                "conditions": {
+                    "type": "array",
+                    "description": "Degraded=True (reason TooManyFlavors) while its nodes make "
+                    "more flavors than one Kueue resource group holds (64): the message names "
+                    "the nodes its ClusterQueue leaves out. Absent when all fit.",
+                    "items": _o(
+                        "One condition.",
+                        {
+                            "type": _s("Degraded."),
+                            "status": _s(
+                                "True, False or Unknown.", enum=["True", "False", "Unknown"]
+                            ),
+                            "reason": _s("A CamelCase reason, e.g. TooManyFlavors."),
+                            "message": _s("What is wrong, for people."),
+                            "lastTransitionTime": _s(
+                                "When status last changed.", format="date-time"
+                            ),
+                        },
+                        ("type", "status"),
+                    ),
+                    "x-kubernetes-list-type": "map",
+                    "x-kubernetes-list-map-keys": ["type"],
+                },
                 "summary": _s(
                     "onceMaxRequest/remaining of the four views, exclusive shared sliced "
                     "partitioned, e.g. 8/8 8/80 100/800 0/0 (the printed column)."

@@ -11,7 +11,8 @@ to each of its required terms (a PodSet without any gets one term). ``aKey`` is 
 group of the InstanceType the Workload's LocalQueue enters (``spec.queueName``). It answers a
 CREATE, and an UPDATE only while the Workload holds no quota reservation (``status.admission``
 unset: Kueue's podSets are immutable after that). Anything else, or a Workload of a queue that is
-not ours, is allowed untouched; a malformed review is a 400. Being ``Ignore``, the webhook being
+not ours, is allowed untouched; a malformed review (one whose object is not the resource it names
+included) is a 400. Being ``Ignore``, the webhook being
 down never blocks a Workload: it is only a placement hint, the admission check is the gate.
 """
 
@@ -27,7 +28,7 @@ import msgspec
 
 from controlplane.admission.pods import PatchOp, pointer
 from controlplane.admission.requests import Family
-from controlplane.admission.review import API_VERSION, BadReview, Request, Response
+from controlplane.admission.review import API_VERSION, BadReview, Request, Response, check_object
 from controlplane.admission.webhooks import WebhookSettings
 from controlplane.chain import fit, naming
 from controlplane.k8s.client import KubeClient
@@ -126,6 +127,7 @@ def answer(body: bytes, entrance: Entrance, enabled: Callable[[], bool] = lambda
         raise BadReview(f"expected AdmissionReview {API_VERSION}, got {review.kind}")
     if review.request is None or not review.request.uid:
         raise BadReview("the AdmissionReview carries no request with a uid")
+    check_object(review.request)
     ops = _decide(review.request, entrance, enabled)
     response = Response(uid=review.request.uid, allowed=True)
     if ops:

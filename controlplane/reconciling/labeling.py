@@ -23,6 +23,7 @@ from typing import Final
 
 from bus.devices import DeviceGroup
 from controlplane.reconciling.allocating import UNITS
+from kit import k8snames
 
 __all__ = ["capacity", "is_owned_capacity", "is_owned_label", "labels", "product_key"]
 
@@ -50,11 +51,20 @@ def label_value(text: str) -> str:
     return re.sub(r"^[^A-Za-z0-9]+|[^A-Za-z0-9]+$", "", value)
 
 
+AKEY_MAX: Final = k8snames.LABEL_NAME_MAX - len(".product")
+"""The longest ``aKey``: every label name part made of it (``<aKey>.product`` the longest, the
+chain's fit labels ``<aKey>`` alone) stays within Kubernetes' 63."""
+
+
 def product_key(group: DeviceGroup) -> str:
-    """``aKey``: ``nvidia-h200`` (the group id already names NVIDIA), ``amd-radeon-rx-7800-xt``."""
-    if group.id.startswith(f"{group.manufacturer}-"):
-        return group.id
-    return f"{group.manufacturer}-{group.id}"
+    """``aKey``: ``nvidia-h200`` (the group id already names NVIDIA), ``amd-radeon-rx-7800-xt``;
+    one longer than :data:`AKEY_MAX` is cut with a stable digest (:func:`kit.k8snames.bounded`)."""
+    key = (
+        group.id
+        if group.id.startswith(f"{group.manufacturer}-")
+        else (f"{group.manufacturer}-{group.id}")
+    )
+    return k8snames.bounded(key, AKEY_MAX)
 
 
 def _memory(mib: int) -> str:

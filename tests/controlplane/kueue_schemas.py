@@ -26,6 +26,11 @@ _TOLERATION = {
     },
 }  # fmt: skip
 _STOP = {"enum": ["None", "Hold", "HoldAndDrain"]}
+_LABEL_KEY = {"type": "string", "maxLength": 317, "pattern": (
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+    r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
+)}  # fmt: skip
+_LABEL_VALUE = {"type": "string", "pattern": r"^(([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9])?$"}
 
 
 def _kind(spec: dict[str, Any], required: tuple[str, ...] = ()) -> dict[str, Any]:
@@ -47,8 +52,9 @@ def _kind(spec: dict[str, Any], required: tuple[str, ...] = ()) -> dict[str, Any
 
 SCHEMAS: dict[str, dict[str, Any]] = {
     "ResourceFlavor": _kind({"properties": {
-        "nodeLabels": {"type": "object", "maxProperties": 8,
-                       "additionalProperties": {"type": "string", "maxLength": 63}},
+        # Kueue's ResourceFlavor webhook validates nodeLabels as Node labels (ValidateLabels).
+        "nodeLabels": {"type": "object", "maxProperties": 8, "propertyNames": _LABEL_KEY,
+                       "additionalProperties": _LABEL_VALUE},
         "nodeTaints": {"type": "array", "maxItems": 8},
         "tolerations": {"type": "array", "maxItems": 8, "items": _TOLERATION},
         "topologyName": _NAME,

@@ -383,6 +383,13 @@ async def test_malformed_bodies_are_refused_and_other_objects_pass(tmp_path: Pat
         ({**good, "request": {**good["request"], "uid": ""}}, 400),
         ({**good, "request": {**good["request"], "object": {"spec": {"containers": "x"}}}}, 400),
         ({**good, "request": {**good["request"], "object": None}}, 400),
+        # The object is not the resource the review names (another kind, another version).
+        ({**good, "request": {**good["request"], "object": {
+            "apiVersion": "v1", "kind": "ConfigMap", "data": {"a": "b"}}}}, 400),
+        ({**good, "request": {**good["request"], "object": {
+            **good["request"]["object"], "apiVersion": "apps/v1"}}}, 400),
+        ({**good, "request": {**good["request"], "operation": "UPDATE", "object": {
+            "apiVersion": "v1", "kind": "ConfigMap"}}}, 400),
         (b"{" + b" " * (4 * 1024 * 1024) + b"}", 413),
     ]  # fmt: skip
     async with webhooks(tmp_path, groups=False) as hooks:

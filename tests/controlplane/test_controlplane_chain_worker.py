@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -206,6 +207,48 @@ async def test_two_nodes_make_the_chain_and_it_follows_the_ledger(tmp_path: Path
         assert kueue(fake, "clusterqueues")[IT_RX]["spec"]["resourceGroups"] == []
         assert IT_RX in ours(fake, "instancetypes")
         assert FLAVOR_RX not in ours(fake, "instancetypeflavors")
+
+
+async def test_a_queue_past_kueues_flavor_limit_is_capped_and_names_the_nodes_left_out(
+    tmp_path: Path,
+) -> None:
+    """65 CPU shapes: the ClusterQueue lists 64 (the Kueue schema refuses 65, so uncapped the
+    queue would stop following its nodes) and the InstanceType says Degraded, naming the node
+    left out; when a shape goes, the 65th is listed again and the condition goes."""
+    cpu_96 = "gpustack--generic-linux-amd64-96c"
+    async with cluster(tmp_path) as (fake, _worker, _bus):
+        await eventually(lambda: settled(fake), timeout_s=30)
+        for cores in range(1, 65):  # with rx's 16 and h200's 96: 65 shapes
+            if cores != 16:
+                fake.put_object("api/v1/nodes", a_node(f"c{cores:03d}", str(cores)))
+
+        def status() -> dict[str, Any]:
+            return dict(ours(fake, "instancetypes")[IT_CPU].get("status") or {})
+
+        def listed() -> list[str]:
+            (group,) = kueue(fake, "clusterqueues")[IT_CPU]["spec"]["resourceGroups"]
+            return [f["name"] for f in group["flavors"]]
+
+        async def capped() -> bool:
+            return "conditions" in status() and len(listed()) == 64
+
+        await eventually(capped, timeout_s=60)
+        (condition,) = status()["conditions"]
+        assert (condition["type"], condition["status"], condition["reason"]) == (
+            "Degraded", "True", "TooManyFlavors",
+        )  # fmt: skip
+        assert condition["message"].endswith("1 nodes get no work from it: h200")
+        assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", condition["lastTransitionTime"])
+        assert cpu_96 not in listed() and cpu_96 in kueue(fake, "resourceflavors")
+        assert status()["entrance"] == naming.local_queue(IT_CPU)
+
+        fake.remove("api/v1/nodes", "c001")
+
+        async def healed() -> bool:
+            return "conditions" not in status() and cpu_96 in listed()
+
+        await eventually(healed, timeout_s=60)
+        assert len(listed()) == 64
 
 
 def workload(

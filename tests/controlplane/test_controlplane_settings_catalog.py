@@ -49,6 +49,28 @@ def test_every_entry_has_a_valid_default_and_a_typed_field() -> None:
         ("workload-fit-affinity", "maybe", "boolean"),
         ("model-artifact-ca-bundle", "Not_A_Name", "ConfigMap"),
         ("no-such-setting", "x", "catalog is fixed"),
+        # One parser per type, Go's forms exactly (each of these was accepted before).
+        ("model-store-download-concurrency", " 8", "not an integer"),
+        ("model-store-download-concurrency", "８", "not an integer"),
+        ("model-store-download-concurrency", "０８", "not an integer"),
+        ("model-store-download-concurrency", "1_6", "not an integer"),
+        ("model-store-high-watermark", "80\n", "not an integer"),
+        ("workload-fit-affinity", "yes", "boolean"),
+        ("workload-fit-affinity", " true", "boolean"),
+        ("workload-fit-affinity", "on", "boolean"),
+        ("model-store-download-bandwidth", " 1Mi", "not a quantity"),
+        ("model-artifact-revalidate-interval", "1h ", "not a duration"),
+        (
+            "model-artifact-huggingface-endpoint",
+            "https://hub.example/" + "a" * 2029,
+            "at most 2048",
+        ),
+        (
+            "model-artifact-huggingface-endpoint",
+            "https://hub.example/" + "a" * 2**20,
+            "at most 4096",
+        ),
+        ("model-artifact-no-proxy", "a," * 2049, "at most 4096"),
     ],
 )
 def test_bad_texts_are_refused_naming_the_setting(name: str, text: str, needle: str) -> None:
@@ -56,6 +78,24 @@ def test_bad_texts_are_refused_naming_the_setting(name: str, text: str, needle: 
         settingscatalog.check(name, text)
     assert needle in str(caught.value) and name in str(caught.value)
     assert "s3cret" not in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "value"),
+    [
+        ("model-store-download-concurrency", "+8", 8),
+        ("workload-fit-affinity", "1", True),
+        ("workload-fit-affinity", "F", False),
+        ("workload-fit-affinity", "TRUE", True),
+        ("model-artifact-revalidate-interval", "1h30m", 5400.0),
+        ("model-artifact-revalidate-interval", "1.5h", 5400.0),
+        ("model-artifact-huggingface-endpoint", "https://hub.example/" + "a" * 2028, None),
+    ],
+)
+def test_go_forms_are_read_as_go_reads_them(name: str, text: str, value: object) -> None:
+    """strconv.ParseInt/ParseBool and time.ParseDuration forms; a URL of exactly 2048 passes."""
+    got = settingscatalog.check(name, text)
+    assert got == (text if value is None else value)
 
 
 def test_low_must_stay_below_high() -> None:
@@ -161,6 +201,15 @@ async def test_writes_are_validated_and_conditional() -> None:
             await source.write("model-artifact-https-proxy", "http://u:p@proxy:1")
         with pytest.raises(InvalidSetting, match="not editable"):
             await source.write("model-artifact-delivery-mode", "Node")
+        # Nothing oversized or loosely typed reaches the Secret (a 1 MB URL was stored before).
+        for name, text in (
+            ("model-artifact-huggingface-endpoint", "https://hub.example/" + "a" * 2**20),
+            ("model-store-download-concurrency", " 8"), ("instance-type-mixed-on-node", "yes"),
+        ):  # fmt: skip
+            with pytest.raises(InvalidSetting):
+                await source.write(name, text)
+        assert _secret_data(fake)["model-artifact-huggingface-endpoint"] == "https://huggingface.co"
+        assert _secret_data(fake)["model-store-download-concurrency"] == "16"
         other = SettingsSource(SecretBackend(api, NS), settingscatalog.seed({}))
         await other.prepare()
         await other.write("model-store-download-concurrency", "4")

@@ -56,6 +56,24 @@ def test_bool_alone_is_true_and_takes_a_value_only_after_equals() -> None:
     assert parse(["--no-shared=false"], FLAGS, env={}).values["no_shared"] is False
 
 
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--v= 8"], "not an integer"), (["--v=1_6"], "not an integer"),
+        (["--v=０８"], "not an integer"), (["--v=9223372036854775808"], "int64"),
+        (["--no-shared=yes"], "not a boolean"), (["--no-shared=on"], "not a boolean"),
+        (["--no-shared=y"], "not a boolean"), (["--no-shared= true"], "not a boolean"),
+        ([f"--manufacturer={'a' * 4097}"], "at most 4096"),
+    ],
+)  # fmt: skip
+def test_values_are_read_as_go_reads_them(argv: list[str], message: str) -> None:
+    """One parser per type (kit.values), shared with the settings: each of these was accepted."""
+    with pytest.raises(FlagError, match=message):
+        parse(argv, FLAGS, env={})
+    good = parse(["--v=+7", "--no-shared=T"], FLAGS, env={}).values
+    assert (good["v"], good["no_shared"]) == (7, True)
+
+
 def test_klog_verbosity_forms() -> None:
     assert parse(["-v=3"], FLAGS, env={}).values["v"] == 3
     assert parse(["-v", "2"], FLAGS, env={}).values["v"] == 2
@@ -69,13 +87,16 @@ def test_short_option() -> None:
 
 @pytest.mark.parametrize(
     ("text", "seconds"),
-    [("15s", 15.0), ("5m", 300.0), ("1h30m", 5400.0), ("500ms", 0.5), ("2", 2.0), ("1.5s", 1.5)],
-)
+    [("15s", 15.0), ("5m", 300.0), ("1h30m", 5400.0), ("500ms", 0.5), ("0", 0.0), ("1.5s", 1.5),
+     (".5m", 30.0), ("2h45m30.5s", 9930.5), ("1us", 1e-6), ("7µs", 7e-6)],
+)  # fmt: skip
 def test_durations(text: str, seconds: float) -> None:
     assert parse_duration(text) == pytest.approx(seconds)
 
 
-@pytest.mark.parametrize("text", ["", "15x", "s", "1h garbage", "-"])
+# Go's time.ParseDuration refuses a bare number (only "0"), spaces and underscores: the old parser
+# read "2" as 2 seconds and " 15s" as 15 seconds.
+@pytest.mark.parametrize("text", ["", "15x", "s", "1h garbage", "-", "2", " 15s", "1_0s", "１s"])
 def test_bad_durations_name_the_flag(text: str) -> None:
     with pytest.raises(FlagError, match="--monitor-period"):
         parse([f"--monitor-period={text}"], FLAGS, env={})

@@ -87,6 +87,7 @@ async def test_devices_reach_the_kv_ledger_through_the_worker(tmp_path: Path) ->
                 await testing.eventually(store_reported, timeout_s=20)
                 await _the_banners_watch_command_works_as_printed(banner)
                 await _mib_slice_folds_on_the_simulated_h200(banner)
+                await _the_workload_webhook_is_served_beside_the_pod_ones(banner)
             tg.cancel_scope.cancel()
     assert f"bus watch --nats-url {url} --nats-token-file {auth / 'dashboard.token'}" in banner
 
@@ -164,6 +165,30 @@ async def _mib_slice_folds_on_the_simulated_h200(banner: str) -> None:
         return units == ["799994"]  # floor(71885 x 1.6e6 / 143771), VRAM from the ledger
 
     await testing.eventually(folded, timeout_s=10)
+
+
+async def _the_workload_webhook_is_served_beside_the_pod_ones(banner: str) -> None:
+    """Under ``standalone`` (no cluster) the Workload webhook answers (no queue of ours: allowed
+    untouched) and checks the review as the Pod ones do: a ConfigMap as a Workload is a 400."""
+    (pods,) = [ln for ln in banner.splitlines() if "pod webhooks:" in ln]
+    url = pods.split()[2].rstrip(",").replace("/pods/mutate", "/workloads/mutate")
+    assert f"workload hook:   {url}" in banner  # the same HTTPS port as the Pod webhooks
+    kind = {"group": "kueue.x-k8s.io", "version": "v1beta2", "kind": "Workload"}
+    workload = {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "Workload",
+                "spec": {"queueName": "team", "podSets": []}}  # fmt: skip
+    config_map = {"apiVersion": "v1", "kind": "ConfigMap", "data": {"a": "b"}}
+    answers = []
+    for obj in (workload, config_map):
+        review = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+                  "request": {"uid": "w1", "kind": kind, "operation": "CREATE", "object": obj}}  # fmt: skip
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(url, json=review, ssl=False) as r,
+        ):
+            answers.append((r.status, await r.read()))
+    assert answers[0][0] == 200
+    assert msgspec.json.decode(answers[0][1])["response"] == {"uid": "w1", "allowed": True}
+    assert answers[1] == (400, b"request.object is a ConfigMap, not the Workload the review names")
 
 
 def test_the_command_stops_cleanly_on_sigint_and_leaves_no_server(tmp_path: Path) -> None:
