@@ -466,3 +466,18 @@ def test_openapi_documents_reference_what_they_define() -> None:
     assert "fieldValidation" in {p["name"] for p in patch["parameters"]}
     index = openapi.v3_index([GV])["paths"]["apis/gpustack.ai/v1"]["serverRelativeURL"]
     assert index.endswith(openapi.encoded(v3)[1])
+
+
+@pytest.mark.parametrize(
+    ("value", "tested"),
+    [(False, 0), (True, 1), (True, 1.0), ({"a": False}, {"a": 0}), ([0], [False]), ("1", 1)],
+)
+def test_json_patch_test_compares_json_types(value: Any, tested: Any) -> None:
+    # Hypothesis found `false` passing a test against `0` (Python's ==); jsonpatch refuses it.
+    ops = [{"op": "test", "path": "/v", "value": tested}]
+    with pytest.raises(jsonpatch.JsonPatchTestFailed):
+        jsonpatch.apply_patch({"v": value}, ops)
+    with pytest.raises(ApiFailure) as failed:
+        patching.json_patch({"v": value}, ops)
+    assert failed.value.code == 422
+    assert patching.json_patch({"v": 1}, [{"op": "test", "path": "/v", "value": 1.0}]) == {"v": 1}

@@ -25,6 +25,20 @@ __all__ = ["json_patch", "map_keys", "merge_patch", "strategic_merge_patch"]
 _OPS: Final = ("add", "remove", "replace", "move", "copy", "test")
 
 
+def same_json(a: Any, b: Any) -> bool:
+    """RFC 6902 equality for ``test``: values of one JSON type that are equal; Python's ``==``
+    would call ``false`` equal to ``0`` and ``true`` to ``1.0``."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return type(a) is type(b) and a == b
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(same_json(v, b[k]) for k, v in a.items())
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(map(same_json, a, b))
+    if isinstance(a, dict | list) or isinstance(b, dict | list):
+        return False
+    return bool(a == b)
+
+
 def _unapplied(message: str) -> ApiFailure:
     return ApiFailure(422, "Invalid", f"the JSON patch does not apply: {message}")
 
@@ -104,7 +118,7 @@ def _operation(doc: Any, op: Any) -> Any:
     if kind in ("move", "copy") and not isinstance(op.get("from"), str):
         raise bad_request(f"JSON patch {kind} to {op['path']!r} has no 'from'")
     if kind == "test":
-        if _get(doc, path) != op["value"]:
+        if not same_json(_get(doc, path), op["value"]):
             raise _unapplied(f"test of {op['path']!r} failed")
         return doc
     if kind == "remove":
