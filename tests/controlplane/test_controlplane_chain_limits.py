@@ -210,6 +210,23 @@ def test_the_accelerator_key_keeps_every_label_valid(length: int, tmp_path: Path
     assert kubectl_refuses(flavor_labels, tmp_path) == ""
 
 
+@pytest.mark.parametrize("length", [63, 64])
+def test_label_values_at_63_and_64(length: int, tmp_path: Path) -> None:
+    """A product name is a label value (``<aKey>.product``): 63 stays, 64 is cut with a digest,
+    and two long names that differ only at their end stay apart."""
+
+    def product(name: str) -> str:
+        group = msgspec.structs.replace(H200[0], name=name)
+        return labeling.labels([group])[f"{labeling.PREFIX}{labeling.product_key(group)}.product"]
+
+    name = "NVIDIA " + "H" * (length - 8) + "X"
+    value = product(name)
+    assert len(value) <= 63 and (value == name.replace(" ", "-")) is (length == 63)
+    assert product(name[:-1] + "Y") != value
+    group = msgspec.structs.replace(H200[0], name=name)
+    assert kubectl_refuses(labeling.labels([group]), tmp_path) == ""
+
+
 def test_object_names_stay_dns_subdomains_of_at_most_253() -> None:
     long = "p" * 300
     for name in (
