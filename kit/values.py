@@ -153,7 +153,7 @@ def _component(body: str, pos: int, total: int) -> tuple[int, int]:
         reason = "missing unit" if not unit else "unknown unit"
         raise InvalidValue(f"not a duration: {reason} (ns, us, ms, s, m, h)")
     value = int(whole or "0")
-    numerator, scale = 0, 1
+    numerator, scale = 0, 1.0  # the scale is a float64 in Go, multiplied by 10 at each digit
     for digit in fraction or "":
         if numerator > (_LIMIT - 1) // 10 or numerator * 10 + int(digit) > _LIMIT:
             break  # Go keeps the digits that fit and ignores the rest
