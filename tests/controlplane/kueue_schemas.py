@@ -1,5 +1,8 @@
 """Kueue's kinds as the fake API validates them: JSON Schemas written from Kueue's v1beta2 API
-reference (kueue.x-k8s.io/v1beta2, v0.19), plus the CEL rules that matter to the chain.
+reference (kueue.x-k8s.io/v1beta2, v0.19), plus the CEL rules that matter to the chain, and the
+ResourceFlavor webhook's label rule (``nodeLabels`` keys and values are Kubernetes label names and
+values: name part at most 63, value at most 63, their alphabets). The limits the chain must keep
+are Kueue's: ``flavors`` at most 64 in a resource group (v0.19.2 and later).
 
 Strict where the chain writes (unknown ``spec`` fields refused, so a v1beta1 name such as
 ``cohort`` or ``admissionChecks`` is a 422, as pruning plus a missing required field would make
