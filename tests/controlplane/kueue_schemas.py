@@ -144,6 +144,20 @@ def _cel(kind: str, body: dict[str, Any]) -> str | None:
     return None
 
 
+_NODE_LABELS = jsonschema.Draft7Validator({"type": "object", "properties": {"metadata": {
+    "type": "object", "properties": {"labels": {
+        "type": "object", "propertyNames": _LABEL_KEY, "additionalProperties": _LABEL_VALUE,
+    }},
+}}})  # fmt: skip
+
+
+def node_labels(body: dict[str, Any]) -> str | None:
+    """The API server's label rule on a Node (``ValidateLabels``): the fake's validator for
+    ``api/v1/nodes``, so a patch with an invalid label key or value is a 422."""
+    error = next(iter(_NODE_LABELS.iter_errors(body)), None)
+    return None if error is None else f"Node metadata.labels: {error.message}"
+
+
 def validator(collection: str) -> Callable[[dict[str, Any]], str | None] | None:
     """The fake API's validator for a Kueue collection id, None for other collections."""
     group, _, plural = collection.rpartition("/")
