@@ -34,6 +34,7 @@ __all__ = [
     "MAX_URL",
     "InvalidValue",
     "bounded",
+    "excerpt",
     "parse_bool",
     "parse_duration",
     "parse_duration_ns",
@@ -80,6 +81,12 @@ def bounded(text: str, limit: int = MAX_TEXT, what: str = "value") -> str:
     if len(text) > limit:
         raise InvalidValue(f"{what} too long: {len(text)} characters (at most {limit})")
     return text
+
+
+def excerpt(text: str, limit: int = 100) -> str:
+    """``text`` as an error message may quote it: its first ``limit`` characters and ``…`` (a
+    refused megabyte is never echoed into a log line, an exit line or an API answer)."""
+    return text if len(text) <= limit else f"{text[:limit]}… ({len(text)} characters)"
 
 
 def parse_int(text: str, low: int = INT64_MIN, high: int = INT64_MAX) -> int:
