@@ -266,7 +266,7 @@ def check(name: str, text: str) -> object:
     except (ValueError, ArithmeticError) as e:
         # A sensitive text (a proxy URL, perhaps with the very credentials refused) is never
         # repeated: this message reaches logs, exit lines and API clients.
-        shown_text = MASK if entry.sensitive else repr(text)
+        shown_text = MASK if entry.sensitive else repr(parsers.excerpt(text))
         raise InvalidSetting(f"setting {name} = {shown_text}: {e}") from None
 
 

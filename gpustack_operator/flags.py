@@ -96,7 +96,7 @@ def convert(flag: Flag, text: str) -> object:
             return text
         return _in_bounds(flag, _number(flag, text))
     except (ValueError, FlagError) as e:
-        shown = REDACTED if flag.secret else repr(redact_urls(text))
+        shown = REDACTED if flag.secret else repr(parsers.excerpt(redact_urls(text)))
         raise FlagError(f"invalid value {shown} for --{flag.name}: {e}") from e
 
 

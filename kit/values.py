@@ -34,6 +34,7 @@ __all__ = [
     "MAX_URL",
     "InvalidValue",
     "bounded",
+    "excerpt",
     "parse_bool",
     "parse_duration",
     "parse_duration_ns",
@@ -80,6 +81,12 @@ def bounded(text: str, limit: int = MAX_TEXT, what: str = "value") -> str:
     if len(text) > limit:
         raise InvalidValue(f"{what} too long: {len(text)} characters (at most {limit})")
     return text
+
+
+def excerpt(text: str, limit: int = 100) -> str:
+    """``text`` as an error message may quote it: its first ``limit`` characters and ``…`` (a
+    refused megabyte is never echoed into a log line, an exit line or an API answer)."""
+    return text if len(text) <= limit else f"{text[:limit]}… ({len(text)} characters)"
 
 
 def parse_int(text: str, low: int = INT64_MIN, high: int = INT64_MAX) -> int:
@@ -153,7 +160,7 @@ def _component(body: str, pos: int, total: int) -> tuple[int, int]:
         reason = "missing unit" if not unit else "unknown unit"
         raise InvalidValue(f"not a duration: {reason} (ns, us, ms, s, m, h)")
     value = int(whole or "0")
-    numerator, scale = 0, 1
+    numerator, scale = 0, 1.0  # the scale is a float64 in Go, multiplied by 10 at each digit
     for digit in fraction or "":
         if numerator > (_LIMIT - 1) // 10 or numerator * 10 + int(digit) > _LIMIT:
             break  # Go keeps the digits that fit and ignores the rest

@@ -105,8 +105,8 @@ def check_object(request: Request) -> None:
 
     The API server always writes both into the object it sends; a review whose object says
     another kind (or another group/version) was not made by it, and answering it as if it were
-    would decide on the wrong thing. A member left out is not checked (a hand-written review may
-    omit them), nor is a subresource's object (``pods/eviction`` sends an Eviction), nor an object
+    would decide on the wrong thing. A member left out on either side is not checked (a
+    hand-written review may omit them), nor is a subresource's object (``pods/eviction`` sends an Eviction), nor an object
     that is no JSON object (the kind's own decoder judges that).
 
     :raises BadReview: the object names another kind or group/version.
@@ -119,7 +119,7 @@ def check_object(request: Request) -> None:
         return
     named = request.kind
     expected = f"{named.group}/{named.version}" if named.group else named.version
-    if meta.kind and meta.kind != named.kind:
+    if meta.kind and named.kind and meta.kind != named.kind:
         raise BadReview(f"request.object is a {meta.kind}, not the {named.kind} the review names")
     if meta.api_version and named.version and meta.api_version != expected:
         raise BadReview(

@@ -294,21 +294,7 @@ def plan_chain(
         for k in sorted(derived, key=lambda k: k.name)
         if settings.instance_type_derived_from_node and k.name not in instance_types
     }
-    by_queue: dict[str, list[tuple[FlavorKey, list[NodeFacts]]]] = defaultdict(list)
-    for fkey, fmembers in flavors.items():
-        by_queue[fkey.queue.name].append((fkey, fmembers))
-    statuses: dict[str, dict[str, Any]] = {}
-    for name, key in sorted(queues.items()):
-        lq = naming.local_queue(name)
-        members = [n for n in nodes if (n.os, n.arch) == (key.os, key.arch)]
-        if key.a_key is None:
-            statuses[name] = {"entrance": lq}
-        else:
-            members = [n for n in members if n.group_cards(key.a_key)]
-            statuses[name] = views.instance_type_status(key.a_key, members, allocations, lq)
-        capped = degraded(by_queue.get(name, [])) if settings.manage_kueue else None
-        if capped:
-            statuses[name]["conditions"] = capped
+    statuses = _statuses(nodes, flavors, queues, allocations, settings.manage_kueue)
     kueue = (
         _kueue(nodes, flavors, queues, instance_types, cluster_queues, active, namespaces, settings)
         if settings.manage_kueue
@@ -320,6 +306,33 @@ def plan_chain(
         kueue=kueue, instance_types=create, statuses=statuses, catalog=catalog,
         entrances=entrances,
     )  # fmt: skip
+
+
+def _statuses(
+    nodes: Sequence[NodeFacts],
+    flavors: Mapping[FlavorKey, list[NodeFacts]],
+    queues: Mapping[str, QueueKey],
+    allocations: Mapping[str, Iterable[events.AllocationEvent]],
+    manage_kueue: bool,
+) -> dict[str, dict[str, Any]]:
+    """Every InstanceType's status: its views and entrance, and ``Degraded`` while its queue
+    leaves flavors out (only when the chain manages Kueue: otherwise nothing is left out)."""
+    by_queue: dict[str, list[tuple[FlavorKey, list[NodeFacts]]]] = defaultdict(list)
+    for fkey, members in flavors.items():
+        by_queue[fkey.queue.name].append((fkey, members))
+    statuses: dict[str, dict[str, Any]] = {}
+    for name, key in sorted(queues.items()):
+        lq = naming.local_queue(name)
+        local = [n for n in nodes if (n.os, n.arch) == (key.os, key.arch)]
+        if key.a_key is None:
+            statuses[name] = {"entrance": lq}
+        else:
+            local = [n for n in local if n.group_cards(key.a_key)]
+            statuses[name] = views.instance_type_status(key.a_key, local, allocations, lq)
+        capped = degraded(by_queue.get(name, [])) if manage_kueue else None
+        if capped:
+            statuses[name]["conditions"] = capped
+    return statuses
 
 
 def _kueue(

@@ -360,6 +360,9 @@ class ChainReconciler:
             patch = owned_patch(body.get("status") or {}, status)
             if not patch:
                 continue
+            for condition in patch.get("conditions") or []:  # said once, when it changes
+                log.warning("InstanceType %s: %s: %s", ref.name, condition["reason"],
+                            condition.get("message", ""))  # fmt: skip
             meta = {"resourceVersion": body["metadata"].get("resourceVersion")}
             observed[ref] = await self._api.patch(
                 ref, {"metadata": meta, "status": patch}, subresource="status"

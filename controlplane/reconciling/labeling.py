@@ -46,9 +46,10 @@ _OWNED_CAPACITY = re.compile(r"\.(sliced|partitioned)\.")
 
 
 def label_value(text: str) -> str:
-    """A valid label value: allowed characters only, alphanumeric ends, at most 63 characters."""
-    value = _NOT_LABEL.sub("-", text)[:63]
-    return re.sub(r"^[^A-Za-z0-9]+|[^A-Za-z0-9]+$", "", value)
+    """A valid label value: allowed characters only, alphanumeric ends, at most 63 characters
+    (a longer one cut with a stable digest, so two long names stay apart)."""
+    value = re.sub(r"^[^A-Za-z0-9]+|[^A-Za-z0-9]+$", "", _NOT_LABEL.sub("-", text))
+    return k8snames.bounded(value, k8snames.LABEL_VALUE_MAX)
 
 
 AKEY_MAX: Final = k8snames.LABEL_NAME_MAX - len(".product")

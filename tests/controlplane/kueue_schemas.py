@@ -1,5 +1,8 @@
 """Kueue's kinds as the fake API validates them: JSON Schemas written from Kueue's v1beta2 API
-reference (kueue.x-k8s.io/v1beta2, v0.19), plus the CEL rules that matter to the chain.
+reference (kueue.x-k8s.io/v1beta2, v0.19), plus the CEL rules that matter to the chain, and the
+ResourceFlavor webhook's label rule (``nodeLabels`` keys and values are Kubernetes label names and
+values: name part at most 63, value at most 63, their alphabets). The limits the chain must keep
+are Kueue's: ``flavors`` at most 64 in a resource group (v0.19.2 and later).
 
 Strict where the chain writes (unknown ``spec`` fields refused, so a v1beta1 name such as
 ``cohort`` or ``admissionChecks`` is a 422, as pruning plus a missing required field would make
@@ -139,6 +142,20 @@ def _cel(kind: str, body: dict[str, Any]) -> str | None:
     ):
         return "spec.controllerName is immutable"
     return None
+
+
+_NODE_LABELS = jsonschema.Draft7Validator({"type": "object", "properties": {"metadata": {
+    "type": "object", "properties": {"labels": {
+        "type": "object", "propertyNames": _LABEL_KEY, "additionalProperties": _LABEL_VALUE,
+    }},
+}}})  # fmt: skip
+
+
+def node_labels(body: dict[str, Any]) -> str | None:
+    """The API server's label rule on a Node (``ValidateLabels``): the fake's validator for
+    ``api/v1/nodes``, so a patch with an invalid label key or value is a 422."""
+    error = next(iter(_NODE_LABELS.iter_errors(body)), None)
+    return None if error is None else f"Node metadata.labels: {error.message}"
 
 
 def validator(collection: str) -> Callable[[dict[str, Any]], str | None] | None:

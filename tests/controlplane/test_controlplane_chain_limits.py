@@ -19,7 +19,7 @@ from typing import Any
 
 import msgspec
 import pytest
-from kueue_schemas import validator
+from kueue_schemas import node_labels, validator
 
 from bus.devices import DeviceGroup
 from controlplane.chain import fit, kueue, naming
@@ -186,6 +186,20 @@ def test_the_general_key_is_a_label_name_part_at_63_and_64(length: int, tmp_path
     assert kubectl_refuses({**node_labels, **flavor_labels}, tmp_path) == ""
 
 
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("a.b/" + "x" * 63, "v"), ("a.b/" + "x" * 64, "v"), ("k", "v" * 63), ("k", "v" * 64),
+        ("a.b/x_y.z-1", ""), ("a.b/-x", "v"), ("A.b/x", "v"), ("a.b/x", "-v"), ("a.b/x", "v v"),
+        ("x" * 63, "1.0_a-B"), ("a_b/x", "v"),
+    ],
+)  # fmt: skip
+def test_the_fakes_node_label_rule_is_kubernetes_own(key: str, value: str, tmp_path: Path) -> None:
+    """The fake API's Node validator (chain worker tests) agrees with kubectl, pair by pair."""
+    body = {"metadata": {"name": "n", "labels": {key: value}}}
+    assert (node_labels(body) is None) is (kubectl_refuses({key: value}, tmp_path) == "")
+
+
 def test_kubectl_refuses_what_the_old_names_were(tmp_path: Path) -> None:
     """The oracle refuses a 64-character name part (what a long CPU model made before)."""
     assert "63" in kubectl_refuses({f"{naming.GENERAL_PREFIX}{'x' * 64}": "true"}, tmp_path)
@@ -208,6 +222,23 @@ def test_the_accelerator_key_keeps_every_label_valid(length: int, tmp_path: Path
     flavor_labels = {k: v for f in by_kind(plan, "ResourceFlavor").values()
                      for k, v in f.spec["nodeLabels"].items()}  # fmt: skip
     assert kubectl_refuses(flavor_labels, tmp_path) == ""
+
+
+@pytest.mark.parametrize("length", [63, 64])
+def test_label_values_at_63_and_64(length: int, tmp_path: Path) -> None:
+    """A product name is a label value (``<aKey>.product``): 63 stays, 64 is cut with a digest,
+    and two long names that differ only at their end stay apart."""
+
+    def product(name: str) -> str:
+        group = msgspec.structs.replace(H200[0], name=name)
+        return labeling.labels([group])[f"{labeling.PREFIX}{labeling.product_key(group)}.product"]
+
+    name = "NVIDIA " + "H" * (length - 8) + "X"
+    value = product(name)
+    assert len(value) <= 63 and (value == name.replace(" ", "-")) is (length == 63)
+    assert product(name[:-1] + "Y") != value
+    group = msgspec.structs.replace(H200[0], name=name)
+    assert kubectl_refuses(labeling.labels([group]), tmp_path) == ""
 
 
 def test_object_names_stay_dns_subdomains_of_at_most_253() -> None:

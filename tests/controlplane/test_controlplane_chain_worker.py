@@ -16,7 +16,7 @@ import anyio
 import msgspec
 import pytest
 from controlplane_fakeapi import FakeApi, fake_api
-from kueue_schemas import validator
+from kueue_schemas import node_labels, validator
 from test_controlplane_worker import publish, worker_settings
 
 from bus import events
@@ -24,6 +24,7 @@ from bus.devices import DeviceGroup
 from bus.testing import eventually, nats_server, settings_for
 from controlplane import running
 from controlplane.chain import naming
+from controlplane.chain.inventory import general_key
 from controlplane.chain.settings import ChainSettings
 
 pytestmark = pytest.mark.anyio
@@ -249,6 +250,32 @@ async def test_a_queue_past_kueues_flavor_limit_is_capped_and_names_the_nodes_le
 
         await eventually(healed, timeout_s=60)
         assert len(listed()) == 64
+
+
+async def test_a_long_cpu_model_name_makes_valid_node_labels_and_flavors(tmp_path: Path) -> None:
+    """A CPU name whose key is 79 characters: the Node patch and the ResourceFlavor pass the API's
+    label rule (the old key was refused on both) with the key cut to 63 and a digest."""
+    cpu_name = "GenuineIntel Xeon Platinum 8480+ Sapphire Rapids Processor with a long suffix"
+    annotations = {"feature.gpustack.ai/cpu-name": cpu_name}
+    key = general_key({}, annotations)
+    flavor = naming.flavor(key, None, "linux", "amd64", 24, "default")
+    async with cluster(tmp_path) as (fake, _worker, _bus):
+        fake.validators["api/v1/nodes"] = node_labels
+        await eventually(lambda: settled(fake), timeout_s=30)
+        node = a_node("long", "24")
+        node["metadata"]["annotations"] = annotations
+        fake.put_object("api/v1/nodes", node)
+
+        async def labelled() -> bool:
+            cq = kueue(fake, "clusterqueues")[IT_CPU]["spec"]["resourceGroups"][0]
+            return labels(fake, "long").get(f"{naming.GENERAL_PREFIX}{key}") == "true" and (
+                flavor in {f["name"] for f in cq["flavors"]}
+            )
+
+        await eventually(labelled, timeout_s=30)
+        selector = kueue(fake, "resourceflavors")[flavor]["spec"]["nodeLabels"]
+        assert selector[f"{naming.GENERAL_PREFIX}{key}"] == "true"
+    assert len(key) == 63 and key.startswith("genuineintel-xeon-platinum-8480")
 
 
 def workload(

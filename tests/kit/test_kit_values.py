@@ -12,7 +12,7 @@ import re
 from fractions import Fraction
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kit import values
@@ -59,6 +59,7 @@ def test_what_go_refuses_as_a_duration(text: str) -> None:
 _UNITS = {"ns": NS, "us": US, "µs": US, "μs": US, "ms": MS, "s": S, "m": M, "h": H}
 
 
+@settings(deadline=None)  # a loaded machine is no failure: no timing here
 @given(
     st.lists(
         st.tuples(
@@ -96,6 +97,7 @@ def test_go_false_forms(text: str) -> None:
     assert values.parse_bool(text) is False
 
 
+@settings(deadline=None)  # a loaded machine is no failure: no timing here
 @given(st.text(max_size=8))
 def test_nothing_else_is_a_boolean(text: str) -> None:
     forms = {"1", "t", "T", "TRUE", "true", "True", "0", "f", "F", "FALSE", "false", "False"}
@@ -123,6 +125,7 @@ def _parse_int_model(text: str) -> int | None:
     return value if -(2**63) <= value < 2**63 else None
 
 
+@settings(deadline=None)  # a loaded machine is no failure: no timing here
 @given(
     st.one_of(
         st.text(max_size=24),
@@ -154,11 +157,13 @@ def test_what_is_no_float(text: str) -> None:
         values.parse_float(text)
 
 
+@settings(deadline=None)  # a loaded machine is no failure: no timing here
 @given(st.floats(allow_nan=False, allow_infinity=False))
 def test_a_float_reads_back_as_python_prints_it(number: float) -> None:
     assert values.parse_float(repr(number)) == number
 
 
+@settings(deadline=None)  # a loaded machine is no failure: no timing here
 @given(st.text(max_size=12))
 def test_a_quantity_never_holds_a_space_or_foreign_digit(text: str) -> None:
     if re.search(r"\s|_", text) or any(c.isdigit() and not c.isascii() for c in text):
