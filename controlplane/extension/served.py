@@ -38,7 +38,8 @@ class SettingsProvider:
     async def objects(self) -> list[dict[str, Any]]:
         stored = self._source.stored
         return [objects.setting(e, stored.data.get(e.name, e.default), namespace=self._namespace,
-                                created=stored.created) for e in CATALOG]  # fmt: skip
+                                version=stored.version, created=stored.created)
+                for e in CATALOG]  # fmt: skip
 
     @asynccontextmanager
     async def changes(self) -> AsyncIterator[AsyncIterator[object]]:

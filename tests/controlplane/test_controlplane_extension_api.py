@@ -97,6 +97,7 @@ class Cluster:
     bus: Any
     worker: running.Worker
     ca: tuple[bytes, bytes]
+    fake_url: str = ""
 
 
 @asynccontextmanager
@@ -114,7 +115,7 @@ async def cluster(tmp_path: Path, **overrides: Any) -> AsyncIterator[Cluster]:
             settings(bus, url), namespace="ns", settings_period_s=0.05, **overrides
         )
         worker = await tg.start(running.run, conf)
-        yield Cluster(fake, worker.url, bus, worker, ca)
+        yield Cluster(fake, worker.url, bus, worker, ca, url)
         tg.cancel_scope.cancel()
 
 

@@ -318,3 +318,30 @@ async def test_settings_have_real_creation_timestamps_without_a_cluster(tmp_path
         tg.cancel_scope.cancel()
     created = dt.datetime.strptime(got["metadata"]["creationTimestamp"], "%Y-%m-%dT%H:%M:%SZ")
     assert before <= created.replace(tzinfo=dt.UTC) <= dt.datetime.now(dt.UTC)
+
+
+async def test_two_replicas_serve_the_same_versions(tmp_path: Path) -> None:
+    """Both worker replicas stand behind the APIService's Service: a version read from one is
+    the version the other checks a write against, and a page token of one reads on the other."""
+    from test_controlplane_nms_e2e import settings
+
+    from controlplane import running
+
+    async with worker(tmp_path) as (c, _), anyio.create_task_group() as tg:
+        conf = msgspec.structs.replace(settings(c.bus, c.fake_url), namespace="ns",
+                                       identity="w2", settings_period_s=0.05)  # fmt: skip
+        second = await tg.start(running.run, conf)
+        ctx = client_context(tmp_path, None)
+        async with aiohttp.ClientSession(headers={"Authorization": "Bearer carol-token"}) as http:
+            read = await (await http.get(f"{c.url}{SETTINGS}/{CONC}", ssl=ctx)).json()
+            page = await (await http.get(f"{c.url}{SETTINGS}?limit=3", ssl=ctx)).json()
+            rest = await http.get(f"{second.url}{SETTINGS}?limit=3&continue="
+                                  f"{page['metadata']['continue']}", ssl=ctx)  # fmt: skip
+            written = await http.put(f"{second.url}{SETTINGS}/{CONC}", ssl=ctx,
+                                     json={**read, "spec": {"value": "6"}})  # fmt: skip
+            stale = await http.put(f"{c.url}{SETTINGS}/{CONC}", ssl=ctx,
+                                   json={**read, "spec": {"value": "7"}})  # fmt: skip
+        tg.cancel_scope.cancel()
+    assert rest.status == 200 and len((await rest.json())["items"]) == 3
+    assert written.status == 200, await written.text()
+    assert stale.status == 409  # the first replica knows the store moved on

@@ -466,3 +466,29 @@ def test_openapi_documents_reference_what_they_define() -> None:
     assert "fieldValidation" in {p["name"] for p in patch["parameters"]}
     index = openapi.v3_index([GV])["paths"]["apis/gpustack.ai/v1"]["serverRelativeURL"]
     assert index.endswith(openapi.encoded(v3)[1])
+
+
+def versioned(name: str, rv: int, **rest: Any) -> dict[str, Any]:
+    o = obj(name, **rest)
+    o["metadata"]["resourceVersion"] = str(rv)
+    return o
+
+
+def test_store_versions_are_served_alike_by_every_replica() -> None:
+    """Two workers (caches started apart) over one store that versions its objects: same
+    versions, so a continue token or a watch version from one means the same on the other."""
+    early = ObjectCache("test", start=10**15)
+    early.sync([versioned("a", 5, spec={"v": 0}), versioned("b", 5)])
+    changed = early.sync([versioned("a", 9, spec={"v": 1}), versioned("b", 9)])
+    assert [(e.type, e.rv) for e in changed] == [("MODIFIED", 9)]  # b's content did not change
+    assert early.get("b")["metadata"]["resourceVersion"] == "9"  # ... but its version moved
+    late = ObjectCache("test", start=2 * 10**15)
+    late.sync([versioned("a", 9, spec={"v": 1}), versioned("b", 9)])
+    assert [o["metadata"]["resourceVersion"] for o in late.items()] == ["9", "9"] == [
+        o["metadata"]["resourceVersion"] for o in early.items()]  # fmt: skip
+    token = listing.list_page(early, options(limit="1")).continue_token
+    rest = listing.list_page(late, options(limit="1", **{"continue": token}))
+    assert [o["metadata"]["name"] for o in rest.items] == ["b"]
+    # a store that changes an object without moving its version still tells watchers
+    moved = late.sync([versioned("a", 9, spec={"v": 2}), versioned("b", 9)])
+    assert [e.rv for e in moved] == [10] and late.get("a")["metadata"]["resourceVersion"] == "10"

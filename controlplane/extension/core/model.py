@@ -57,8 +57,13 @@ class ResourceSpec(msgspec.Struct, frozen=True, kw_only=True):
 
 class Provider(Protocol):
     """What backs one resource. Objects carry ``apiVersion``, ``kind`` and ``metadata.name``
-    (and ``namespace`` when namespaced); ``resourceVersion`` is the core's, any given is
-    replaced. Failures are raised as ``ApiFailure``."""
+    (and ``namespace`` when namespaced). ``metadata.resourceVersion``: give the store's own
+    integer versions when it has them (etcd revisions through an informer, a bus key's
+    revision): every replica of the worker then serves the same versions, so a write, a
+    continue token or a watch resumed on another replica means the same; without them the
+    core counts per process (another replica answers 410/409 and clients list again). Hand
+    out new dicts for changed objects, never mutate one handed out. Failures are raised as
+    ``ApiFailure``."""
 
     async def objects(self) -> list[dict[str, Any]]:
         """Every object now (cheap: from memory, or one bounded read)."""
