@@ -345,3 +345,27 @@ async def test_two_replicas_serve_the_same_versions(tmp_path: Path) -> None:
     assert rest.status == 200 and len((await rest.json())["items"]) == 3
     assert written.status == 200, await written.text()
     assert stale.status == 409  # the first replica knows the store moved on
+
+
+async def test_kubectl_client_side_apply_strategic_patch_and_dry_run(tmp_path: Path) -> None:
+    """``kubectl apply`` (client-side) works, warning that its annotation is not kept; the
+    default (strategic) patch works; ``--dry-run=server`` stores nothing."""
+    applied = tmp_path / "setting.json"
+    applied.write_text(json.dumps({"apiVersion": "gpustack.ai/v1", "kind": "Setting",
+                                   "metadata": {"name": CONC, "namespace": "ns"},
+                                   "spec": {"value": "4"}}))  # fmt: skip
+    async with worker(tmp_path) as (c, kubectl):
+        client_side = await kubectl("apply", "-f", str(applied))
+        strategic = await kubectl("patch", "setting", CONC, "-p", '{"spec":{"value":"5"}}')
+        dry = await kubectl("patch", "setting", CONC, "--dry-run=server", "-o", "json",
+                            "--type=merge", "-p", '{"spec":{"value":"6"}}')  # fmt: skip
+        labelled = await kubectl("label", "setting", CONC, "team=a")
+        value = (
+            c.worker.settings.values.model_store_download_concurrency if c.worker.settings else 0
+        )
+    assert client_side.returncode == 0, client_side.stderr
+    assert "last-applied-configuration was not stored" in client_side.stderr
+    assert strategic.returncode == 0, strategic.stderr
+    assert dry.returncode == 0 and json.loads(dry.stdout)["spec"]["value"] == "6", dry.stderr
+    assert labelled.returncode == 1 and "settings carry no labels" in labelled.stderr
+    assert value == 5
