@@ -132,7 +132,7 @@ def parse_options(query: Mapping[str, str], fields: Callable[[str], bool]) -> Li
         fields=parse_fields(query.get("fieldSelector", ""), fields),
         limit=_number(query, "limit") or 0, continue_token=token, resource_version=rv,
         match=match, watch=watch, bookmarks=bookmarks,
-        timeout_s=MAX_WATCH_S if timeout is None else min(float(timeout), MAX_WATCH_S),
+        timeout_s=min(float(timeout), MAX_WATCH_S) if timeout else MAX_WATCH_S,  # 0: none
         initial_events=initial,
     )  # fmt: skip
 

@@ -180,9 +180,10 @@ class ApiServer:
     async def _write(self, request: web.Request, served: _Served, r: Route,
                      user: str) -> web.Response:  # fmt: skip
         live = self._live(served, r)
-        if live is None and r.verb == "update":
-            raise not_found(r.gv.group, r.resource.plural, r.name)
         content_type = request.content_type
+        creates = content_type == writes.APPLY and "create" in r.resource.verbs
+        if live is None and (r.verb == "update" or (r.verb == "patch" and not creates)):
+            raise not_found(r.gv.group, r.resource.plural, r.name)
         doc = writes.decode(await request.read(), content_type)
         if r.verb == "create":
             meta = doc.get("metadata") if isinstance(doc, dict) else None
@@ -195,13 +196,6 @@ class ApiServer:
                 raise ApiFailure(409, "AlreadyExists", f'{r.resource.plural}.{r.gv.group} '
                                  f'"{name}" already exists', details={"name": name,
                                  "group": r.gv.group, "kind": r.resource.plural})  # fmt: skip
-        if (
-            live is None
-            and r.verb == "patch"
-            and content_type == writes.APPLY
-            and ("create" not in r.resource.verbs)
-        ):
-            raise not_found(r.gv.group, r.resource.plural, r.name)
         manager = request.query.get("fieldManager") or _manager(request.headers.get("User-Agent"))
         plan = writes.planned(r.gv, r.resource, live, doc, writes.Write(
             verb=r.verb, content_type=content_type, name=r.name, namespace=r.namespace,
