@@ -202,6 +202,10 @@ def test_watch_starts_and_filtering() -> None:
         watch="1", sendInitialEvents="true", resourceVersionMatch="NotOlderThan",
         resourceVersion="0", allowWatchBookmarks="true"))  # fmt: skip
     assert initial.end_bookmark and len(initial.initial) == 1
+    watch_list = listing.watch_start(cache, options(  # as client-go's WatchList asks: no version
+        watch="1", sendInitialEvents="true", resourceVersionMatch="NotOlderThan",
+        allowWatchBookmarks="true"))  # fmt: skip
+    assert watch_list.end_bookmark and len(watch_list.initial) == 1
     leaving = cache.sync([obj("a", {"x": "2"})])[0]
     entering = cache.sync([obj("a", {"x": "1"})])[0]
     watching = options(watch="1", labelSelector="x=1")

@@ -109,7 +109,7 @@ def parse_options(query: Mapping[str, str], fields: Callable[[str], bool]) -> Li
         raise bad_request(f"resourceVersion={rv!r}: not a resource version of this server")
     if match and match not in ("Exact", "NotOlderThan"):
         raise bad_request(f"resourceVersionMatch={match!r}: Exact or NotOlderThan")
-    if match and not rv:
+    if match and not rv and query.get("sendInitialEvents") is None:  # client-go's watch-list
         raise bad_request("resourceVersionMatch is forbidden unless resourceVersion is provided")
     if match == "Exact" and rv == "0":
         raise bad_request('resourceVersionMatch "Exact" is forbidden for resourceVersion "0"')
