@@ -356,6 +356,8 @@ async def test_the_gateway_beside_the_worker_is_mirrored_as_aggregatedinstancety
                 tg.cancel_scope.cancel()
     assert one["apiVersion"] == "gpustack.ai/v1" and one["kind"] == "AggregatedInstanceType"
     assert one["status"]["accelerator"] == {"onceMaxRequest": 8, "remaining": 5, "capacity": 8}
+    # versioned by the worker (each replica's gateway counts its own), not the gateway's count
+    assert int(one["metadata"]["resourceVersion"]) > 10**15
 
 
 async def test_kubectl_shows_the_warning_of_an_inert_setting(tmp_path: Path) -> None:
