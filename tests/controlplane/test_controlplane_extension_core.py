@@ -496,3 +496,7 @@ def test_store_versions_are_served_alike_by_every_replica() -> None:
     # a store that changes an object without moving its version still tells watchers
     moved = late.sync([versioned("a", 9, spec={"v": 2}), versioned("b", 9)])
     assert [e.rv for e in moved] == [10] and late.get("a")["metadata"]["resourceVersion"] == "10"
+    # an informer's deletion: the collection's version, the same on every replica
+    for cache, a in ((early, versioned("a", 9, spec={"v": 1})), (late, versioned("a", 11))):
+        (gone,) = [e for e in cache.sync([a], version=12) if e.type == "DELETED"]
+        assert (gone.type, gone.rv, gone.obj["metadata"]["name"]) == ("DELETED", 12, "b")

@@ -16,13 +16,13 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
 from contextlib import AbstractAsyncContextManager
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import msgspec
 
 from controlplane.extension.core.tables import Column
 
-__all__ = ["GroupVersion", "Provider", "ResourceSpec", "Subresource"]
+__all__ = ["GroupVersion", "Provider", "ResourceSpec", "Subresource", "Versioned"]
 
 READ_VERBS = ("get", "list", "watch")
 
@@ -87,6 +87,15 @@ class Provider(Protocol):
     async def subresource(self, name: str, obj: dict[str, Any]) -> dict[str, Any]:
         """GET of ``<resource>/<name>/<subresource>``."""
         ...
+
+
+@runtime_checkable
+class Versioned(Protocol):
+    """A provider whose store has a collection version too (an informer: the last
+    resourceVersion it saw, deletions included). Optional: with it a deletion takes the
+    store's version, as every replica sees it; without, the next count."""
+
+    def version(self) -> int | None: ...
 
 
 class GroupVersion(msgspec.Struct, frozen=True, kw_only=True):
