@@ -3,7 +3,8 @@
 Declare a group version as data (:class:`~.model.GroupVersion` of
 :class:`~.model.ResourceSpec`: names, scope, verbs, the ``openAPIV3Schema``, printer columns,
 field-selector paths, subresources), back each resource with a :class:`~.model.Provider`
-(``objects()``, ``changes()``, ``write()``, ``delete()``, ``subresource()``), and hand both to
+(``objects()``, ``changes()``, ``write()``, ``delete()``, ``subresource()``; optionally
+``version()``, :class:`~.model.Versioned`), and hand both to
 :class:`~.server.ApiServer`; the caller authenticates, authorizes what
 :meth:`~.server.ApiServer.route` returns, then calls :meth:`~.server.ApiServer.serve`,
 :meth:`~.server.ApiServer.discovery` or :meth:`~.server.ApiServer.openapi`.

@@ -157,7 +157,7 @@ class ObjectCache:
                 and (old.source is raw or _same(old.raw, raw))
             ):
                 given = _given(raw)
-                if given is not None and str(given) != old.served["metadata"]["resourceVersion"]:
+                if given is not None and given > int(old.served["metadata"]["resourceVersion"]):
                     old.served = self._stamp(old, given)  # the store moved, this object did not
                 old.source = raw
                 continue
