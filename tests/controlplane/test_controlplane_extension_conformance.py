@@ -369,3 +369,33 @@ async def test_kubectl_client_side_apply_strategic_patch_and_dry_run(tmp_path: P
     assert dry.returncode == 0 and json.loads(dry.stdout)["spec"]["value"] == "6", dry.stderr
     assert labelled.returncode == 1 and "settings carry no labels" in labelled.stderr
     assert value == 5
+
+
+async def test_served_objects_validate_against_the_served_openapi(tmp_path: Path) -> None:
+    """What ``/openapi/v3`` says a Setting (and a SettingList) is, ``jsonschema`` confirms of
+    what the worker serves; the index's hash is the document's."""
+    import hashlib
+
+    import jsonschema
+
+    async def calls(http: aiohttp.ClientSession, url: str, ctx: Any) -> Any:
+        base = url.removesuffix(SETTINGS)
+        index = await (await http.get(f"{base}/openapi/v3", ssl=ctx)).json()
+        where = index["paths"]["apis/gpustack.ai/v1"]["serverRelativeURL"]
+        raw = await (await http.get(base + where, ssl=ctx)).read()
+        listed = await (await http.get(url, ssl=ctx)).json()
+        v2 = await (await http.get(f"{base}/openapi/v2", ssl=ctx)).json()
+        return where, raw, listed, v2
+
+    where, raw, listed, v2 = await _http(tmp_path, calls)
+    assert where.endswith("?hash=" + hashlib.sha512(raw).hexdigest().upper())
+    doc = json.loads(raw)
+    for kind, value in (("Setting", listed["items"][0]), ("SettingList", listed)):
+        schema = {**doc, "$ref": f"#/components/schemas/ai.gpustack.v1.{kind}"}
+        jsonschema.Draft7Validator(schema).validate(value)
+    v2_schema = {**v2, "$ref": "#/definitions/ai.gpustack.v1.SettingList"}
+    jsonschema.Draft4Validator(v2_schema).validate(listed)
+    with pytest.raises(jsonschema.ValidationError):
+        bad = {**listed["items"][0], "status": {"editable": "yes"}}
+        jsonschema.Draft7Validator({**doc, "$ref": "#/components/schemas/ai.gpustack.v1.Setting"}
+                                   ).validate(bad)  # fmt: skip
