@@ -398,6 +398,10 @@ def test_every_write_checks_the_version_and_the_identity() -> None:
     warned = _write(live, {**obj("a"), "spec": {"value": "1", "colour": 1}},
                     fieldValidation="Warn")  # fmt: skip
     assert warned.warnings == ['unknown field "spec.colour"']
+    with pytest.raises(ApiFailure) as patched:
+        _write(live, {"spec": {"colour": 1}}, "patch", "application/merge-patch+json",
+               fieldValidation="Strict")  # fmt: skip
+    assert patched.value.code == 400 and "spec.colour" in str(patched.value)
 
 
 def test_unknown_fields_respect_open_schemas() -> None:
