@@ -504,3 +504,16 @@ def test_store_versions_are_served_alike_by_every_replica() -> None:
     for cache, a in ((early, versioned("a", 9, spec={"v": 1})), (late, versioned("a", 11))):
         (gone,) = [e for e in cache.sync([a], version=12) if e.type == "DELETED"]
         assert (gone.type, gone.rv, gone.obj["metadata"]["name"]) == ("DELETED", 12, "b")
+
+
+def test_a_view_of_a_crd_takes_its_names_schema_and_columns() -> None:
+    from controlplane import crds
+    from controlplane.extension.core.model import from_crd
+
+    crd = crds.definitions()["devices"]
+    spec = from_crd(crd, verbs=("get", "list", "watch"))
+    assert (spec.plural, spec.kind, spec.short, spec.namespaced) == (
+        "devices", "Devices", ("devs",), False)  # fmt: skip
+    assert spec.schema is crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    assert [c.name for c in spec.columns][:2] == ["Product", "Accelerators"]
+    assert "Age" not in [c.name for c in spec.columns]  # the core adds its own

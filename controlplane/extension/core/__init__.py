@@ -2,7 +2,8 @@
 
 Declare a group version as data (:class:`~.model.GroupVersion` of
 :class:`~.model.ResourceSpec`: names, scope, verbs, the ``openAPIV3Schema``, printer columns,
-field-selector paths, subresources), back each resource with a :class:`~.model.Provider`
+field-selector paths, subresources; :func:`~.model.from_crd` takes them from a CRD dict for a
+view of stored objects), back each resource with a :class:`~.model.Provider`
 (``objects()``, ``changes()``, ``write()``, ``delete()``, ``subresource()``; optionally
 ``version()``, :class:`~.model.Versioned`), and hand both to
 :class:`~.server.ApiServer`; the caller authenticates, authorizes what

@@ -22,7 +22,7 @@ import msgspec
 
 from controlplane.extension.core.tables import Column
 
-__all__ = ["GroupVersion", "Provider", "ResourceSpec", "Subresource", "Versioned"]
+__all__ = ["GroupVersion", "Provider", "ResourceSpec", "Subresource", "Versioned", "from_crd"]
 
 READ_VERBS = ("get", "list", "watch")
 
@@ -53,6 +53,26 @@ class ResourceSpec(msgspec.Struct, frozen=True, kw_only=True):
 
     def allows_field(self, path: str) -> bool:
         return path in ("metadata.name", "metadata.namespace", *self.field_paths)
+
+
+def from_crd(
+    crd: dict[str, Any], *, verbs: tuple[str, ...], field_paths: tuple[str, ...] = (),
+    subresources: tuple[Subresource, ...] = (), version: int = 0,
+) -> ResourceSpec:  # fmt: skip
+    """The spec of a resource that serves a view of a CRD's objects: its names, scope, schema
+    and printer columns (``Age`` left to the core) from the ``CustomResourceDefinition`` dict
+    (``versions[version]``); ``verbs`` and the rest are the view's own."""
+    spec, names = crd["spec"], crd["spec"]["names"]
+    served = spec["versions"][version]
+    columns = tuple(Column.from_crd(c) for c in served.get("additionalPrinterColumns") or ()
+                    if c.get("jsonPath") != ".metadata.creationTimestamp")  # fmt: skip
+    return ResourceSpec(
+        plural=names["plural"], singular=names.get("singular") or names["kind"].lower(),
+        kind=names["kind"], namespaced=spec.get("scope") == "Namespaced", verbs=verbs,
+        schema=served["schema"]["openAPIV3Schema"], short=tuple(names.get("shortNames") or ()),
+        categories=tuple(names.get("categories") or ()), columns=columns,
+        field_paths=field_paths, subresources=subresources,
+    )  # fmt: skip
 
 
 class Provider(Protocol):
