@@ -8,16 +8,24 @@ Units are MTML's: bytes, mW, °C.
 
 from __future__ import annotations
 
+import ctypes
 from typing import Any
 
 from agent.devices import mtml
-from agent.devices.simulation.fakelib import SimulatedLibrary, put, put_text, written
+from agent.devices.simulation.fakelib import SimulatedLibrary, put, put_text, target, written
 from agent.devices.simulation.profiles import MthreadsCard, MthreadsHost
 
 _INVALID = 3
 _LIBRARY, _SYSTEM = 1, 2
 _DEVICE, _MEMORY, _GPU = 1000, 2000, 3000
 _MIB = 1 << 20
+
+
+def _handle(handle: Any) -> int:
+    """The address a handle carries, whether ``c_void_p``, a typed pointer or a plain int."""
+    if isinstance(handle, ctypes._Pointer):
+        return ctypes.cast(handle, ctypes.c_void_p).value or 0
+    return getattr(handle, "value", handle) or 0
 
 
 class SimulatedMtml(SimulatedLibrary):
@@ -31,12 +39,16 @@ class SimulatedMtml(SimulatedLibrary):
         self.live: set[int] = set()
 
     def _open(self, ref: Any, value: int) -> int:
-        put(ref, value)
+        out = target(ref)
+        if isinstance(out, ctypes.c_void_p):
+            out.value = value
+        else:  # a typed handle (``POINTER(struct …)``, as pymtml declares them)
+            ctypes.memmove(ctypes.addressof(out), ctypes.byref(ctypes.c_void_p(value)), 8)
         self.live.add(value)
         return 0
 
     def _free(self, name: str, handle: Any) -> int:
-        value = getattr(handle, "value", handle) or 0
+        value = _handle(handle)
         self.calls.append((name, None))
         if value not in self.live:
             return _INVALID
@@ -44,7 +56,7 @@ class SimulatedMtml(SimulatedLibrary):
         return 0
 
     def _gate(self, name: str, handle: Any, base: int) -> tuple[int, MthreadsCard | None]:
-        value = getattr(handle, "value", handle) or 0
+        value = _handle(handle)
         position = value - base
         if value not in self.live or not 0 <= position < len(self.host.cards):
             self.calls.append((name, None))
@@ -71,7 +83,7 @@ class SimulatedMtml(SimulatedLibrary):
 
     def mtmlSystemGetDriverVersion(self, system: Any, buffer: Any, size: int) -> int:
         status = self._system("mtmlSystemGetDriverVersion")
-        if status or getattr(system, "value", None) not in self.live:
+        if status or _handle(system) not in self.live:
             return status or _INVALID
         return 6 if put_text(buffer, self.host.driver_version, size) else 0
 
@@ -131,7 +143,7 @@ class SimulatedMtml(SimulatedLibrary):
 
     def mtmlDeviceInitMemory(self, device: Any, memory: Any) -> int:
         status, _ = self._gate("mtmlDeviceInitMemory", device, _DEVICE)
-        return status or self._open(memory, _MEMORY + device.value - _DEVICE)
+        return status or self._open(memory, _MEMORY + _handle(device) - _DEVICE)
 
     def mtmlDeviceFreeMemory(self, memory: Any) -> int:
         return self._free("mtmlDeviceFreeMemory", memory)
@@ -150,7 +162,7 @@ class SimulatedMtml(SimulatedLibrary):
 
     def mtmlDeviceInitGpu(self, device: Any, gpu: Any) -> int:
         status, _ = self._gate("mtmlDeviceInitGpu", device, _DEVICE)
-        return status or self._open(gpu, _GPU + device.value - _DEVICE)
+        return status or self._open(gpu, _GPU + _handle(device) - _DEVICE)
 
     def mtmlDeviceFreeGpu(self, gpu: Any) -> int:
         return self._free("mtmlDeviceFreeGpu", gpu)

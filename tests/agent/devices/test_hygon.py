@@ -36,7 +36,7 @@ def test_three_scalings_are_converted(tmp_path: Path) -> None:
         "memoryUsage": 2,
         "memoryUtilization": 0,
         "coresUtilization": 0,
-        "temperature": 65,  # 64500 m°C, rounded half up
+        "temperature": 64,  # 64500 m°C, whole degrees as gpustack-runtime's pyrocmsmi (// 1000)
         "powerUsage": 110,  # 110000000 µW
         "unhealthy": False,
     }
