@@ -40,10 +40,27 @@ _C_INTEGERS = frozenset("bBhHiIlLqQ")
 """``_type_`` codes of the ctypes integer types (``c_uint(3)``; not pointers, not ``c_void_p``)."""
 
 
-def _plain(arg: Any) -> Any:
+def plain(arg: Any) -> Any:
     if isinstance(arg, ctypes._SimpleCData) and getattr(arg, "_type_", "") in _C_INTEGERS:
         return arg.value
     return arg
+
+
+def handle_value(handle: Any) -> int:
+    """The address an opaque handle carries: ``c_void_p``, a typed pointer (``POINTER(struct)``,
+    as independent bindings declare handles) or a plain int; 0 for none."""
+    if isinstance(handle, ctypes._Pointer):
+        return ctypes.cast(handle, ctypes.c_void_p).value or 0
+    return getattr(handle, "value", handle) or 0
+
+
+def put_handle(ref: Any, value: int) -> None:
+    """Write an opaque handle through ``ref``, whatever pointer type the caller declared."""
+    out = target(ref)
+    if isinstance(out, ctypes.c_void_p):
+        out.value = value
+    else:
+        ctypes.memmove(ctypes.addressof(out), ctypes.byref(ctypes.c_void_p(value)), 8)
 
 
 def accepts_c_integers(cls: type) -> type:
@@ -57,7 +74,7 @@ def accepts_c_integers(cls: type) -> type:
             continue
 
         def wrapper(self: Any, *args: Any, __function: Any = function) -> Any:
-            return __function(self, *(_plain(a) for a in args))
+            return __function(self, *(plain(a) for a in args))
 
         wrapper.__name__ = name
         wrapper.__doc__ = function.__doc__

@@ -1,31 +1,30 @@
 """A simulated ``libmtml.so`` built from a profile's ``mthreads`` section.
 
 MTML's object model is kept honest: every handle (library, system, device, memory, GPU) is an
-opaque ``c_void_p`` value that must be freed by its ``Free`` call; a call on a handle already
+opaque pointer value (``c_void_p``, or a binding's typed pointer) that must be freed by its ``Free`` call; a call on a handle already
 freed answers ``INVALID_ARGUMENT``, and :attr:`SimulatedMtml.live` shows what a pass leaked.
 Units are MTML's: bytes, mW, °C.
 """
 
 from __future__ import annotations
 
-import ctypes
 from typing import Any
 
 from agent.devices import mtml
-from agent.devices.simulation.fakelib import SimulatedLibrary, put, put_text, target, written
+from agent.devices.simulation.fakelib import (
+    SimulatedLibrary,
+    handle_value,
+    put,
+    put_handle,
+    put_text,
+    written,
+)
 from agent.devices.simulation.profiles import MthreadsCard, MthreadsHost
 
 _INVALID = 3
 _LIBRARY, _SYSTEM = 1, 2
 _DEVICE, _MEMORY, _GPU = 1000, 2000, 3000
 _MIB = 1 << 20
-
-
-def _handle(handle: Any) -> int:
-    """The address a handle carries, whether ``c_void_p``, a typed pointer or a plain int."""
-    if isinstance(handle, ctypes._Pointer):
-        return ctypes.cast(handle, ctypes.c_void_p).value or 0
-    return getattr(handle, "value", handle) or 0
 
 
 class SimulatedMtml(SimulatedLibrary):
@@ -39,16 +38,12 @@ class SimulatedMtml(SimulatedLibrary):
         self.live: set[int] = set()
 
     def _open(self, ref: Any, value: int) -> int:
-        out = target(ref)
-        if isinstance(out, ctypes.c_void_p):
-            out.value = value
-        else:  # a typed handle (``POINTER(struct …)``, as pymtml declares them)
-            ctypes.memmove(ctypes.addressof(out), ctypes.byref(ctypes.c_void_p(value)), 8)
+        put_handle(ref, value)
         self.live.add(value)
         return 0
 
     def _free(self, name: str, handle: Any) -> int:
-        value = _handle(handle)
+        value = handle_value(handle)
         self.calls.append((name, None))
         if value not in self.live:
             return _INVALID
@@ -56,7 +51,7 @@ class SimulatedMtml(SimulatedLibrary):
         return 0
 
     def _gate(self, name: str, handle: Any, base: int) -> tuple[int, MthreadsCard | None]:
-        value = _handle(handle)
+        value = handle_value(handle)
         position = value - base
         if value not in self.live or not 0 <= position < len(self.host.cards):
             self.calls.append((name, None))
@@ -83,7 +78,7 @@ class SimulatedMtml(SimulatedLibrary):
 
     def mtmlSystemGetDriverVersion(self, system: Any, buffer: Any, size: int) -> int:
         status = self._system("mtmlSystemGetDriverVersion")
-        if status or _handle(system) not in self.live:
+        if status or handle_value(system) not in self.live:
             return status or _INVALID
         return 6 if put_text(buffer, self.host.driver_version, size) else 0
 
@@ -143,7 +138,7 @@ class SimulatedMtml(SimulatedLibrary):
 
     def mtmlDeviceInitMemory(self, device: Any, memory: Any) -> int:
         status, _ = self._gate("mtmlDeviceInitMemory", device, _DEVICE)
-        return status or self._open(memory, _MEMORY + _handle(device) - _DEVICE)
+        return status or self._open(memory, _MEMORY + handle_value(device) - _DEVICE)
 
     def mtmlDeviceFreeMemory(self, memory: Any) -> int:
         return self._free("mtmlDeviceFreeMemory", memory)
@@ -162,7 +157,7 @@ class SimulatedMtml(SimulatedLibrary):
 
     def mtmlDeviceInitGpu(self, device: Any, gpu: Any) -> int:
         status, _ = self._gate("mtmlDeviceInitGpu", device, _DEVICE)
-        return status or self._open(gpu, _GPU + _handle(device) - _DEVICE)
+        return status or self._open(gpu, _GPU + handle_value(device) - _DEVICE)
 
     def mtmlDeviceFreeGpu(self, gpu: Any) -> int:
         return self._free("mtmlDeviceFreeGpu", gpu)

@@ -6,8 +6,8 @@ structures and argument conventions, so a simulator that only understands our ad
 or answers in other units than the real library, fails here; and what our reader reports (ids,
 MiB, W, °C) must be what the binding reads, converted as the oracle's detector converts it.
 
-Oracles: gpustack-runtime 0.2.6 (``pydcmi``, ``pycndev``, ``pyrocmsmi``, ``pymxsml``, and its
-detectors' conversions) and mthreads-ml-py 2.4.3 (``pymtml``).
+Oracles: gpustack-runtime 0.2.6 (``pydcmi``, ``pycndev``, ``pyrocmsmi``, ``pymxsml``, ``pyixml``,
+``pyhgml``, and its detectors' conversions) and mthreads-ml-py 2.4.3 (``pymtml``).
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ from typing import Any
 
 import pymtml
 import pytest
-from gpustack_runtime.detector import pycndev, pydcmi, pymxsml, pyrocmsmi
+from gpustack_runtime.detector import pycndev, pydcmi, pyhgml, pyixml, pymxsml, pyrocmsmi
 from vendor_helpers import load, simulator
 
-from agent.devices import ascend, cambricon, hygon, metax, mthreads
+from agent.devices import ascend, cambricon, clib, hygon, iluvatar, metax, mthreads, thead
 from agent.devices.hostfs import HostFS
 from agent.devices.vendor import Usage
 
@@ -31,7 +31,11 @@ HOST = HostFS(Path("/nonexistent"))
 
 
 def _get(function: Callable[..., Any], *args: Any) -> Any:
-    return function(*args)
+    """As the readers' ``get``: a value the library does not offer is left out (None)."""
+    try:
+        return function(*args)
+    except clib.LibUnsupported:
+        return None
 
 
 def _through(
@@ -192,3 +196,48 @@ def test_mthreads_through_pymtml(monkeypatch: pytest.MonkeyPatch) -> None:
                 assert usage.power_w == pymtml.mtmlDeviceGetPowerUsage(theirs) // 1000  # mW
             finally:
                 reader.release(device)
+
+
+@pytest.mark.parametrize(
+    ("key", "profile", "oracle", "lookup", "prefix"),
+    [("iluvatar", "iluvatar-bi-v150s-x2", pyixml, "_nvmlGetFunctionPointer", "nvml"),
+     ("thead", "thead-ppu-zw810e-x16", pyhgml, "_hgmlGetFunctionPointer", "hgml")],
+)  # fmt: skip
+def test_the_nvml_clones_through_pyixml_and_pyhgml(
+    monkeypatch: pytest.MonkeyPatch,
+    key: str,
+    profile: str,
+    oracle: ModuleType,
+    lookup: str,
+    prefix: str,
+) -> None:
+    library = simulator(key, load(profile))
+    reader = (iluvatar if key == "iluvatar" else thead).reader(library, HOST)
+    _through(monkeypatch, oracle, lookup, library)
+
+    error = oracle.NVMLError if key == "iluvatar" else oracle.HGMLError
+
+    def theirs(call: str, *args: Any) -> Any:
+        """The oracle's reading, None where it reports NOT_SUPPORTED (as ours leaves it out)."""
+        try:
+            return getattr(oracle, prefix + call)(*args)
+        except error as e:
+            if "Not Supported" not in str(e):
+                raise
+            return None
+
+    with reader.session():
+        for index in reader.slots():
+            handle, ours = reader.identify(index)
+            device = getattr(oracle, prefix + "DeviceGetHandleByIndex")(index)
+            assert ours == theirs("DeviceGetUUID", device)
+            usage = reader.measure(handle, _get)
+            memory = theirs("DeviceGetMemoryInfo", device)
+            assert (usage.memory_mib, usage.memory_used_mib) == (
+                memory.total >> 20,  # GR iluvatar.py / thead.py: bytes to MiB
+                memory.used >> 20,
+            )
+            power = theirs("DeviceGetPowerUsage", device)
+            assert usage.power_w == (power // 1000 if power is not None else None)  # mW to W
+            assert usage.temperature == theirs("DeviceGetTemperature", device, 0)
+            assert usage.cores_utilization == theirs("DeviceGetUtilizationRates", device).gpu
