@@ -153,6 +153,16 @@ def test_a_v2_only_driver_is_read_through_the_dcmiv2_calls(tmp_path: Path) -> No
     assert ("dcmi_init", None) in r.library.calls and ("dcmiv2_init", None) in r.library.calls
 
 
+def test_a_v2_only_driver_has_no_share_flag_to_turn_on(tmp_path: Path) -> None:
+    """The reference's DCMI binding: V2 declares no container-share entry point, so there is no
+    flag (not a flag that is off); the share step changes nothing and fails nothing."""
+    r = rig("ascend", A5_V2_ONLY, tmp_path)
+    reader = r.backend.reader()
+    assert isinstance(reader, ascend.AscendReader)
+    assert reader.share_container(9) is False
+    assert not [c for c in r.library.calls if "share" in c[0] or "phyid" in c[0]]
+
+
 @pytest.mark.parametrize(
     ("chip", "family"),
     [("910B2", "910B"), ("310P3", "310P"), ("910", "910"), ("910_9391", "910C"),
