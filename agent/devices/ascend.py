@@ -74,11 +74,15 @@ class AscendReader:
         """Turn on the container-share flag of the chip with physical id ``physical``.
 
         Idempotent: a chip whose flag is already on is left alone. Returns whether it changed.
-        The flag is never turned off here: other tenants of the chip may rely on it.
+        The flag is never turned off here: other tenants of the chip may rely on it. A V2-only
+        driver (Ascend 950) has no such flag at all (the reference's binding: no V2 entry point),
+        so there is nothing to turn on and containers are not kept apart by it: False.
 
         :raises clib.LibError: DCMI refused a call (not root on the physical machine, no chip).
         """
         with self.session():
+            if self.dcmi.v2:
+                return False
             card, device = self.dcmi.card_device_of(physical)
             if self.dcmi.share_enabled(card, device):
                 return False

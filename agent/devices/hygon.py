@@ -35,10 +35,6 @@ _KFD_NODES = "/sys/class/kfd/kfd/topology/nodes"
 _RESOURCE_SEGMENT = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 
 
-def _round(numerator: int, denominator: int) -> int:
-    return (2 * numerator + denominator) // (2 * denominator)
-
-
 class HygonReader:
     """:class:`agent.devices.vendor.Reader` over ROCm SMI; a slot is a device index."""
 
@@ -119,7 +115,7 @@ class HygonReader:
             memory_mib=memory[0] >> 20 if memory else None,
             memory_used_mib=memory[1] >> 20 if memory else None,
             cores_utilization=get(self.smi.busy_percent, handle),
-            temperature=_round(temperature, 1000) if temperature is not None else None,
+            temperature=temperature // 1000 if temperature is not None else None,
             power_w=power // 1_000_000 if power is not None else None,
         )
 

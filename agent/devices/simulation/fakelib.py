@@ -36,6 +36,52 @@ def target(ref: Any) -> Any:
     return ref._obj if hasattr(ref, "_obj") else ref.contents
 
 
+_C_INTEGERS = frozenset("bBhHiIlLqQ")
+"""``_type_`` codes of the ctypes integer types (``c_uint(3)``; not pointers, not ``c_void_p``)."""
+
+
+def plain(arg: Any) -> Any:
+    if isinstance(arg, ctypes._SimpleCData) and getattr(arg, "_type_", "") in _C_INTEGERS:
+        return arg.value
+    return arg
+
+
+def handle_value(handle: Any) -> int:
+    """The address an opaque handle carries: ``c_void_p``, a typed pointer (``POINTER(struct)``,
+    as independent bindings declare handles) or a plain int; 0 for none."""
+    if isinstance(handle, ctypes._Pointer):
+        return ctypes.cast(handle, ctypes.c_void_p).value or 0
+    return getattr(handle, "value", handle) or 0
+
+
+def put_handle(ref: Any, value: int) -> None:
+    """Write an opaque handle through ``ref``, whatever pointer type the caller declared."""
+    out = target(ref)
+    if isinstance(out, ctypes.c_void_p):
+        out.value = value
+    else:
+        ctypes.memmove(ctypes.addressof(out), ctypes.byref(ctypes.c_void_p(value)), 8)
+
+
+def accepts_c_integers(cls: type) -> type:
+    """Let each public C function of a simulator take ``c_uint(3)`` where it takes ``3``.
+
+    A real library cannot tell the two apart (both arrive as a C integer), and independent
+    bindings pass either: the conformance tests call the simulators through them.
+    """
+    for name, function in list(vars(cls).items()):
+        if name.startswith("_") or not callable(function) or name == "lose":
+            continue
+
+        def wrapper(self: Any, *args: Any, __function: Any = function) -> Any:
+            return __function(self, *(plain(a) for a in args))
+
+        wrapper.__name__ = name
+        wrapper.__doc__ = function.__doc__
+        setattr(cls, name, wrapper)
+    return cls
+
+
 class UndersizedBuffer(AssertionError):
     """An adapter passed a structure smaller than the library writes: on hardware, a heap
     overflow. Raised (never caught by the adapters) so the ordinary test run fails on it."""
@@ -80,6 +126,10 @@ class SimulatedLibrary:
     CODES: clib.Codes
     LOST: str
     UNINITIALIZED: str
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        accepts_c_integers(cls)
 
     def __init__(self, init_error: str | None, faults: Sequence[dict[str, str]]) -> None:
         self.init_error = self._code(init_error, "init_error") if init_error else None

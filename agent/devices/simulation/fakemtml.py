@@ -1,7 +1,7 @@
 """A simulated ``libmtml.so`` built from a profile's ``mthreads`` section.
 
 MTML's object model is kept honest: every handle (library, system, device, memory, GPU) is an
-opaque ``c_void_p`` value that must be freed by its ``Free`` call; a call on a handle already
+opaque pointer value (``c_void_p``, or a binding's typed pointer) that must be freed by its ``Free`` call; a call on a handle already
 freed answers ``INVALID_ARGUMENT``, and :attr:`SimulatedMtml.live` shows what a pass leaked.
 Units are MTML's: bytes, mW, °C.
 """
@@ -11,7 +11,14 @@ from __future__ import annotations
 from typing import Any
 
 from agent.devices import mtml
-from agent.devices.simulation.fakelib import SimulatedLibrary, put, put_text, written
+from agent.devices.simulation.fakelib import (
+    SimulatedLibrary,
+    handle_value,
+    put,
+    put_handle,
+    put_text,
+    written,
+)
 from agent.devices.simulation.profiles import MthreadsCard, MthreadsHost
 
 _INVALID = 3
@@ -31,12 +38,12 @@ class SimulatedMtml(SimulatedLibrary):
         self.live: set[int] = set()
 
     def _open(self, ref: Any, value: int) -> int:
-        put(ref, value)
+        put_handle(ref, value)
         self.live.add(value)
         return 0
 
     def _free(self, name: str, handle: Any) -> int:
-        value = getattr(handle, "value", handle) or 0
+        value = handle_value(handle)
         self.calls.append((name, None))
         if value not in self.live:
             return _INVALID
@@ -44,7 +51,7 @@ class SimulatedMtml(SimulatedLibrary):
         return 0
 
     def _gate(self, name: str, handle: Any, base: int) -> tuple[int, MthreadsCard | None]:
-        value = getattr(handle, "value", handle) or 0
+        value = handle_value(handle)
         position = value - base
         if value not in self.live or not 0 <= position < len(self.host.cards):
             self.calls.append((name, None))
@@ -71,7 +78,7 @@ class SimulatedMtml(SimulatedLibrary):
 
     def mtmlSystemGetDriverVersion(self, system: Any, buffer: Any, size: int) -> int:
         status = self._system("mtmlSystemGetDriverVersion")
-        if status or getattr(system, "value", None) not in self.live:
+        if status or handle_value(system) not in self.live:
             return status or _INVALID
         return 6 if put_text(buffer, self.host.driver_version, size) else 0
 
@@ -131,7 +138,7 @@ class SimulatedMtml(SimulatedLibrary):
 
     def mtmlDeviceInitMemory(self, device: Any, memory: Any) -> int:
         status, _ = self._gate("mtmlDeviceInitMemory", device, _DEVICE)
-        return status or self._open(memory, _MEMORY + device.value - _DEVICE)
+        return status or self._open(memory, _MEMORY + handle_value(device) - _DEVICE)
 
     def mtmlDeviceFreeMemory(self, memory: Any) -> int:
         return self._free("mtmlDeviceFreeMemory", memory)
@@ -150,7 +157,7 @@ class SimulatedMtml(SimulatedLibrary):
 
     def mtmlDeviceInitGpu(self, device: Any, gpu: Any) -> int:
         status, _ = self._gate("mtmlDeviceInitGpu", device, _DEVICE)
-        return status or self._open(gpu, _GPU + device.value - _DEVICE)
+        return status or self._open(gpu, _GPU + handle_value(device) - _DEVICE)
 
     def mtmlDeviceFreeGpu(self, gpu: Any) -> int:
         return self._free("mtmlDeviceFreeGpu", gpu)

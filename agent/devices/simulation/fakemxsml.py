@@ -86,8 +86,9 @@ class SimulatedMxsml(SimulatedLibrary):
         put(size, len(card.board_ways_mw))
         if ways is None or room < len(card.board_ways_mw):
             return mxsml.INSUFFICIENT_SIZE
+        array = target(ways) if type(ways).__name__ == "CArgObject" else ways
         for i, power in enumerate(card.board_ways_mw):
-            ways[i].power = power
+            array[i].power = power
         return 0
 
     def mxSmlGetDeviceIpUsage(self, device: int, ip: int, value: Any) -> int:

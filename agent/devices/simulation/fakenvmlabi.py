@@ -12,7 +12,15 @@ from collections.abc import Callable
 from typing import Any
 
 from agent.devices import nvmlabi
-from agent.devices.simulation.fakelib import SimulatedLibrary, put, put_text, written
+from agent.devices.simulation.fakelib import (
+    SimulatedLibrary,
+    handle_value,
+    plain,
+    put,
+    put_handle,
+    put_text,
+    written,
+)
 from agent.devices.simulation.profiles import CloneCard, CloneHost
 
 _MIB = 1 << 20
@@ -40,13 +48,13 @@ class SimulatedNvmlAbi(SimulatedLibrary):
             raise AttributeError(name)
 
         def bound(*args: Any) -> int:
-            result: int = method(self, name, *args)
+            result: int = method(self, name, *(plain(a) for a in args))
             return result
 
         return bound
 
     def _gate(self, name: str, handle: Any) -> tuple[int, CloneCard | None]:
-        value = getattr(handle, "value", handle) or 0
+        value = handle_value(handle)
         if not 0 < value <= len(self.host.cards):
             self.calls.append((name, None))
             return _INVALID, None
@@ -87,7 +95,7 @@ class SimulatedNvmlAbi(SimulatedLibrary):
             return _INVALID
         status = self._card(name, index)
         if status == 0:
-            put(handle, index + 1)
+            put_handle(handle, index + 1)
         return status
 
     # -- per card ------------------------------------------------------------------------------

@@ -11,7 +11,13 @@ from __future__ import annotations
 from typing import Any
 
 from agent.devices import rocmsmi
-from agent.devices.simulation.fakelib import SimulatedLibrary, put, put_text, written
+from agent.devices.simulation.fakelib import (
+    SimulatedLibrary,
+    accepts_c_integers,
+    put,
+    put_text,
+    written,
+)
 from agent.devices.simulation.profiles import HygonCard, HygonHost
 
 _INVALID = 1
@@ -112,6 +118,7 @@ class SimulatedRocmSmi(SimulatedLibrary):
         return status
 
 
+@accepts_c_integers
 class SimulatedDmiMig:
     """``libhydmi_mig.so``: NVML's MIG symbol names, no init call, status codes as NVML's."""
 

@@ -52,12 +52,13 @@ def test_the_910b2_node_reads_as_captured(tmp_path: Path) -> None:
         "name": "910B2",
         "memory": 65536,
         "cores": 24,
-        "driverVersion": "25.2.0",
+        "driverVersion": "25.5.1",
+        "runtimeVersion": "8.5",  # CANN 8.5.0's version.info
         "family": "910B",
         "simulated": True,
     }
     assert first == {
-        "id": "NPU-7281a664-00c0c977-2879fd72-b9d00485-104301e3",
+        "id": "NPU-e0f4ee64-802061b1-6a691492-89528485-104301e3",
         "index": 0,
         "physicalIndexes": [0, 0, 0],
         "topology": {"pciBusId": "0000:c1:00.0", "numaAffinity": "6"},
@@ -71,16 +72,16 @@ def test_the_910b2_node_reads_as_captured(tmp_path: Path) -> None:
 def test_power_is_read_in_tenths_of_a_watt(tmp_path: Path) -> None:
     samples = wire(rig("ascend", "ascend-910b2x8", tmp_path).backend.sample())
     assert samples[0] == {
-        "id": "NPU-7281a664-00c0c977-2879fd72-b9d00485-104301e3",
+        "id": "NPU-e0f4ee64-802061b1-6a691492-89528485-104301e3",
         "memory": 65536,
-        "memoryUsage": 3392,
+        "memoryUsage": 3432,
         "memoryUtilization": 5,
         "coresUtilization": 0,
-        "temperature": 49,
-        "powerUsage": 100,  # 1003 tenths: 100.3 W, truncated
+        "temperature": 47,
+        "powerUsage": 101,  # 1013 tenths: 101.3 W, truncated
         "unhealthy": False,
     }
-    assert [s["powerUsage"] for s in samples] == [100, 117, 108, 104, 101, 112, 109, 106]
+    assert [s["powerUsage"] for s in samples] == [101, 101, 96, 97, 95, 102, 102, 99]
 
 
 def test_a_duo_card_gives_two_chips_and_its_mcu_is_skipped(tmp_path: Path) -> None:
@@ -152,6 +153,16 @@ def test_a_v2_only_driver_is_read_through_the_dcmiv2_calls(tmp_path: Path) -> No
     assert ("dcmi_init", None) in r.library.calls and ("dcmiv2_init", None) in r.library.calls
 
 
+def test_a_v2_only_driver_has_no_share_flag_to_turn_on(tmp_path: Path) -> None:
+    """The reference's DCMI binding: V2 declares no container-share entry point, so there is no
+    flag (not a flag that is off); the share step changes nothing and fails nothing."""
+    r = rig("ascend", A5_V2_ONLY, tmp_path)
+    reader = r.backend.reader()
+    assert isinstance(reader, ascend.AscendReader)
+    assert reader.share_container(9) is False
+    assert not [c for c in r.library.calls if "share" in c[0] or "phyid" in c[0]]
+
+
 @pytest.mark.parametrize(
     ("chip", "family"),
     [("910B2", "910B"), ("310P3", "310P"), ("910", "910"), ("910_9391", "910C"),
@@ -171,7 +182,8 @@ def test_no_driver_version_call_leaves_the_field_out(tmp_path: Path) -> None:
     r = rig("ascend", "ascend-910b2x8", tmp_path)
     r.library.host = r.library.host.__class__(chips=r.library.host.chips)
     (group,) = wire(r.backend.detect())
-    assert "driverVersion" not in group and "runtimeVersion" not in group
+    assert "driverVersion" not in group
+    assert group["runtimeVersion"] == "8.5"  # the toolkit's file, not a DCMI call
     assert len(accelerators(r.backend.detect())) == 8
 
 

@@ -62,16 +62,16 @@ def test_an_unreadable_iluvatar_minor_number_falls_back_to_the_index(tmp_path: P
 def test_clone_units_are_nvmls(tmp_path: Path) -> None:
     samples = wire(rig("thead", "thead-ppu-zw810e-x16", tmp_path).backend.sample())
     assert samples[0] == {
-        "id": "GPU-011ef111-8330-0426-0000-00006093bb5b",
-        "memory": 97920,
-        "memoryUsage": 0,
-        "memoryUtilization": 0,
+        "id": "GPU-019e2226-4211-0208-0000-000000ab261d",
+        "memory": 98304,
+        "memoryUsage": 91349,  # bytes as HGML reports them, in MiB
+        "memoryUtilization": 93,
         "coresUtilization": 0,
-        "temperature": 29,
-        "powerUsage": 58,  # 58120 mW
+        "temperature": 34,
+        "powerUsage": 93,  # 93120 mW
         "unhealthy": False,
     }
-    assert {s["powerUsage"] for s in samples} == {58, 59}
+    assert {s["powerUsage"] for s in samples} == {62, 64, 91, 92, 93, 94, 95, 97}
 
 
 def test_the_ppu_node_reads_as_captured(tmp_path: Path) -> None:
@@ -81,16 +81,17 @@ def test_the_ppu_node_reads_as_captured(tmp_path: Path) -> None:
         "id": "ppu-zw810e",
         "manufacturer": "thead",
         "name": "PPU-ZW810E",
-        "memory": 97920,
-        "cores": 32768,
-        "driverVersion": "1.4.1-816bc0",
-        "runtimeVersion": "12.3",
+        "memory": 98304,
+        "cores": 16384,
+        "driverVersion": "2.1.0-ra1f23041713",
         "computeCapability": "8.0",
         "simulated": True,
-    }
+    }  # no runtimeVersion: that host's HGML reports no HGGC version
     # /dev/alixpu_ppu<ordinal>, although the minor numbers are one higher.
     assert [a["physicalIndexes"] for a in found] == [[i] for i in range(16)]
     assert [a["topology"]["numaAffinity"] for a in found[::4]] == ["4", "2", "6", "0"]
+    (mig,) = wire(rig("thead", THEAD_MIG, tmp_path / "mig").backend.detect())
+    assert mig["runtimeVersion"] == "12.3"  # HGGC 12030, CUDA-style
 
 
 def test_a_ppu_in_mig_mode_offers_its_compute_partitions_only(tmp_path: Path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -25,19 +26,19 @@ def test_the_k100_ai_node_reads_as_captured(tmp_path: Path) -> None:
     }  # no driverVersion: the hycu module publishes none on that host
     assert found[0]["id"] == "GPU-7100f95cee823041"
     assert [a["physicalIndexes"] for a in found] == [[i + 1, 128 + i] for i in range(8)]
-    assert found[0]["topology"]["pciBusId"] == "0000:1d:00.0"  # partition bits masked
+    assert found[0]["topology"]["pciBusId"] == "0000:07:00.0"
 
 
 def test_three_scalings_are_converted(tmp_path: Path) -> None:
     samples = wire(rig("hygon", "hygon-k100-ai-x8", tmp_path).backend.sample())
     assert samples[2] == {
-        "id": "GPU-7100f95cee825041",
+        "id": "GPU-7151b6f7e44e2041",
         "memory": 65520,
         "memoryUsage": 2,
         "memoryUtilization": 0,
         "coresUtilization": 0,
-        "temperature": 65,  # 64500 m°C, rounded half up
-        "powerUsage": 110,  # 110000000 µW
+        "temperature": 63,  # 63250 m°C, whole degrees as gpustack-runtime's pyrocmsmi (// 1000)
+        "powerUsage": 106,  # 106300000 µW
         "unhealthy": False,
     }
 
@@ -124,15 +125,12 @@ def test_power_drawn_is_rsmi_dev_power_get_and_the_average_only_without_it(
     """gpustack-runtime reads ``rsmi_dev_power_get`` (µW) and falls back to the average."""
     text = Path(__file__).parent.parent.parent.parent / "agent/devices/simulation/builtin"
     yaml = (text / "hygon-k100-ai-x8.yaml").read_text()
-    yaml = yaml.replace(
-        "      powerAverageUw: 104300000\n",
-        "      powerAverageUw: 104300000\n      powerUw: 250900000\n",
-        1,
-    )
-    samples = wire(rig("hygon", yaml, tmp_path / "current").backend.sample())
-    assert samples[0]["powerUsage"] == 250  # the current reading, not the 104 W average
-    older = rig("hygon", "hygon-k100-ai-x8", tmp_path / "older")  # refuses rsmi_dev_power_get
-    assert wire(older.backend.sample())[0]["powerUsage"] == 104
+    current = yaml.replace("      powerUw: 104300000\n", "      powerUw: 250900000\n", 1)
+    samples = wire(rig("hygon", current, tmp_path / "current").backend.sample())
+    assert samples[0]["powerUsage"] == 250  # the current reading, not the 102 W average
+    without = re.sub(r"      powerUw: \d+\n", "", yaml)  # an older DTK refusing the call
+    older = rig("hygon", without, tmp_path / "older")
+    assert wire(older.backend.sample())[0]["powerUsage"] == 102  # the average
     assert ("rsmi_dev_power_ave_get", 0) in older.library.calls
 
 

@@ -27,13 +27,13 @@ def test_the_c500_node_reads_as_captured(tmp_path: Path) -> None:
 def test_units_are_converted_once(tmp_path: Path) -> None:
     samples = wire(rig("metax", "metax-c500-x8", tmp_path).backend.sample())
     assert samples[2] == {
-        "id": "GPU-3fd4ee8f-169c-6d31-f9dc-c2a90a441f1d",
-        "memory": 65536,
-        "memoryUsage": 40960,
-        "memoryUtilization": 63,
-        "coresUtilization": 93,
-        "temperature": 37,  # 3788 hundredths, truncated
-        "powerUsage": 69,  # 33870 + 35411 mW over two supply ways
+        "id": "GPU-83be6bc6-a0c4-12f9-ddb2-a5fae06c2603",
+        "memory": 65536,  # 67108864 KB
+        "memoryUsage": 826,  # 845824 KB
+        "memoryUtilization": 1,
+        "coresUtilization": 0,
+        "temperature": 38,  # 3812 hundredths, truncated
+        "powerUsage": 57,  # 28700 + 28700 mW over two supply ways
         "unhealthy": False,
     }
 

@@ -52,7 +52,7 @@ SPECS = [
     ),
     Spec(
         "hygon", "hygon-k100-ai-x8", "rsmi_dev_unique_id_get", "rsmi_dev_name_get",
-        "rsmi_dev_power_ave_get", "powerUsage", "FILE_ERROR", "NOT_SUPPORTED",
+        "rsmi_dev_busy_percent_get", "coresUtilization", "FILE_ERROR", "NOT_SUPPORTED",
     ),
     Spec(
         "iluvatar", "iluvatar-bi-v150s-x2", "nvmlDeviceGetUUID", "nvmlDeviceGetName",
