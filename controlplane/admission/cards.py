@@ -54,9 +54,8 @@ class _Reports:
         self.memory: dict[str, int] = {}
         self.profiles: dict[str, dict[str, int]] = {}
 
-    def add(self, node: str, group: DeviceGroup) -> None:
-        assert group.memory is not None
-        self.memory[node] = min(self.memory.get(node, group.memory), group.memory)
+    def add(self, node: str, memory: int, group: DeviceGroup) -> None:
+        self.memory[node] = min(self.memory.get(node, memory), memory)
         for a in group.accelerators:
             physical = a.status.physical_sliced
             for p in physical.profiles if physical else ():
@@ -77,7 +76,7 @@ def cards_of(nodes: Mapping[str, Iterable[DeviceGroup]]) -> dict[str, Card]:
             if not g.memory or not g.accelerators:
                 continue
             key = product_key(g)
-            reports.setdefault(key, _Reports(g.manufacturer)).add(node, g)
+            reports.setdefault(key, _Reports(g.manufacturer)).add(node, g.memory, g)
     return {key: r.card(key) for key, r in reports.items()}
 
 

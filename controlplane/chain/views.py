@@ -24,6 +24,11 @@ profile listed, even at 0). The ledger charges a partitioned allocation ``k`` to
 ``ceil(k x slices / count)`` (the device agent's rule), which is how an allocation is attributed
 to a profile. A profile's remaining instances on a card are what its free compute slices hold,
 at most the profile's own count.
+
+Nodes are folded so that none sizes another's cards: each card is counted with its own node's
+profiles, slices and partition count, and what describes the whole group (``slicedDetail``) is
+the description most nodes give (:func:`told_group`), so a node lying about itself, inside the
+bus bounds, changes only its own cards' share of the views (docs/bus.md, *Semantic bounds*).
 """
 
 from __future__ import annotations
