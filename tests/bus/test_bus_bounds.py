@@ -10,9 +10,10 @@ from typing import Any
 import msgspec
 import pytest
 
-from bus import codec, events, subjects, testing
+from bus import codec, connection, events, publishing, subjects, subscribing, testing
 from bus.codec import DropLog
 from bus.metrics import BusMetrics
+from bus.settings import BusSettings
 
 NODE = "node-a"
 MAX = 4 * 1024 * 1024  # above the 1 MB strings, so the size rule is not what refuses them
@@ -125,3 +126,28 @@ def test_limits_of_real_hardware_pass() -> None:
     assert isinstance(samples, events.SamplesEvent) and isinstance(group, events.DevicesEvent)
     assert samples.samples[0].accelerators[0].power_usage == 1_400
     assert group.groups[0].memory == 294_912
+
+
+@pytest.mark.anyio
+async def test_a_lie_does_not_replace_a_nodes_retained_state_on_a_real_server(
+    conn: connection.Connection, settings: BusSettings, metrics: BusMetrics
+) -> None:
+    """Through a nats-server, as a worker meets it: the node's last valid devices stay its
+    retained state, and the lie published after them is dropped and counted as malformed."""
+    real = testing.example_events(NODE)[0]
+    assert isinstance(real, events.DevicesEvent)
+    lie = msgspec.structs.replace(
+        real, groups=(msgspec.structs.replace(real.groups[0], memory=-143771),)
+    )
+    async with publishing.publisher(conn, settings=settings, metrics=BusMetrics()) as pub:
+        pub.publish(real)
+        await pub.wait_sent()
+    await conn.publish_acked(subjects.subject(NODE, "devices"), codec.encode(lie))
+
+    async with subscribing.subscribe(
+        conn, settings=settings, metrics=metrics, include_state=True
+    ) as sub:
+        (first,) = await testing.collect(sub, 1, timeout_s=3)
+
+    assert first == real
+    assert metrics.dropped_count("devices", "malformed") == 1
