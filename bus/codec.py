@@ -2,7 +2,9 @@
 
 Decoding is strict about what matters and lenient about what does not:
 
-- refused and counted: oversized payloads, invalid JSON or shapes, a ``v`` other than
+- refused and counted: oversized payloads, invalid JSON or shapes, values outside the
+  semantic bounds the types carry (:mod:`bus.bounds`: checked by the same decode, counted as
+  ``malformed``), a ``v`` other than
   :data:`bus.events.VERSION`, a ``kind`` that differs from the subject's, a ``node`` that differs
   from the subject's (a node may only speak for itself), and (:class:`Guard`) a subject outside
   the grammar or a ``ts`` further than ``max_skew_s`` in the receiver's future;

@@ -16,8 +16,24 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
+from typing import Annotated
 
 import msgspec
+from msgspec import Meta
+
+from bus.bounds import (
+    Celsius,
+    Counter,
+    Index,
+    Kib,
+    Mhz,
+    Mib,
+    Name,
+    Percent,
+    Ratio,
+    Small,
+    Watts,
+)
 
 __all__ = [
     "Accelerator",
@@ -44,25 +60,25 @@ class LogicalSliced(_Wire, frozen=True, kw_only=True):
     """Software slicing a card offers: up to ``count`` tenants sharing its cores and memory."""
 
     cores_percentage_overcommit: bool
-    count: int
+    count: Small
 
 
 class SliceProfile(_Wire, frozen=True, kw_only=True):
     """One hardware partition profile (an NVIDIA MIG GPU-instance profile such as ``1g.18gb``)."""
 
-    name: str
-    memory_mib: int
-    compute_slices: int
-    memory_slices: int
-    count: int
+    name: Name
+    memory_mib: Mib
+    compute_slices: Small
+    memory_slices: Small
+    count: Small
     """How many instances of this profile fit on an empty card."""
 
 
 class PhysicalSliced(_Wire, frozen=True, kw_only=True):
     """Hardware partitioning a card is configured for (MIG mode on)."""
 
-    profiles: tuple[SliceProfile, ...] = ()
-    count: int = 0
+    profiles: Annotated[tuple[SliceProfile, ...], Meta(max_length=256)] = ()
+    count: Small = 0
     """The largest ``count`` of any profile: sizes the partitioned token pool."""
 
 
@@ -75,24 +91,24 @@ class AcceleratorStatus(_Wire, frozen=True, kw_only=True):
 class Topology(_Wire, frozen=True, kw_only=True):
     """Where a card sits: PCI address and path, and the NUMA node and CPUs next to it."""
 
-    pci_bus_id: str | None = None
+    pci_bus_id: Name | None = None
     """Lowercase ``dddd:bb:dd.f``."""
-    pci_root_id: str | None = None
+    pci_root_id: Name | None = None
     """The outermost PCI bridge above the card (not the root complex)."""
-    pci_switches: tuple[str, ...] | None = None
+    pci_switches: Annotated[tuple[Name, ...], Meta(max_length=64)] | None = None
     """The bridge path above the card, innermost first (the outermost is ``pci_root_id``)."""
-    numa_affinity: str | None = None
+    numa_affinity: Name | None = None
     """A node list such as ``0`` or ``0-1``."""
-    cpu_affinity: str | None = None
+    cpu_affinity: Annotated[str, Meta(max_length=16384)] | None = None
     """A CPU list such as ``0-13,28-41``."""
 
 
 class Accelerator(_Wire, frozen=True, kw_only=True):
-    id: str
+    id: Name
     """The vendor's unique id (``GPU-…``); never a PCI address."""
-    index: int
+    index: Index
     """Logical index from 0, in detection order within the manufacturer."""
-    physical_indexes: tuple[int, ...] | None = None
+    physical_indexes: Annotated[tuple[Index, ...], Meta(max_length=16)] | None = None
     """Device-node numbers: NVIDIA ``[minor of /dev/nvidiaN]``; AMD ``[cardN, renderD minor]``."""
     topology: Topology | None = None
     status: AcceleratorStatus
@@ -101,41 +117,41 @@ class Accelerator(_Wire, frozen=True, kw_only=True):
 class DeviceGroup(_Wire, frozen=True, kw_only=True):
     """Accelerators of one product on one node: one entry of ``Devices.spec.groups``."""
 
-    id: str
-    manufacturer: str
-    name: str
-    memory: int | None = None
+    id: Name
+    manufacturer: Name
+    name: Name
+    memory: Mib | None = None
     """MiB per accelerator."""
-    cores: int | None = None
+    cores: Annotated[int, Meta(ge=0, le=1_048_576)] | None = None
     """Streaming multiprocessors (NVIDIA) or compute units (AMD) per accelerator."""
-    driver_version: str | None = None
-    runtime_version: str | None = None
+    driver_version: Name | None = None
+    runtime_version: Name | None = None
     """``major.minor`` of the CUDA the driver supports, or of the installed ROCm."""
-    compute_capability: str | None = None
-    family: str | None = None
+    compute_capability: Name | None = None
+    family: Name | None = None
     simulated: bool = False
     """True only for accelerators simulated from a profile; omitted for real hardware."""
-    accelerators: tuple[Accelerator, ...] = ()
+    accelerators: Annotated[tuple[Accelerator, ...], Meta(max_length=1024)] = ()
 
 
 class MigInstanceSample(_Wire, frozen=True, kw_only=True):
     """One MIG device (a compute instance of a GPU instance) of a partitioned card."""
 
-    uuid: str
+    uuid: Name
     """The ``MIG-`` UUID."""
-    gpu_instance_id: int
-    compute_instance_id: int | None = None
-    profile: str | None = None
+    gpu_instance_id: Small
+    compute_instance_id: Small | None = None
+    profile: Name | None = None
     """The GPU-instance profile, e.g. ``1g.10gb``."""
-    memory: int | None = None
+    memory: Mib | None = None
     """MiB total."""
-    memory_usage: int | None = None
+    memory_usage: Mib | None = None
     """MiB used."""
-    gr_engine_active: float | None = None
+    gr_engine_active: Ratio | None = None
     """The GPU instance's activity ratios 0-1 (NVML GPM, Hopper on), as on the card below."""
-    sm_active: float | None = None
-    sm_occupancy: float | None = None
-    dram_active: float | None = None
+    sm_active: Ratio | None = None
+    sm_occupancy: Ratio | None = None
+    dram_active: Ratio | None = None
 
 
 class AcceleratorSample(_Wire, frozen=True, kw_only=True):
@@ -145,77 +161,77 @@ class AcceleratorSample(_Wire, frozen=True, kw_only=True):
     or its library does not report them, and from older agents).
     """
 
-    id: str
-    memory: int | None = None
+    id: Name
+    memory: Mib | None = None
     """MiB total, driver-reserved memory included."""
-    memory_usage: int | None = None
+    memory_usage: Mib | None = None
     """MiB used."""
-    memory_utilization: int | None = None
-    cores_utilization: int | None = None
-    temperature: int | None = None
+    memory_utilization: Percent | None = None
+    cores_utilization: Percent | None = None
+    temperature: Celsius | None = None
     """Degrees Celsius."""
-    power_usage: int | None = None
+    power_usage: Watts | None = None
     """Watts drawn."""
     unhealthy: bool
-    memory_free: int | None = None
+    memory_free: Mib | None = None
     """MiB free."""
-    memory_reserved: int | None = None
+    memory_reserved: Mib | None = None
     """MiB the driver reserved (``memory`` = free + used + reserved)."""
-    memory_copy_utilization: int | None = None
+    memory_copy_utilization: Percent | None = None
     """Percent of time memory was read or written."""
-    encoder_utilization: int | None = None
-    decoder_utilization: int | None = None
-    memory_temperature: int | None = None
+    encoder_utilization: Percent | None = None
+    decoder_utilization: Percent | None = None
+    memory_temperature: Celsius | None = None
     """Memory (HBM) temperature, degrees Celsius."""
-    sm_clock: int | None = None
+    sm_clock: Mhz | None = None
     """MHz."""
-    memory_clock: int | None = None
+    memory_clock: Mhz | None = None
     """MHz."""
-    energy: int | None = None
+    energy: Counter | None = None
     """Millijoules consumed since the driver was last loaded (a counter)."""
-    pcie_tx_throughput: int | None = None
+    pcie_tx_throughput: Kib | None = None
     """KB/s sent over PCIe, over the driver's last 20 ms window."""
-    pcie_rx_throughput: int | None = None
+    pcie_rx_throughput: Kib | None = None
     """KB/s received over PCIe."""
-    pcie_replays: int | None = None
+    pcie_replays: Counter | None = None
     """PCIe replays since the driver loaded (a counter)."""
-    remapped_rows_correctable: int | None = None
+    remapped_rows_correctable: Counter | None = None
     """Memory rows remapped for correctable errors (a counter)."""
-    remapped_rows_uncorrectable: int | None = None
+    remapped_rows_uncorrectable: Counter | None = None
     """Memory rows remapped for uncorrectable errors (a counter)."""
     row_remap_failed: bool | None = None
     """A row remapping failed: the card needs service."""
-    retired_pages_single_bit: int | None = None
+    retired_pages_single_bit: Counter | None = None
     """Pages retired for repeated single-bit ECC errors (cards before row remapping)."""
-    retired_pages_double_bit: int | None = None
+    retired_pages_double_bit: Counter | None = None
     """Pages retired for double-bit ECC errors."""
-    nvlink_links: int | None = None
+    nvlink_links: Small | None = None
     """NVLink links up; absent where the card has none."""
-    nvlink_tx: int | None = None
+    nvlink_tx: Counter | None = None
     """KiB of data sent over all NVLink links (a counter)."""
-    nvlink_rx: int | None = None
+    nvlink_rx: Counter | None = None
     """KiB of data received over all NVLink links (a counter)."""
-    mig_instances: tuple[MigInstanceSample, ...] | None = None
+    mig_instances: Annotated[tuple[MigInstanceSample, ...], Meta(max_length=64)] | None = None
     """The MIG devices of a card in MIG mode."""
-    gr_engine_active: float | None = None
+    gr_engine_active: Ratio | None = None
     """Ratio 0-1 of the interval since the last sample the graphics/compute engine was busy
     (NVML GPM, Hopper on; DCGM's ``DCGM_FI_PROF_GR_ENGINE_ACTIVE``); given in MIG mode too."""
-    sm_active: float | None = None
+    sm_active: Ratio | None = None
     """Ratio 0-1: SMs busy over the interval (``DCGM_FI_PROF_SM_ACTIVE``)."""
-    sm_occupancy: float | None = None
+    sm_occupancy: Ratio | None = None
     """Ratio 0-1: resident warps against the maximum (``DCGM_FI_PROF_SM_OCCUPANCY``)."""
-    dram_active: float | None = None
+    dram_active: Ratio | None = None
     """Ratio 0-1 of the peak DRAM bandwidth used (``DCGM_FI_PROF_DRAM_ACTIVE``)."""
 
 
 class MonitorSample(_Wire, frozen=True, kw_only=True):
     """What ``dm monitor`` prints per manufacturer and what the agent publishes every period."""
 
-    manufacturer: str
-    timestamp: str
+    manufacturer: Name
+    timestamp: Annotated[str, Meta(max_length=64)]
     """RFC 3339 with nanoseconds and the local UTC offset."""
     simulated: bool = False
-    accelerators: tuple[AcceleratorSample, ...] = ()
+    accelerators: Annotated[tuple[AcceleratorSample, ...], Meta(max_length=1024)] = ()
 
 
 _NOT_SLUG = re.compile(r"[^a-z0-9]+")

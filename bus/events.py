@@ -17,10 +17,12 @@ publisher is disconnected, so a key must name "the thing whose latest state this
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Final, Literal
+from typing import Annotated, Final, Literal
 
 import msgspec
+from msgspec import Meta
 
+from bus.bounds import ALLOCATION_DEVICES, Bytes, Mib, Name, Percent, Seconds, Text, Units
 from bus.devices import DeviceGroup, MonitorSample
 from bus.subjects import Kind
 
@@ -56,7 +58,7 @@ class _Event(
 
     v: int = VERSION
     """Schema version. Decoders drop events whose ``v`` is not the one they speak."""
-    node: str
+    node: Annotated[str, Meta(max_length=253)]
     """The Kubernetes node name, as in ``metadata.name`` (not escaped)."""
     ts: datetime = msgspec.field(default_factory=now)
     """When the event was produced on the node (RFC 3339, UTC)."""
@@ -65,95 +67,95 @@ class _Event(
 class DevicesEvent(_Event, tag="devices", frozen=True, kw_only=True):
     """The full ``Devices`` spec of a node: sent on every change and re-sent periodically."""
 
-    groups: tuple[DeviceGroup, ...] = ()
+    groups: Annotated[tuple[DeviceGroup, ...], Meta(max_length=256)] = ()
 
 
 class SamplesEvent(_Event, tag="samples", frozen=True, kw_only=True):
     """One monitor sample per manufacturer, sent every period."""
 
-    period_s: float
+    period_s: Seconds
     """The sampling period; a dashboard may treat a node silent for 3 periods as stale."""
-    samples: tuple[MonitorSample, ...] = ()
+    samples: Annotated[tuple[MonitorSample, ...], Meta(max_length=256)] = ()
 
 
 class HealthEvent(_Event, tag="health", frozen=True, kw_only=True):
     """A health transition of one accelerator; after a reconnect, also a restatement of a card
     that is down now (the server may have lost the history): treat a repeat as no change."""
 
-    accelerator_id: str
+    accelerator_id: Name
     healthy: bool
-    reason: str
+    reason: Name
     """Short machine-readable cause, e.g. ``XID``, ``ECC``, ``LOST``, ``RECOVERED``."""
-    xid: int | None = None
+    xid: Annotated[int, Meta(ge=0, le=2**32 - 1)] | None = None
     """The NVIDIA XID code when ``reason`` is ``XID``."""
-    message: str | None = None
+    message: Text | None = None
 
 
 class CardCharge(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     """The units one allocation holds on one card (a card is 1,600,000 units)."""
 
-    accelerator_id: str
-    units: int
+    accelerator_id: Name
+    units: Units
 
 
 class AllocationEvent(_Event, tag="allocations", frozen=True, kw_only=True):
     """A change of the device plugin's ledger: devices given to, or taken back from, a container."""
 
-    allocation_id: str
+    allocation_id: Annotated[str, Meta(max_length=512)]
     """Stable id of the allocation (pod UID and container name); the coalescing key."""
     action: Literal["allocated", "released"]
-    resource: str
+    resource: Name
     """The extended resource, e.g. ``nvidia.com/gpu``."""
-    device_ids: tuple[str, ...] = ()
-    pod_namespace: str | None = None
-    pod_name: str | None = None
-    container: str | None = None
-    pod_uid: str | None = None
+    device_ids: Annotated[tuple[Name, ...], Meta(max_length=ALLOCATION_DEVICES)] = ()
+    pod_namespace: Name | None = None
+    pod_name: Name | None = None
+    container: Name | None = None
+    pod_uid: Name | None = None
     """The Pod's ``metadata.uid`` when the agent knows which container it served (the pending
     record it matched). Optional, added in v1."""
-    charges: tuple[CardCharge, ...] = ()
+    charges: Annotated[tuple[CardCharge, ...], Meta(max_length=1024)] = ()
     """The units the ledger charged per card; empty from an agent that predates the field (the
     reader then derives them from the tokens). Optional, added in v1."""
-    memory_mib: int | None = None
+    memory_mib: Mib | None = None
     """Sliced: the memory cap injected on each card, in MiB. Optional, added in v1."""
-    cores_percentage: int | None = None
+    cores_percentage: Percent | None = None
     """Sliced: the SM/CU cap injected, in percent. Optional, added in v1."""
-    profile: str | None = None
+    profile: Name | None = None
     """Partitioned: the instance's profile (``3g.40gb``). Optional, added in v1."""
-    partition_id: str | None = None
+    partition_id: Name | None = None
     """Partitioned: the instance's id (a ``MIG-`` UUID). Optional, added in v1."""
 
 
 class WaitingPod(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     """A Pod whose volume waits for a model's download (kubelet names it on NodePublishVolume)."""
 
-    namespace: str
-    name: str
-    uid: str | None = None
+    namespace: Name
+    name: Name
+    uid: Name | None = None
 
 
 class ModelState(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     """One model in a node's cache and how far its download got."""
 
-    model: str
+    model: Annotated[str, Meta(max_length=1024)]
     """The model reference, e.g. ``hf://Qwen/Qwen3-8B@main``; the model-manager, which never
     learns a repository, puts the manifest digest here (``sha256:<hex>``)."""
     state: Literal["pending", "downloading", "ready", "failed", "evicting"]
-    bytes_done: int | None = None
-    bytes_total: int | None = None
-    message: str | None = None
+    bytes_done: Bytes | None = None
+    bytes_total: Bytes | None = None
+    message: Text | None = None
     """Human-readable detail; for ``failed``, ``"<reason>: <detail>"``."""
-    digest: str | None = None
+    digest: Name | None = None
     """The canonical manifest digest (``sha256:<64 hex>``) when known. Optional, added in v1."""
-    referenced: int | None = None
+    referenced: Annotated[int, Meta(ge=0, le=2**31 - 1)] | None = None
     """How many mounts use the model right now (a referenced model is never collected)."""
     last_used: datetime | None = None
     """When a volume of it was last mounted or unmounted (collection removes the oldest first)."""
-    reason: str | None = None
+    reason: Name | None = None
     """Machine-readable cause of ``failed``, e.g. ``IntegrityMismatch``, ``SourceUnavailable``."""
     retry_time: datetime | None = None
     """For ``failed``: no new attempt starts before this time (the persisted backoff)."""
-    waiting_pods: tuple[WaitingPod, ...] | None = None
+    waiting_pods: Annotated[tuple[WaitingPod, ...], Meta(max_length=1024)] | None = None
     """For ``downloading``: the Pods whose volumes wait for it (asked within the last
     ``waiter_window_s``), so the worker can tell them how far it got. Optional, added in v1."""
 
@@ -161,12 +163,12 @@ class ModelState(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
 class ModelsEvent(_Event, tag="models", frozen=True, kw_only=True):
     """The whole model cache of a node, so the last message alone is the node's cache state."""
 
-    models: tuple[ModelState, ...] = ()
-    capacity_bytes: int | None = None
+    models: Annotated[tuple[ModelState, ...], Meta(max_length=16384)] = ()
+    capacity_bytes: Bytes | None = None
     """Size of the cache's filesystem (``statvfs`` of the cache root). Optional, added in v1."""
-    stored_bytes: int | None = None
+    stored_bytes: Bytes | None = None
     """Bytes of the published (complete) models in the cache."""
-    used_bytes: int | None = None
+    used_bytes: Bytes | None = None
     """Bytes used on the cache's filesystem by anything (root-reserved blocks count as used):
     what the collection watermarks compare with ``capacity_bytes``."""
 
@@ -174,10 +176,10 @@ class ModelsEvent(_Event, tag="models", frozen=True, kw_only=True):
 class AgentEvent(_Event, tag="agent", frozen=True, kw_only=True):
     """An agent's liveness record, sent at start and every ``heartbeat_s``."""
 
-    version: str
-    capabilities: tuple[str, ...] = ()
+    version: Name
+    capabilities: Annotated[tuple[Name, ...], Meta(max_length=64)] = ()
     started_at: datetime
-    heartbeat_s: float
+    heartbeat_s: Seconds
     """A dashboard may treat an agent silent for 3 heartbeats as gone."""
 
 

@@ -40,6 +40,11 @@ __all__ = ["Body", "HubClient", "HubSettings", "client"]
 USER_AGENT: Final = "gpustack-operator"
 MAX_REDIRECTS: Final = 10
 MAX_TREE_ENTRIES: Final = 100_000
+MAX_TREE_PAGES: Final = 2_000
+"""Pages one tree listing may follow: :data:`MAX_TREE_ENTRIES` even at 50 entries a page (the
+Hub's smallest page, an expanded listing's; unexpanded pages hold 1,000). Beyond it, or on a
+``next`` link to a page already fetched, the listing fails: a hostile or broken server's chain
+of pages must end, not loop for ever."""
 MAX_PAGE_BYTES: Final = 16 * 1024 * 1024
 _GATED_OID: Final = "*" * 64
 
@@ -107,6 +112,17 @@ def _entry(raw: _TreeEntry) -> Entry | None:
     if raw.lfs.size != raw.size:
         raise IntegrityMismatch(f"{raw.path}: LFS size {raw.lfs.size} != file size {raw.size}")
     return Entry("sha256", raw.lfs.oid, raw.size, raw.path)
+
+
+def _check_page(url: Url, fetched: set[str], what: str) -> None:
+    """Refuse a page already fetched (a ``next`` that loops) or one past :data:`MAX_TREE_PAGES`;
+    ``fetched`` is the listing's set of page URLs so far, ``url`` is added to it."""
+    key = str(url)
+    if key in fetched:
+        raise SourceUnavailable(f"{what}: the next-page link repeats {url.target[:200]} (a loop)")
+    if len(fetched) >= MAX_TREE_PAGES:
+        raise SourceUnavailable(f"{what}: over {MAX_TREE_PAGES} pages")
+    fetched.add(key)
 
 
 def _failure(status: int, headers: Mapping[str, str], what: str) -> HubError:
@@ -244,7 +260,9 @@ class HubClient:
             "?recursive=true&expand=false"
         )
         entries: list[Entry] = []
+        fetched: set[str] = set()
         while url is not None:
+            _check_page(url, fetched, f"tree of {repository}@{commit[:12]}")
             async with self._get(url, token) as response:
                 body = await self._body(response, f"tree of {repository}@{commit[:12]}")
                 next_url = response.link("next")

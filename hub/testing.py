@@ -18,7 +18,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -82,6 +82,9 @@ class FakeHub:
         """False: ignore ``Range`` and always answer 200 with the whole file."""
         self.gate: anyio.Event | None = None
         """When set to an Event, file responses wait for it before sending any byte."""
+        self.next_link: Callable[[int], str] | None = None
+        """A hostile paging: maps a tree page's cursor to the ``next`` link it sends (always one,
+        even past the last entry), instead of the honest link to the following page."""
         self.seen: list[Seen] = []
         self._counter = itertools.count(1)
 
@@ -208,7 +211,9 @@ class FakeHub:
         start = int(request.query.get("cursor", "0"))
         page = entries[start : start + self.page_size]
         headers = {}
-        if start + self.page_size < len(entries):
+        if self.next_link is not None:
+            headers["Link"] = f'<{self.next_link(start)}>; rel="next"'
+        elif start + self.page_size < len(entries):
             nxt = request.url.update_query(cursor=str(start + self.page_size))
             headers["Link"] = f'<{nxt}>; rel="next"'
         return web.Response(body=json.dumps(page), content_type="application/json", headers=headers)

@@ -27,6 +27,7 @@ import hashlib
 import logging
 import os
 import re
+import stat
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping
@@ -37,7 +38,7 @@ import anyio
 import anyio.to_thread
 import msgspec
 
-from agent.models import layout, mounting
+from agent.models import layout, mounting, targets
 from agent.models.errors import (
     AlreadyPublished,
     InvalidVolume,
@@ -74,22 +75,11 @@ class PublishRequest:
     """A mount (not block) access type was requested."""
 
 
-def _target(raw: str, pods_dir: Path) -> Path:
-    if not raw:
-        raise InvalidVolume("target_path is required")
-    if not os.path.isabs(raw) or os.path.normpath(raw) != raw.rstrip("/"):
-        raise InvalidVolume(f"target_path {raw!r} is not an absolute, normalized path")
-    target = Path(raw)
-    if pods_dir not in target.parents:
-        raise InvalidVolume(f"target_path {raw!r} is not under {pods_dir}")
-    return target
-
-
 def validate(req: PublishRequest, pods_dir: Path) -> tuple[Path, VolumeAsk]:
     """Check the request's shape. :raises InvalidVolume: naming the first problem."""
     if not layout.VOLUME_ID.fullmatch(req.volume_id):
         raise InvalidVolume(f"volume_id {req.volume_id[:140]!r} is missing or malformed")
-    target = _target(req.target_path, pods_dir)
+    target = targets.checked(req.target_path, pods_dir)
     if not req.mount_capability:
         raise InvalidVolume("volume_capability must be a mount (not block) capability")
     if req.context.get(EPHEMERAL) != "true":
@@ -168,16 +158,16 @@ class Volumes:
         refs: dict[str, layout.Ref] = {}
         for m in mounting.read_mountinfo():
             found = _TREE.search(m.root)
-            target = Path(m.mount_point)
-            if found is None or m.device != device or self.pods_dir not in target.parents:
+            target = targets.under(Path(m.mount_point), self.pods_dir)
+            if found is None or m.device != device or target is None:
                 continue
-            ref = ledger.pop(m.mount_point, None)
+            ref = ledger.pop(str(target), None)
             if ref is None or ref.hex != found.group(1):
                 volume_id = kubelet_volume_id(target, self.pods_dir)
                 if volume_id is None:
                     continue
-                ref = layout.Ref(volume_id=volume_id, target_path=m.mount_point, hex=found.group(1))
-                log.info("adopting mount %s of sha256:%s", m.mount_point, ref.hex[:12])
+                ref = layout.Ref(volume_id=volume_id, target_path=str(target), hex=found.group(1))
+                log.info("adopting mount %s of sha256:%s", target, ref.hex[:12])
                 self.cache.save_ref(ref)
             refs[ref.volume_id] = ref
         for stale in ledger.values():
@@ -196,6 +186,7 @@ class Volumes:
         :raises Materializing: the window ran out (the message has the progress).
         """
         target, ask = validate(req, self.pods_dir)
+        await anyio.to_thread.run_sync(self._reachable, target)
         if not self.ready or not (self.policy.synced() or self.policy.provisional()):
             raise NotReady("the plugin is starting: references or artifacts not synced yet")
         hex_ = ask.digest.removeprefix("sha256:")
@@ -286,7 +277,8 @@ class Volumes:
 
     async def _already(self, ref: layout.Ref, target: Path) -> bool:
         """Idempotency: True when ``target`` already holds exactly this volume."""
-        mounted = await anyio.to_thread.run_sync(mounting.is_mount_point, target)
+        real = targets.real(target, self.pods_dir)
+        mounted = await anyio.to_thread.run_sync(mounting.is_mount_point, real)
         known = next((r for r in self.refs.values() if r.target_path == ref.target_path), None)
         if known is not None and known != ref and _attributes(known) != _attributes(ref):
             raise AlreadyPublished(
@@ -296,19 +288,31 @@ class Volumes:
         if mounted is None:
             return False
         if not mounted.read_only:
-            await anyio.to_thread.run_sync(mounting.unmount, target)
+            await anyio.to_thread.run_sync(self._detach, target)
             raise NotReady(f"{target} was mounted writable; unmounted it, retry")
         if known is None:
             await anyio.to_thread.run_sync(self.cache.save_ref, ref)
             self.refs[ref.volume_id] = ref
         return True
 
-    def _mount(self, hex_: str, target: Path) -> None:
+    def _reachable(self, target: Path) -> None:
+        """Refuse, before any download starts, a target reached through a symlink or a file
+        (INVALID_ARGUMENT); a parent kubelet has not created is left to the mount to report."""
         try:
-            target.mkdir(mode=0o750, exist_ok=True)
-        except OSError as e:
+            with targets.parent(target, self.pods_dir):
+                pass
+        except FileNotFoundError:
+            pass
+
+    def _mount(self, hex_: str, target: Path) -> None:
+        """Create ``target`` and bind the tree on it, through real directories only
+        (:mod:`agent.models.targets`): a symlink on the way is INVALID_ARGUMENT."""
+        try:
+            with targets.parent(target, self.pods_dir) as parent:
+                _make_directory(parent, target)
+                mounting.bind_read_only_at(self.cache.tree(hex_), parent, target.name, target)
+        except FileNotFoundError as e:
             raise MountFailed(f"cannot create {target}: {e.strerror}") from e
-        mounting.bind_read_only(self.cache.tree(hex_), target)
 
     async def _touch(self, hex_: str) -> None:
         """Note a use of ``hex_`` for collection; bookkeeping only, so a failure is logged.
@@ -331,7 +335,7 @@ class Volumes:
         """Unmount and remove ``target_path``; success also when it was never published."""
         if not volume_id:
             raise InvalidVolume("volume_id is required")
-        target = _target(target_path, self.pods_dir)
+        target = targets.checked(target_path, self.pods_dir)
         if not self.ready:
             raise NotReady("the plugin is starting: references not rebuilt yet")
         async with self._locks.setdefault(str(target), anyio.Lock()):
@@ -346,14 +350,42 @@ class Volumes:
                 self.changed()
 
     def _unmount(self, target: Path) -> None:
-        while mounting.is_mount_point(target) is not None:
-            mounting.unmount(target)
+        """Unmount everything on ``target`` and remove it, through real directories only: what
+        publish made is found the way publish made it; a missing parent means nothing is there."""
         try:
-            target.rmdir()
+            with targets.parent(target, self.pods_dir) as parent:
+                mounting.unmount_at(parent, target.name, target)
+                try:
+                    os.rmdir(target.name, dir_fd=parent)
+                except FileNotFoundError:
+                    pass
+                except NotADirectoryError as e:  # publish never makes one: not ours to touch
+                    raise InvalidVolume(
+                        f"target_path {str(target)[:200]!r} is not a directory"
+                    ) from e
+                except OSError as e:
+                    raise MountFailed(f"cannot remove {target}: {e.strerror}") from e
         except FileNotFoundError:
             pass
-        except OSError as e:
-            raise MountFailed(f"cannot remove {target}: {e.strerror}") from e
+
+    def _detach(self, target: Path) -> None:
+        """Unmount everything on ``target``, reached through real directories only."""
+        with targets.parent(target, self.pods_dir) as parent:
+            mounting.unmount_at(parent, target.name, target)
+
+
+def _make_directory(parent: int, target: Path) -> None:
+    """``target`` (named in ``parent``) as a directory: created, or one that is there already
+    (an idempotent publish). :raises InvalidVolume: it is a symlink or a file."""
+    try:
+        os.mkdir(target.name, 0o750, dir_fd=parent)
+        return
+    except FileExistsError:
+        pass
+    except OSError as e:
+        raise MountFailed(f"cannot create {target}: {e.strerror}") from e
+    if not stat.S_ISDIR(os.stat(target.name, dir_fd=parent, follow_symlinks=False).st_mode):
+        raise InvalidVolume(f"target_path {str(target)[:200]!r} is a symlink or not a directory")
 
 
 def wait_window(remaining_s: float | None, tuning: Tuning) -> float:

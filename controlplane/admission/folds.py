@@ -90,7 +90,13 @@ def _vram(claim: Claim, groups: Sequence[str], catalog: Catalog) -> int | str:
             "cannot fold MiB into units: the card's VRAM is unknown, because the Pod names no "
             f"known accelerator group; {_NAME_IT}, {instead}"
         )
-    sizes = {c.memory_mib for c in cards}
+    disputed = [c.group for c in cards if c.memory_mib is None]
+    if disputed:
+        return (
+            f"cannot fold MiB into units: the nodes of {', '.join(disputed)} do not agree on its "
+            f"VRAM (no majority reports one size); {instead}"
+        )
+    sizes = {c.memory_mib for c in cards if c.memory_mib is not None}
     if len(sizes) > 1:
         named = ", ".join(f"{c.group} ({c.memory_mib} MiB)" for c in cards)
         return f"cannot fold MiB into units: the named accelerator groups differ in VRAM: {named}; {instead}"
@@ -105,7 +111,11 @@ def partition_units(slot: Slot, claim: Claim, groups: Sequence[str], catalog: Ca
         return Fold(None)
     key, profile = profiles[0]
     offering = [c for c in candidates(claim, groups, catalog) if profile in c.profiles]
-    folds = {c.group: mib_units(c.profiles[profile], c.memory_mib) for c in offering}
+    folds = {
+        c.group: mib_units(c.profiles[profile], c.memory_mib)
+        for c in offering
+        if c.memory_mib is not None  # nodes that disagree on the card cannot size the share
+    }
     raw = claim.values[key]
     if not folds:
         detail = f"no known accelerator group offers partition profile {profile}"

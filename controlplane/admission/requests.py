@@ -108,7 +108,9 @@ class Card(msgspec.Struct, frozen=True, kw_only=True):
     group: str
     """The group's label key (``nvidia-h200``): ``acceleratable.feature.gpustack.ai/<group>``."""
     manufacturer: str
-    memory_mib: int
+    memory_mib: int | None
+    """The VRAM of one card, as the group's nodes agree on it; None when they do not (no
+    strict majority, see :func:`controlplane.admission.cards.agreed`)."""
     profiles: Mapping[str, int] = {}
     """Partition profile name (``3g.40gb``) to its memory in MiB."""
 

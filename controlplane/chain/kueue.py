@@ -44,6 +44,7 @@ from typing import Any, Final
 import msgspec
 
 from bus import events
+from bus.devices import DeviceGroup
 from controlplane.chain import naming, views
 from controlplane.chain.inventory import NodeFacts
 from controlplane.chain.settings import ChainSettings
@@ -157,7 +158,7 @@ def _flavor_body(key: FlavorKey, nodes: Sequence[NodeFacts]) -> Desired:
 
 
 def _catalog_body(key: FlavorKey, nodes: Sequence[NodeFacts]) -> Desired:
-    group = next((g for g in nodes[0].groups if key.a_key and product_key(g) == key.a_key), None)
+    group = _told(key.a_key, nodes)
     spec: dict[str, Any] = {
         "generalGroup": key.g_key, "acceleratable": key.a_key is not None, "os": key.os,
         "arch": key.arch, "count": key.count, "nodes": len(nodes),
@@ -244,9 +245,7 @@ def _quota(flavor: FlavorKey, nodes: int) -> str:
 
 
 def _instance_type(key: QueueKey, nodes: Sequence[NodeFacts]) -> Desired:
-    group = next(
-        (g for n in nodes for g in n.groups if key.a_key and product_key(g) == key.a_key), None
-    )
+    group = _told(key.a_key, nodes)
     spec: dict[str, Any] = {
         "generalGroup": "generic", "os": key.os, "arch": key.arch, "unit": UNITS,
         "inactive": False,
@@ -260,6 +259,16 @@ def _instance_type(key: QueueKey, nodes: Sequence[NodeFacts]) -> Desired:
         spec["displayName"] = f"CPU ({key.os}/{key.arch})"
     lq = naming.local_queue(key.name)
     return Desired(metadata=_meta(labels={naming.ENTRANCE: lq}), spec=spec)
+
+
+def _told(a_key: str | None, nodes: Sequence[NodeFacts]) -> DeviceGroup | None:
+    """The group description (product, family, memory, cores) most of the nodes give: one
+    node's figures never describe the others' cards."""
+    if not a_key:
+        return None
+    return views.told_group(
+        a_key, nodes, lambda g: (g.manufacturer, g.name, g.family, g.memory, g.cores)
+    )
 
 
 def _key_of(body: Mapping[str, Any]) -> QueueKey:

@@ -24,12 +24,20 @@ profile listed, even at 0). The ledger charges a partitioned allocation ``k`` to
 ``ceil(k x slices / count)`` (the device agent's rule), which is how an allocation is attributed
 to a profile. A profile's remaining instances on a card are what its free compute slices hold,
 at most the profile's own count.
+
+Nodes are folded so that none sizes another's cards: each card is counted with its own node's
+profiles, slices and partition count, and what describes the whole group (``slicedDetail``) is
+the description most nodes give (:func:`told_group`), so a node lying about itself, inside the
+bus bounds, changes only its own cards' share of the views (docs/bus.md, *Semantic bounds*).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, Final
+from collections import Counter
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from typing import Any, Final, TypeVar
+
+import msgspec
 
 from bus import events
 from bus.devices import DeviceGroup, SliceProfile
@@ -45,12 +53,14 @@ __all__ = [
     "free_percent",
     "instance_type_status",
     "profile_of_tokens",
+    "told_group",
 ]
 
 SHARE_UNITS: Final = UNITS // SHARES
 PERCENT: Final = UNITS // 100
 
 View = dict[str, int]
+T = TypeVar("T")
 
 
 def _view(once: int, remaining: int, capacity: int) -> View:
@@ -114,51 +124,82 @@ def profile_of_tokens(profiles: Sequence[SliceProfile], tokens: int, count: int)
     return min(fitting, key=lambda p: (p.compute_slices, p.memory_slices, p.name)).name
 
 
-def _partitioned(
-    group: str,
-    nodes: Sequence[NodeFacts],
-    allocations: Iterable[events.AllocationEvent],
-) -> dict[str, Any]:
+def _node_profiles(group: str, node: NodeFacts) -> list[SliceProfile]:
+    """The partition profiles ``node`` itself offers on its cards of ``group``, smallest first."""
     profiles: dict[str, SliceProfile] = {}
-    for g in (g for n in nodes for g in n.groups if product_key(g) == group):
+    for g in (g for g in node.groups if product_key(g) == group):
         for a in g.accelerators:
             for p in a.status.physical_sliced.profiles if a.status.physical_sliced else ():
                 profiles.setdefault(p.name, p)
-    ordered = ordered_profiles(profiles.values())
-    slices = _slices_of(ordered)
-    cards = [c for n in nodes for c in n.group_cards(group) if c.partition_count > 0]
-    remaining = {p.name: 0 for p in ordered}
-    capacity = 0
-    for card in cards:
-        capacity += card.partition_count
-        if card.unhealthy or card.mode not in ("None", "Partitioned") or not slices:
-            continue
-        for fitting, fits in profiles_left(ordered, card.remaining).items():
-            remaining[fitting] += fits
-    allocated = {p.name: 0 for p in ordered}
-    count = max((c.partition_count for c in cards), default=0)
-    for event in allocations:
-        name = profile_of_tokens(ordered, len(event.device_ids), count)
-        if name is not None:
-            allocated[name] += 1
-    free_instances = sum(
-        card.remaining * card.partition_count // UNITS
-        for card in cards
-        if not card.unhealthy and card.mode in ("None", "Partitioned")
-    )
+    return ordered_profiles(profiles.values())
+
+
+def _most_told(descriptions: Iterable[T]) -> T | None:
+    """What most nodes say (one description per node; a tie goes to the first told), or None."""
+    told = Counter(descriptions)
+    return max(told, key=told.__getitem__) if told else None
+
+
+def _partitioned(
+    group: str,
+    nodes: Sequence[NodeFacts],
+    allocations: Mapping[str, Sequence[events.AllocationEvent]],
+) -> dict[str, Any]:
+    """Each node's cards counted with that node's own profiles and partition count, so no node's
+    figures size another node's cards; the profiles listed are every node's, each described as
+    most of its nodes describe it."""
+    remaining: Counter[str] = Counter()
+    allocated: Counter[str] = Counter()
+    described: dict[str, list[SliceProfile]] = {}
+    capacity = free_instances = 0
+    for node in nodes:
+        ordered = _node_profiles(group, node)
+        for p in ordered:
+            described.setdefault(p.name, []).append(p)
+        cards = [c for c in node.group_cards(group) if c.partition_count > 0]
+        for card in cards:
+            capacity += card.partition_count
+            if card.unhealthy or card.mode not in ("None", "Partitioned"):
+                continue
+            free_instances += card.remaining * card.partition_count // UNITS
+            if _slices_of(ordered):
+                remaining.update(profiles_left(ordered, card.remaining))
+        count = max((c.partition_count for c in cards), default=0)
+        for event in allocations.get(node.name, ()):
+            name = profile_of_tokens(ordered, len(event.device_ids), count)
+            if name is not None:
+                allocated[name] += 1
+    listed = ordered_profiles(m for ps in described.values() if (m := _most_told(ps)))
     return {
         **_view(1 if any(remaining.values()) else 0, free_instances, capacity),
-        "allocatedProfiles": [{"name": n, "count": c} for n, c in allocated.items()],
-        "remainingProfiles": [{"name": n, "count": c} for n, c in remaining.items()],
+        "allocatedProfiles": [{"name": p.name, "count": allocated[p.name]} for p in listed],
+        "remainingProfiles": [{"name": p.name, "count": remaining[p.name]} for p in listed],
     }
 
 
+def told_group(
+    group: str, nodes: Sequence[NodeFacts], describe: Callable[[DeviceGroup], Hashable]
+) -> DeviceGroup | None:
+    """A group of key ``group`` whose description (``describe``) most nodes give, each node
+    telling once (its first such group); None when no node has one. A node describing its
+    cards otherwise, truly or not, never rewrites what the others' say."""
+    firsts = [
+        first
+        for node in nodes
+        if (first := next((g for g in node.groups if product_key(g) == group), None))
+    ]
+    best = _most_told(describe(g) for g in firsts)
+    return next((g for g in firsts if describe(g) == best), None)
+
+
 def _detail(group: str, nodes: Sequence[NodeFacts]) -> dict[str, Any]:
-    """The capability catalog: what one card of the group offers."""
-    first: DeviceGroup | None = next(
-        (g for n in nodes for g in n.groups if product_key(g) == group), None
-    )
-    if first is None or not first.accelerators:
+    """The capability catalog: what one card of the group offers, as most nodes describe it."""
+    told = told_group(group, nodes, lambda g: msgspec.json.encode(_card_detail(g)))
+    return {} if told is None or not told.accelerators else _card_detail(told)
+
+
+def _card_detail(first: DeviceGroup) -> dict[str, Any]:
+    if not first.accelerators:
         return {}
     status = first.accelerators[0].status
     out: dict[str, Any] = {"memoryMib": first.memory or 0}
@@ -173,6 +214,20 @@ def _detail(group: str, nodes: Sequence[NodeFacts]) -> dict[str, Any]:
     return out
 
 
+def _partitioned_on(
+    group: str, node: NodeFacts, allocations: Iterable[events.AllocationEvent]
+) -> list[events.AllocationEvent]:
+    """The live partitioned allocations of ``node`` on its own cards of ``group``."""
+    ids = {g.id for g in node.groups if product_key(g) == group}
+    return [
+        e
+        for e in allocations
+        if e.action == "allocated"
+        and e.resource.endswith(".partitioned")
+        and any(d.split(":", 1)[0] in ids for d in e.device_ids)
+    ]
+
+
 def instance_type_status(
     group: str,
     nodes: Sequence[NodeFacts],
@@ -185,15 +240,7 @@ def instance_type_status(
     attributed to profiles).
     """
     per_node = [n.group_cards(group) for n in nodes]
-    ids = {g.id for n in nodes for g in n.groups if product_key(g) == group}
-    partitioned = [
-        e
-        for n in nodes
-        for e in allocations.get(n.name, ())
-        if e.action == "allocated"
-        and e.resource.endswith(".partitioned")
-        and any(d.split(":", 1)[0] in ids for d in e.device_ids)
-    ]
+    partitioned = {n.name: _partitioned_on(group, n, allocations.get(n.name, ())) for n in nodes}
     four = {
         "accelerator": _exclusive(per_node),
         "acceleratorShared": _shared(per_node),

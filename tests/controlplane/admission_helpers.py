@@ -36,7 +36,7 @@ class Catalog:
     """A fixed catalog (the pure tests' stand-in for the ledger)."""
 
     def __init__(self, groups: Sequence[DeviceGroup] = (*H200, *H100_MIG)) -> None:
-        self._cards = cards_of(groups)
+        self._cards = cards_of({f"node-{i}": (g,) for i, g in enumerate(groups)})
 
     def card(self, group: str) -> Card | None:
         return self._cards.get(group)

@@ -22,6 +22,7 @@ from typing import Any
 
 import aiohttp
 import anyio
+import msgspec
 import pytest
 from admission_helpers import GROUP, H100_MIG, H200, apply_patch, container, patch_of, pod, review
 from controlplane_fakeapi import fake_api
@@ -51,6 +52,7 @@ def _slice(**keys: str) -> dict[str, str]:
 class Webhooks:
     session: aiohttp.ClientSession
     url: str
+    bus: Any = None
 
     async def post(self, path: str, body: Any) -> tuple[int, Any]:
         data = io.BytesIO(body if isinstance(body, bytes) else json.dumps(body).encode())
@@ -101,7 +103,7 @@ async def webhooks(tmp_path: Path, *, groups: bool = True) -> AsyncIterator[Webh
         )  # fmt: skip
         worker: running.Worker = await tg.start(running.run, settings)
         async with aiohttp.ClientSession() as session:
-            client = Webhooks(session, worker.url)
+            client = Webhooks(session, worker.url, bus)
             if groups:
                 await _publish(bus, [
                     events.DevicesEvent(node="h200", ts=T0, groups=H200),
@@ -173,6 +175,46 @@ async def test_slices_and_partitions_fold_into_units(tmp_path: Path) -> None:
         mutated, verdict = await hooks.admit(pod(container("c", mig)))
         assert verdict["allowed"] is True
         assert _resources(mutated) == ({**mig, f"{NV}.partitioned.units": "793496"},) * 2
+
+
+async def test_a_lying_node_does_not_change_the_vram_of_the_group(tmp_path: Path) -> None:
+    """One node claims -143771 MiB (out of bounds: dropped), another 1 MiB (in bounds: outvoted
+    by the two honest H200 nodes); a 71885 MiB request still folds on 143771 MiB."""
+    a10 = msgspec.structs.replace(H200[0], id="nvidia-a10", name="NVIDIA A10", memory=22_000)
+    l4 = msgspec.structs.replace(H200[0], id="nvidia-l4", name="NVIDIA L4", memory=23_034)
+    async with webhooks(tmp_path) as hooks:
+        await _publish(hooks.bus, [
+            events.DevicesEvent(node="h200-b", ts=T0, groups=H200),
+            events.DevicesEvent(node="garbage", ts=T0, groups=(
+                msgspec.structs.replace(H200[0], memory=-143771),)),
+            events.DevicesEvent(node="liar", ts=T0, groups=(
+                msgspec.structs.replace(H200[0], memory=1),)),
+            events.DevicesEvent(node="l4-a", ts=T0, groups=(l4,)),
+            events.DevicesEvent(node="l4-b", ts=T0, groups=(msgspec.structs.replace(l4, memory=5),)),
+            events.DevicesEvent(node="marker", ts=T0, groups=(a10,)),  # published last
+        ])  # fmt: skip
+        a10_pod = pod(container("c", _slice(memory_mib="22000")), nodeSelector={
+            f"{GROUP}nvidia-a10": "true"})  # fmt: skip
+
+        async def marker_known() -> bool:
+            _, verdict = await hooks.admit(a10_pod)
+            return bool(verdict["allowed"])
+
+        await eventually(marker_known, timeout_s=20)  # the liars were applied before it
+        mutated, verdict = await hooks.admit(
+            pod(container("c", _slice(memory_mib="71885")), **H200_NODE)
+        )
+        disputed = await hooks.refused(pod(container("c", _slice(memory_mib="1000")), nodeSelector={
+            f"{GROUP}nvidia-l4": "true"}))  # fmt: skip
+
+    assert verdict["allowed"] is True, verdict
+    assert _resources(mutated)[0][f"{NV}.sliced.units"] == "799994"
+    # two nodes, two sizes, no majority: neither caps the other, MiB cannot be folded
+    assert disputed.endswith(
+        'Invalid value: "1000": cannot fold MiB into units: the nodes of nvidia-l4 do not agree '
+        "on its VRAM (no majority reports one size); or request "
+        "nvidia.com/gpu.sliced.memory-percentage instead"
+    ), disputed
 
 
 async def test_shared_requests_are_pinned_to_nodes_with_enough_cards(tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ import pytest
 from admission_helpers import GROUP, H100_MIB, H100_MIG, H200, H200_MIB, Catalog, container, pod
 
 from bus import events
+from bus.devices import Accelerator, DeviceGroup
 from controlplane.admission.cards import LedgerCatalog, cards_of
 from controlplane.admission.mutating import mutate
 from controlplane.admission.pods import Pod, parse_quantity, pointer
@@ -41,7 +42,7 @@ def test_mib_fold_on_an_h200() -> None:
 
 
 def test_partition_profile_folds_like_its_memory() -> None:
-    card = cards_of(H100_MIG)["nvidia-h100-80gb-hbm3"]
+    card = cards_of({"h100": H100_MIG})["nvidia-h100-80gb-hbm3"]
     assert card.memory_mib == H100_MIB and card.profiles["3g.40gb"] == 40_448
     assert mib_units(card.profiles["3g.40gb"], H100_MIB) == 793_496
     assert (
@@ -111,10 +112,46 @@ def test_named_groups_from_selector_and_required_terms() -> None:
 
 def test_a_group_seen_on_several_nodes_keeps_its_smallest_vram() -> None:
     smaller = msgspec.structs.replace(H200[0], memory=H200_MIB - 8)
-    cards = cards_of([H200[0], smaller, *H100_MIG])
+    cards = cards_of({"a": [H200[0]], "b": [smaller], "c": H100_MIG})
     assert cards["nvidia-h200"].memory_mib == H200_MIB - 8
     assert cards["nvidia-h200"].profiles == {}
     assert set(cards["nvidia-h100-80gb-hbm3"].profiles) >= {"1g.10gb", "3g.40gb", "7g.80gb"}
+
+
+@pytest.mark.parametrize("lie", [1, 64, H200_MIB // 2, H200_MIB * 2, 16 * 1024 * 1024])
+def test_one_lying_node_among_honest_ones_neither_caps_nor_inflates_the_vram(lie: int) -> None:
+    liar = msgspec.structs.replace(H200[0], memory=lie)
+    honest = {
+        f"honest-{i}": [msgspec.structs.replace(H200[0], memory=H200_MIB - i)] for i in (0, 3)
+    }
+    cards = cards_of({**honest, "liar": [liar]})
+    assert cards["nvidia-h200"].memory_mib == H200_MIB - 3
+
+
+def test_one_node_lying_about_a_partition_profile_is_outvoted() -> None:
+    def lying(group: DeviceGroup) -> DeviceGroup:
+        def card(a: Accelerator) -> Accelerator:
+            physical = a.status.physical_sliced
+            if physical is None:
+                return a
+            profiles = tuple(msgspec.structs.replace(p, memory_mib=1) for p in physical.profiles)
+            sliced = msgspec.structs.replace(physical, profiles=profiles)
+            return msgspec.structs.replace(
+                a, status=msgspec.structs.replace(a.status, physical_sliced=sliced)
+            )
+
+        return msgspec.structs.replace(group, accelerators=tuple(map(card, group.accelerators)))
+
+    cards = cards_of({"a": H100_MIG, "b": H100_MIG, "liar": [lying(g) for g in H100_MIG]})
+    assert cards["nvidia-h100-80gb-hbm3"].profiles["3g.40gb"] == 40_448
+
+
+def test_two_nodes_that_disagree_leave_the_vram_unknown() -> None:
+    """No majority: neither node's figure is the group's, so neither can cap the other."""
+    liar = msgspec.structs.replace(H200[0], memory=1)
+    assert cards_of({"honest": [H200[0]], "liar": [liar]})["nvidia-h200"].memory_mib is None
+    close = msgspec.structs.replace(H200[0], memory=H200_MIB - 1000)  # within 1/32: agree
+    assert cards_of({"a": [H200[0]], "b": [close]})["nvidia-h200"].memory_mib == H200_MIB - 1000
 
 
 def test_ledger_catalog_sees_new_groups_after_its_max_age() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -9,7 +10,7 @@ from typing import Any
 import msgspec
 
 from bus import events
-from bus.devices import DeviceGroup
+from bus.devices import Accelerator, DeviceGroup
 from controlplane.admission.requests import Family
 from controlplane.chain import fit, kueue, naming, views
 from controlplane.chain.inventory import NodeFacts, facts_of, general_key
@@ -130,6 +131,52 @@ def test_partitioned_view_lists_every_profile_even_at_zero() -> None:
     assert allocated["3g.40gb"] == 1 and sum(allocated.values()) == 1
     remaining = {p["name"]: p["count"] for p in busy["remainingProfiles"]}
     assert remaining["7g.80gb"] == 3 and remaining["1g.10gb"] == 3 * 7 + 4  # card 0: 4 slices left
+
+
+def _lying_mig(g: DeviceGroup) -> DeviceGroup:
+    """``g`` as a node lying inside the bounds: 1 MiB cards whose every profile is one slice,
+    4,096 of them a card."""
+
+    def card(a: Accelerator) -> Accelerator:
+        physical = a.status.physical_sliced
+        if physical is None:
+            return a
+        profiles = tuple(
+            msgspec.structs.replace(p, compute_slices=1, memory_mib=1, count=4096)
+            for p in physical.profiles
+        )
+        lie = msgspec.structs.replace(physical, profiles=profiles, count=4096)
+        return msgspec.structs.replace(
+            a, status=msgspec.structs.replace(a.status, physical_sliced=lie)
+        )
+
+    return msgspec.structs.replace(g, memory=1, accelerators=tuple(map(card, g.accelerators)))
+
+
+def test_a_lying_node_does_not_change_what_other_nodes_count_for() -> None:
+    """The views of honest nodes with a liar among them are the honest nodes' views plus the
+    liar's own: its profiles, slices and partition count size no other node's cards, and the
+    catalog is what most nodes describe."""
+    g = MIG[0]
+    liar = facts("liar", tuple(map(_lying_mig, MIG)))
+    a_alloc = alloc("a", "p", "nvidia.com/gpu.partitioned", g, 0, 0, 0)  # a 3g instance on a
+    honest = [facts("a", MIG, a_alloc), facts("b", MIG)]
+    allocs = {"a": [a_alloc]}
+
+    def counts(nodes: list[NodeFacts], side: str) -> Counter[str]:
+        part = views.instance_type_status(g.id, nodes, allocs, "lq")["acceleratorPartitioned"]
+        return Counter({p["name"]: p["count"] for p in part[side]})
+
+    for side in ("remainingProfiles", "allocatedProfiles"):
+        assert counts([liar, *honest], side) == counts([liar], side) + counts(honest, side)
+    assert counts(honest, "allocatedProfiles") == Counter({"3g.40gb": 1})
+    detail = views.instance_type_status(g.id, [liar, *honest], allocs, "lq")["detail"]
+    assert detail["slicedDetail"]["memoryMib"] == g.memory == 81559
+    plan = chain([liar, *honest])  # the liar sorts first: it used to describe the type
+    types = [t.spec for name, t in plan.instance_types.items() if g.id in name]
+    flavors = [c.spec for c in plan.catalog.values() if c.spec and c.spec.get("memory")]
+    assert [t and t["memory"] for t in types] == [81559]
+    assert flavors and all(f["memory"] == 81559 for f in flavors)
 
 
 def test_profile_of_tokens_is_the_smallest_covering_profile() -> None:

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
+import anyio
 import pytest
 
 import hub
@@ -178,3 +179,33 @@ async def test_gated_lfs_oid_is_access_denied(
 
     with pytest.raises(AccessDenied, match="gated"):
         await hub.resolve("org/model", endpoint=endpoints.hub)
+
+
+_PAGE = "?recursive=true&expand=false&cursor="
+
+
+@pytest.mark.parametrize(
+    ("links", "error"),
+    [
+        # past the files, every page is an empty list, so no entry bound ever stops the loop
+        (lambda cursor: "" if cursor else f"{_PAGE}100", "repeats"),  # an empty page's own URL
+        (lambda cursor: f"{_PAGE}{201 - cursor if cursor else 100}", "repeats"),  # 100, 101, 100
+        (lambda cursor: f"{_PAGE}{cursor + 1}", "over 2000 pages"),  # pages 1, 2, 3, ...
+    ],
+    ids=["itself", "cycle", "unbounded"],
+)
+async def test_tree_pages_that_never_end_fail_instead_of_looping(
+    fake: tuple[testing.FakeHub, testing.Endpoints],
+    links: Callable[[int], str],
+    error: str,
+) -> None:
+    server, endpoints = fake
+    server.add("org/model", FILES)
+    server.next_link = links
+
+    # the guard only turns today's endless loop into a failure; the bound ends it in ~2,000 pages
+    with anyio.fail_after(30), pytest.raises(SourceUnavailable, match=error):
+        await hub.resolve("org/model", endpoint=endpoints.hub)
+
+    pages = [s for s in server.seen if "/tree/" in s.path]
+    assert len(pages) <= hub_client.MAX_TREE_PAGES
