@@ -376,11 +376,10 @@ class Materializer:
         number = record.last_attempt
         attempt = await anyio.to_thread.run_sync(self.cache.new_attempt, job.hex, number)
         tried = 0
-        sealed: set[str] = set()  # files landed read-only and fsynced, by any source
         while tried < len(job.sources):  # sources that join meanwhile are tried too
             job.trying = source = job.sources[tried]
             try:
-                manifest = await self._download(job, source, attempt, reserve, sealed)
+                manifest = await self._download(job, source, attempt, reserve)
                 break
             except AccessDenied as e:
                 tried += 1
@@ -388,7 +387,7 @@ class Materializer:
                     raise
                 job.denied[source.key] = Failure(e.reason, str(e))
         job.phase = "publishing"
-        await publishing.seal_files(attempt / "tree", sealed=sealed)
+        await publishing.seal_files(attempt / "tree")
         await anyio.to_thread.run_sync(
             publishing.publish, self.cache, job.hex, number, attempt, manifest
         )
@@ -422,10 +421,9 @@ class Materializer:
         return manifest
 
     async def _download(
-        self, job: Job, source: Source, attempt: Path, reserve: Reserve, sealed: set[str]
+        self, job: Job, source: Source, attempt: Path, reserve: Reserve
     ) -> Manifest:
-        """Fetch every file of ``source``'s listing into ``attempt``; the paths of files that
-        landed sealed (see :func:`downloading.fetch`) are added to ``sealed``."""
+        """Fetch every file of ``source``'s listing into ``attempt``."""
         manifest = await self._list(job, source)
         on_disk = await anyio.to_thread.run_sync(self.cache.partial_bytes, job.hex)
         job.size, job.done = manifest.size, 0
@@ -443,7 +441,7 @@ class Materializer:
             entry = manifest.entries[entry_index]
             dest = attempt / "tree" / entry.path
             async with files:
-                landed = await downloading.fetch(
+                await downloading.fetch(
                     origin,
                     entry,
                     dest,
@@ -453,8 +451,6 @@ class Materializer:
                     progress=moved,
                     present=str(dest) in present,
                 )
-            if landed:
-                sealed.add(str(dest))
 
         with downloading.first_error():
             async with anyio.create_task_group() as tg:
