@@ -82,6 +82,18 @@ class _Stream(asyncio.Protocol):
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
 
+    def take(self) -> bytes | memoryview | None:
+        """The next bytes received if some are buffered, without waiting (None otherwise): a
+        body that arrived with its head is read without a coroutine per piece."""
+        if not self.pieces:
+            return None
+        data = self.pieces.popleft()
+        self.buffered -= len(data)
+        if self.paused and self.buffered < LOW_WATER and not self.closed:
+            self.paused = False
+            self.transport.resume_reading()
+        return data
+
     async def piece(self, stall_s: float) -> bytes | memoryview:
         """The next bytes received, or ``b""`` once the peer closed (all received bytes first).
 
@@ -98,11 +110,8 @@ class _Stream(asyncio.Protocol):
             finally:
                 timer.cancel()
                 self._waiter = None
-        data = self.pieces.popleft()
-        self.buffered -= len(data)
-        if self.paused and self.buffered < LOW_WATER and not self.closed:
-            self.paused = False
-            self.transport.resume_reading()
+        data = self.take()
+        assert data is not None
         return data
 
     def unread(self, data: bytes | memoryview) -> None:
@@ -131,7 +140,7 @@ async def _head(stream: _Stream, stall_s: float) -> tuple[int, dict[str, str], b
     """Read a status line and headers: (status, lower-case headers, HTTP/1.1 or later)."""
     buf = bytearray()
     while True:
-        piece = await stream.piece(stall_s)
+        piece = stream.take() or await stream.piece(stall_s)
         if not piece:
             raise HttpError("connection closed before a response" if not buf else "cut head")
         if not buf and (end := bytes(piece[:MAX_HEAD]).find(b"\r\n\r\n")) >= 0:
@@ -210,8 +219,36 @@ class Response:
                 raise HttpError(f"connection lost: {stream.error}")
         self._done = True
 
-    async def read(self, limit: int) -> bytes:
-        """The whole body. :raises HttpError: over ``limit`` bytes, cut or stalled."""
+    async def gather(self, limit: int) -> list[bytes | memoryview]:
+        """The whole body as the pieces that arrived (never joined).
+
+        A ``Content-Length`` body is read in a loop of its own, without the generators of
+        :meth:`pieces`: a small file's body usually arrived with its head, and a pull of
+        thousands of them paid for those generators per file.
+
+        :raises HttpError: over ``limit`` bytes, cut or stalled.
+        """
+        length = self.content_length
+        if length is None or self.status in (204, 304) or "transfer-encoding" in self.headers:
+            return await self._gather_pieces(limit)
+        if length > limit:
+            raise HttpError(f"body over {limit} bytes")
+        stream, stall = self._conn.stream, self._client.stall_s
+        parts: list[bytes | memoryview] = []
+        while length:
+            piece = stream.take() or await stream.piece(stall)
+            if not piece:
+                raise HttpError(f"connection closed with {length} bytes of the body missing")
+            if len(piece) > length:
+                view = memoryview(piece)
+                stream.unread(view[length:])
+                piece = view[:length]
+            parts.append(piece)
+            length -= len(piece)
+        self._done = True
+        return parts
+
+    async def _gather_pieces(self, limit: int) -> list[bytes | memoryview]:
         parts: list[bytes | memoryview] = []
         size = 0
         async for piece in self.pieces():
@@ -219,7 +256,11 @@ class Response:
             if size > limit:
                 raise HttpError(f"body over {limit} bytes")
             parts.append(piece)
-        return b"".join(parts)
+        return parts
+
+    async def read(self, limit: int) -> bytes:
+        """The whole body. :raises HttpError: over ``limit`` bytes, cut or stalled."""
+        return b"".join(await self.gather(limit))
 
     async def discard(self, limit: int = 64 * 1024) -> None:
         """Read and drop a small body (a redirect's), so the connection can be reused; a
@@ -227,8 +268,7 @@ class Response:
         if self.content_length is None or self.content_length > limit:
             return
         try:
-            async for _ in self.pieces():
-                pass
+            await self.gather(limit)
         except HttpError:
             self._keep = False
 

@@ -186,7 +186,7 @@ class _Whole(_Job):
         while True:
             try:
                 async with self.limits.requests:
-                    body = await _whole_body(self.origin, entry, self.limits, tuning.chunk_bytes)
+                    body = await _whole_body(self.origin, entry, self.limits)
                 break
             except SourceUnavailable:
                 failures += 1
@@ -200,32 +200,18 @@ class _Whole(_Job):
         self.progress(entry.size)
 
 
-async def _whole_body(
-    origin: Origin, entry: Entry, limits: Limits, chunk_bytes: int
-) -> list[memoryview]:
+async def _whole_body(origin: Origin, entry: Entry, limits: Limits) -> list[memoryview]:
     """All of ``entry``'s bytes from one plain GET, as the network's pieces (never joined).
 
     :raises SourceUnavailable: the response ended short (the caller asks again).
     """
     if entry.size == 0:
         return []
-    async with origin.hub.download(
-        origin.repository, origin.commit, entry.path, token=origin.token
-    ) as body:
-        if body.total is not None and body.total != entry.size:
-            raise IntegrityMismatch(
-                f"{entry.path}: the server says {body.total} bytes, the manifest {entry.size}"
-            )
-        pieces: list[memoryview] = []
-        got = 0
-        async for batch in _batches(body, chunk_bytes, 0, entry.size):
-            n = sum(len(v) for v in batch)
-            await limits.take(n)
-            pieces += batch
-            got += n
-    if got < entry.size:
-        raise SourceUnavailable(f"{entry.path}: the response ended at byte {got} of {entry.size}")
-    return pieces
+    pieces = await origin.hub.whole(
+        origin.repository, origin.commit, entry.path, token=origin.token, size=entry.size
+    )
+    await limits.take(entry.size)  # at most small_bytes: the same step as a large file's batch
+    return [memoryview(p) for p in pieces]
 
 
 @dataclass

@@ -430,22 +430,26 @@ class Materializer:
         await reserve(job.hex, max(0, manifest.size - on_disk))
         job.phase = "downloading"
         origin = downloading.Origin(self.hub, source.repository, source.commit, source.token)
-        files = anyio.CapacityLimiter(self.tuning.files_per_attempt)
         present = set(await anyio.to_thread.run_sync(diskio.files_under, attempt / "tree"))
 
         def moved(n: int) -> None:
             job.done = min(job.size, job.done + n)
             self.metrics.download_bytes.labels(source="hub").inc(n)
 
-        async def one(entry_index: int) -> None:
-            entry = manifest.entries[entry_index]
-            dest = attempt / "tree" / entry.path
-            async with files:
+        tree = attempt / "tree"
+        state = attempt / "state"
+        pending = iter(manifest.entries)
+
+        async def fetcher() -> None:
+            # Each takes the next file when its last one is done: ``files_per_attempt`` files
+            # in flight, in manifest order, without a task and a limiter pass per file.
+            for entry in pending:
+                dest = tree / entry.path
                 await downloading.fetch(
                     origin,
                     entry,
                     dest,
-                    attempt / "state" / layout.state_name(entry.path),
+                    state / layout.state_name(entry.path),
                     limits=self.limits,
                     tuning=self.tuning,
                     progress=moved,
@@ -454,6 +458,6 @@ class Materializer:
 
         with downloading.first_error():
             async with anyio.create_task_group() as tg:
-                for i in range(len(manifest.entries)):
-                    tg.start_soon(one, i)
+                for _ in range(min(self.tuning.files_per_attempt, len(manifest.entries))):
+                    tg.start_soon(fetcher)
         return manifest
