@@ -182,8 +182,8 @@ def run(kind: str, endpoint: str, repo: str, work: Path, env: dict[str, str]) ->
     """One contender's run in a fresh child: its wall, CPU and peak RSS, and the server's CPU
     during it."""
     dest = work / kind
-    if kind == "before":
-        kind, env = "pull", {**env, "BENCH_SRC": env["BENCH_BEFORE"]}
+    if kind.startswith("before"):
+        kind, env = "pull", {**env, "BENCH_SRC": env[f"BENCH_SRC_{kind}"]}
     shutil.rmtree(dest, ignore_errors=True)
     subprocess.run(["sync"], check=False)
     served = server_cpu(endpoint)
@@ -216,10 +216,11 @@ def contenders(args: argparse.Namespace, env: dict[str, str]) -> list[str]:
     if args.noop:
         kinds.append("noop")
     compiled(str(Path(__file__).resolve().parents[1]))
-    if args.before_src:
-        compiled(args.before_src)
-        kinds.append("before")
-        env["BENCH_BEFORE"] = args.before_src
+    for i, src in enumerate(args.before_src or ()):
+        compiled(src)
+        kind = "before" if len(args.before_src) == 1 else f"before{i + 1}"
+        kinds.append(kind)
+        env[f"BENCH_SRC_{kind}"] = src
     if shutil.which("curl"):
         kinds.insert(0, "curl")
     else:
@@ -265,7 +266,7 @@ def report(shape: str, kinds: list[str], results: dict[str, list[dict[str, float
                 f"{cpu / median([r['cpu_s'] for r in base]):5.2f}x CPU"
             )
         print(
-            f"  {kind:>6}: median {wall:6.3f} s best {min(r['seconds'] for r in rs):6.3f} s  "
+            f"  {kind:>7}: median {wall:6.3f} s best {min(r['seconds'] for r in rs):6.3f} s  "
             f"CPU {cpu:6.3f} s  server CPU {median([r['server_cpu_s'] for r in rs]):6.3f} s  "
             f"peak RSS {max(r['rss_mib'] for r in rs):6.1f} MiB{ratio}"
         )
@@ -298,7 +299,11 @@ def main() -> None:
     )
     parser.add_argument("--runs", type=int, default=1 if SMOKE else 5)
     parser.add_argument("--in-process", action="store_true", help="also time the in-process path")
-    parser.add_argument("--before-src", help="a source tree whose `mm pull` is 'before'")
+    parser.add_argument(
+        "--before-src",
+        action="append",
+        help="a source tree whose `mm pull` is 'before' (repeatable: before1, before2, ...)",
+    )
     parser.add_argument(
         "--noop", action="store_true", help="also time `mm pull` of a digest already published"
     )
