@@ -25,7 +25,7 @@ wall time; contenders are interleaved run by run and medians reported:
   no fsync);
 - **noop**: ``mm pull`` of the digest once it is published (``--noop``): the command's fixed
   cost (start-up, the two listing requests, the check that finds the tree), which no transfer
-  can shorten. Its figures are the second of two pulls in one child; the first is not timed.
+  can shorten. An untimed pull publishes the digest first (outside the server's CPU reading).
 """
 
 from __future__ import annotations
@@ -158,8 +158,6 @@ def curl(endpoint: str, repo: str, commit: str, dest: str) -> None:
 
 def child(kind: str, endpoint: str, repo: str, commit: str, dest: str) -> None:
     who = resource.RUSAGE_CHILDREN if kind in ("curl", "pull", "noop") else resource.RUSAGE_SELF
-    if kind == "noop":
-        pull(endpoint, repo, commit, dest)  # untimed: publishes the digest the timed run finds
     before = resource.getrusage(who)
     start = time.perf_counter()
     # noop: the same pull as the untimed one above, which left the digest published
@@ -185,6 +183,8 @@ def run(kind: str, endpoint: str, repo: str, work: Path, env: dict[str, str]) ->
     if kind.startswith("before"):
         kind, env = "pull", {**env, "BENCH_SRC": env[f"BENCH_SRC_{kind}"]}
     shutil.rmtree(dest, ignore_errors=True)
+    if kind == "noop":  # untimed, before the server's CPU is read: publishes what noop finds
+        pull(endpoint, repo, env["BENCH_COMMIT"], str(dest))
     subprocess.run(["sync"], check=False)
     served = server_cpu(endpoint)
     out = subprocess.run(
