@@ -70,7 +70,18 @@ def store(fd: int, batch: Sequence[memoryview], offset: int, hasher: Any) -> Non
     also flushed behind its writers (see ``assembling.SyncBehind``): with both, a 256 MiB
     pull measured 0.60-0.67 s; without this hint, 0.75-0.79 s.
     """
-    start = offset
+    end = _write(fd, batch, offset)
+    if hasher is not None:
+        for view in batch:
+            hasher.update(view)
+    os.posix_fadvise(fd, offset, end - offset, os.POSIX_FADV_DONTNEED)
+
+
+def _write(fd: int, batch: Sequence[memoryview], offset: int) -> int:
+    """``pwritev`` until all of ``batch`` is at ``offset``; returns the offset after it.
+
+    :raises NoSpace: the filesystem is full.
+    """
     views = list(batch)
     try:
         while views:
@@ -85,10 +96,7 @@ def store(fd: int, batch: Sequence[memoryview], offset: int, hasher: Any) -> Non
         if e.errno in (errno.ENOSPC, errno.EDQUOT):
             raise NoSpace("the cache filesystem is full") from e
         raise
-    if hasher is not None:
-        for view in batch:
-            hasher.update(view)
-    os.posix_fadvise(fd, start, offset - start, os.POSIX_FADV_DONTNEED)
+    return offset
 
 
 def kept(dest: Path, entry: Entry, chunk_bytes: int) -> bool:
@@ -110,14 +118,22 @@ def kept(dest: Path, entry: Entry, chunk_bytes: int) -> bool:
 
 
 def land(dest: Path, entry: Entry, body: Sequence[memoryview]) -> bool:
-    """Write a whole small file from ``body``, hash it and close it (the publication's seal
-    fsyncs it); False (and no file) when the bytes do not match ``entry``. A file already at ``dest`` (a torn or wrong one
-    that :func:`kept` refused) is replaced: created anew read-only, so the creating descriptor
-    is the only one that ever writes it."""
+    """Write a whole small file from ``body``, hash it and close it; False (and no file) when
+    the bytes do not match ``entry``. A file already at ``dest`` (a torn or wrong one that
+    :func:`kept` refused) is replaced: created anew read-only, so the creating descriptor is the
+    only one that ever writes it.
+
+    No writeback is started here (unlike :func:`store`): the seal's one ``syncfs`` writes back
+    every small file at once. Starting it per file (``POSIX_FADV_DONTNEED``) cost a 2,000 x 10 KiB
+    pull 8 % of its CPU and 13 % of its wall time (9 interleaved runs: 1.30 against 1.20 s of
+    CPU, 1.65 against 1.44 s).
+    """
     hasher = hasher_of(entry)
     fd = _created(dest)
     try:
-        store(fd, body, 0, hasher)
+        _write(fd, body, 0)
+        for view in body:
+            hasher.update(view)
     finally:
         os.close(fd)
     if sum(len(v) for v in body) == entry.size and hasher.hexdigest() == entry.oid:

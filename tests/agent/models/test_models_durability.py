@@ -5,7 +5,8 @@ journaled by path: what changed a file's bytes or mode, what fsynced it, and eac
 the cache filesystem (which syncs every file on it). A small file lands read-only and unsynced;
 publication's seal syncs the filesystem once, after the last change to any file of the tree,
 including one kept from an earlier attempt (rehashed, perhaps only in the page cache) and a
-large one. No small file is fsynced on its own (one journal commit each, the cost this saves).
+large one. No small file is fsynced, or has its writeback started, on its own (one journal
+commit each, and a writeback submission each: the costs this saves).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ class Journal:
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.calls: list[tuple[str, str]] = []
-        for name in ("pwritev", "ftruncate", "posix_fallocate", "fsync"):
+        for name in ("pwritev", "ftruncate", "posix_fallocate", "posix_fadvise", "fsync"):
             monkeypatch.setattr(os, name, self._by_fd(name, getattr(os, name)))
         monkeypatch.setattr(os, "chmod", self._by_path(os.chmod))
         real_syncfs = diskio.syncfs
@@ -99,6 +100,9 @@ async def test_a_fresh_pull_syncs_each_file_after_its_last_change_with_one_syncf
     assert {name: journal.synced_last(name) for name in FILES} == dict.fromkeys(FILES, True)
     assert journal.calls.count(("syncfs", "")) == 1
     assert {name: journal.fsyncs(name) for name in SMALL} == dict.fromkeys(SMALL, 0)
+    # nor is a small file's writeback started on its own: the syncfs does it for all at once
+    advised = {path for call, path in journal.calls if call == "posix_fadvise"}
+    assert advised == set(LARGE)  # a large file's batches are, as they are written
     assert LARGE
 
 
