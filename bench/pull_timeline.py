@@ -2,7 +2,8 @@
 
 Run: ``.venv/bin/python bench/pull_timeline.py [--files 200 --file-kib 100] [--runs 7]``.
 
-A synthetic repository is served as by ``bench_models.py`` (its ``--serve`` child). Each run
+A synthetic repository is served from memory as by ``bench_models.py`` (its ``--serve``
+child, :mod:`fasthub`). Each run
 starts a fresh process that runs the console script in-process with a few of the pull's
 functions wrapped to note when they first start and last end (the resolve, the file requests,
 the landings, the seal and the publication), so the figures include the interpreter's start,
@@ -154,7 +155,7 @@ def main() -> None:
     compiled(ROOT)  # as an installed package is, whatever PYTHONDONTWRITEBYTECODE says
     work = tempfile.mkdtemp(prefix="pull-timeline-", dir=os.environ.get("BENCH_DIR"))
     serve = [sys.executable, os.path.join(ROOT, "bench", "bench_models.py"), "--serve"]
-    serve += [os.path.join(work, "hub"), str(args.files * args.file_kib), str(args.files)]
+    serve.append(f"bench/model:{args.files}x{args.file_kib * 1024}")
     server = subprocess.Popen(serve, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert server.stdout is not None

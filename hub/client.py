@@ -210,6 +210,16 @@ class HubClient:
         self, url: Url, token: str | None, extra: Mapping[str, str] | None = None
     ) -> AsyncIterator[http.Response]:
         """GET following redirects by hand; the token only goes to the endpoint's origin."""
+        response = await self._open(url, token, extra)
+        try:
+            yield response
+        finally:
+            response.release()
+
+    async def _open(
+        self, url: Url, token: str | None, extra: Mapping[str, str] | None = None
+    ) -> http.Response:
+        """:meth:`_get` without the context manager: the caller releases the response."""
         if self._settings.offline:
             raise SourceUnavailable(f"GET {url.host}{url.path}: HF_HUB_OFFLINE is set")
         for _ in range(MAX_REDIRECTS + 1):
@@ -231,11 +241,7 @@ class HubClient:
                     token = None  # never downgrade a credential to plain http
                 url = location
                 continue
-            try:
-                yield response
-            finally:
-                response.release()
-            return
+            return response
         raise SourceUnavailable(f"GET {url.host}{url.path}: more than {MAX_REDIRECTS} redirects")
 
     async def commit(self, repository: str, revision: str, *, token: str | None) -> str:
@@ -325,6 +331,38 @@ class HubClient:
         extra = {"Range": f"bytes={start}-{'' if end is None else end - 1}"} if ranged else None
         async with self._get(url, token, extra) as response:
             yield _body_of(response, path)
+
+    async def whole(
+        self, repository: str, commit: str, path: str, *, token: str | None, size: int
+    ) -> list[bytes | memoryview]:
+        """All of a small file's ``size`` bytes from one plain GET, as the network's pieces
+        (never joined): :meth:`download` without a context manager or a generator per piece,
+        the path a pull of thousands of small files takes for each.
+
+        :raises IntegrityMismatch: the server gives the file another size.
+        :raises SourceUnavailable: cut, stalled or short (the caller asks again).
+        :raises HubError: a refusal.
+        """
+        url = self._url(
+            f"/{quote(repository, safe='/')}/resolve/{quote(commit, safe='')}"
+            f"/{quote(path, safe='/')}"
+        )
+        response = await self._open(url, token)
+        try:
+            body = _body_of(response, path)
+            if body.total is not None and body.total != size:
+                raise IntegrityMismatch(
+                    f"{path}: the server says {body.total} bytes, the manifest {size}"
+                )
+            pieces = await response.gather(size)
+        except (http.HttpError, OSError) as e:
+            raise SourceUnavailable(f"download interrupted: {e or type(e).__name__}") from e
+        finally:
+            response.release()
+        got = sum(len(p) for p in pieces)
+        if got < size:
+            raise SourceUnavailable(f"{path}: the response ended at byte {got} of {size}")
+        return pieces
 
 
 def _body_of(response: http.Response, path: str) -> Body:

@@ -14,151 +14,34 @@ timeout and a *stall* timeout (no byte for that long). Every failure is :class:`
 
 Invariants: at most ``max_connections`` connections exist; a connection goes back to the pool
 only after its whole body was read and neither side asked to close; memory per connection is
-bounded by :data:`HIGH_WATER` (reading pauses above it).
+bounded by :data:`hub.framing.HIGH_WATER` (reading pauses above it). The framing itself
+(heads, bodies, the buffer) is :mod:`hub.framing`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
-import re
-from collections import deque
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any
 
+from hub import framing
+from hub.framing import HttpError
 from hub.urls import Url
 
 __all__ = ["Client", "HttpError", "Response"]
-
-HIGH_WATER: Final = 2 * 1024 * 1024
-LOW_WATER: Final = 512 * 1024
-MAX_HEAD: Final = 64 * 1024
-"""The status line and headers of an answer may not exceed this."""
-MAX_TRAILERS: Final = 64
-"""Trailer lines after a chunked body (each at most 4 KiB) that are read and dropped."""
-_HEX: Final = re.compile(rb"[0-9A-Fa-f]{1,15}")
-"""A chunk size: plain hex digits (no sign, ``0x`` or ``_``, which ``int`` would take)."""
-
-
-class HttpError(Exception):
-    """The exchange failed: no connection, a cut or stalled answer, or a malformed one."""
-
-
-class _Stream(asyncio.Protocol):
-    """The bytes of one connection as the transport delivered them, with flow control."""
-
-    def __init__(self) -> None:
-        self.transport: Any = None
-        self.pieces: deque[bytes | memoryview] = deque()
-        self.buffered = 0
-        self.closed = False
-        self.error: BaseException | None = None
-        self.paused = False
-        self._waiter: asyncio.Future[None] | None = None
-
-    def connection_made(self, transport: Any) -> None:
-        self.transport = transport
-
-    def data_received(self, data: bytes) -> None:
-        self.pieces.append(data)
-        self.buffered += len(data)
-        if self.buffered > HIGH_WATER and not self.paused:
-            self.paused = True
-            self.transport.pause_reading()
-        self._wake()
-
-    def eof_received(self) -> bool:
-        self.closed = True
-        self._wake()
-        return False
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.closed = True
-        self.error = exc
-        self._wake()
-
-    def _wake(self) -> None:
-        if self._waiter is not None and not self._waiter.done():
-            self._waiter.set_result(None)
-
-    async def piece(self, stall_s: float) -> bytes | memoryview:
-        """The next bytes received, or ``b""`` once the peer closed (all received bytes first).
-
-        :raises HttpError: nothing arrived for ``stall_s``.
-        """
-        while not self.pieces:
-            if self.closed:
-                return b""
-            loop = asyncio.get_running_loop()
-            self._waiter = waiter = loop.create_future()
-            timer = loop.call_later(stall_s, _expire, waiter)
-            try:
-                await waiter
-            finally:
-                timer.cancel()
-                self._waiter = None
-        data = self.pieces.popleft()
-        self.buffered -= len(data)
-        if self.paused and self.buffered < LOW_WATER and not self.closed:
-            self.paused = False
-            self.transport.resume_reading()
-        return data
-
-    def unread(self, data: bytes | memoryview) -> None:
-        if data:
-            self.pieces.appendleft(data)
-            self.buffered += len(data)
-
-
-def _expire(waiter: asyncio.Future[None]) -> None:
-    if not waiter.done():
-        waiter.set_exception(HttpError("no byte received within the stall timeout"))
 
 
 @dataclass(eq=False)
 class _Conn:
     key: tuple[str, str, int, str | None]
-    stream: _Stream
+    stream: framing.Stream
     reused: bool = False
 
     def close(self) -> None:
         if self.stream.transport is not None:
             self.stream.transport.close()
-
-
-async def _head(stream: _Stream, stall_s: float) -> tuple[int, dict[str, str], bool]:
-    """Read a status line and headers: (status, lower-case headers, HTTP/1.1 or later)."""
-    buf = bytearray()
-    while True:
-        piece = await stream.piece(stall_s)
-        if not piece:
-            raise HttpError("connection closed before a response" if not buf else "cut head")
-        if not buf and (end := bytes(piece[:MAX_HEAD]).find(b"\r\n\r\n")) >= 0:
-            view = memoryview(piece)  # the usual case: the whole head in one piece, no copy
-            stream.unread(view[end + 4 :])
-            head = bytes(view[:end])
-            break
-        buf += piece
-        if (end := buf.find(b"\r\n\r\n")) >= 0:
-            stream.unread(memoryview(bytes(buf[end + 4 :])))
-            head = bytes(buf[:end])
-            break
-        if len(buf) > MAX_HEAD:
-            raise HttpError(f"response head over {MAX_HEAD} bytes")
-    lines = head.decode("latin-1").split("\r\n")
-    version, _, rest = lines[0].partition(" ")
-    code = rest[:3]
-    if not version.startswith("HTTP/1.") or not code.isdigit():
-        raise HttpError(f"malformed status line {lines[0][:80]!r}")
-    headers: dict[str, str] = {}
-    for line in lines[1:]:
-        name, sep, value = line.partition(":")
-        if not sep or not name or name != name.strip():
-            raise HttpError(f"malformed header line {line[:80]!r}")
-        key, value = name.lower(), value.strip()
-        headers[key] = f"{headers[key]}, {value}" if key in headers else value
-    return int(code), headers, version != "HTTP/1.0"
 
 
 @dataclass
@@ -195,10 +78,10 @@ class Response:
         if self.status in (204, 304):
             pass
         elif "chunked" in self.headers.get("transfer-encoding", "").lower():
-            async for piece in _chunked(stream, stall):
+            async for piece in framing.chunked(stream, stall):
                 yield piece
         elif (length := self.content_length) is not None:
-            async for piece in _exactly(stream, length, stall):
+            async for piece in framing.exactly(stream, length, stall):
                 length -= len(piece)
                 self._done = not length  # before the last yield: a reader may stop there
                 yield piece
@@ -210,8 +93,36 @@ class Response:
                 raise HttpError(f"connection lost: {stream.error}")
         self._done = True
 
-    async def read(self, limit: int) -> bytes:
-        """The whole body. :raises HttpError: over ``limit`` bytes, cut or stalled."""
+    async def gather(self, limit: int) -> list[bytes | memoryview]:
+        """The whole body as the pieces that arrived (never joined).
+
+        A ``Content-Length`` body is read in a loop of its own, without the generators of
+        :meth:`pieces`: a small file's body usually arrived with its head, and a pull of
+        thousands of them paid for those generators per file.
+
+        :raises HttpError: over ``limit`` bytes, cut or stalled.
+        """
+        length = self.content_length
+        if length is None or self.status in (204, 304) or "transfer-encoding" in self.headers:
+            return await self._gather_pieces(limit)
+        if length > limit:
+            raise HttpError(f"body over {limit} bytes")
+        stream, stall = self._conn.stream, self._client.stall_s
+        parts: list[bytes | memoryview] = []
+        while length:
+            piece = stream.take() or await stream.piece(stall)
+            if not piece:
+                raise HttpError(f"connection closed with {length} bytes of the body missing")
+            if len(piece) > length:
+                view = memoryview(piece)
+                stream.unread(view[length:])
+                piece = view[:length]
+            parts.append(piece)
+            length -= len(piece)
+        self._done = True
+        return parts
+
+    async def _gather_pieces(self, limit: int) -> list[bytes | memoryview]:
         parts: list[bytes | memoryview] = []
         size = 0
         async for piece in self.pieces():
@@ -219,7 +130,11 @@ class Response:
             if size > limit:
                 raise HttpError(f"body over {limit} bytes")
             parts.append(piece)
-        return b"".join(parts)
+        return parts
+
+    async def read(self, limit: int) -> bytes:
+        """The whole body. :raises HttpError: over ``limit`` bytes, cut or stalled."""
+        return b"".join(await self.gather(limit))
 
     async def discard(self, limit: int = 64 * 1024) -> None:
         """Read and drop a small body (a redirect's), so the connection can be reused; a
@@ -227,8 +142,7 @@ class Response:
         if self.content_length is None or self.content_length > limit:
             return
         try:
-            async for _ in self.pieces():
-                pass
+            await self.gather(limit)
         except HttpError:
             self._keep = False
 
@@ -237,49 +151,6 @@ class Response:
             return
         self._released = True
         self._client._return(self._conn, reuse=self._done and self._keep)
-
-
-async def _exactly(stream: _Stream, n: int, stall_s: float) -> AsyncIterator[bytes | memoryview]:
-    while n > 0:
-        piece = await stream.piece(stall_s)
-        if not piece:
-            raise HttpError(f"connection closed with {n} bytes of the body missing")
-        if len(piece) > n:
-            view = memoryview(piece)
-            stream.unread(view[n:])
-            piece = view[:n]
-        n -= len(piece)
-        yield piece
-
-
-async def _line(stream: _Stream, stall_s: float) -> bytes:
-    buf = bytearray()
-    while (end := buf.find(b"\r\n")) < 0:
-        if len(buf) > 4096:
-            raise HttpError("malformed chunked body: line too long")
-        piece = await stream.piece(stall_s)
-        if not piece:
-            raise HttpError("connection closed inside a chunked body")
-        buf += piece
-    stream.unread(memoryview(bytes(buf[end + 2 :])))
-    return bytes(buf[:end])
-
-
-async def _chunked(stream: _Stream, stall_s: float) -> AsyncIterator[bytes | memoryview]:
-    while True:
-        size_text = (await _line(stream, stall_s)).split(b";")[0].strip()
-        if not _HEX.fullmatch(size_text):
-            raise HttpError(f"malformed chunk size {size_text[:20]!r}")
-        size = int(size_text, 16)
-        if size == 0:
-            for _ in range(MAX_TRAILERS + 1):  # trailers, up to the empty line
-                if not await _line(stream, stall_s):
-                    return
-            raise HttpError(f"more than {MAX_TRAILERS} trailer lines")
-        async for piece in _exactly(stream, size, stall_s):
-            yield piece
-        if await _line(stream, stall_s):
-            raise HttpError("malformed chunked body: no CRLF after a chunk")
 
 
 def _basic(url: Url) -> str | None:
@@ -329,7 +200,7 @@ class Client:
             conn = await self._connection(key, url, proxy_url)
             try:
                 conn.stream.transport.write(self._request(url, headers, proxy_url))
-                status, head, keep = await _head(conn.stream, self.stall_s)
+                status, head, keep = await framing.head(conn.stream, self.stall_s)
             except HttpError:
                 self._return(conn, reuse=False)
                 if conn.reused:
@@ -366,7 +237,7 @@ class Client:
                 while conns:
                     self._drop(conns.pop())
         await self._slots.acquire()
-        conn = _Conn(key, _Stream())
+        conn = _Conn(key, framing.Stream())
         try:
             async with asyncio.timeout(self.connect_s):
                 await self._dial(conn, url, proxy)
@@ -406,7 +277,7 @@ class Client:
             lines.append(f"Proxy-Authorization: {auth}")
         conn.stream.transport.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"))
         try:
-            status, _, _ = await _head(conn.stream, self.stall_s)
+            status, _, _ = await framing.head(conn.stream, self.stall_s)
         except BaseException:
             conn.close()
             raise

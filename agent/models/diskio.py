@@ -6,13 +6,17 @@ on a mismatch, deleted in :func:`land`, one call; a batch of a large file is wri
 in :func:`store`, one call.
 
 Durability: a small file is created read-only (0444: the descriptor that creates it may still
-write it) and fsynced in the same thread call that lands it, while other files are still on
-the wire, so the journal commits them during the download rather than after it. A small file has
-no resume state: an attempt that resumes rehashes it (:func:`kept`) instead of trusting any
-record, so a crash that lost or tore its bytes only costs fetching it again. Large files keep
-their fsynced checkpoints (see :mod:`agent.models.downloading`). Before the marker that
-publishes the tree is written, :func:`seal_files` makes every other file 0444 and fsyncs it:
-those kept from an earlier attempt (rehashed, but perhaps only in the page cache) and large ones.
+write it) and *not* fsynced as it lands: before the marker that publishes the tree is written,
+:func:`seal` makes every other file 0444 and then syncs the whole cache filesystem once
+(``syncfs``), which writes back every file of the tree, and its directories, in one call. An
+fsync per file cost a journal commit each: a 2,000-file pull spent more CPU on them than on
+anything else of its own. Nothing is visible sooner for it: a tree is published only by the
+rename after the seal, and a writeback error (EIO, ENOSPC) fails the seal. The cost: ``syncfs``
+also waits for other writers' dirty data on that filesystem (the model cache is meant to have
+one of its own). A small file has no resume state: an attempt that resumes rehashes
+it (:func:`kept`) instead of trusting any record, so a crash that lost or tore its bytes only
+costs fetching it again. Large files keep their fsynced checkpoints (see
+:mod:`agent.models.downloading`).
 
 Every ``ENOSPC``/``EDQUOT`` becomes :class:`NoSpace`.
 """
@@ -30,7 +34,7 @@ from typing import Any
 from agent.models.errors import NoSpace
 from hub.manifest import Entry
 
-__all__ = ["files_under", "hash_range", "hasher_of", "kept", "land", "seal_files", "store"]
+__all__ = ["files_under", "hash_range", "hasher_of", "kept", "land", "seal", "store", "syncfs"]
 
 
 def hasher_of(entry: Entry) -> Any:
@@ -66,7 +70,18 @@ def store(fd: int, batch: Sequence[memoryview], offset: int, hasher: Any) -> Non
     also flushed behind its writers (see ``assembling.SyncBehind``): with both, a 256 MiB
     pull measured 0.60-0.67 s; without this hint, 0.75-0.79 s.
     """
-    start = offset
+    end = _write(fd, batch, offset)
+    if hasher is not None:
+        for view in batch:
+            hasher.update(view)
+    os.posix_fadvise(fd, offset, end - offset, os.POSIX_FADV_DONTNEED)
+
+
+def _write(fd: int, batch: Sequence[memoryview], offset: int) -> int:
+    """``pwritev`` until all of ``batch`` is at ``offset``; returns the offset after it.
+
+    :raises NoSpace: the filesystem is full.
+    """
     views = list(batch)
     try:
         while views:
@@ -81,10 +96,7 @@ def store(fd: int, batch: Sequence[memoryview], offset: int, hasher: Any) -> Non
         if e.errno in (errno.ENOSPC, errno.EDQUOT):
             raise NoSpace("the cache filesystem is full") from e
         raise
-    if hasher is not None:
-        for view in batch:
-            hasher.update(view)
-    os.posix_fadvise(fd, start, offset - start, os.POSIX_FADV_DONTNEED)
+    return offset
 
 
 def kept(dest: Path, entry: Entry, chunk_bytes: int) -> bool:
@@ -106,15 +118,22 @@ def kept(dest: Path, entry: Entry, chunk_bytes: int) -> bool:
 
 
 def land(dest: Path, entry: Entry, body: Sequence[memoryview]) -> bool:
-    """Write a whole small file from ``body``, hash it, fsync and close it; False (and no file)
-    when the bytes do not match ``entry``. A file already at ``dest`` (a torn or wrong one
-    that :func:`kept` refused) is replaced: created anew read-only, so the creating descriptor
-    is the only one that ever writes it."""
+    """Write a whole small file from ``body``, hash it and close it; False (and no file) when
+    the bytes do not match ``entry``. A file already at ``dest`` (a torn or wrong one that
+    :func:`kept` refused) is replaced: created anew read-only, so the creating descriptor is the
+    only one that ever writes it.
+
+    No writeback is started here (unlike :func:`store`): the seal's one ``syncfs`` writes back
+    every small file at once. Starting it per file (``POSIX_FADV_DONTNEED``) cost a 2,000 x 10 KiB
+    pull 8 % of its CPU and 13 % of its wall time (9 interleaved runs: 1.30 against 1.20 s of
+    CPU, 1.65 against 1.44 s).
+    """
     hasher = hasher_of(entry)
     fd = _created(dest)
     try:
-        store(fd, body, 0, hasher)
-        os.fsync(fd)
+        _write(fd, body, 0)
+        for view in body:
+            hasher.update(view)
     finally:
         os.close(fd)
     if sum(len(v) for v in body) == entry.size and hasher.hexdigest() == entry.oid:
@@ -137,18 +156,35 @@ def _created(dest: Path) -> int:
     return os.open(dest, flags, 0o444)
 
 
-def seal_files(paths: Sequence[str]) -> None:
-    """Make each file read-only (0444) and durable: chmod first, so the fsync covers the mode
-    (skipped where the mode is 0444 already: a chmod dirties the inode even when it changes
-    nothing, and the fsync would then wait for a journal commit)."""
-    for path in paths:
+def seal(tree: Path) -> None:
+    """Make every file under ``tree`` read-only (0444) and durable: chmod where the mode is not
+    0444 already (a chmod dirties the inode even when it changes nothing), then one
+    :func:`syncfs` of the filesystem, which covers the modes and every byte.
+
+    :raises NoSpace: the filesystem ran out of room while writing back.
+    :raises OSError: a writeback error.
+    """
+    for path in files_under(tree):
         if stat.S_IMODE(os.stat(path).st_mode) != 0o444:
             os.chmod(path, 0o444)
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+    syncfs(tree)
+
+
+def syncfs(path: Path) -> None:
+    """``syncfs(2)`` of the filesystem holding ``path`` (Python's ``os`` has no binding: libc's
+    through ctypes, imported only here). Reports writeback errors since Linux 5.8."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        if libc.syncfs(fd) != 0:
+            code = ctypes.get_errno()
+            if code in (errno.ENOSPC, errno.EDQUOT):
+                raise NoSpace("the cache filesystem is full")
+            raise OSError(code, os.strerror(code), str(path))
+    finally:
+        os.close(fd)
 
 
 def files_under(tree: Path) -> list[str]:

@@ -130,11 +130,9 @@ async def fetch(
     tuning: Tuning,
     progress: Callable[[int], None],
     present: bool = True,
-) -> bool:
-    """Make ``dest`` hold ``entry``'s verified bytes (resuming what is there); returns whether
-    this call also *sealed* it: a small file landed whole, read-only and fsynced, which
-    publication need not fsync again (a file kept from an earlier attempt or fetched in
-    segments is not sealed: its bytes may still be only in the page cache, its mode 0644).
+) -> None:
+    """Make ``dest`` hold ``entry``'s verified bytes (resuming what is there); not durable yet:
+    publication's seal fsyncs every file (see :mod:`agent.models.diskio`).
 
     ``present=False``: the caller knows ``dest`` does not exist (it listed the attempt), so a
     small file skips looking for one (a worker-thread call).
@@ -144,7 +142,8 @@ async def fetch(
     """
     if entry.size <= tuning.small_bytes:
         whole = _Whole(origin, entry, dest, state_path, limits, tuning, progress)
-        return await whole.run(present)
+        await whole.run(present)
+        return
     job = _FileFetch(origin, entry, dest, state_path, limits, tuning, progress)
     bounds = _bounds(entry.size, tuning.segment_bytes)
     state, _ = await anyio.to_thread.run_sync(
@@ -155,7 +154,6 @@ async def fetch(
             await job.run(state, bounds, ranged=True)
         except _NoRanges:
             await job.run(assembling.State(entry.size, [0]), [(0, entry.size)], ranged=False)
-    return False
 
 
 @dataclass
@@ -174,22 +172,21 @@ class _Job:
 @dataclass
 class _Whole(_Job):
     """A small file: one request, the body held in memory (at most ``small_bytes``), then one
-    worker-thread call writes, hashes, fsyncs and closes it (:func:`diskio.land`); no resume
-    state, and sealed as it lands, so publication skips it (see :mod:`agent.models.diskio`).
+    worker-thread call writes, hashes and closes it (:func:`diskio.land`); no resume state, and
+    no fsync until publication's seal (see :mod:`agent.models.diskio`).
     A cut response is asked again whole, as a segment would be resumed."""
 
-    async def run(self, present: bool) -> bool:
-        """Whether the file was landed (sealed) now: False when an earlier attempt's is kept."""
+    async def run(self, present: bool) -> None:
         entry, tuning = self.entry, self.tuning
         if present and await anyio.to_thread.run_sync(
             diskio.kept, self.dest, entry, tuning.chunk_bytes
         ):
-            return False
+            return
         failures = 0
         while True:
             try:
                 async with self.limits.requests:
-                    body = await _whole_body(self.origin, entry, self.limits, tuning.chunk_bytes)
+                    body = await _whole_body(self.origin, entry, self.limits)
                 break
             except SourceUnavailable:
                 failures += 1
@@ -201,35 +198,20 @@ class _Whole(_Job):
                 await anyio.to_thread.run_sync(assembling.forget, self.dest, self.state_path)
             raise IntegrityMismatch(f"{entry.path}: content does not match its {entry.algorithm}")
         self.progress(entry.size)
-        return True
 
 
-async def _whole_body(
-    origin: Origin, entry: Entry, limits: Limits, chunk_bytes: int
-) -> list[memoryview]:
+async def _whole_body(origin: Origin, entry: Entry, limits: Limits) -> list[memoryview]:
     """All of ``entry``'s bytes from one plain GET, as the network's pieces (never joined).
 
     :raises SourceUnavailable: the response ended short (the caller asks again).
     """
     if entry.size == 0:
         return []
-    async with origin.hub.download(
-        origin.repository, origin.commit, entry.path, token=origin.token
-    ) as body:
-        if body.total is not None and body.total != entry.size:
-            raise IntegrityMismatch(
-                f"{entry.path}: the server says {body.total} bytes, the manifest {entry.size}"
-            )
-        pieces: list[memoryview] = []
-        got = 0
-        async for batch in _batches(body, chunk_bytes, 0, entry.size):
-            n = sum(len(v) for v in batch)
-            await limits.take(n)
-            pieces += batch
-            got += n
-    if got < entry.size:
-        raise SourceUnavailable(f"{entry.path}: the response ended at byte {got} of {entry.size}")
-    return pieces
+    pieces = await origin.hub.whole(
+        origin.repository, origin.commit, entry.path, token=origin.token, size=entry.size
+    )
+    await limits.take(entry.size)  # at most small_bytes: the same step as a large file's batch
+    return [memoryview(p) for p in pieces]
 
 
 @dataclass

@@ -376,11 +376,10 @@ class Materializer:
         number = record.last_attempt
         attempt = await anyio.to_thread.run_sync(self.cache.new_attempt, job.hex, number)
         tried = 0
-        sealed: set[str] = set()  # files landed read-only and fsynced, by any source
         while tried < len(job.sources):  # sources that join meanwhile are tried too
             job.trying = source = job.sources[tried]
             try:
-                manifest = await self._download(job, source, attempt, reserve, sealed)
+                manifest = await self._download(job, source, attempt, reserve)
                 break
             except AccessDenied as e:
                 tried += 1
@@ -388,7 +387,7 @@ class Materializer:
                     raise
                 job.denied[source.key] = Failure(e.reason, str(e))
         job.phase = "publishing"
-        await publishing.seal_files(attempt / "tree", sealed=sealed)
+        await publishing.seal_files(attempt / "tree")
         await anyio.to_thread.run_sync(
             publishing.publish, self.cache, job.hex, number, attempt, manifest
         )
@@ -422,42 +421,43 @@ class Materializer:
         return manifest
 
     async def _download(
-        self, job: Job, source: Source, attempt: Path, reserve: Reserve, sealed: set[str]
+        self, job: Job, source: Source, attempt: Path, reserve: Reserve
     ) -> Manifest:
-        """Fetch every file of ``source``'s listing into ``attempt``; the paths of files that
-        landed sealed (see :func:`downloading.fetch`) are added to ``sealed``."""
+        """Fetch every file of ``source``'s listing into ``attempt``."""
         manifest = await self._list(job, source)
         on_disk = await anyio.to_thread.run_sync(self.cache.partial_bytes, job.hex)
         job.size, job.done = manifest.size, 0
         await reserve(job.hex, max(0, manifest.size - on_disk))
         job.phase = "downloading"
         origin = downloading.Origin(self.hub, source.repository, source.commit, source.token)
-        files = anyio.CapacityLimiter(self.tuning.files_per_attempt)
         present = set(await anyio.to_thread.run_sync(diskio.files_under, attempt / "tree"))
 
         def moved(n: int) -> None:
             job.done = min(job.size, job.done + n)
             self.metrics.download_bytes.labels(source="hub").inc(n)
 
-        async def one(entry_index: int) -> None:
-            entry = manifest.entries[entry_index]
-            dest = attempt / "tree" / entry.path
-            async with files:
-                landed = await downloading.fetch(
+        tree = attempt / "tree"
+        state = attempt / "state"
+        pending = iter(manifest.entries)
+
+        async def fetcher() -> None:
+            # Each takes the next file when its last one is done: ``files_per_attempt`` files
+            # in flight, in manifest order, without a task and a limiter pass per file.
+            for entry in pending:
+                dest = tree / entry.path
+                await downloading.fetch(
                     origin,
                     entry,
                     dest,
-                    attempt / "state" / layout.state_name(entry.path),
+                    state / layout.state_name(entry.path),
                     limits=self.limits,
                     tuning=self.tuning,
                     progress=moved,
                     present=str(dest) in present,
                 )
-            if landed:
-                sealed.add(str(dest))
 
         with downloading.first_error():
             async with anyio.create_task_group() as tg:
-                for i in range(len(manifest.entries)):
-                    tg.start_soon(one, i)
+                for _ in range(min(self.tuning.files_per_attempt, len(manifest.entries))):
+                    tg.start_soon(fetcher)
         return manifest

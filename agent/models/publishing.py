@@ -1,9 +1,8 @@
 """Publication: a downloaded attempt becomes ``published/<hex>``, sealed, in one atomic step.
 
 What a reader may rely on, and why each step is here: every file is read-only (0444) and
-fsynced (:func:`seal_files`, spread over :data:`SEAL_THREADS` worker threads so the journal
-commits many at once; small files that landed in this attempt were sealed then and are
-skipped, see :mod:`agent.models.diskio`); every directory is 0555 and fsynced, deepest first;
+durable (:func:`seal_files`: one ``syncfs`` of the cache filesystem, not an fsync per file,
+see :mod:`agent.models.diskio`); every directory is 0555 and fsynced, deepest first;
 the manifest and the marker are written atomically; then
 ``rename(partial/<hex>/<n>, published/<hex>)`` and an fsync of ``published``. A reader
 therefore sees either no tree or a complete, durable one, and a tree without its marker is a
@@ -13,10 +12,8 @@ torn leftover that the next publication replaces.
 from __future__ import annotations
 
 import os
-from collections.abc import Set as AbstractSet
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Final
 
 import anyio
 import anyio.to_thread
@@ -25,23 +22,13 @@ import msgspec
 from agent.models import diskio, layout
 from hub.manifest import Manifest
 
-__all__ = ["SEAL_THREADS", "publish", "seal_files"]
-
-SEAL_THREADS: Final = 8
-"""Worker threads that fsync a finished tree's files at once (one fsync at a time each)."""
+__all__ = ["publish", "seal_files"]
 
 
-async def seal_files(tree: Path, *, sealed: AbstractSet[str] = frozenset()) -> None:
-    """Every file under ``tree`` read-only and durable, :data:`SEAL_THREADS` at a time.
-
-    ``sealed``: paths this process already made so (small files fsynced as they landed); they
-    are skipped, which spares a stat, an open and an fsync of a clean file each.
-    """
-    found = await anyio.to_thread.run_sync(diskio.files_under, tree)
-    paths = [p for p in found if p not in sealed]
-    async with anyio.create_task_group() as tg:
-        for k in range(min(SEAL_THREADS, len(paths))):
-            tg.start_soon(anyio.to_thread.run_sync, diskio.seal_files, paths[k::SEAL_THREADS])
+async def seal_files(tree: Path) -> None:
+    """Every file under ``tree`` read-only and durable (:func:`diskio.seal`), in a worker
+    thread."""
+    await anyio.to_thread.run_sync(diskio.seal, tree)
 
 
 def publish(cache: layout.Cache, hex_: str, number: int, attempt: Path, manifest: Manifest) -> None:

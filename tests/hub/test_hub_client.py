@@ -12,7 +12,13 @@ import pytest
 import hub
 from hub import client as hub_client
 from hub import testing
-from hub.errors import AccessDenied, InvalidManifest, RevisionNotFound, SourceUnavailable
+from hub.errors import (
+    AccessDenied,
+    IntegrityMismatch,
+    InvalidManifest,
+    RevisionNotFound,
+    SourceUnavailable,
+)
 from hub.manifest import Entry, Manifest
 
 pytestmark = pytest.mark.anyio
@@ -209,3 +215,24 @@ async def test_tree_pages_that_never_end_fail_instead_of_looping(
 
     pages = [s for s in server.seen if "/tree/" in s.path]
     assert len(pages) <= hub_client.MAX_TREE_PAGES
+
+
+async def test_whole_fetches_a_small_file_through_the_cdn_and_refuses_a_wrong_size(
+    fake: tuple[testing.FakeHub, testing.Endpoints],
+) -> None:
+    server, endpoints = fake
+    commit = server.add("org/model", FILES)
+    name, data = "model.safetensors", FILES["model.safetensors"]
+    settings = hub_client.HubSettings(endpoint=endpoints.hub)
+
+    async with hub_client.client(settings) as c:
+        pieces = await c.whole("org/model", commit, name, token=None, size=len(data))
+        with pytest.raises(IntegrityMismatch, match="the server says 4096 bytes"):
+            await c.whole("org/model", commit, name, token=None, size=len(data) + 1)
+        server.break_once[name] = 1000
+        with pytest.raises(SourceUnavailable):
+            await c.whole("org/model", commit, name, token=None, size=len(data))
+        again = await c.whole("org/model", commit, name, token=None, size=len(data))
+
+    assert b"".join(pieces) == data == b"".join(again)
+    assert any("/blobs/" in s.path for s in server.seen)  # the CDN redirect was followed

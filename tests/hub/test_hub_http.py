@@ -259,3 +259,44 @@ async def test_a_redirect_to_a_malformed_url_is_source_unavailable(location: byt
         async with hub_client.client(settings) as hub:
             with pytest.raises(SourceUnavailable, match="redirect to"):
                 await hub.commit("org/model", "main", token=None)
+
+
+async def test_gather_takes_a_body_in_pieces_and_leaves_the_connection_ready() -> None:
+    """A ``Content-Length`` body that arrives in several writes is gathered whole, its pieces
+    never joined, and the connection then serves the next request; a body over the limit is
+    refused before it is read."""
+    parts = [b"a" * 3000, b"b" * 5000, b"c" * 7]
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _request_head(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % sum(map(len, parts)))
+        for part in parts:
+            await writer.drain()
+            await asyncio.sleep(0.02)
+            writer.write(part)
+        await _request_head(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        await _request_head(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\ntoo long!")
+        await writer.drain()
+        await reader.read()  # until the client closes
+        writer.close()
+
+    async with raw_server(handle) as port:
+        client = _client()
+        url = Url(f"http://127.0.0.1:{port}/")
+        response = await client.get(url, {})
+        pieces = await response.gather(1 << 20)
+        response.release()
+        second = await client.get(url, {})
+        reused = second._conn.reused
+        assert await second.gather(10) == [b"ok"]
+        second.release()
+        third = await client.get(url, {})
+        with pytest.raises(http.HttpError, match="body over 8 bytes"):
+            await third.gather(8)
+        third.release()
+        client.close()
+
+    assert len(pieces) >= 2 and b"".join(pieces) == b"".join(parts)
+    assert reused

@@ -203,3 +203,32 @@ async def test_the_one_shot_loads_no_service_stack() -> None:
     )
     result = await anyio.run_process([sys.executable, "-c", code], check=True)
     assert result.stdout.decode().strip() == ""
+
+
+async def test_a_whole_pull_through_the_console_script_imports_no_service_stack(
+    rig: Rig,
+) -> None:
+    """Not only the module: the command as run, start to exit (the launcher, its flags and
+    logging, the pull, the seal, the output), loads none of the service stacks, YAML, the
+    Kubernetes client or the metrics library, each of which would cost the one-shot's start."""
+    rig.artifact("org/model", FILES)
+    forbidden = (
+        "yaml", "prometheus_client", "kubernetes_asyncio", "aiohttp", "yarl", "grpclib",
+        "nats", "aiofiles", "bus.connection", "kit.serving", "controlplane",
+    )  # fmt: skip
+    code = (
+        "import atexit, sys\n"
+        f"bad = {forbidden!r}\n"
+        "atexit.register(lambda: print('loaded:', *sorted(m for m in bad if m in sys.modules),"
+        " file=sys.stderr))\n"
+        "sys.argv[0] = 'gpustack-operator'\n"
+        "import gpustack_operator.main as m\n"
+        "m.console()\n"
+    )
+    argv = [sys.executable, "-c", code, "mm", "pull", "org/model"]
+    argv += ["--cache-root", str(rig.settings.cache_root)]
+    result = await anyio.run_process(argv, env=_env(HF_ENDPOINT=rig.endpoints.hub), check=False)
+    err = result.stderr.decode()
+    assert result.returncode == 0, err
+    assert result.stdout.decode().startswith("commit: ")
+    assert err.strip().splitlines()[-1] == "loaded:"
