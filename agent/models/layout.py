@@ -115,6 +115,15 @@ def write_atomically(path: Path, data: bytes) -> None:
     files.write_atomically(path, data, mode=0o644)
 
 
+def _ours_before_layout(path: Path) -> bool:
+    """What an empty root may hold before its layout file exists: the filesystem's
+    ``lost+found``, or the temporary file of our own layout write killed before its rename (a
+    pull killed at that moment must not leave a root that every later pull refuses)."""
+    return path.name == "lost+found" or (
+        path.name.startswith(".layout.") and path.name.endswith(".tmp") and path.is_file()
+    )
+
+
 class Cache:
     """Paths and records under one cache root; :meth:`open` checks or creates the layout."""
 
@@ -143,9 +152,11 @@ class Cache:
             found = layout.read_text(errors="replace").strip()
             if found != LAYOUT:
                 raise CacheCorrupt(f"{root}: layout {found[:40]!r} is not {LAYOUT!r}; refusing")
-        elif any(p.name != "lost+found" for p in root.iterdir()):
+        elif any(not _ours_before_layout(p) for p in root.iterdir()):
             raise CacheCorrupt(f"{root}: not empty and has no layout file; refusing to use it")
         else:
+            for torn in root.glob(".layout.*.tmp"):  # a creation killed before its rename
+                torn.unlink(missing_ok=True)
             write_atomically(layout, (LAYOUT + "\n").encode())
         for d in (cache.published, cache.partial, cache.trash, cache.refs, cache.digests):
             d.mkdir(parents=True, exist_ok=True)

@@ -139,6 +139,20 @@ def test_cache_refuses_a_foreign_non_empty_directory(tmp_path: Path) -> None:
         layout.Cache.open(tmp_path)
 
 
+def test_cache_created_by_a_pull_killed_before_its_layout_rename_opens(tmp_path: Path) -> None:
+    # found by the crash test: killed between mkstemp and rename, the root held only the
+    # temporary layout file, and every later pull refused the root as foreign
+    (tmp_path / ".layout.k2v9x1.tmp").write_bytes(b"gpustack-mo")
+    cache = layout.Cache.open(tmp_path)
+    assert (tmp_path / "layout").read_text().strip() == layout.LAYOUT
+    assert not list(tmp_path.glob(".layout.*"))
+    assert cache.published.is_dir()
+    other = tmp_path / "other"
+    (other / ".layout.k2v9x1.tmp").mkdir(parents=True)  # only a file of that name is ours
+    with pytest.raises(CacheCorrupt):
+        layout.Cache.open(other)
+
+
 def test_cache_opens_twice_and_empties_trash(tmp_path: Path) -> None:
     cache = layout.Cache.open(tmp_path)
     (cache.trash / "old").mkdir()
