@@ -23,9 +23,9 @@ from controlplane.chain.reconciler import ChainReconciler
 from controlplane.extension import audit, auth, guards, registration
 from controlplane.extension.api import ExtensionApi
 from controlplane.extension.fleetview import GatewayReader
+from controlplane.extension.workergroup import catalog as worker_catalog
 from controlplane.extension.workergroup import registration as worker_registration
 from controlplane.extension.workergroup.group import WorkerGroup
-from controlplane.extension.workergroup.serving import with_group
 from controlplane.k8s import client
 from controlplane.reconciling.ledger import Ledger
 from controlplane.reviewing import KubeReviewer
@@ -35,8 +35,6 @@ from kit import serving
 from kit.access import CachedAuthorizer
 
 __all__ = ["serve"]
-
-_Callers = tuple[auth.Authenticator | None, auth.Authorizer | None]
 
 
 @asynccontextmanager
@@ -70,11 +68,10 @@ async def serve(  # noqa: PLR0913 - the parts of one endpoint, each passed by th
                 certificates.serving_identity(api, settings.https, settings.webhooks)
             )
             https, ca_bundle = ident.https, ident.ca_bundle
-        extension, proxy, callers = await _extension(settings, api, ledger, source, samples)
+        extension, proxy = await _extension(settings, api, ledger, source, samples, group)
         handlers = extension.handlers()
-        if group is not None:  # worker.gpustack.ai/v1, with the same callers' checks
-            group.api.secure(*callers)
-            handlers = with_group(group.api, handlers)
+        if group is not None:  # worker.gpustack.ai/v1's discovery waits for its caches
+            handlers = group.gate(handlers)
         middlewares = []
         if settings.audit.enabled:
             auditor = await stack.enter_async_context(audit.Auditor(settings.audit).running())
@@ -118,9 +115,10 @@ async def _extension(
     ledger: Ledger,
     source: SettingsSource,
     samples: registration.LatestSamples,
-) -> tuple[ExtensionApi, auth.FrontProxy | None, _Callers]:
-    """The extension API; its front proxy read from the cluster unless ``--disable-auths``; and
-    who may call (the authenticator and authorizer, None under ``--disable-auths``)."""
+    group: WorkerGroup | None,
+) -> tuple[ExtensionApi, auth.FrontProxy | None]:
+    """The extension API (``gpustack.ai/v1`` and, given ``group``, ``worker.gpustack.ai/v1``);
+    its front proxy read from the cluster unless ``--disable-auths``."""
     proxy = None
     if api is not None and not settings.disable_auths:
         proxy = await auth.load_front_proxy(api)
@@ -135,5 +133,6 @@ async def _extension(
         source=source, namespace=settings.namespace, samples=samples,
         models=models, authenticator=authenticator, authorizer=authorizer,
         fleet=None if settings.gateway_unix_path is None else GatewayReader(settings.gateway_unix_path),
+        groups=() if group is None else [(worker_catalog.SPEC, group.providers)],
     )  # fmt: skip
-    return extension, proxy, (authenticator, authorizer)
+    return extension, proxy

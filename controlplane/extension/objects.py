@@ -1,22 +1,25 @@
-"""The extension API's documents, built from plain data: pure functions.
+"""The documents and schemas of ``gpustack.ai/v1``: pure data and pure functions.
 
-``gpustack.ai/v1`` serves three resources:
+Four resources, declared in :data:`GROUP_VERSION_SPEC` for the API-serving core
+(:mod:`controlplane.extension.core`), which gives them discovery, OpenAPI, selectors, paging,
+watch, tables and the write semantics:
 
 - ``settings`` (namespaced, system namespace only; ``Setting``, short ``set``): one per catalog
-  entry, ``status`` = description, editable, sensitive and the value (``(sensitive)`` for a set
-  sensitive one); ``spec.value`` is write-only;
+  entry; ``spec.value`` is the text (absent for a sensitive setting: write-only there);
+  ``status`` = description, editable, sensitive and the value (``(sensitive)`` for a set
+  sensitive one);
 - ``nodeutilizations`` (cluster; ``NodeUtilization``): each node's latest retained utilization
   sample, as the device agent published it on the bus;
 - ``modeldownloads`` (cluster; ``ModelDownload``): each node's models not yet ready, with bytes
-  done and total, from the model agents' last reports.
+  done and total, from the model agents' last reports;
+- ``aggregatedinstancetypes`` (cluster; short ``ait``): the worker-gateway's fleet aggregate.
 
-Lists are Kubernetes-style (``<Kind>List`` with ``metadata.resourceVersion``); a ``kubectl get``
-asking for a Table gets one for settings.
+Objects carry no ``resourceVersion``; the core's cache versions them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any, Final
 
@@ -24,130 +27,41 @@ import msgspec
 
 from bus import events
 from controlplane import settingscatalog
+from controlplane.extension.core.model import GroupVersion, ResourceSpec
+from controlplane.extension.core.tables import Column
 from controlplane.settingscatalog import Entry
 
 __all__ = [
     "GROUP",
-    "RESOURCES",
+    "GROUP_VERSION",
+    "GROUP_VERSION_SPEC",
     "VERSION",
-    "api_group",
-    "api_resource_list",
     "downloads",
-    "listed",
     "setting",
-    "settings_table",
-    "status",
     "utilization",
 ]
 
 GROUP: Final = "gpustack.ai"
 VERSION: Final = "v1"
 GROUP_VERSION: Final = f"{GROUP}/{VERSION}"
-EPOCH: Final = "1970-01-01T00:00:00Z"
 
 
-class ResourceInfo(msgspec.Struct, frozen=True, kw_only=True):
-    name: str
-    singular: str
-    kind: str
-    namespaced: bool
-    verbs: tuple[str, ...]
-    short: tuple[str, ...] = ()
-
-
-RESOURCES: Final[Mapping[str, ResourceInfo]] = {
-    r.name: r
-    for r in (
-        ResourceInfo(
-            name="settings", singular="setting", kind="Setting", namespaced=True,
-            verbs=("get", "list", "watch", "update", "patch"), short=("set",),
-        ),
-        ResourceInfo(
-            name="nodeutilizations", singular="nodeutilization", kind="NodeUtilization",
-            namespaced=False, verbs=("get", "list"),
-        ),
-        ResourceInfo(
-            name="modeldownloads", singular="modeldownload", kind="ModelDownload",
-            namespaced=False, verbs=("get", "list"),
-        ),
-        ResourceInfo(
-            name="aggregatedinstancetypes", singular="aggregatedinstancetype",
-            kind="AggregatedInstanceType", namespaced=False, verbs=("get", "list"),
-            short=("ait",),
-        ),
-    )
-}  # fmt: skip
-
-
-def api_resource_list() -> dict[str, Any]:
-    """``GET /apis/gpustack.ai/v1``: what ``kubectl`` discovers."""
-    resources = [
-        {
-            "name": r.name, "singularName": r.singular, "namespaced": r.namespaced, "kind": r.kind,
-            "verbs": list(r.verbs), "shortNames": list(r.short), "categories": ["gpustack"],
-        }
-        for r in RESOURCES.values()
-    ]  # fmt: skip
-    return {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": GROUP_VERSION,
-            "resources": resources}  # fmt: skip
-
-
-def api_group() -> dict[str, Any]:
-    version = {"groupVersion": GROUP_VERSION, "version": VERSION}
-    return {"kind": "APIGroup", "apiVersion": "v1", "name": GROUP, "versions": [version],
-            "preferredVersion": version}  # fmt: skip
-
-
-def status(code: int, reason: str, message: str) -> dict[str, Any]:
-    """A ``metav1.Status`` failure."""
-    return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-            "message": message, "reason": reason, "code": code}  # fmt: skip
-
-
-def setting(
-    entry: Entry, text: str, *, namespace: str, version: str, created: str
-) -> dict[str, Any]:
-    """One ``Setting``; ``version`` is the store's, so a write can be made conditional on it."""
+def setting(entry: Entry, text: str, *, namespace: str, created: str) -> dict[str, Any]:
+    """One ``Setting``; ``created`` is the store's creation time (empty: unknown, the cache
+    stamps when it first saw the setting)."""
     return {
         "apiVersion": GROUP_VERSION,
         "kind": "Setting",
         "metadata": {
-            "name": entry.name, "namespace": namespace, "resourceVersion": version,
-            "creationTimestamp": created or EPOCH,
+            "name": entry.name, "namespace": namespace,
+            **({"creationTimestamp": created} if created else {}),
         },
-        "spec": {},
+        "spec": {} if entry.sensitive else {"value": text},
         "status": {
             "description": entry.shown_description, "editable": entry.editable,
             "sensitive": entry.sensitive, "value": settingscatalog.shown(entry, text),
         },
     }  # fmt: skip
-
-
-def listed(kind: str, items: list[dict[str, Any]], version: str) -> dict[str, Any]:
-    return {"apiVersion": GROUP_VERSION, "kind": f"{kind}List",
-            "metadata": {"resourceVersion": version}, "items": items}  # fmt: skip
-
-
-def settings_table(items: Iterable[dict[str, Any]], version: str) -> dict[str, Any]:
-    """A ``meta.k8s.io/v1`` Table, for ``kubectl get settings``."""
-    columns = [
-        {"name": "Name", "type": "string", "format": "name", "description": "the setting"},
-        {"name": "Value", "type": "string", "format": "", "description": "its value"},
-        {"name": "Editable", "type": "boolean", "format": "", "description": "may be set"},
-        {"name": "Description", "type": "string", "format": "", "description": "what it does",
-         "priority": 1},
-    ]  # fmt: skip
-    rows = [
-        {
-            "cells": [i["metadata"]["name"], i["status"]["value"], i["status"]["editable"],
-                      i["status"]["description"]],
-            "object": {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1",
-                       "metadata": i["metadata"]},
-        }
-        for i in items
-    ]  # fmt: skip
-    return {"kind": "Table", "apiVersion": "meta.k8s.io/v1",
-            "metadata": {"resourceVersion": version}, "columnDefinitions": columns, "rows": rows}  # fmt: skip
 
 
 def _time(t: datetime) -> str:
@@ -158,7 +72,7 @@ def utilization(event: events.SamplesEvent) -> dict[str, Any]:
     """One node's latest sample, as the agent published it."""
     return {
         "apiVersion": GROUP_VERSION, "kind": "NodeUtilization",
-        "metadata": {"name": event.node, "creationTimestamp": _time(event.ts)},
+        "metadata": {"name": event.node},
         "timestamp": _time(event.ts), "periodSeconds": event.period_s,
         "samples": msgspec.to_builtins(event.samples),
     }  # fmt: skip
@@ -180,4 +94,91 @@ def downloads(node: str, models: Iterable[events.ModelState]) -> dict[str, Any]:
             entry["reason"] = m.reason
         out.append(entry)
     return {"apiVersion": GROUP_VERSION, "kind": "ModelDownload",
-            "metadata": {"name": node, "creationTimestamp": EPOCH}, "models": out}  # fmt: skip
+            "metadata": {"name": node}, "models": out}  # fmt: skip
+
+
+_S: Final = {"type": "string"}
+
+
+def _d(schema: dict[str, Any], text: str) -> dict[str, Any]:
+    return {**schema, "description": text}
+
+
+def _obj(text: str, **props: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "object", "description": text, "properties": props}
+
+
+_OPEN: Final = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+
+SETTING_SCHEMA: Final = _obj(
+    "One cluster-wide setting of gpustack-operator (docs/settings.md).",
+    spec=_obj("What to set.", value=_d(_S, "The setting's text, as its rules read it. "
+                                          "Write-only (never returned) for a sensitive one.")),
+    status=_obj(
+        "The setting as the worker reads it.",
+        description=_d(_S, "What the setting does."),
+        editable=_d({"type": "boolean"}, "Whether it may be changed through the API."),
+        sensitive=_d({"type": "boolean"}, "Whether its value is hidden when read."),
+        value=_d(_S, "The current text; (sensitive) for a set sensitive setting."),
+    ),
+)  # fmt: skip
+UTILIZATION_SCHEMA: Final = _obj(
+    "A node's latest utilization sample, as its device agent published it on the bus.",
+    timestamp=_d({"type": "string", "format": "date-time"}, "When the sample was taken."),
+    periodSeconds=_d({"type": "number"}, "The agent's sampling period."),
+    samples={"type": "array", "description": "One entry per accelerator (the agent's fields).",
+             "items": _OPEN},
+)  # fmt: skip
+_MODEL: Final = _obj(
+    "One model that is not ready on the node.",
+    digest=_d(_S, "The model's digest (or its name before it is resolved)."),
+    state=_d(_S, "pending, downloading or failed."),
+    sizeBytes=_d({"type": "integer"}, "The model's size, when known."),
+    downloadedBytes=_d({"type": "integer"}, "Bytes already on the node."),
+    percent=_d({"type": "integer"}, "downloadedBytes as a percentage of sizeBytes."),
+    reason=_d(_S, "Why it failed."),
+)  # fmt: skip
+DOWNLOADS_SCHEMA: Final = _obj(
+    "A node's models that are not ready yet, from the model agent's last report.",
+    models={"type": "array", "description": "The models.", "items": _MODEL},
+)  # fmt: skip
+AGGREGATE_SCHEMA: Final = _obj(
+    "An instance type summed over the fleet by the worker-gateway beside the worker.",
+    spec=_d(_OPEN, "The instance type, as the gateway reports it."),
+    status=_d(_OPEN, "What the fleet offers of it (per view: onceMaxRequest, remaining, "
+                     "capacity)."),
+)  # fmt: skip
+
+GROUP_VERSION_SPEC: Final = GroupVersion(group=GROUP, version=VERSION, resources=(
+    ResourceSpec(
+        plural="settings", singular="setting", kind="Setting", namespaced=True,
+        verbs=("get", "list", "watch", "update", "patch"), short=("set",),
+        categories=("gpustack",), schema=SETTING_SCHEMA, field_paths=("status.editable",),
+        columns=(
+            Column(name="Value", json_path=".status.value", description="its value"),
+            Column(name="Editable", type="boolean", json_path=".status.editable",
+                   description="may be set"),
+            Column(name="Description", json_path=".status.description",
+                   description="what it does", priority=1),
+        ),
+    ),
+    ResourceSpec(
+        plural="nodeutilizations", singular="nodeutilization", kind="NodeUtilization",
+        namespaced=False, verbs=("get", "list"), categories=("gpustack",),
+        schema=UTILIZATION_SCHEMA,
+        columns=(Column(name="Sampled", json_path=".timestamp", description="when"),),
+    ),
+    ResourceSpec(
+        plural="modeldownloads", singular="modeldownload", kind="ModelDownload",
+        namespaced=False, verbs=("get", "list"), categories=("gpustack",),
+        schema=DOWNLOADS_SCHEMA,
+        columns=(Column(name="Models", json_path=".models[*].digest", priority=1,
+                        description="the first model not ready"),),
+    ),
+    ResourceSpec(
+        plural="aggregatedinstancetypes", singular="aggregatedinstancetype",
+        kind="AggregatedInstanceType", namespaced=False, verbs=("get", "list"),
+        short=("ait",), categories=("gpustack",), schema=AGGREGATE_SCHEMA,
+    ),
+))  # fmt: skip
+"""``gpustack.ai/v1`` as the core serves it."""

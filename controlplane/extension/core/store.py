@@ -1,0 +1,195 @@
+"""The core's view of one resource: the objects, their resourceVersions and a bounded history.
+
+A provider (the settings store, an informer, a bus ledger) says what the objects are *now*;
+:meth:`ObjectCache.sync` compares that with what it held and records one event per object that
+changed, each with the next resourceVersion. That gives every resource, whatever backs it, the
+same list/watch semantics:
+
+- ``resourceVersion`` is an integer counter per cache, starting at the microsecond the cache
+  was made, so a worker that restarts hands out larger numbers than before (a client's old
+  version is then too old, never mistaken for a newer one);
+- the state at any version since :attr:`ObjectCache.oldest` can be rebuilt
+  (:meth:`~ObjectCache.state_at`, for exact-version lists and consistent continue tokens), and
+  the events after it replayed (:meth:`~ObjectCache.events_after`, for a resumed watch); older
+  is :func:`~controlplane.extension.core.failures.expired` (410);
+- ``metadata.creationTimestamp`` is kept from the provider when given, otherwise the time the
+  cache first saw the object; ``metadata.uid`` likewise (a stable UUID of resource, key and
+  creation time); ``metadata.managedFields`` belongs to the cache (server-side apply).
+
+Invariants: objects handed out are never mutated afterwards (the cache replaces, never edits);
+:meth:`sync` is synchronous and the only writer; :attr:`changed` is set after every sync that
+recorded an event, then replaced, so waiters wake once per change.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable, Iterable
+from datetime import UTC, datetime
+from typing import Any, Final
+
+import anyio
+import msgspec
+
+from controlplane.extension.core.failures import ApiFailure, expired
+
+__all__ = ["HISTORY", "Event", "ObjectCache", "key_of", "now_rfc3339"]
+
+HISTORY: Final = 1000
+"""Events kept per resource: a watch or continue token further behind gets 410."""
+
+
+def now_rfc3339() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def key_of(obj: dict[str, Any]) -> str:
+    """``namespace/name`` (or ``name`` for a cluster-scoped object): the cache's sort order."""
+    meta = obj.get("metadata") or {}
+    ns, name = meta.get("namespace") or "", meta.get("name") or ""
+    return f"{ns}/{name}" if ns else str(name)
+
+
+class Event(msgspec.Struct, frozen=True):
+    type: str
+    """``ADDED``, ``MODIFIED`` or ``DELETED``."""
+    rv: int
+    obj: dict[str, Any]
+    """The object at ``rv`` (for DELETED: its last state, stamped with ``rv``)."""
+    prev: dict[str, Any] | None
+    """The object before (None for ADDED): what :meth:`ObjectCache.state_at` rewinds to."""
+
+
+class _Entry(msgspec.Struct):
+    raw: dict[str, Any]
+    managed: list[dict[str, Any]]
+    created: str
+    uid: str
+    served: dict[str, Any]
+
+
+class ObjectCache:
+    """One resource's objects; ``resource`` seeds the uids, ``now`` stamps creation times."""
+
+    def __init__(
+        self,
+        resource: str,
+        *,
+        start: int | None = None,
+        history: int = HISTORY,
+        now: Callable[[], str] = now_rfc3339,
+    ) -> None:
+        self.resource = resource
+        self.rv = start if start is not None else time.time_ns() // 1000
+        self.oldest = self.rv
+        """The oldest version whose state can be rebuilt."""
+        self._now = now
+        self._entries: dict[str, _Entry] = {}
+        self._events: deque[Event] = deque()
+        self._history = history
+        self.changed = anyio.Event()
+        self.synced = False
+
+    def get(self, key: str) -> dict[str, Any] | None:
+        entry = self._entries.get(key)
+        return None if entry is None else entry.served
+
+    def items(self) -> list[dict[str, Any]]:
+        """The current objects, sorted by key."""
+        return [self._entries[k].served for k in sorted(self._entries)]
+
+    def managed(self, key: str) -> list[dict[str, Any]]:
+        entry = self._entries.get(key)
+        return [] if entry is None else entry.managed
+
+    def sync(
+        self,
+        objects: Iterable[dict[str, Any]],
+        managed: dict[str, list[dict[str, Any]]] | None = None,
+    ) -> list[Event]:
+        """Make the cache hold ``objects`` (the provider's full current set); ``managed``
+        replaces the managed fields of those keys. :returns: the events recorded."""
+        first = not self.synced
+        self.synced = True
+        wanted = {key_of(o): o for o in objects}
+        out: list[Event] = []
+        for key in sorted(self._entries.keys() - wanted.keys()):
+            entry = self._entries.pop(key)
+            out.append(self._record("DELETED", self._stamp(key, entry, self.rv + 1),
+                                    entry.served))  # fmt: skip
+        for key in sorted(wanted):
+            raw, old = wanted[key], self._entries.get(key)
+            fields = (managed or {}).get(key, old.managed if old else [])
+            if old is not None and old.raw == raw and old.managed == fields:
+                continue
+            entry = self._entry(key, raw, fields, old)
+            if first:  # the initial state is the base, not a history of additions
+                entry.served = self._stamp(key, entry, self.rv)
+            else:
+                entry.served = self._stamp(key, entry, self.rv + 1)
+                out.append(self._record("ADDED" if old is None else "MODIFIED", entry.served,
+                                        None if old is None else old.served))  # fmt: skip
+            self._entries[key] = entry
+        if out:
+            self.changed.set()
+            self.changed = anyio.Event()
+        return out
+
+    def _entry(self, key: str, raw: dict[str, Any], managed: list[dict[str, Any]],
+               old: _Entry | None) -> _Entry:  # fmt: skip
+        raw = copy.deepcopy(raw)
+        meta = raw.get("metadata") or {}
+        created = str(meta.get("creationTimestamp") or (old.created if old else self._now()))
+        uid = str(meta.get("uid") or (old.uid if old else "")) or str(
+            uuid.uuid5(uuid.NAMESPACE_URL, f"{self.resource}/{key}/{created}")
+        )
+        return _Entry(raw=raw, managed=list(managed), created=created, uid=uid, served={})
+
+    def _stamp(self, key: str, entry: _Entry, rv: int) -> dict[str, Any]:
+        served = copy.deepcopy(entry.raw)
+        meta = served.setdefault("metadata", {})
+        meta.update(resourceVersion=str(rv), creationTimestamp=entry.created, uid=entry.uid)
+        if entry.managed:
+            meta["managedFields"] = copy.deepcopy(entry.managed)
+        return served
+
+    def _record(self, kind: str, obj: dict[str, Any], prev: dict[str, Any] | None) -> Event:
+        self.rv += 1
+        event = Event(kind, self.rv, obj, prev)
+        self._events.append(event)
+        while len(self._events) > self._history:
+            self.oldest = self._events.popleft().rv
+        return event
+
+    def _check(self, rv: int, what: str) -> None:
+        if rv < self.oldest:
+            raise expired(f"too old resource version: {rv} ({self.oldest}): {what}")
+        if rv > self.rv:
+            raise ApiFailure(
+                504, "Timeout", f"Too large resource version: {rv}, current: {self.rv}",
+                details={"causes": [{"reason": "ResourceVersionTooLarge",
+                                     "message": "Too large resource version"}],
+                         "retryAfterSeconds": 1},
+            )  # fmt: skip
+
+    def state_at(self, rv: int) -> list[dict[str, Any]]:
+        """The objects as they were at ``rv``, sorted by key. :raises ApiFailure: 410 or 504."""
+        self._check(rv, "the state at it is no longer kept")
+        state = {k: e.served for k, e in self._entries.items()}
+        for event in reversed(self._events):
+            if event.rv <= rv:
+                break
+            key = key_of(event.obj)
+            if event.prev is None:
+                state.pop(key, None)
+            else:
+                state[key] = event.prev
+        return [state[k] for k in sorted(state)]
+
+    def events_after(self, rv: int) -> list[Event]:
+        """The events after ``rv``, oldest first. :raises ApiFailure: 410 or 504."""
+        self._check(rv, "a watch must list again")
+        return [e for e in self._events if e.rv > rv]
