@@ -405,3 +405,36 @@ async def test_standalone_serves_the_ledger_instancetypes(tmp_path: Path) -> Non
     assert int(types["metadata"]["resourceVersion"]) > 0
     assert devs["kind"] == "Devices" and devs["spec"]["groups"][0]["manufacturer"] == "nvidia"
     assert flavors["items"]
+
+
+async def test_modelartifacts_of_one_name_in_two_namespaces_are_both_served(tmp_path: Path) -> None:
+    """The informer keys a namespaced resource by namespace and name: two artifacts named
+    alike are two objects, each in its own namespace (keyed by name alone, one hid the other)."""
+
+    def artifact(namespace: str, repo: str) -> dict[str, Any]:
+        return {"apiVersion": f"{GROUP}/v1alpha1", "kind": "ModelArtifact",
+                "metadata": {"name": "m", "namespace": namespace},
+                "spec": {"source": {"huggingFace": {"repository": repo}}}}  # fmt: skip
+
+    async with cluster(tmp_path) as (c, _), aiohttp.ClientSession() as http:
+        c.fake.put_object(f"{STORED}/modelartifacts", artifact("a", "org/one"))
+        c.fake.put_object(f"{STORED}/modelartifacts", artifact("b", "org/two"))
+        await served(http, c, tmp_path)
+        ctx = client_context(tmp_path, None)
+
+        async def both() -> bool:
+            r = await http.get(c.url + V1 + "/modelartifacts", ssl=ctx, headers=TOKEN)
+            return len((await r.json())["items"]) == 2
+
+        await eventually(both, timeout_s=20)
+        in_b = await (
+            await http.get(c.url + V1 + "/namespaces/b/modelartifacts/m", ssl=ctx, headers=TOKEN)
+        ).json()
+        config = kubeconfig(tmp_path, c.url)
+        explain = await anyio.to_thread.run_sync(kubectl, config, "explain", "instancetypes.spec")
+    assert in_b["spec"]["source"]["huggingFace"]["repository"] == "org/two"
+    assert in_b["apiVersion"] == "worker.gpustack.ai/v1"
+    assert explain.returncode == 0, explain.stderr
+    assert (
+        "acceleratorGroup" in explain.stdout and "GROUP:      worker.gpustack.ai" in explain.stdout
+    )
