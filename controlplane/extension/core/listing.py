@@ -68,10 +68,14 @@ class ListOptions(msgspec.Struct, frozen=True, kw_only=True):
     bookmarks: bool = False
     timeout_s: float = MAX_WATCH_S
     initial_events: bool | None = None
+    namespace: str = ""
+    """The URL's namespace (not a selector: it does not hide ``remainingItemCount``)."""
 
     def matches(self, obj: Mapping[str, Any]) -> bool:
-        labels = (obj.get("metadata") or {}).get("labels") or {}
-        return self.labels.matches(labels) and self.fields.matches(obj)
+        meta = obj.get("metadata") or {}
+        if self.namespace and meta.get("namespace") != self.namespace:
+            return False
+        return self.labels.matches(meta.get("labels") or {}) and self.fields.matches(obj)
 
 
 def _bool(query: Mapping[str, str], name: str) -> bool | None:
@@ -150,12 +154,12 @@ class Page(msgspec.Struct, frozen=True):
 
 def _encode(rv: int, start: str) -> str:
     doc = json.dumps({"v": "meta.k8s.io/v1", "rv": rv, "start": start}).encode()
-    return base64.urlsafe_b64encode(doc).decode()
+    return base64.urlsafe_b64encode(doc).decode().rstrip("=")
 
 
 def _decode(token: str) -> tuple[int, str]:
     try:
-        doc = json.loads(base64.urlsafe_b64decode(token.encode()))
+        doc = json.loads(base64.urlsafe_b64decode(token.encode() + b"=" * (-len(token) % 4)))
         rv, start = doc["rv"], doc["start"]
         if (
             doc.get("v") != "meta.k8s.io/v1"

@@ -119,7 +119,10 @@ def _operation(doc: Any, op: Any) -> Any:
     if kind == "add":
         return _add(doc, path, copy.deepcopy(op["value"]))
     source = _pointer(op["from"])
-    if kind == "move" and path[: len(source)] == source and path != source:
+    if kind == "move" and source == path:
+        _get(doc, source)  # a move onto itself is a no-op, when the value exists
+        return doc
+    if kind == "move" and path[: len(source)] == source:
         raise _unapplied(f"cannot move {op['from']!r} into itself")
     value = _remove(doc, source) if kind == "move" else copy.deepcopy(_get(doc, source))
     return _add(doc, path, value)

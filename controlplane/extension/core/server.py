@@ -26,6 +26,7 @@ from datetime import UTC, datetime
 from typing import Any, Final
 
 import anyio
+import msgspec
 from aiohttp import web
 
 from controlplane.extension.core import discovery, listing, openapi, writes
@@ -118,8 +119,9 @@ class ApiServer:
     def allowed(self, r: Route) -> None:
         """:raises ApiFailure: 405, the resource does not serve the verb."""
         if r.verb not in r.resource.verbs:
-            raise ApiFailure(405, "MethodNotAllowed", f"{r.resource.plural} cannot be "
-                             f"{r.verb}d here; allowed: {', '.join(r.resource.verbs)}",
+            raise ApiFailure(405, "MethodNotAllowed", "the server does not allow this method on "
+                             f"the requested resource ({r.resource.plural}: no {r.verb}; "
+                             f"allowed: {', '.join(r.resource.verbs)})",
                              details={"group": r.gv.group, "kind": r.resource.plural,
                                       "name": r.name})  # fmt: skip
 
@@ -151,7 +153,7 @@ class ApiServer:
         as_table = wants_table(request.headers.get("Accept", ""))
         options = listing.parse_options(request.query, served.spec.allows_field)
         if r.namespace:
-            options = listing.with_field(options, "metadata.namespace", r.namespace)
+            options = msgspec.structs.replace(options, namespace=r.namespace)
         if r.verb == "watch":
             if r.name:
                 options = listing.with_field(options, "metadata.name", r.name)
@@ -267,14 +269,15 @@ class ApiServer:
                         await send("ADDED", obj)
                 if start.end_bookmark:
                     await send("BOOKMARK", listing.initial_events_end(kind, api_version, start.rv))
-                await self._follow(served, options, start, poke, send)
+                await self._follow(served, options, start, poke, send, request)
                 tg.cancel_scope.cancel()
         await response.write_eof()
         return response
 
     async def _follow(self, served: _Served, options: listing.ListOptions,
                       start: listing.WatchStart, poke: _Poke,
-                      send: Any) -> None:  # fmt: skip
+                      send: Any, request: web.Request) -> None:  # fmt: skip
+        """Send events until the client goes (checked on every wake-up) or the time is up."""
         rv, pending = start.rv, start.replay
         while True:
             for event in pending:
@@ -283,6 +286,8 @@ class ApiServer:
                     await send(*seen)
                 rv = max(rv, event.rv)
             woke = await _wait(poke, served.cache.changed, self._bookmark_s)
+            if request.transport is None or request.transport.is_closing():
+                return
             await self.sync(served)
             try:
                 pending = served.cache.events_after(rv)
