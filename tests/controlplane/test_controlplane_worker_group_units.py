@@ -13,7 +13,7 @@ from bus import events
 from bus.devices import DeviceGroup
 from controlplane.extension.workergroup import catalog
 from controlplane.extension.workergroup.progress import progress
-from controlplane.extension.workergroup.providers import LedgerFeed
+from controlplane.extension.workergroup.providers import InformerProvider, LedgerFeed
 from controlplane.reconciling.ledger import Ledger
 
 DIGEST = "sha256:" + "cd" * 32
@@ -72,3 +72,27 @@ def test_ledger_bodies_are_kept_while_only_timestamps_change(
     feed.sync()
     assert set(feed.held["devices"]) == {"n1", "n2"}
     assert feed.held["devices"]["n1"] is first["devices"]["n1"]
+
+
+@pytest.mark.anyio
+async def test_an_unchanged_informer_body_is_handed_out_as_the_same_view() -> None:
+    """The core takes an object it was handed before as unchanged without comparing: a read
+    of a large informer-backed resource costs identity checks only."""
+    from typing import cast
+
+    from controlplane.k8s.client import KubeClient
+    from controlplane.k8s.informing import Informer
+    from controlplane.resources import DEVICES
+
+    informer = Informer(cast(KubeClient, None), DEVICES)
+    informer.apply_list([{"metadata": {"name": "a", "resourceVersion": "1"}},
+                         {"metadata": {"name": "b", "resourceVersion": "1"}}])  # fmt: skip
+    provider = InformerProvider("devices", informer)
+    first = await provider.objects()
+    again = await provider.objects()
+    informer.apply("MODIFIED", {"metadata": {"name": "b", "resourceVersion": "2"}})
+    after = await provider.objects()
+    assert [x is y for x, y in zip(first, again, strict=True)] == [True, True]
+    assert after[0] is first[0] and after[1] is not first[1]
+    assert after[1]["metadata"]["resourceVersion"] == "2"
+    assert after[1]["apiVersion"] == catalog.GROUP_VERSION

@@ -105,6 +105,10 @@ class InformerProvider(_Reads):
         self._name, self.informer = name, informer
         self._deleter, self._downloads = deleter, downloads
         self._changes = Changes()
+        self._views: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {}
+        """Informer key -> (its body, the view handed out): an unchanged body (the informer
+        replaces, never edits, one) gets the same view, which the core takes as unchanged
+        without comparing."""
         informer.listen(self._changes.tell)
 
     @property
@@ -115,7 +119,14 @@ class InformerProvider(_Reads):
         if not self.ready:
             raise ApiFailure(503, "ServiceUnavailable",
                              f"{self._name}: the cache has not listed yet")  # fmt: skip
-        return [catalog.view(b) for b in self.informer.objects.values()]
+        views: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {}
+        for key, body in self.informer.objects.items():
+            held = self._views.get(key)
+            views[key] = (
+                held if held is not None and held[0] is body else (body, catalog.view(body))
+            )
+        self._views = views
+        return [v for _, v in views.values()]
 
     def changes(self) -> Any:
         return self._changes.follow()
