@@ -100,7 +100,8 @@ def test_the_worker_group_apiservice_is_the_code_and_points_at_the_worker() -> N
     target = find(base, "APIService", group.APISERVICE_NAME)["spec"]
     assert target["service"]["name"] == service["metadata"]["name"]
     assert target["service"]["port"] in [p["port"] for p in service["spec"]["ports"]]
-    assert (target["groupPriorityMinimum"], target["versionPriority"]) == (1000, 100)
+    # below the CRDs' v1alpha1 (100): v1 is served, not preferred (see registration.py)
+    assert (target["groupPriorityMinimum"], target["versionPriority"]) == (1000, 15)
 
 
 async def test_the_worker_may_apply_the_worker_group_apiservice() -> None:

@@ -3,10 +3,9 @@
 Each resource is the v1 view of a stored ``v1alpha1`` object: the same body with
 ``apiVersion: worker.gpustack.ai/v1`` (:func:`view`), described by the same schema as its CRD
 (:func:`controlplane.crds.definitions`), so OpenAPI, ``kubectl explain`` and the stored objects
-agree. Verbs follow the reference: reads everywhere; ``delete`` of ``nodemodelstores``, and of
-``devices`` so that the garbage collector, which reaches a group through its preferred version
-and tracks only what it may delete, still removes them with their Node; ``modelartifacts``
-carry the ``progress`` subresource, computed per request.
+agree. Verbs follow the reference: reads everywhere, ``delete`` of ``nodemodelstores`` (the
+stored object is deleted); ``modelartifacts`` carry the ``progress`` subresource, computed per
+request.
 
 Printer columns (the core adds ``Age``): the reference's where it lists them (NodeModelStore:
 Ready, Used, Models, Downloading; InstanceType: ``ACCELERATOR(EX/SH/SL/PT)``, the
@@ -63,7 +62,7 @@ def _spec() -> GroupVersion:
     return GroupVersion(group=GROUP, version=VERSION, resources=(
         ResourceSpec(
             plural="devices", singular="devices", kind="Devices", namespaced=False,
-            verbs=(*READ, "delete"), schema=_schema("devices"), short=("devs",),
+            verbs=READ, schema=_schema("devices"), short=("devs",),
             categories=("gpustack",),
             columns=(
                 _c("Product", ".spec.groups[0].name", "the first group's product"),

@@ -6,10 +6,14 @@ certificate, as ``v1.gpustack.ai`` is. Its ``Available`` condition is kube-apise
 aggregator GETs ``/apis/worker.gpustack.ai/v1``, which the worker answers 200 only once every
 served collection has listed (:meth:`WorkerGroupApi.served`).
 
-Priorities: ``groupPriorityMinimum`` 1000 and ``versionPriority`` 100 are what kube-apiserver
-gives the CRDs' own ``v1alpha1.worker.gpustack.ai``; at equal priority the Kubernetes version
-order decides, so ``v1`` is the group's preferred version, the one ``kubectl get devs`` and the
-garbage collector read, as in the reference.
+Priorities: ``groupPriorityMinimum`` 1000 as the CRDs' own ``v1alpha1.worker.gpustack.ai``,
+``versionPriority`` 15, below theirs (100), so ``v1alpha1`` stays the group's preferred
+version. The reference makes ``v1`` preferred, but the garbage collector and the namespace
+controller read every preferred resource through metadata-only lists and watches
+(``as=PartialObjectMetadataList``), which the serving core does not answer yet, and the
+namespace controller deletes through the preferred version's ``delete``, which ``v1``'s
+ModelArtifacts have not: made preferred, ``v1`` would stall both. Clients that want ``v1``
+(GPUStack's server and gateway, ``kubectl get devices.v1.worker.gpustack.ai``) name it.
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ def apiservice(service: WebhookSettings, ca: bytes | None) -> dict[str, Any]:
         "version": catalog.VERSION,
         "service": {"namespace": service.namespace, "name": service.service, "port": service.port},
         "groupPriorityMinimum": 1000,
-        "versionPriority": 100,
+        "versionPriority": 15,
     }
     if ca:
         spec["caBundle"] = base64.b64encode(ca).decode()
