@@ -430,6 +430,15 @@ async def test_modelartifacts_of_one_name_in_two_namespaces_are_both_served(tmp_
         in_b = await (
             await http.get(c.url + V1 + "/namespaces/b/modelartifacts/m", ssl=ctx, headers=TOKEN)
         ).json()
+        stored_b = f"{STORED}/modelartifacts"
+
+        async def same_version() -> bool:  # the API server's version, not a count of ours
+            r = await http.get(c.url + V1 + "/namespaces/b/modelartifacts/m", ssl=ctx,
+                               headers=TOKEN)  # fmt: skip
+            served_rv = (await r.json())["metadata"]["resourceVersion"]
+            return bool(served_rv == c.fake.get(stored_b, "m", "b")["metadata"]["resourceVersion"])
+
+        await eventually(same_version, timeout_s=20)
         config = kubeconfig(tmp_path, c.url)
         explain = await anyio.to_thread.run_sync(kubectl, config, "explain", "instancetypes.spec")
     assert in_b["spec"]["source"]["huggingFace"]["repository"] == "org/two"
