@@ -447,3 +447,45 @@ async def test_modelartifacts_of_one_name_in_two_namespaces_are_both_served(tmp_
     assert (
         "acceleratorGroup" in explain.stdout and "GROUP:      worker.gpustack.ai" in explain.stdout
     )
+
+
+async def test_kubectl_selects_pages_and_deletes_in_the_group(tmp_path: Path) -> None:
+    """``kubectl get mart -A -l``, ``--chunk-size`` over several pages, ``--field-selector``,
+    and ``kubectl delete nms`` reaching the stored NodeModelStore."""
+
+    def artifact(namespace: str, name: str, team: str) -> dict[str, Any]:
+        return {"apiVersion": f"{GROUP}/v1alpha1", "kind": "ModelArtifact",
+                "metadata": {"name": name, "namespace": namespace, "labels": {"team": team}},
+                "spec": {"source": {"huggingFace": {"repository": f"org/{name}"}}}}  # fmt: skip
+
+    state = events.ModelState(model=DIGEST, digest=DIGEST, state="ready", bytes_total=1)
+    async with cluster(tmp_path) as (c, _), aiohttp.ClientSession() as http:
+        for i in range(5):
+            c.fake.put_object(f"{STORED}/modelartifacts",
+                              artifact("a" if i % 2 else "b", f"m{i}", "x" if i < 2 else "y"))  # fmt: skip
+        await publish(c.bus, events.ModelsEvent(node="n1", ts=datetime.now(UTC), models=(state,)))
+        await served(http, c, tmp_path)
+        ctx = client_context(tmp_path, None)
+
+        async def ready() -> bool:
+            arts = await http.get(c.url + V1 + "/modelartifacts", ssl=ctx, headers=TOKEN)
+            nms = await http.get(c.url + V1 + "/nodemodelstores/n1", ssl=ctx, headers=TOKEN)
+            return len((await arts.json())["items"]) == 5 and nms.status == 200
+
+        await eventually(ready, timeout_s=30)
+        config = kubeconfig(tmp_path, c.url)
+        names = ("get", "mart", "-A", "-o", "custom-columns=N:.metadata.name", "--no-headers")
+        labelled = await anyio.to_thread.run_sync(kubectl, config, *names, "-l", "team=x")
+        chunked = await anyio.to_thread.run_sync(kubectl, config, *names, "--chunk-size=2")
+        fields = await anyio.to_thread.run_sync(
+            kubectl, config, *names, "--field-selector", "metadata.namespace=a"
+        )
+        deletes = c.fake.writes["delete"]
+        deleted = await anyio.to_thread.run_sync(kubectl, config, "delete", "nms", "n1")
+    assert labelled.returncode == 0, labelled.stderr
+    assert sorted(labelled.stdout.split()) == ["m0", "m1"]
+    assert sorted(chunked.stdout.split()) == [f"m{i}" for i in range(5)]
+    assert sorted(fields.stdout.split()) == ["m1", "m3"]
+    assert deleted.returncode == 0, deleted.stderr
+    assert 'nodemodelstore.worker.gpustack.ai "n1" deleted' in deleted.stdout
+    assert c.fake.writes["delete"] == deletes + 1
