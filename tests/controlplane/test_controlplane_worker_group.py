@@ -43,19 +43,6 @@ DIGEST = "sha256:" + "ab" * 32
 TOKEN = {"Authorization": "Bearer dana-token"}
 
 
-def devices(
-    name: str, *, product: str = "NVIDIA H200", labels: dict[str, str] | None = None
-) -> dict[str, Any]:
-    return {
-        "apiVersion": f"{GROUP}/v1alpha1", "kind": "Devices",
-        "metadata": {"name": name, "labels": labels or {}},
-        "spec": {"groups": [{"id": "nvidia-h200", "manufacturer": "nvidia", "name": product,
-                             "memory": 143771, "driverVersion": "570.1", "accelerators": []}]},
-        "status": {"summary": {"accelerators": 8, "memory": "1123Gi", "unhealthy": 0,
-                               "allocated": 2}},
-    }  # fmt: skip
-
-
 def view(once: int, remaining: int, capacity: int) -> dict[str, int]:
     return {"onceMaxRequest": once, "remaining": remaining, "capacity": capacity}
 
