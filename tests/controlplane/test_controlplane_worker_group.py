@@ -237,8 +237,9 @@ async def test_a_paged_list_at_rv0_then_a_bookmark_watch_as_gpustack_reads_it(
 
 
 async def test_kubernetes_asyncio_lists_and_watches(tmp_path: Path) -> None:
-    """kubernetes-asyncio's own client: a list with limit and resourceVersion 0, then its
-    Watch with bookmarks from the list's version sees the change."""
+    """kubernetes-asyncio's own client: a watch from a version older than the kept history is
+    its ApiException 410; it lists (limit, resourceVersion 0) and its Watch with bookmarks
+    resumed from the list's version sees the change."""
     from kubernetes_asyncio import client as k8s
     from kubernetes_asyncio import watch as k8s_watch
 
@@ -260,7 +261,17 @@ async def test_kubernetes_asyncio_lists_and_watches(tmp_path: Path) -> None:
                 return "it-1" in [i["metadata"]["name"] for i in (await listed())["items"]]
 
             await eventually(has_one, timeout_s=20)
-            first = await listed()
+            gone = k8s.ApiException()
+            try:
+                async with k8s_watch.Watch().stream(
+                    api.list_cluster_custom_object, GROUP, "v1", "instancetypes",
+                    resource_version="1", timeout_seconds=5,
+                ) as stream:  # fmt: skip
+                    async for _ in stream:
+                        pass
+            except k8s.ApiException as e:
+                gone = e
+            first = await listed()  # list again, then resume from the list's version
             c.fake.put_object(f"{STORED}/instancetypes", instance_type("it-2"))
             got = []
             w = k8s_watch.Watch()
@@ -273,6 +284,7 @@ async def test_kubernetes_asyncio_lists_and_watches(tmp_path: Path) -> None:
                     got.append((event["type"], event["object"]["metadata"]["name"]))
                     if event["type"] == "ADDED" and event["object"]["metadata"]["name"] == "it-2":
                         break
+    assert gone.status == 410  # the forced 410: too old a version, the client lists again
     assert "it-1" in [i["metadata"]["name"] for i in first["items"]]
     assert first["kind"] == "InstanceTypeList"
     assert got[-1] == ("ADDED", "it-2")
