@@ -94,7 +94,7 @@ async def served(http: aiohttp.ClientSession, c: Cluster, tmp_path: Path) -> Non
         r = await http.get(c.url + V1, ssl=client_context(tmp_path, None), headers=TOKEN)
         return r.status == 200
 
-    await eventually(up, timeout_s=20)
+    await eventually(up, timeout_s=40)
 
 
 def kubeconfig(tmp_path: Path, url: str) -> Path:
@@ -143,7 +143,7 @@ async def test_kubectl_gets_devs_and_instancetypes_wide_from_the_informers(tmp_p
             d = await http.get(c.url + V1 + "/devices/n1", ssl=ctx, headers=TOKEN)
             return d.status == 200 and any("accelerator" in i.get("status", {}) for i in items)
 
-        await eventually(listed, timeout_s=30)
+        await eventually(listed, timeout_s=40)
         reads_before = sum(v for k, v in c.fake.reads.items() if k[0].startswith(STORED))
         devs = await anyio.to_thread.run_sync(kubectl, config, "get", "devs")
         wide = await anyio.to_thread.run_sync(kubectl, config, "get", "instancetypes", "-o", "wide")
@@ -195,14 +195,18 @@ async def test_a_paged_list_at_rv0_then_a_bookmark_watch_as_gpustack_reads_it(
             r = await http.get(url, ssl=ctx, headers=TOKEN)
             return len((await r.json())["items"]) >= 3
 
-        await eventually(three, timeout_s=20)
+        await eventually(three, timeout_s=40)
         full = await (
             await http.get(url + "?limit=500&resourceVersion=0", ssl=ctx, headers=TOKEN)
         ).json()
-        first = await (await http.get(url + "?limit=2", ssl=ctx, headers=TOKEN)).json()
-        token = first["metadata"]["continue"]
-        rest = await (await http.get(url, params={"limit": "2", "continue": token}, ssl=ctx,
-                                     headers=TOKEN)).json()  # fmt: skip
+        pages = [await (await http.get(url + "?limit=2", ssl=ctx, headers=TOKEN)).json()]
+        while token := pages[-1]["metadata"].get("continue"):
+            pages.append(await (await http.get(url, params={"limit": "2", "continue": token},
+                                               ssl=ctx, headers=TOKEN)).json())  # fmt: skip
+        at = pages[0]["metadata"]["resourceVersion"]  # every page is the state at the first's
+        exact = await (await http.get(url, params={"resourceVersion": at,
+                                                   "resourceVersionMatch": "Exact"},
+                                      ssl=ctx, headers=TOKEN)).json()  # fmt: skip
         rv = full["metadata"]["resourceVersion"]
         seen: list[dict[str, Any]] = []
         watch = await http.get(
@@ -224,8 +228,10 @@ async def test_a_paged_list_at_rv0_then_a_bookmark_watch_as_gpustack_reads_it(
     assert full["kind"] == "InstanceTypeList" and full["apiVersion"] == "worker.gpustack.ai/v1"
     names = [i["metadata"]["name"] for i in full["items"]]
     assert {"t0", "t1", "t2"} <= set(names) and "continue" not in full["metadata"]
-    paged = [i["metadata"]["name"] for i in first["items"] + rest["items"]]
-    assert paged == names and "continue" not in rest["metadata"]
+    paged = [i["metadata"]["name"] for p in pages for i in p["items"]]
+    assert len(pages) >= 2 and all(len(p["items"]) <= 2 for p in pages)
+    assert paged == [i["metadata"]["name"] for i in exact["items"]]
+    assert {"t0", "t1", "t2"} <= set(paged)
     modified = next(e for e in seen if labelled(e))
     assert modified["type"] == "MODIFIED"
     assert int(modified["object"]["metadata"]["resourceVersion"]) > int(rv)
@@ -260,7 +266,7 @@ async def test_kubernetes_asyncio_lists_and_watches(tmp_path: Path) -> None:
             async def has_one() -> bool:
                 return "it-1" in [i["metadata"]["name"] for i in (await listed())["items"]]
 
-            await eventually(has_one, timeout_s=20)
+            await eventually(has_one, timeout_s=40)
             gone = k8s.ApiException()
             try:
                 async with k8s_watch.Watch().stream(
@@ -334,7 +340,7 @@ async def test_progress_is_computed_from_the_nodes_download_state(tmp_path: Path
             r = await http.get(url, ssl=ctx, headers=TOKEN)
             return r.status == 200 and (await r.json())["downloading"] == 1
 
-        await eventually(downloading, timeout_s=20)
+        await eventually(downloading, timeout_s=40)
         got = await (await http.get(url, ssl=ctx, headers=TOKEN)).json()
         missing = await http.get(c.url + V1 + "/namespaces/team/modelartifacts/nope/progress",
                                  ssl=ctx, headers=TOKEN)  # fmt: skip
@@ -359,7 +365,7 @@ async def test_delete_of_a_nodemodelstore_goes_to_the_api_and_others_are_refused
             r = await http.get(c.url + V1 + "/nodemodelstores/gone-node", ssl=ctx, headers=TOKEN)
             return r.status == 200
 
-        await eventually(present, timeout_s=20)
+        await eventually(present, timeout_s=40)
         deleted = await http.delete(
             c.url + V1 + "/nodemodelstores/gone-node", ssl=ctx, headers=TOKEN
         )
@@ -392,7 +398,7 @@ async def test_standalone_serves_the_ledger_instancetypes(tmp_path: Path) -> Non
                 r = await http.get(worker.url + V1 + "/instancetypes", ssl=ctx)
                 return r.status == 200 and bool((await r.json())["items"])
 
-            await eventually(typed, timeout_s=20)
+            await eventually(typed, timeout_s=40)
             types = await (await http.get(worker.url + V1 + "/instancetypes", ssl=ctx)).json()
             devs = await (await http.get(worker.url + V1 + "/devices/s1", ssl=ctx)).json()
             flavors = await (
@@ -425,7 +431,7 @@ async def test_modelartifacts_of_one_name_in_two_namespaces_are_both_served(tmp_
             r = await http.get(c.url + V1 + "/modelartifacts", ssl=ctx, headers=TOKEN)
             return len((await r.json())["items"]) == 2
 
-        await eventually(both, timeout_s=20)
+        await eventually(both, timeout_s=40)
         in_b = await (
             await http.get(c.url + V1 + "/namespaces/b/modelartifacts/m", ssl=ctx, headers=TOKEN)
         ).json()
@@ -437,7 +443,7 @@ async def test_modelartifacts_of_one_name_in_two_namespaces_are_both_served(tmp_
             served_rv = (await r.json())["metadata"]["resourceVersion"]
             return bool(served_rv == c.fake.get(stored_b, "m", "b")["metadata"]["resourceVersion"])
 
-        await eventually(same_version, timeout_s=20)
+        await eventually(same_version, timeout_s=40)
         config = kubeconfig(tmp_path, c.url)
         explain = await anyio.to_thread.run_sync(kubectl, config, "explain", "instancetypes.spec")
     assert in_b["spec"]["source"]["huggingFace"]["repository"] == "org/two"
@@ -471,7 +477,7 @@ async def test_kubectl_selects_pages_and_deletes_in_the_group(tmp_path: Path) ->
             nms = await http.get(c.url + V1 + "/nodemodelstores/n1", ssl=ctx, headers=TOKEN)
             return len((await arts.json())["items"]) == 5 and nms.status == 200
 
-        await eventually(ready, timeout_s=30)
+        await eventually(ready, timeout_s=40)
         config = kubeconfig(tmp_path, c.url)
         names = ("get", "mart", "-A", "-o", "custom-columns=N:.metadata.name", "--no-headers")
         labelled = await anyio.to_thread.run_sync(kubectl, config, *names, "-l", "team=x")
