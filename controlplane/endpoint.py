@@ -23,6 +23,9 @@ from controlplane.chain.reconciler import ChainReconciler
 from controlplane.extension import audit, auth, guards, registration
 from controlplane.extension.api import ExtensionApi
 from controlplane.extension.fleetview import GatewayReader
+from controlplane.extension.workergroup import catalog as worker_catalog
+from controlplane.extension.workergroup import registration as worker_registration
+from controlplane.extension.workergroup.group import WorkerGroup
 from controlplane.k8s import client
 from controlplane.reconciling.ledger import Ledger
 from controlplane.reviewing import KubeReviewer
@@ -35,7 +38,7 @@ __all__ = ["serve"]
 
 
 @asynccontextmanager
-async def serve(
+async def serve(  # noqa: PLR0913 - the parts of one endpoint, each passed by the composer
     settings: WorkerSettings,
     conn: connection.Connection,
     api: client.KubeClient | None,
@@ -45,6 +48,7 @@ async def serve(
     source: SettingsSource,
     chain: ChainReconciler | None,
     samples: registration.LatestSamples,
+    group: WorkerGroup | None = None,
 ) -> AsyncIterator[serving.Server]:
     """HTTPS with the Pod webhooks and the extension API, and with an API the access reviews:
     for this endpoint and, on the bus, the agents' (answered whatever this endpoint's own
@@ -64,7 +68,10 @@ async def serve(
                 certificates.serving_identity(api, settings.https, settings.webhooks)
             )
             https, ca_bundle = ident.https, ident.ca_bundle
-        extension, proxy = await _extension(settings, api, ledger, source, samples)
+        extension, proxy = await _extension(settings, api, ledger, source, samples, group)
+        handlers = extension.handlers()
+        if group is not None:  # worker.gpustack.ai/v1's discovery waits for its caches
+            handlers = group.gate(handlers)
         middlewares = []
         if settings.audit.enabled:
             auditor = await stack.enter_async_context(audit.Auditor(settings.audit).running())
@@ -80,7 +87,7 @@ async def serve(
             serving.https_server(
                 https, registry=registry, ready=lambda: conn.is_connected,
                 authorizer=reviewer, posts=posts,
-                handlers=extension.handlers(), client_ca=proxy.client_ca if proxy else None,
+                handlers=handlers, client_ca=proxy.client_ca if proxy else None,
                 middlewares=middlewares,
             )
         )  # fmt: skip
@@ -89,6 +96,8 @@ async def serve(
             if chain is not None and chain.settings.manage_kueue:
                 await workloads.ensure(api, settings.webhooks, ca_bundle)
             await registration.ensure(api, settings.webhooks, ca_bundle)
+            if group is not None:
+                await worker_registration.ensure(api, settings.webhooks, ca_bundle)
             await guards.ensure(api, settings.webhooks, ca_bundle)
         yield server
 
@@ -110,8 +119,10 @@ async def _extension(
     ledger: Ledger,
     source: SettingsSource,
     samples: registration.LatestSamples,
+    group: WorkerGroup | None,
 ) -> tuple[ExtensionApi, auth.FrontProxy | None]:
-    """The extension API; its front proxy read from the cluster unless ``--disable-auths``."""
+    """The extension API (``gpustack.ai/v1`` and, given ``group``, ``worker.gpustack.ai/v1``);
+    its front proxy read from the cluster unless ``--disable-auths``."""
     proxy = None
     if api is not None and not settings.disable_auths:
         proxy = await auth.load_front_proxy(api)
@@ -120,11 +131,12 @@ async def _extension(
         states = ((n, ledger.get(n)) for n in ledger.nodes())
         return [(n, s.models) for n, s in states if s is not None and s.models]
 
+    authenticator = None if settings.disable_auths else auth.Authenticator(proxy, api)
+    authorizer = None if settings.disable_auths or api is None else auth.Authorizer(api)
     extension = ExtensionApi(
         source=source, namespace=settings.namespace, samples=samples,
-        models=models,
-        authenticator=None if settings.disable_auths else auth.Authenticator(proxy, api),
-        authorizer=None if settings.disable_auths or api is None else auth.Authorizer(api),
+        models=models, authenticator=authenticator, authorizer=authorizer,
         fleet=None if settings.gateway_unix_path is None else GatewayReader(settings.gateway_unix_path),
+        groups=() if group is None else [(worker_catalog.SPEC, group.providers)],
     )  # fmt: skip
     return extension, proxy

@@ -50,6 +50,7 @@ from controlplane.chain.checking import AdmissionChecker
 from controlplane.chain.reconciler import ChainReconciler
 from controlplane.chain.settings import ChainSettings
 from controlplane.extension import registration
+from controlplane.extension.workergroup import group as workergroup
 from controlplane.k8s import client
 from controlplane.k8s.informing import Informer
 from controlplane.metrics import WorkerMetrics
@@ -89,6 +90,8 @@ class Worker:
     """The cluster's Settings, swapped on change (reconcilers and webhooks read ``values``)."""
     samples: registration.LatestSamples = field(default_factory=registration.LatestSamples)
     """Each node's latest utilization sample (the extension API's ``nodeutilizations``)."""
+    group: workergroup.WorkerGroup | None = None
+    """``worker.gpustack.ai/v1``: its mirrors and their feeds (run in every replica)."""
 
 
 @asynccontextmanager
@@ -225,6 +228,7 @@ async def _assemble(
     )  # fmt: skip
     if worker.chain is not None:
         processor.on_state = worker.chain.state_changed
+    worker.group = _group(settings, api, ledger, stores)
     server = await stack.enter_async_context(
         endpoint.serve(
             settings,
@@ -235,6 +239,7 @@ async def _assemble(
             source=source,
             chain=worker.chain,
             samples=worker.samples,
+            group=worker.group,
         )
     )
     worker.url = server.url
@@ -317,6 +322,8 @@ async def run(
             )  # fmt: skip
             start_forever(tg, "bus-reconnects", conn.every_reconnect, reconnected)
             start_forever(tg, "settings", _keep_settings, worker, settings)
+            if worker.group is not None:
+                start_forever(tg, "worker-group", worker.group.run)
             tg.start_soon(heap.pace_collections, name="heap")  # see kit.heap: p99 at scale
             if api is not None and settings.leader_election:
                 tg.start_soon(_elected, api, settings, lead, on_change, name="election")
@@ -326,6 +333,21 @@ async def run(
             ledger_in = "the bus KV" if api is None else "Kubernetes"
             log.info("worker ready (HTTPS %s, ledger in %s)", worker.url, ledger_in)
             task_status.started(worker)
+
+
+def _group(
+    settings: WorkerSettings, api: client.KubeClient | None, ledger: Ledger, stores: ModelStores
+) -> workergroup.WorkerGroup:
+    """``worker.gpustack.ai/v1``: fed by informers with an API, else by the bus ledger."""
+
+    def downloads() -> list[tuple[str, tuple[events.ModelState, ...] | None]]:
+        return [(n, s.models) for n in ledger.nodes() if (s := ledger.get(n)) is not None]
+
+    return workergroup.build(
+        api=api, ledger=ledger, downloads=downloads,
+        relist_s=settings.kube.relist_s if settings.kube is not None else 0.0,
+        spec_for=lambda _node: stores.spec_for({}),
+    )  # fmt: skip
 
 
 def _chain(

@@ -1,8 +1,10 @@
-"""An informer: one cluster-scoped collection (the Nodes) kept in memory by a list and a watch.
+"""An informer: one collection (the Nodes, the served views) kept in memory by a list and a watch.
 
 :meth:`Informer.run` lists the collection (paged, :meth:`KubeClient.listing`), then watches from
 the list's ``resourceVersion`` and applies every ``ADDED``/``MODIFIED``/``DELETED`` to
-:attr:`Informer.objects` (name -> body). A stream that ends cleanly is resumed from the last
+:attr:`Informer.objects` (name -> body; ``namespace/name`` for a namespaced resource, watched in
+every namespace). :attr:`Informer.resource_version` is the collection's version as far as seen
+(the list's, then each event's, bookmarks included). A stream that ends cleanly is resumed from the last
 ``resourceVersion`` seen; a 410 (the history was compacted) lists again at once; any other
 failure (a broken stream, an API error) lists again after ``retry_s``; a stream that ends
 ``resync_s`` (``--informer-cache-resync-period``) or more after the last list is followed by a
@@ -56,6 +58,14 @@ def _version(body: dict[str, Any]) -> str:
     return str((body.get("metadata") or {}).get("resourceVersion") or "")
 
 
+def _key(body: dict[str, Any], namespaced: bool) -> str | None:
+    meta = body.get("metadata") or {}
+    name = meta.get("name")
+    if not name or not namespaced:
+        return name
+    return f"{meta.get('namespace') or ''}/{name}"
+
+
 def _newer(body: dict[str, Any], than: dict[str, Any]) -> bool:
     """Whether ``body`` is a later version of the object than ``than``."""
     new, old = _version(body), _version(than)
@@ -65,7 +75,7 @@ def _newer(body: dict[str, Any], than: dict[str, Any]) -> bool:
 
 
 class Informer:
-    """The objects of one cluster-scoped ``resource``; :meth:`run` until cancelled."""
+    """The objects of one ``resource``; :meth:`run` until cancelled."""
 
     def __init__(
         self,
@@ -89,6 +99,8 @@ class Informer:
         self.ready = anyio.Event()
         self.lists = 0
         """Lists applied so far."""
+        self.resource_version = ""
+        """The collection's resourceVersion as far as seen ("" before the first list)."""
         self._listeners: list[Listener] = []
 
     def listen(self, listener: Listener) -> None:
@@ -102,7 +114,7 @@ class Informer:
     def put(self, body: dict[str, Any]) -> None:
         """This process wrote the object and the API answered ``body``: hold it (silently), so
         the watch's echo of the same ``resourceVersion`` is no change."""
-        name = (body.get("metadata") or {}).get("name")
+        name = _key(body, self.resource.namespaced)
         held = self.objects.get(name) if name else None
         if name and held is not None and _newer(body, held):
             self.objects[name] = body
@@ -134,6 +146,7 @@ class Informer:
     async def _relist(self) -> str:
         listing = await self._api.listing(self.resource)
         self.apply_list(listing.items)
+        self.resource_version = listing.resource_version or self.resource_version
         self._listed_at = self._clock()
         return listing.resource_version
 
@@ -141,7 +154,7 @@ class Informer:
         """Replace the map with a full list, telling listeners what differs."""
         old, self.objects = self.objects, {}
         for body in items:
-            name = (body.get("metadata") or {}).get("name")
+            name = _key(body, self.resource.namespaced)
             if not name:
                 continue
             self.objects[name] = body
@@ -162,11 +175,12 @@ class Informer:
             async for event in stream:
                 since = _version(event.object) or since
                 self.apply(event.type, event.object)
+                self.resource_version = since
         return since
 
     def apply(self, kind: str, body: dict[str, Any]) -> None:
         """One watch event (``BOOKMARK`` and nameless objects change nothing)."""
-        name = (body.get("metadata") or {}).get("name")
+        name = _key(body, self.resource.namespaced)
         if not name or kind not in ("ADDED", "MODIFIED", "DELETED"):
             return
         before = self.objects.get(name)

@@ -89,3 +89,45 @@ def test_viewers_may_read_the_extension_api() -> None:
     assert role["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-view"] == "true"
     assert allows(role["rules"], ("list", "gpustack.ai", "nodeutilizations", ""))
     assert not allows(role["rules"], ("patch", "gpustack.ai", "settings", "x"))
+
+
+def test_the_worker_group_apiservice_is_the_code_and_points_at_the_worker() -> None:
+    from controlplane.extension.workergroup import registration as group
+
+    assert _docs("worker-apiservice.yaml") == [group.apiservice(WebhookSettings(), None)]
+    base = build(BASE)
+    service = find(base, "Service", "gpustack-operator-worker")
+    target = find(base, "APIService", group.APISERVICE_NAME)["spec"]
+    assert target["service"]["name"] == service["metadata"]["name"]
+    assert target["service"]["port"] in [p["port"] for p in service["spec"]["ports"]]
+    # below the CRDs' v1alpha1 (100): v1 is served, not preferred (see registration.py)
+    assert (target["groupPriorityMinimum"], target["versionPriority"]) == (1000, 15)
+
+
+async def test_the_worker_may_apply_the_worker_group_apiservice() -> None:
+    from controlplane.extension.workergroup import registration as group
+
+    recorder = _Recorder()
+    await group.ensure(cast(KubeClient, recorder), WebhookSettings(), b"ca")
+    rules = find(build(BASE), "ClusterRole", "gpustack-operator-worker")["rules"]
+    (ref,) = recorder.applied
+    for verb in ("patch", "create"):
+        assert allows(rules, (verb, ref.resource.group, ref.resource.plural, ref.name))
+
+
+def test_view_and_edit_aggregate_the_worker_group() -> None:
+    base = build(BASE)
+    view = find(base, "ClusterRole", "gpustack-operator-worker-api-view")
+    edit = find(base, "ClusterRole", "gpustack-operator-worker-api-edit")
+    labels = view["metadata"]["labels"]
+    assert labels["rbac.authorization.k8s.io/aggregate-to-view"] == "true"
+    assert edit["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-edit"] == "true"
+    g = "worker.gpustack.ai"
+    for resource in ("devices", "nodemodelstores", "modelartifacts", "instancetypes",
+                     "instancetypeflavors"):  # fmt: skip
+        for verb in ("get", "list", "watch"):
+            assert allows(view["rules"], (verb, g, resource, ""))
+    assert allows(view["rules"], ("get", g, "modelartifacts/progress", "m"))
+    assert not allows(view["rules"], ("delete", g, "nodemodelstores", "n"))
+    assert allows(edit["rules"], ("delete", g, "nodemodelstores", "n"))
+    assert not allows(edit["rules"], ("delete", g, "devices", "n"))

@@ -269,14 +269,15 @@ class ApiServer:
                         await send("ADDED", obj)
                 if start.end_bookmark:
                     await send("BOOKMARK", listing.initial_events_end(kind, api_version, start.rv))
-                await self._follow(served, options, start, poke, send)
+                await self._follow(served, options, start, poke, send, request)
                 tg.cancel_scope.cancel()
         await response.write_eof()
         return response
 
     async def _follow(self, served: _Served, options: listing.ListOptions,
                       start: listing.WatchStart, poke: _Poke,
-                      send: Any) -> None:  # fmt: skip
+                      send: Any, request: web.Request) -> None:  # fmt: skip
+        """Send events until the client goes (checked on every wake-up) or the time is up."""
         rv, pending = start.rv, start.replay
         while True:
             for event in pending:
@@ -285,6 +286,8 @@ class ApiServer:
                     await send(*seen)
                 rv = max(rv, event.rv)
             woke = await _wait(poke, served.cache.changed, self._bookmark_s)
+            if request.transport is None or request.transport.is_closing():
+                return
             await self.sync(served)
             try:
                 pending = served.cache.events_after(rv)

@@ -16,7 +16,10 @@ same list/watch semantics:
   cache first saw the object; ``metadata.uid`` likewise (a stable UUID of resource, key and
   creation time); ``metadata.managedFields`` belongs to the cache (server-side apply).
 
-Invariants: objects handed out are never mutated afterwards (the cache replaces, never edits);
+Invariants: objects handed out are never mutated afterwards (the cache replaces, never edits),
+and a provider does the same: an object it handed out once and hands out again (the same dict)
+is taken as unchanged without comparing, which keeps a sync of a large informer-backed
+resource to identity checks;
 :meth:`sync` is synchronous and the only writer; :attr:`changed` is set after every sync that
 recorded an event, then replaced, so waiters wake once per change.
 """
@@ -64,6 +67,8 @@ class Event(msgspec.Struct, frozen=True):
 
 
 class _Entry(msgspec.Struct):
+    source: dict[str, Any]
+    """The provider's own object (identity: unchanged when it hands out the same one)."""
     raw: dict[str, Any]
     managed: list[dict[str, Any]]
     created: str
@@ -123,7 +128,7 @@ class ObjectCache:
         for key in sorted(wanted):
             raw, old = wanted[key], self._entries.get(key)
             fields = (managed or {}).get(key, old.managed if old else [])
-            if old is not None and old.raw == raw and old.managed == fields:
+            if old is not None and old.managed == fields and (old.source is raw or old.raw == raw):
                 continue
             entry = self._entry(key, raw, fields, old)
             if first:  # the initial state is the base, not a history of additions
@@ -140,13 +145,15 @@ class ObjectCache:
 
     def _entry(self, key: str, raw: dict[str, Any], managed: list[dict[str, Any]],
                old: _Entry | None) -> _Entry:  # fmt: skip
-        raw = copy.deepcopy(raw)
+        source, raw = raw, copy.deepcopy(raw)
         meta = raw.get("metadata") or {}
         created = str(meta.get("creationTimestamp") or (old.created if old else self._now()))
         uid = str(meta.get("uid") or (old.uid if old else "")) or str(
             uuid.uuid5(uuid.NAMESPACE_URL, f"{self.resource}/{key}/{created}")
         )
-        return _Entry(raw=raw, managed=list(managed), created=created, uid=uid, served={})
+        return _Entry(
+            source=source, raw=raw, managed=list(managed), created=created, uid=uid, served={}
+        )
 
     def _stamp(self, key: str, entry: _Entry, rv: int) -> dict[str, Any]:
         served = copy.deepcopy(entry.raw)

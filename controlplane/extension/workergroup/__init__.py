@@ -1,0 +1,2 @@
+"""``worker.gpustack.ai/v1``: the public v1 views of the stored ``v1alpha1`` objects, served by
+the worker from what it already holds (informers with a cluster, the bus ledger without one)."""
