@@ -195,14 +195,8 @@ _WORKER = (
     Flag(
         "worker-gateway-unix-path",
         "",
-        "the socket of a worker-gateway beside this worker: its fleet aggregate is served as "
-        "aggregatedinstancetypes.gpustack.ai (docs/gateway.md); empty: none",
-    ),
-    Flag(
-        "cluster-name",
-        "",
-        "this cluster's name in a fleet: the leader answers a worker-gateway's summary request "
-        "under it (docs/gateway.md); empty: it does not answer",
+        "the socket of a worker-gateway beside this worker: its aggregated InstanceTypes are "
+        "served as aggregatedinstancetypes.gpustack.ai (docs/gateway.md); empty: none",
     ),
     Flag(
         "webhook-service",
