@@ -4,7 +4,9 @@ The gateway (``worker-gateway``, :mod:`controlplane.gateway`) serves HTTPS with 
 certificate on a unix socket; the worker mirrors its ``GET /apis/instancetypes?aggregated=true``
 (every subscribed cluster) as the read-only ``aggregatedinstancetypes`` of ``gpustack.ai/v1``,
 reading the socket on each request (the list is small and the socket local, so there is no cache
-to go stale). Nothing is verified on that TLS: the socket file's mode (0600) is what keeps other
+to go stale). Such a sidecar runs in ``loopback`` mode (it reads this cluster with the Pod's
+ServiceAccount), so before each read the worker subscribes this cluster to it as ``local``: a
+repeat is a no-op to the gateway, and a restarted gateway is subscribed again by the next read. Nothing is verified on that TLS: the socket file's mode (0600) is what keeps other
 users out, as for the GPUStack server's own client. A gateway that is absent, slow or answering
 nonsense is one clear 503, never a hang: every read is bounded by ``timeout_s``.
 """
@@ -22,6 +24,8 @@ from controlplane.errors import ControlPlaneError
 __all__ = ["GatewayReader", "GatewayUnavailable"]
 
 PATH: Final = "/apis/instancetypes?aggregated=true"
+SUBSCRIBE: Final = "/apis/workers?cluster=local"
+GVKS: Final = {"gvks": ["worker.gpustack.ai/v1/InstanceType"]}
 MAX_BYTES: Final = 16 * 1024 * 1024
 
 
@@ -70,11 +74,14 @@ class GatewayReader:
             async with (
                 aiohttp.ClientSession(connector=_UnixTLS(self.unix_path),
                                       timeout=self._timeout) as session,
-                session.get(f"https://localhost{PATH}") as response,
             ):  # fmt: skip
-                if response.status != 200:
-                    raise GatewayUnavailable(f"the worker-gateway answered {response.status}")
-                body = await response.content.read(MAX_BYTES + 1)
+                async with session.post(f"https://localhost{SUBSCRIBE}", json=GVKS) as posted:
+                    if posted.status != 200:
+                        raise GatewayUnavailable(f"the worker-gateway answered {posted.status}")
+                async with session.get(f"https://localhost{PATH}") as response:
+                    if response.status != 200:
+                        raise GatewayUnavailable(f"the worker-gateway answered {response.status}")
+                    body = await response.content.read(MAX_BYTES + 1)
         except (aiohttp.ClientError, TimeoutError, OSError) as e:
             raise GatewayUnavailable(f"the worker-gateway at {self.unix_path}: {e}") from e
         if len(body) > MAX_BYTES:
