@@ -280,3 +280,29 @@ async def test_no_flags_starts_in_gpustack_api_mode(tmp_path: Path) -> None:
     async with gateway(tmp_path, 30080) as gw:
         assert await gw.get("/apis/instancetypes") == (200, {"items": []})
         assert (await gw.get("/livez"))[0] == 200
+
+
+async def test_loopback_reads_the_kubeconfig_cluster_for_every_subscription(
+    fake: FakeGPUStack, tmp_path: Path
+) -> None:
+    """Loopback: the cluster id only labels, the token is unused; the kubeconfig's cluster (here
+    the fake's proxy prefix of cluster 1, with its token) is what every subscription reads."""
+    east = fake.add("east")
+    east.kube.put("instancetypes", h200(8, 8))
+    config = tmp_path / "kubeconfig"
+    config.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "c",
+        "clusters": [{"name": "c", "cluster": {
+            "server": f"http://127.0.0.1:{fake.port}/v2/clusters/1/proxy"}}],
+        "users": [{"name": "u", "user": {"token": east.token}}],
+        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+    }))  # fmt: skip
+    async with gateway(tmp_path, fake.port, "--worker-conn-mode=loopback",
+                       f"--kubeconfig={config}") as gw:  # fmt: skip
+        await gw.post("local", "")
+        body = await gw.until("/apis/instancetypes", [], lambda b: b["items"])
+        assert names(body) == [("local", "gpustack--nvidia-h200-linux-amd64")]
+        east.kube.put("instancetypes", h200(1, 1))  # the watch goes through the kube client
+        await gw.until("/apis/instancetypes", [], lambda b:
+                       b["items"][0]["status"]["accelerator"]["remaining"] == 1)  # fmt: skip
+        assert {r["authorization"] for r in fake.requests} == {f"Bearer {east.token}"}
