@@ -123,7 +123,11 @@ class ExtensionApi:
             items = await self._fleet.items()
         except GatewayUnavailable as e:
             raise ApiFailure(503, "ServiceUnavailable", str(e)) from e
-        return [{**i, "apiVersion": objects.GROUP_VERSION} for i in items]
+        # the gateway's versions are its own process's count (each replica has its own
+        # gateway): not a shared store version, so the core counts instead
+        return [{**i, "apiVersion": objects.GROUP_VERSION, "metadata": {
+            k: v for k, v in (i.get("metadata") or {}).items() if k != "resourceVersion"}}
+            for i in items]  # fmt: skip
 
     async def _authenticate(self, request: web.Request) -> User:
         if self._authenticator is None:

@@ -14,7 +14,8 @@ watch, tables and the write semantics:
   done and total, from the model agents' last reports;
 - ``aggregatedinstancetypes`` (cluster; short ``ait``): the worker-gateway's aggregated InstanceTypes.
 
-Objects carry no ``resourceVersion``; the core's cache versions them.
+Settings carry the store's version as their ``resourceVersion``; the views carry none, and the
+core's cache counts their versions.
 """
 
 from __future__ import annotations
@@ -46,14 +47,20 @@ VERSION: Final = "v1"
 GROUP_VERSION: Final = f"{GROUP}/{VERSION}"
 
 
-def setting(entry: Entry, text: str, *, namespace: str, created: str) -> dict[str, Any]:
-    """One ``Setting``; ``created`` is the store's creation time (empty: unknown, the cache
-    stamps when it first saw the setting)."""
+def setting(
+    entry: Entry, text: str, *, namespace: str, version: str, created: str
+) -> dict[str, Any]:
+    """One ``Setting``. ``version`` is the store's (the Secret's resourceVersion, the bus key's
+    revision): every setting carries it, so every worker replica serves the same versions and a
+    write conditional on one is judged alike by each (a change to any setting makes the others'
+    versions stale too: the store has one version). ``created`` is the store's creation time
+    (empty: unknown; the cache stamps when it first saw the setting)."""
     return {
         "apiVersion": GROUP_VERSION,
         "kind": "Setting",
         "metadata": {
             "name": entry.name, "namespace": namespace,
+            **({"resourceVersion": version} if version else {}),
             **({"creationTimestamp": created} if created else {}),
         },
         "spec": {} if entry.sensitive else {"value": text},

@@ -4,7 +4,9 @@
   objects rendered from the stored texts, a change on every swap of the store, writes of
   ``spec.value`` through the catalog's rules (422 naming the rule, 409 when the store moved
   under the write, 503 when it cannot be written). Settings carry no labels or annotations:
-  a write adding any is refused (422), never silently dropped.
+  a write adding any is refused (422), except client-side ``kubectl apply``'s
+  last-applied-configuration, which is not stored and says so in a ``Warning`` (so that
+  ``kubectl apply`` works, recomputing its patch each time).
 - :class:`ViewProvider`: a read-only view computed from memory (or, for the fleet aggregate, one
   bounded read of the gateway's socket); writes are 405 (the core never calls them, the verbs
   are not declared).
@@ -24,7 +26,9 @@ from controlplane.extension.core.failures import ApiFailure, conflict, invalid
 from controlplane.settingscatalog import BY_NAME, CATALOG
 from controlplane.settingsource import SettingsSource
 
-__all__ = ["SettingsProvider", "ViewProvider"]
+__all__ = ["LAST_APPLIED", "SettingsProvider", "ViewProvider"]
+
+LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
 
 
 def _refused(what: str) -> ApiFailure:
@@ -38,7 +42,8 @@ class SettingsProvider:
     async def objects(self) -> list[dict[str, Any]]:
         stored = self._source.stored
         return [objects.setting(e, stored.data.get(e.name, e.default), namespace=self._namespace,
-                                created=stored.created) for e in CATALOG]  # fmt: skip
+                                version=stored.version, created=stored.created)
+                for e in CATALOG]  # fmt: skip
 
     @asynccontextmanager
     async def changes(self) -> AsyncIterator[AsyncIterator[object]]:
@@ -53,7 +58,9 @@ class SettingsProvider:
             raise ApiFailure(405, "MethodNotAllowed", "settings cannot be created: the catalog "
                              "is fixed")  # fmt: skip
         meta = new.get("metadata") or {}
-        if meta.get("labels") or meta.get("annotations"):
+        notes = dict(meta.get("annotations") or {})
+        dropped = notes.pop(LAST_APPLIED, None) is not None
+        if meta.get("labels") or notes:
             raise invalid(objects.GROUP, "Setting", name, [
                 ("metadata", "settings carry no labels or annotations")])  # fmt: skip
         value = (new.get("spec") or {}).get("value")
@@ -69,7 +76,11 @@ class SettingsProvider:
         except errors.ApiError as e:
             raise ApiFailure(503, "ServiceUnavailable", f"cannot store the setting: {e}") from e
         entry = BY_NAME[name]
-        return [f"{entry.name}: {settingscatalog.INERT_NOTE}"] if entry.inert else []
+        warnings = [f"{entry.name}: {settingscatalog.INERT_NOTE}"] if entry.inert else []
+        if dropped:
+            warnings.append(f"{entry.name}: settings keep no annotations; {LAST_APPLIED} was "
+                            "not stored (prefer kubectl apply --server-side)")  # fmt: skip
+        return warnings
 
     async def delete(self, obj: dict[str, Any], user: str) -> None:
         raise _refused("settings")

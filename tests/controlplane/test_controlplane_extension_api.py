@@ -97,6 +97,7 @@ class Cluster:
     bus: Any
     worker: running.Worker
     ca: tuple[bytes, bytes]
+    fake_url: str = ""
 
 
 @asynccontextmanager
@@ -114,7 +115,7 @@ async def cluster(tmp_path: Path, **overrides: Any) -> AsyncIterator[Cluster]:
             settings(bus, url), namespace="ns", settings_period_s=0.05, **overrides
         )
         worker = await tg.start(running.run, conf)
-        yield Cluster(fake, worker.url, bus, worker, ca)
+        yield Cluster(fake, worker.url, bus, worker, ca, url)
         tg.cancel_scope.cancel()
 
 
@@ -365,6 +366,8 @@ async def test_the_gateway_beside_the_worker_is_mirrored_as_aggregatedinstancety
     assert one["apiVersion"] == "gpustack.ai/v1" and one["kind"] == "AggregatedInstanceType"
     assert one["status"]["onceMaxRequest"]["accelerator"] == "8"
     assert one["status"]["remaining"]["accelerator"] == "5"
+    # versioned by the worker (each replica counts its own), not by the gateway
+    assert int(one["metadata"]["resourceVersion"]) > 10**15
 
 
 async def test_kubectl_shows_the_warning_of_an_inert_setting(tmp_path: Path) -> None:

@@ -318,3 +318,84 @@ async def test_settings_have_real_creation_timestamps_without_a_cluster(tmp_path
         tg.cancel_scope.cancel()
     created = dt.datetime.strptime(got["metadata"]["creationTimestamp"], "%Y-%m-%dT%H:%M:%SZ")
     assert before <= created.replace(tzinfo=dt.UTC) <= dt.datetime.now(dt.UTC)
+
+
+async def test_two_replicas_serve_the_same_versions(tmp_path: Path) -> None:
+    """Both worker replicas stand behind the APIService's Service: a version read from one is
+    the version the other checks a write against, and a page token of one reads on the other."""
+    from test_controlplane_nms_e2e import settings
+
+    from controlplane import running
+
+    async with worker(tmp_path) as (c, _), anyio.create_task_group() as tg:
+        conf = msgspec.structs.replace(settings(c.bus, c.fake_url), namespace="ns",
+                                       identity="w2", settings_period_s=0.05)  # fmt: skip
+        second = await tg.start(running.run, conf)
+        ctx = client_context(tmp_path, None)
+        async with aiohttp.ClientSession(headers={"Authorization": "Bearer carol-token"}) as http:
+            read = await (await http.get(f"{c.url}{SETTINGS}/{CONC}", ssl=ctx)).json()
+            page = await (await http.get(f"{c.url}{SETTINGS}?limit=3", ssl=ctx)).json()
+            rest = await http.get(f"{second.url}{SETTINGS}?limit=3&continue="
+                                  f"{page['metadata']['continue']}", ssl=ctx)  # fmt: skip
+            written = await http.put(f"{second.url}{SETTINGS}/{CONC}", ssl=ctx,
+                                     json={**read, "spec": {"value": "6"}})  # fmt: skip
+            stale = await http.put(f"{c.url}{SETTINGS}/{CONC}", ssl=ctx,
+                                   json={**read, "spec": {"value": "7"}})  # fmt: skip
+        tg.cancel_scope.cancel()
+    assert rest.status == 200 and len((await rest.json())["items"]) == 3
+    assert written.status == 200, await written.text()
+    assert stale.status == 409  # the first replica knows the store moved on
+
+
+async def test_kubectl_client_side_apply_strategic_patch_and_dry_run(tmp_path: Path) -> None:
+    """``kubectl apply`` (client-side) works, warning that its annotation is not kept; the
+    default (strategic) patch works; ``--dry-run=server`` stores nothing."""
+    applied = tmp_path / "setting.json"
+    applied.write_text(json.dumps({"apiVersion": "gpustack.ai/v1", "kind": "Setting",
+                                   "metadata": {"name": CONC, "namespace": "ns"},
+                                   "spec": {"value": "4"}}))  # fmt: skip
+    async with worker(tmp_path) as (c, kubectl):
+        client_side = await kubectl("apply", "-f", str(applied))
+        strategic = await kubectl("patch", "setting", CONC, "-p", '{"spec":{"value":"5"}}')
+        dry = await kubectl("patch", "setting", CONC, "--dry-run=server", "-o", "json",
+                            "--type=merge", "-p", '{"spec":{"value":"6"}}')  # fmt: skip
+        labelled = await kubectl("label", "setting", CONC, "team=a")
+        value = (
+            c.worker.settings.values.model_store_download_concurrency if c.worker.settings else 0
+        )
+    assert client_side.returncode == 0, client_side.stderr
+    assert "last-applied-configuration was not stored" in client_side.stderr
+    assert strategic.returncode == 0, strategic.stderr
+    assert dry.returncode == 0 and json.loads(dry.stdout)["spec"]["value"] == "6", dry.stderr
+    assert labelled.returncode == 1 and "settings carry no labels" in labelled.stderr
+    assert value == 5
+
+
+async def test_served_objects_validate_against_the_served_openapi(tmp_path: Path) -> None:
+    """What ``/openapi/v3`` says a Setting (and a SettingList) is, ``jsonschema`` confirms of
+    what the worker serves; the index's hash is the document's."""
+    import hashlib
+
+    import jsonschema
+
+    async def calls(http: aiohttp.ClientSession, url: str, ctx: Any) -> Any:
+        base = url.removesuffix(SETTINGS)
+        index = await (await http.get(f"{base}/openapi/v3", ssl=ctx)).json()
+        where = index["paths"]["apis/gpustack.ai/v1"]["serverRelativeURL"]
+        raw = await (await http.get(base + where, ssl=ctx)).read()
+        listed = await (await http.get(url, ssl=ctx)).json()
+        v2 = await (await http.get(f"{base}/openapi/v2", ssl=ctx)).json()
+        return where, raw, listed, v2
+
+    where, raw, listed, v2 = await _http(tmp_path, calls)
+    assert where.endswith("?hash=" + hashlib.sha512(raw).hexdigest().upper())
+    doc = json.loads(raw)
+    for kind, value in (("Setting", listed["items"][0]), ("SettingList", listed)):
+        schema = {**doc, "$ref": f"#/components/schemas/ai.gpustack.v1.{kind}"}
+        jsonschema.Draft7Validator(schema).validate(value)
+    v2_schema = {**v2, "$ref": "#/definitions/ai.gpustack.v1.SettingList"}
+    jsonschema.Draft4Validator(v2_schema).validate(listed)
+    with pytest.raises(jsonschema.ValidationError):
+        bad = {**listed["items"][0], "status": {"editable": "yes"}}
+        jsonschema.Draft7Validator({**doc, "$ref": "#/components/schemas/ai.gpustack.v1.Setting"}
+                                   ).validate(bad)  # fmt: skip

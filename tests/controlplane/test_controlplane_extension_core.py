@@ -202,6 +202,10 @@ def test_watch_starts_and_filtering() -> None:
         watch="1", sendInitialEvents="true", resourceVersionMatch="NotOlderThan",
         resourceVersion="0", allowWatchBookmarks="true"))  # fmt: skip
     assert initial.end_bookmark and len(initial.initial) == 1
+    watch_list = listing.watch_start(cache, options(  # as client-go's WatchList asks: no version
+        watch="1", sendInitialEvents="true", resourceVersionMatch="NotOlderThan",
+        allowWatchBookmarks="true"))  # fmt: skip
+    assert watch_list.end_bookmark and len(watch_list.initial) == 1
     leaving = cache.sync([obj("a", {"x": "2"})])[0]
     entering = cache.sync([obj("a", {"x": "1"})])[0]
     watching = options(watch="1", labelSelector="x=1")
@@ -394,6 +398,10 @@ def test_every_write_checks_the_version_and_the_identity() -> None:
     warned = _write(live, {**obj("a"), "spec": {"value": "1", "colour": 1}},
                     fieldValidation="Warn")  # fmt: skip
     assert warned.warnings == ['unknown field "spec.colour"']
+    with pytest.raises(ApiFailure) as patched:
+        _write(live, {"spec": {"colour": 1}}, "patch", "application/merge-patch+json",
+               fieldValidation="Strict")  # fmt: skip
+    assert patched.value.code == 400 and "spec.colour" in str(patched.value)
 
 
 def test_unknown_fields_respect_open_schemas() -> None:
@@ -481,3 +489,46 @@ def test_json_patch_test_compares_json_types(value: Any, tested: Any) -> None:
         patching.json_patch({"v": value}, ops)
     assert failed.value.code == 422
     assert patching.json_patch({"v": 1}, [{"op": "test", "path": "/v", "value": 1.0}]) == {"v": 1}
+
+
+def versioned(name: str, rv: int, **rest: Any) -> dict[str, Any]:
+    o = obj(name, **rest)
+    o["metadata"]["resourceVersion"] = str(rv)
+    return o
+
+
+def test_store_versions_are_served_alike_by_every_replica() -> None:
+    """Two workers (caches started apart) over one store that versions its objects: same
+    versions, so a continue token or a watch version from one means the same on the other."""
+    early = ObjectCache("test", start=10**15)
+    early.sync([versioned("a", 5, spec={"v": 0}), versioned("b", 5)])
+    changed = early.sync([versioned("a", 9, spec={"v": 1}), versioned("b", 9)])
+    assert [(e.type, e.rv) for e in changed] == [("MODIFIED", 9)]  # b's content did not change
+    assert early.get("b")["metadata"]["resourceVersion"] == "9"  # ... but its version moved
+    late = ObjectCache("test", start=2 * 10**15)
+    late.sync([versioned("a", 9, spec={"v": 1}), versioned("b", 9)])
+    assert [o["metadata"]["resourceVersion"] for o in late.items()] == ["9", "9"] == [
+        o["metadata"]["resourceVersion"] for o in early.items()]  # fmt: skip
+    token = listing.list_page(early, options(limit="1")).continue_token
+    rest = listing.list_page(late, options(limit="1", **{"continue": token}))
+    assert [o["metadata"]["name"] for o in rest.items] == ["b"]
+    # a store that changes an object without moving its version still tells watchers
+    moved = late.sync([versioned("a", 9, spec={"v": 2}), versioned("b", 9)])
+    assert [e.rv for e in moved] == [10] and late.get("a")["metadata"]["resourceVersion"] == "10"
+    # an informer's deletion: the collection's version, the same on every replica
+    for cache, a in ((early, versioned("a", 9, spec={"v": 1})), (late, versioned("a", 11))):
+        (gone,) = [e for e in cache.sync([a], version=12) if e.type == "DELETED"]
+        assert (gone.type, gone.rv, gone.obj["metadata"]["name"]) == ("DELETED", 12, "b")
+
+
+def test_a_view_of_a_crd_takes_its_names_schema_and_columns() -> None:
+    from controlplane import crds
+    from controlplane.extension.core.model import from_crd
+
+    crd = crds.definitions()["devices"]
+    spec = from_crd(crd, verbs=("get", "list", "watch"))
+    assert (spec.plural, spec.kind, spec.short, spec.namespaced) == (
+        "devices", "Devices", ("devs",), False)  # fmt: skip
+    assert spec.schema is crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    assert [c.name for c in spec.columns][:2] == ["Product", "Accelerators"]
+    assert "Age" not in [c.name for c in spec.columns]  # the core adds its own

@@ -184,3 +184,18 @@ async def test_create_delete_preconditions_subresources_and_discovery() -> None:
     assert discovered.headers["Content-Type"] == v2
     assert (await discovered.json())["kind"] == "APIGroupDiscoveryList"
     assert plain["kind"] == "APIGroupList"
+
+
+async def test_patching_or_replacing_nothing_is_not_found() -> None:
+    async with served(Widgets()) as url, aiohttp.ClientSession() as http:
+        patched = await http.patch(f"{url}{BASE}/nope", data="{}",
+                                   headers={"Content-Type": "application/merge-patch+json"})  # fmt: skip
+        replaced = await http.put(f"{url}{BASE}/nope", json={"spec": {"size": 1}})
+        applied = await http.patch(
+            f"{url}{BASE}/made?fieldManager=me", data="spec: {size: 2}",
+            headers={"Content-Type": "application/apply-patch+yaml"},
+        )  # fmt: skip
+    assert patched.status == replaced.status == 404
+    assert (await patched.json())["details"] == {"name": "nope", "group": "example.test",
+                                                 "kind": "widgets"}  # fmt: skip
+    assert applied.status == 201  # apply creates where the resource allows create

@@ -6,6 +6,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import anyio
 import msgspec
 import pytest
 
@@ -96,3 +97,17 @@ async def test_an_unchanged_informer_body_is_handed_out_as_the_same_view() -> No
     assert after[0] is first[0] and after[1] is not first[1]
     assert after[1]["metadata"]["resourceVersion"] == "2"
     assert after[1]["apiVersion"] == catalog.GROUP_VERSION
+
+
+@pytest.mark.anyio
+async def test_a_change_told_while_the_follower_is_busy_is_not_lost() -> None:
+    from controlplane.extension.workergroup.providers import Changes
+
+    changes = Changes()
+    async with changes.follow() as follower:
+        changes.tell()  # before the follower first asks: still seen
+        with anyio.fail_after(5):
+            await follower.__anext__()
+        changes.tell()  # told while the follower was away (busy with the first)
+        with anyio.fail_after(5):
+            await follower.__anext__()

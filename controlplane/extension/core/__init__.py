@@ -2,8 +2,10 @@
 
 Declare a group version as data (:class:`~.model.GroupVersion` of
 :class:`~.model.ResourceSpec`: names, scope, verbs, the ``openAPIV3Schema``, printer columns,
-field-selector paths, subresources), back each resource with a :class:`~.model.Provider`
-(``objects()``, ``changes()``, ``write()``, ``delete()``, ``subresource()``), and hand both to
+field-selector paths, subresources; :func:`~.model.from_crd` takes them from a CRD dict for a
+view of stored objects), back each resource with a :class:`~.model.Provider`
+(``objects()``, ``changes()``, ``write()``, ``delete()``, ``subresource()``; optionally
+``version()``, :class:`~.model.Versioned`), and hand both to
 :class:`~.server.ApiServer`; the caller authenticates, authorizes what
 :meth:`~.server.ApiServer.route` returns, then calls :meth:`~.server.ApiServer.serve`,
 :meth:`~.server.ApiServer.discovery` or :meth:`~.server.ApiServer.openapi`.

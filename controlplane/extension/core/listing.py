@@ -109,7 +109,7 @@ def parse_options(query: Mapping[str, str], fields: Callable[[str], bool]) -> Li
         raise bad_request(f"resourceVersion={rv!r}: not a resource version of this server")
     if match and match not in ("Exact", "NotOlderThan"):
         raise bad_request(f"resourceVersionMatch={match!r}: Exact or NotOlderThan")
-    if match and not rv:
+    if match and not rv and query.get("sendInitialEvents") is None:  # client-go's watch-list
         raise bad_request("resourceVersionMatch is forbidden unless resourceVersion is provided")
     if match == "Exact" and rv == "0":
         raise bad_request('resourceVersionMatch "Exact" is forbidden for resourceVersion "0"')
@@ -132,7 +132,7 @@ def parse_options(query: Mapping[str, str], fields: Callable[[str], bool]) -> Li
         fields=parse_fields(query.get("fieldSelector", ""), fields),
         limit=_number(query, "limit") or 0, continue_token=token, resource_version=rv,
         match=match, watch=watch, bookmarks=bookmarks,
-        timeout_s=MAX_WATCH_S if timeout is None else min(float(timeout), MAX_WATCH_S),
+        timeout_s=min(float(timeout), MAX_WATCH_S) if timeout else MAX_WATCH_S,  # 0: none
         initial_events=initial,
     )  # fmt: skip
 

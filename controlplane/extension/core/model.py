@@ -16,13 +16,13 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
 from contextlib import AbstractAsyncContextManager
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import msgspec
 
 from controlplane.extension.core.tables import Column
 
-__all__ = ["GroupVersion", "Provider", "ResourceSpec", "Subresource"]
+__all__ = ["GroupVersion", "Provider", "ResourceSpec", "Subresource", "Versioned", "from_crd"]
 
 READ_VERBS = ("get", "list", "watch")
 
@@ -55,10 +55,35 @@ class ResourceSpec(msgspec.Struct, frozen=True, kw_only=True):
         return path in ("metadata.name", "metadata.namespace", *self.field_paths)
 
 
+def from_crd(
+    crd: dict[str, Any], *, verbs: tuple[str, ...], field_paths: tuple[str, ...] = (),
+    subresources: tuple[Subresource, ...] = (), version: int = 0,
+) -> ResourceSpec:  # fmt: skip
+    """The spec of a resource that serves a view of a CRD's objects: its names, scope, schema
+    and printer columns (``Age`` left to the core) from the ``CustomResourceDefinition`` dict
+    (``versions[version]``); ``verbs`` and the rest are the view's own."""
+    spec, names = crd["spec"], crd["spec"]["names"]
+    served = spec["versions"][version]
+    columns = tuple(Column.from_crd(c) for c in served.get("additionalPrinterColumns") or ()
+                    if c.get("jsonPath") != ".metadata.creationTimestamp")  # fmt: skip
+    return ResourceSpec(
+        plural=names["plural"], singular=names.get("singular") or names["kind"].lower(),
+        kind=names["kind"], namespaced=spec.get("scope") == "Namespaced", verbs=verbs,
+        schema=served["schema"]["openAPIV3Schema"], short=tuple(names.get("shortNames") or ()),
+        categories=tuple(names.get("categories") or ()), columns=columns,
+        field_paths=field_paths, subresources=subresources,
+    )  # fmt: skip
+
+
 class Provider(Protocol):
     """What backs one resource. Objects carry ``apiVersion``, ``kind`` and ``metadata.name``
-    (and ``namespace`` when namespaced); ``resourceVersion`` is the core's, any given is
-    replaced. Failures are raised as ``ApiFailure``."""
+    (and ``namespace`` when namespaced). ``metadata.resourceVersion``: give the store's own
+    integer versions when it has them (etcd revisions through an informer, a bus key's
+    revision): every replica of the worker then serves the same versions, so a write, a
+    continue token or a watch resumed on another replica means the same; without them the
+    core counts per process (another replica answers 410/409 and clients list again). Hand
+    out new dicts for changed objects, never mutate one handed out. Failures are raised as
+    ``ApiFailure``."""
 
     async def objects(self) -> list[dict[str, Any]]:
         """Every object now (cheap: from memory, or one bounded read)."""
@@ -82,6 +107,15 @@ class Provider(Protocol):
     async def subresource(self, name: str, obj: dict[str, Any]) -> dict[str, Any]:
         """GET of ``<resource>/<name>/<subresource>``."""
         ...
+
+
+@runtime_checkable
+class Versioned(Protocol):
+    """A provider whose store has a collection version too (an informer: the last
+    resourceVersion it saw, deletions included). Optional: with it a deletion takes the
+    store's version, as every replica sees it; without, the next count."""
+
+    def version(self) -> int | None: ...
 
 
 class GroupVersion(msgspec.Struct, frozen=True, kw_only=True):

@@ -31,7 +31,7 @@ from aiohttp import web
 
 from controlplane.extension.core import discovery, listing, openapi, writes
 from controlplane.extension.core.failures import ApiFailure, not_found
-from controlplane.extension.core.model import GroupVersion, Provider, ResourceSpec
+from controlplane.extension.core.model import GroupVersion, Provider, ResourceSpec, Versioned
 from controlplane.extension.core.routing import Route, route
 from controlplane.extension.core.store import ObjectCache, now_rfc3339
 from controlplane.extension.core.tables import Column, table
@@ -113,8 +113,11 @@ class ApiServer:
                 return response
         raise ApiFailure(404, "NotFound", f"{path} is not served here")
 
-    async def sync(self, served: _Served) -> None:
-        served.cache.sync(await served.provider.objects())
+    async def sync(self, served: _Served, managed: dict[str, Any] | None = None) -> None:
+        provider = served.provider
+        objects = await provider.objects()
+        version = provider.version() if isinstance(provider, Versioned) else None
+        served.cache.sync(objects, managed, version)
 
     def allowed(self, r: Route) -> None:
         """:raises ApiFailure: 405, the resource does not serve the verb."""
@@ -180,9 +183,10 @@ class ApiServer:
     async def _write(self, request: web.Request, served: _Served, r: Route,
                      user: str) -> web.Response:  # fmt: skip
         live = self._live(served, r)
-        if live is None and r.verb == "update":
-            raise not_found(r.gv.group, r.resource.plural, r.name)
         content_type = request.content_type
+        creates = content_type == writes.APPLY and "create" in r.resource.verbs
+        if live is None and (r.verb == "update" or (r.verb == "patch" and not creates)):
+            raise not_found(r.gv.group, r.resource.plural, r.name)
         doc = writes.decode(await request.read(), content_type)
         if r.verb == "create":
             meta = doc.get("metadata") if isinstance(doc, dict) else None
@@ -195,13 +199,6 @@ class ApiServer:
                 raise ApiFailure(409, "AlreadyExists", f'{r.resource.plural}.{r.gv.group} '
                                  f'"{name}" already exists', details={"name": name,
                                  "group": r.gv.group, "kind": r.resource.plural})  # fmt: skip
-        if (
-            live is None
-            and r.verb == "patch"
-            and content_type == writes.APPLY
-            and ("create" not in r.resource.verbs)
-        ):
-            raise not_found(r.gv.group, r.resource.plural, r.name)
         manager = request.query.get("fieldManager") or _manager(request.headers.get("User-Agent"))
         plan = writes.planned(r.gv, r.resource, live, doc, writes.Write(
             verb=r.verb, content_type=content_type, name=r.name, namespace=r.namespace,
@@ -210,7 +207,7 @@ class ApiServer:
         if request.query.get("dryRun"):
             return json_response(200, plan.obj)
         warnings = [*plan.warnings, *await served.provider.write(live, plan.obj, user)]
-        served.cache.sync(await served.provider.objects(), {self._key(r): plan.managed})
+        await self.sync(served, {self._key(r): plan.managed})
         stored = served.cache.get(self._key(r))
         response = json_response(201 if live is None else 200, stored or plan.obj)
         for text in warnings:

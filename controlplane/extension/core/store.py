@@ -5,9 +5,12 @@ A provider (the settings store, an informer, a bus ledger) says what the objects
 changed, each with the next resourceVersion. That gives every resource, whatever backs it, the
 same list/watch semantics:
 
-- ``resourceVersion`` is an integer counter per cache, starting at the microsecond the cache
-  was made, so a worker that restarts hands out larger numbers than before (a client's old
-  version is then too old, never mistaken for a newer one);
+- ``resourceVersion`` is the provider's own integer version of an object when it gives one
+  (the store's: the same on every replica), else a counter per cache starting at the
+  microsecond the cache was made, so a worker that restarts, or another replica, never hands
+  out a number that means something else here (it is too old or too large, never mistaken);
+  an event takes its object's version, and a store that changed an object without moving its
+  version still gets an event, at the next number;
 - the state at any version since :attr:`ObjectCache.oldest` can be rebuilt
   (:meth:`~ObjectCache.state_at`, for exact-version lists and consistent continue tokens), and
   the events after it replayed (:meth:`~ObjectCache.events_after`, for a resumed watch); older
@@ -47,6 +50,22 @@ HISTORY: Final = 1000
 
 def now_rfc3339() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _given(obj: dict[str, Any]) -> int | None:
+    """The provider's own resourceVersion of ``obj``, when it gave an integer one."""
+    rv = (obj.get("metadata") or {}).get("resourceVersion")
+    return int(rv) if isinstance(rv, str) and rv.isdigit() else None
+
+
+def _without_version(obj: dict[str, Any]) -> dict[str, Any]:
+    meta = {k: v for k, v in (obj.get("metadata") or {}).items() if k != "resourceVersion"}
+    return {**obj, "metadata": meta}
+
+
+def _same(old: dict[str, Any], new: dict[str, Any]) -> bool:
+    """Equal but for ``metadata.resourceVersion``."""
+    return old == new or _without_version(old) == _without_version(new)
 
 
 def key_of(obj: dict[str, Any]) -> str:
@@ -114,34 +133,67 @@ class ObjectCache:
         self,
         objects: Iterable[dict[str, Any]],
         managed: dict[str, list[dict[str, Any]]] | None = None,
+        version: int | None = None,
     ) -> list[Event]:
         """Make the cache hold ``objects`` (the provider's full current set); ``managed``
-        replaces the managed fields of those keys. :returns: the events recorded."""
-        first = not self.synced
-        self.synced = True
+        replaces the managed fields of those keys; ``version`` is the collection's version when
+        the provider has one. :returns: the events recorded."""
         wanted = {key_of(o): o for o in objects}
+        if not self.synced:
+            self._first(wanted, version)
+            return []
         out: list[Event] = []
+        floor = self.rv
         for key in sorted(self._entries.keys() - wanted.keys()):
             entry = self._entries.pop(key)
-            out.append(self._record("DELETED", self._stamp(key, entry, self.rv + 1),
-                                    entry.served))  # fmt: skip
+            stamped = self._stamp(entry, self._next(None, version, floor))
+            out.append(self._record("DELETED", stamped, entry.served))
         for key in sorted(wanted):
             raw, old = wanted[key], self._entries.get(key)
             fields = (managed or {}).get(key, old.managed if old else [])
-            if old is not None and old.managed == fields and (old.source is raw or old.raw == raw):
+            if (
+                old is not None
+                and old.managed == fields
+                and (old.source is raw or _same(old.raw, raw))
+            ):
+                given = _given(raw)
+                if given is not None and given > int(old.served["metadata"]["resourceVersion"]):
+                    old.served = self._stamp(old, given)  # the store moved, this object did not
+                old.source = raw
                 continue
             entry = self._entry(key, raw, fields, old)
-            if first:  # the initial state is the base, not a history of additions
-                entry.served = self._stamp(key, entry, self.rv)
-            else:
-                entry.served = self._stamp(key, entry, self.rv + 1)
-                out.append(self._record("ADDED" if old is None else "MODIFIED", entry.served,
-                                        None if old is None else old.served))  # fmt: skip
+            rv = self._next(_given(raw), version, floor)
+            entry.served = self._stamp(entry, rv)
+            out.append(self._record("ADDED" if old is None else "MODIFIED", entry.served,
+                                    None if old is None else old.served, rv))  # fmt: skip
             self._entries[key] = entry
+        self.rv = max(self.rv, version or 0)
         if out:
             self.changed.set()
             self.changed = anyio.Event()
         return out
+
+    def _first(self, wanted: dict[str, dict[str, Any]], version: int | None) -> None:
+        """The initial state is the base, not a history of additions."""
+        self.synced = True
+        given = [g for g in map(_given, wanted.values()) if g is not None]
+        if version is not None or given:
+            self.rv = self.oldest = max([version or 0, *given])
+        for key in sorted(wanted):
+            entry = self._entry(key, wanted[key], [], None)
+            entry.served = self._stamp(entry, _given(wanted[key]) or self.rv)
+            self._entries[key] = entry
+
+    def _next(self, given: int | None, version: int | None, floor: int) -> int:
+        """The version of an event of this sync: the object's own, else the collection's, when
+        newer than ``floor`` (the version before the sync; several objects may share one);
+        else the next count, so a watcher at ``floor`` always sees the change."""
+        wanted = given if given is not None else version
+        if wanted is None:
+            return self.rv + 1
+        if wanted > floor:
+            return max(wanted, self.rv)
+        return self.rv if self.rv > floor else floor + 1  # a store that did not move its version
 
     def _entry(self, key: str, raw: dict[str, Any], managed: list[dict[str, Any]],
                old: _Entry | None) -> _Entry:  # fmt: skip
@@ -155,7 +207,7 @@ class ObjectCache:
             source=source, raw=raw, managed=list(managed), created=created, uid=uid, served={}
         )
 
-    def _stamp(self, key: str, entry: _Entry, rv: int) -> dict[str, Any]:
+    def _stamp(self, entry: _Entry, rv: int) -> dict[str, Any]:
         served = copy.deepcopy(entry.raw)
         meta = served.setdefault("metadata", {})
         meta.update(resourceVersion=str(rv), creationTimestamp=entry.created, uid=entry.uid)
@@ -163,8 +215,9 @@ class ObjectCache:
             meta["managedFields"] = copy.deepcopy(entry.managed)
         return served
 
-    def _record(self, kind: str, obj: dict[str, Any], prev: dict[str, Any] | None) -> Event:
-        self.rv += 1
+    def _record(self, kind: str, obj: dict[str, Any], prev: dict[str, Any] | None,
+                rv: int | None = None) -> Event:  # fmt: skip
+        self.rv = max(self.rv, int(obj["metadata"]["resourceVersion"]) if rv is None else rv)
         event = Event(kind, self.rv, obj, prev)
         self._events.append(event)
         while len(self._events) > self._history:

@@ -128,8 +128,9 @@ def planned(
     """
     verb, content_type, name, namespace, query = (w.verb, w.content_type, w.name, w.namespace,
                                                   w.query)  # fmt: skip
-    warnings = check_fields(doc, r.schema, query.get("fieldValidation", "")) if isinstance(
-        doc, dict) and (verb != "patch" or content_type == APPLY) else []  # fmt: skip
+    directive = query.get("fieldValidation", "")
+    warnings = check_fields(doc, r.schema, directive) if isinstance(doc, dict) and (
+        verb != "patch" or content_type == APPLY) else []  # fmt: skip
     if verb == "patch" and content_type not in PATCH_TYPES:
         raise ApiFailure(415, "UnsupportedMediaType", f"the patch type {content_type!r} is not "
                          f"one of {', '.join(PATCH_TYPES)}")  # fmt: skip
@@ -145,6 +146,8 @@ def planned(
         if live is None:
             raise bad_request("cannot patch an object that does not exist")
         doc = _patched(r, live, doc, content_type)
+        if isinstance(doc, dict):  # what the patch brought in, checked on the result
+            warnings = check_fields(doc, r.schema, directive)
     _identity(gv, r, doc, name, namespace)
     obj = _finish(gv, r, live, doc, name, namespace)
     managed = ssa.updated(live or {}, obj, manager=w.manager, schema=r.schema,

@@ -49,20 +49,28 @@ def _now() -> str:
 
 
 class Changes:
-    """Wakes every watcher of one source after each change (never blocks the teller)."""
+    """Wakes every watcher of one source after each change (never blocks the teller). A change
+    told while a follower is busy is not lost: each follower compares a change count."""
 
     def __init__(self) -> None:
         self._event = anyio.Event()
+        self.count = 0
 
     def tell(self, *_: object) -> None:
+        self.count += 1
         self._event.set()
         self._event = anyio.Event()
 
     @asynccontextmanager
     async def follow(self) -> AsyncIterator[AsyncIterator[object]]:
+        seen = self.count  # from entering: a change before the first iteration counts
+
         async def iterate() -> AsyncIterator[object]:
+            nonlocal seen
             while True:
-                await self._event.wait()
+                while self.count == seen:
+                    await self._event.wait()
+                seen = self.count
                 yield None
 
         yield iterate()
