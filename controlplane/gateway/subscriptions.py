@@ -33,7 +33,7 @@ from controlplane.gateway import kinds
 from controlplane.gateway.hub import Event, Hub
 from controlplane.gateway.kinds import Kind
 from controlplane.gateway.settings import GatewaySettings
-from controlplane.gateway.upstream import ClusterApi
+from controlplane.gateway.upstream import WATCH_SECONDS, ClusterApi
 
 __all__ = ["Manager"]
 
@@ -230,7 +230,7 @@ class Manager:
     async def _watch(self, entry: _Cluster, kind: Kind, version: str) -> str:
         """One watch from ``version`` until the server ends it; the last version seen."""
         query = [("allowWatchBookmarks", "true"), ("resourceVersion", version),
-                 ("timeoutSeconds", "300"), ("watch", "true")]  # fmt: skip
+                 ("timeoutSeconds", str(WATCH_SECONDS)), ("watch", "true")]  # fmt: skip
         cache = entry.caches.setdefault(kind.plural, {})
         async for event in entry.api.watch(kinds.collection_path(kind), query):
             obj = event.get("object")

@@ -37,6 +37,7 @@ log = logging.getLogger(__name__)
 
 Query = Sequence[tuple[str, str]]
 USER_AGENT = "gpustack-operator/worker-gateway"
+WATCH_SECONDS = 300
 
 
 class ClusterApi(Protocol):
@@ -90,7 +91,8 @@ class ProxyApi:
 
     async def watch(self, path: str, query: Query) -> AsyncIterator[dict[str, Any]]:
         url = f"{self._base}/{path.lstrip('/')}"
-        timeout = aiohttp.ClientTimeout(connect=10, sock_read=self._timeout.total)
+        # A watch ends at its timeoutSeconds (300); a minute more of silence is a dead link.
+        timeout = aiohttp.ClientTimeout(connect=10, sock_read=WATCH_SECONDS + 60)
         try:
             async with self._session.get(
                 url, params=list(query), headers=self._headers, timeout=timeout
