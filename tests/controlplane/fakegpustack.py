@@ -45,6 +45,8 @@ class FakeKube:
     version: int = 1
     gone_next_watch: bool = False
     watchers: list[asyncio.Queue[dict[str, Any]]] = field(default_factory=list)
+    history: list[dict[str, Any]] = field(default_factory=list)
+    """Every event, so a watch from a version first replays what came after it."""
 
     def put(self, plural: str, obj: dict[str, Any]) -> None:
         self.version += 1
@@ -62,8 +64,10 @@ class FakeKube:
         self._tell(plural, "DELETED", obj)
 
     def _tell(self, plural: str, kind: str, obj: dict[str, Any]) -> None:
+        event = {"plural": plural, "type": kind, "object": obj, "rv": self.version}
+        self.history.append(event)
         for q in self.watchers:
-            q.put_nowait({"plural": plural, "type": kind, "object": obj})
+            q.put_nowait(event)
 
     async def answer(self, request: web.Request, path: str) -> web.StreamResponse:
         if path.startswith(APISERVICES):
@@ -96,6 +100,10 @@ class FakeKube:
         response.enable_chunked_encoding()
         await response.prepare(request)
         queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        since = int(request.query.get("resourceVersion") or 0)
+        for event in self.history:
+            if event["rv"] > since:
+                queue.put_nowait(event)
         self.watchers.append(queue)
         try:
             async with asyncio.timeout(float(request.query.get("timeoutSeconds", "300"))):
