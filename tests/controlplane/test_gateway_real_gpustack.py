@@ -39,6 +39,7 @@ import aiohttp
 import anyio
 import msgspec
 import pytest
+import yarl
 from aiohttp import web
 from test_controlplane_nms_e2e import publish, settings
 
@@ -46,6 +47,7 @@ from bus import events
 from bus.devices import DeviceGroup
 from bus.testing import eventually, nats_server, settings_for
 from controlplane import running
+from tests.controlplane.fakegpustack import FakeGPUStack
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow, pytest.mark.timeout(420)]
 
@@ -234,6 +236,33 @@ async def keep_ready(
         await anyio.sleep(2)
 
 
+async def refusals(base: str, cid: int, token: str) -> list[tuple[int, Any]]:
+    """The proxy's answers before any worker is READY: 503, 401 twice, 404, 403."""
+    ready = "apis/apiregistration.k8s.io/v1/apiservices/v1.worker.gpustack.ai?resourceVersion=0"
+    asks = [(cid, token, ready), (cid, None, ready), (cid, "gpustack_" + "0" * 16 + "_" + "0" * 32,
+            ready), (99, token, "version"), (cid, token, "apis/%252e%252e/x")]  # fmt: skip
+    out = []
+    async with aiohttp.ClientSession() as http:
+        for cluster, bearer, path in asks:
+            headers = {"Authorization": f"Bearer {bearer}"} if bearer else {}
+            url = yarl.URL(f"{base}/v2/clusters/{cluster}/proxy/{path}", encoded=True)
+            async with http.get(url, headers=headers) as r:
+                out.append((r.status, await r.json()))
+    return out
+
+
+async def same_refusals_as_the_fake(url: str, cid: int, token: str) -> None:
+    """The fake GPUStack of the other gateway tests answers as the real server does (checked
+    here against the real one, the oracle)."""
+    fake = FakeGPUStack()
+    twin = fake.add("k1", ready_workers=False)
+    twin.token = token
+    async with fake.serving():
+        faked = await refusals(f"http://127.0.0.1:{fake.port}", twin.id, token)
+    assert cid == twin.id == 1
+    assert await refusals(url, cid, token) == faked
+
+
 async def test_the_real_server_spawns_our_gateway_and_shows_our_instance_types(
     tmp_path: Path,
 ) -> None:
@@ -262,6 +291,7 @@ async def test_the_real_server_spawns_our_gateway_and_shows_our_instance_types(
                     cid = (await r.json())["id"]
                 async with http.get(f"{url}/v2/clusters/{cid}/registration-token") as r:
                     token = (await r.json())["token"]
+                await same_refusals_as_the_fake(url, cid, token)
                 registered = await register(http, url, token, port)
                 tg.start_soon(keep_ready, http, url, registered, port)
                 aggregated = f"{url}/v2/gpu-instance-types/aggregated?cluster_id={cid}"
