@@ -94,6 +94,8 @@ def handlers(manager: Manager, hub: Hub) -> dict[str, Handler]:
 
 def _workers(manager: Manager) -> Handler:
     async def workers(request: web.Request) -> web.StreamResponse:
+        if request.method not in ("POST", "DELETE"):
+            return _error(405, "MethodNotAllowed", "POST or DELETE")
         raw = await request.content.read(MAX_BODY + 1)
         if len(raw) > MAX_BODY:
             return _error(413, "RequestEntityTooLarge", f"the body exceeds {MAX_BODY} bytes")
@@ -104,14 +106,11 @@ def _workers(manager: Manager) -> Handler:
             gvks = [kinds.parse_gvk(t) for t in texts]
         except (_BadRequest, kinds.BadGvk) as e:
             return _error(400, "BadRequest", str(e))
-        if request.method == "POST":
-            for cluster in clusters:
+        for cluster in clusters:
+            if request.method == "POST":
                 manager.subscribe(cluster, token, gvks, force=force)
-        elif request.method == "DELETE":
-            for cluster in clusters:
+            else:
                 manager.unsubscribe(cluster)
-        else:
-            return _error(405, "MethodNotAllowed", "POST or DELETE")
         return web.Response(status=200)
 
     return workers

@@ -271,6 +271,7 @@ async def test_bad_requests_are_one_line_400s(fake: FakeGPUStack, tmp_path: Path
         assert (await gw.get("/apis/instances", [("aggregated", "true")]))[0] == 400
         assert (await gw.get("/apis/instancetypes", [("watch", "maybe")]))[0] == 400
         assert (await gw.get("/apis/nothing"))[0] == 404
+        assert (await gw.get("/apis/workers"))[0] == 405
         status, text = await gw.get("/metrics")
         assert status == 200 and b"gpustack_gateway_clusters" in text
 
