@@ -137,24 +137,26 @@ class Manager:
         return out
 
     async def _run(self, entry: _Cluster) -> None:
+        """Wait out readiness, then keep the kinds, until unsubscribed (cancelled)."""
         with entry.scope:
             pauses = kinds.backoff(*self._settings.backoff_s)
             failures = 0
             while True:
                 try:
                     await self._wait_ready(entry)
+                    break
                 except NotReady as e:
                     entry.reason = str(e)
                     level = logging.WARNING if failures == 0 else logging.DEBUG
                     log.log(level, "cluster %s is not ready: %s", entry.id, e)
                     failures += 1
                     await anyio.sleep(next(pauses))
-                    continue
-                log.info("cluster %s is ready", entry.id)
-                entry.ready, entry.reason = True, "ready"
-                async with anyio.create_task_group() as tg:
-                    for kind in entry.kept:
-                        tg.start_soon(self._keep, entry, kind, name=f"{entry.id}-{kind.plural}")
+            log.info("cluster %s is ready", entry.id)
+            entry.ready, entry.reason = True, "ready"
+            async with anyio.create_task_group() as tg:
+                for kind in entry.kept:
+                    tg.start_soon(self._keep, entry, kind, name=f"{entry.id}-{kind.plural}")
+                await anyio.sleep_forever()  # nothing kept: other kinds are listed live
 
     async def _wait_ready(self, entry: _Cluster) -> None:
         """Both APIServices Available, checked every poll up to the timeout.
