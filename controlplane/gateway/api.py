@@ -63,29 +63,36 @@ def _flag(query: Mapping[str, str], name: str) -> bool:
     return value in _TRUE
 
 
-def _subscription(request: web.Request, raw: bytes) -> tuple[list[str], str, list[str], bool]:
-    body: dict[str, Any] = {}
+class SubscribeBody(msgspec.Struct, forbid_unknown_fields=False):
+    """The JSON body of ``POST /apis/workers``; each field adds to its query counterpart."""
+
+    clusters: list[str] | str = []
+    token: str = ""
+    gvks: list[str] = []
+
+
+class Subscription(msgspec.Struct, frozen=True):
+    clusters: list[str]
+    token: str
+    gvks: list[str]
+    force: bool
+
+
+def _subscription(request: web.Request, raw: bytes) -> Subscription:
+    body = SubscribeBody()
     if raw.strip():
         try:
-            decoded = msgspec.json.decode(raw)
-        except msgspec.DecodeError as e:
-            raise _BadRequest(f"the body is not JSON: {e}") from e
-        if not isinstance(decoded, dict):
-            raise _BadRequest("the body is not a JSON object")
-        body = decoded
-    clusters = request.query.getall("cluster", []) + _strings(body, "clusters")
-    token = request.query.get("token") or str(body.get("token") or "")
-    gvks = request.query.getall("gvk", []) + _strings(body, "gvks")
-    return [c for c in clusters if c], token, gvks, _flag(request.query, "force")
-
-
-def _strings(body: Mapping[str, Any], key: str) -> list[str]:
-    value = body.get(key) or []
-    if isinstance(value, str):
-        value = [value]
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise _BadRequest(f"{key}: a list of strings")
-    return value
+            body = msgspec.json.decode(raw, type=SubscribeBody)
+        except (msgspec.DecodeError, msgspec.ValidationError) as e:
+            raise _BadRequest(f"the body: {e}") from e
+    named = [body.clusters] if isinstance(body.clusters, str) else body.clusters
+    clusters = [c for c in request.query.getall("cluster", []) + named if c]
+    return Subscription(
+        clusters=clusters,
+        token=request.query.get("token") or body.token,
+        gvks=request.query.getall("gvk", []) + body.gvks,
+        force=_flag(request.query, "force"),
+    )
 
 
 def handlers(manager: Manager, hub: Hub) -> dict[str, Handler]:
@@ -100,15 +107,15 @@ def _workers(manager: Manager) -> Handler:
         if len(raw) > MAX_BODY:
             return _error(413, "RequestEntityTooLarge", f"the body exceeds {MAX_BODY} bytes")
         try:
-            clusters, token, texts, force = _subscription(request, raw)
-            if not clusters:
+            asked = _subscription(request, raw)
+            if not asked.clusters:
                 raise _BadRequest("cluster is required")
-            gvks = [kinds.parse_gvk(t) for t in texts]
+            gvks = [kinds.parse_gvk(t) for t in asked.gvks]
         except (_BadRequest, kinds.BadGvk) as e:
             return _error(400, "BadRequest", str(e))
-        for cluster in clusters:
+        for cluster in asked.clusters:
             if request.method == "POST":
-                manager.subscribe(cluster, token, gvks, force=force)
+                manager.subscribe(cluster, asked.token, gvks, force=asked.force)
             else:
                 manager.unsubscribe(cluster)
         return web.Response(status=200)

@@ -268,6 +268,13 @@ async def test_bad_requests_are_one_line_400s(fake: FakeGPUStack, tmp_path: Path
             assert (await r.json())["message"] == "cluster is required"
         bad = await gw.post("1", "t", gvks=["InstanceType"])
         assert bad.status == 400
+        async with gw.session.post("https://gpustack-operator/apis/workers",
+                                   json={"clusters": "1", "gvks": "not a list"}) as r:  # fmt: skip
+            assert r.status == 400 and "gvks" in (await r.json())["message"]
+        # The body alone subscribes too (clusters and token in JSON).
+        async with gw.session.post("https://gpustack-operator/apis/workers",
+                                   json={"clusters": ["7"], "token": "t", "gvks": []}) as r:  # fmt: skip
+            assert r.status == 200
         assert (await gw.get("/apis/instances", [("aggregated", "true")]))[0] == 400
         assert (await gw.get("/apis/instancetypes", [("watch", "maybe")]))[0] == 400
         assert (await gw.get("/apis/nothing"))[0] == 404
