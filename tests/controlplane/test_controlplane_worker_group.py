@@ -43,19 +43,6 @@ DIGEST = "sha256:" + "ab" * 32
 TOKEN = {"Authorization": "Bearer dana-token"}
 
 
-def devices(
-    name: str, *, product: str = "NVIDIA H200", labels: dict[str, str] | None = None
-) -> dict[str, Any]:
-    return {
-        "apiVersion": f"{GROUP}/v1alpha1", "kind": "Devices",
-        "metadata": {"name": name, "labels": labels or {}},
-        "spec": {"groups": [{"id": "nvidia-h200", "manufacturer": "nvidia", "name": product,
-                             "memory": 143771, "driverVersion": "570.1", "accelerators": []}]},
-        "status": {"summary": {"accelerators": 8, "memory": "1123Gi", "unhealthy": 0,
-                               "allocated": 2}},
-    }  # fmt: skip
-
-
 def view(once: int, remaining: int, capacity: int) -> dict[str, int]:
     return {"onceMaxRequest": once, "remaining": remaining, "capacity": capacity}
 
@@ -250,8 +237,9 @@ async def test_a_paged_list_at_rv0_then_a_bookmark_watch_as_gpustack_reads_it(
 
 
 async def test_kubernetes_asyncio_lists_and_watches(tmp_path: Path) -> None:
-    """kubernetes-asyncio's own client: a list with limit and resourceVersion 0, then its
-    Watch with bookmarks from the list's version sees the change."""
+    """kubernetes-asyncio's own client: a watch from a version older than the kept history is
+    its ApiException 410; it lists (limit, resourceVersion 0) and its Watch with bookmarks
+    resumed from the list's version sees the change."""
     from kubernetes_asyncio import client as k8s
     from kubernetes_asyncio import watch as k8s_watch
 
@@ -273,7 +261,17 @@ async def test_kubernetes_asyncio_lists_and_watches(tmp_path: Path) -> None:
                 return "it-1" in [i["metadata"]["name"] for i in (await listed())["items"]]
 
             await eventually(has_one, timeout_s=20)
-            first = await listed()
+            gone = k8s.ApiException()
+            try:
+                async with k8s_watch.Watch().stream(
+                    api.list_cluster_custom_object, GROUP, "v1", "instancetypes",
+                    resource_version="1", timeout_seconds=5,
+                ) as stream:  # fmt: skip
+                    async for _ in stream:
+                        pass
+            except k8s.ApiException as e:
+                gone = e
+            first = await listed()  # list again, then resume from the list's version
             c.fake.put_object(f"{STORED}/instancetypes", instance_type("it-2"))
             got = []
             w = k8s_watch.Watch()
@@ -286,6 +284,7 @@ async def test_kubernetes_asyncio_lists_and_watches(tmp_path: Path) -> None:
                     got.append((event["type"], event["object"]["metadata"]["name"]))
                     if event["type"] == "ADDED" and event["object"]["metadata"]["name"] == "it-2":
                         break
+    assert gone.status == 410  # the forced 410: too old a version, the client lists again
     assert "it-1" in [i["metadata"]["name"] for i in first["items"]]
     assert first["kind"] == "InstanceTypeList"
     assert got[-1] == ("ADDED", "it-2")
@@ -430,6 +429,15 @@ async def test_modelartifacts_of_one_name_in_two_namespaces_are_both_served(tmp_
         in_b = await (
             await http.get(c.url + V1 + "/namespaces/b/modelartifacts/m", ssl=ctx, headers=TOKEN)
         ).json()
+        stored_b = f"{STORED}/modelartifacts"
+
+        async def same_version() -> bool:  # the API server's version, not a count of ours
+            r = await http.get(c.url + V1 + "/namespaces/b/modelartifacts/m", ssl=ctx,
+                               headers=TOKEN)  # fmt: skip
+            served_rv = (await r.json())["metadata"]["resourceVersion"]
+            return bool(served_rv == c.fake.get(stored_b, "m", "b")["metadata"]["resourceVersion"])
+
+        await eventually(same_version, timeout_s=20)
         config = kubeconfig(tmp_path, c.url)
         explain = await anyio.to_thread.run_sync(kubectl, config, "explain", "instancetypes.spec")
     assert in_b["spec"]["source"]["huggingFace"]["repository"] == "org/two"
@@ -438,3 +446,45 @@ async def test_modelartifacts_of_one_name_in_two_namespaces_are_both_served(tmp_
     assert (
         "acceleratorGroup" in explain.stdout and "GROUP:      worker.gpustack.ai" in explain.stdout
     )
+
+
+async def test_kubectl_selects_pages_and_deletes_in_the_group(tmp_path: Path) -> None:
+    """``kubectl get mart -A -l``, ``--chunk-size`` over several pages, ``--field-selector``,
+    and ``kubectl delete nms`` reaching the stored NodeModelStore."""
+
+    def artifact(namespace: str, name: str, team: str) -> dict[str, Any]:
+        return {"apiVersion": f"{GROUP}/v1alpha1", "kind": "ModelArtifact",
+                "metadata": {"name": name, "namespace": namespace, "labels": {"team": team}},
+                "spec": {"source": {"huggingFace": {"repository": f"org/{name}"}}}}  # fmt: skip
+
+    state = events.ModelState(model=DIGEST, digest=DIGEST, state="ready", bytes_total=1)
+    async with cluster(tmp_path) as (c, _), aiohttp.ClientSession() as http:
+        for i in range(5):
+            c.fake.put_object(f"{STORED}/modelartifacts",
+                              artifact("a" if i % 2 else "b", f"m{i}", "x" if i < 2 else "y"))  # fmt: skip
+        await publish(c.bus, events.ModelsEvent(node="n1", ts=datetime.now(UTC), models=(state,)))
+        await served(http, c, tmp_path)
+        ctx = client_context(tmp_path, None)
+
+        async def ready() -> bool:
+            arts = await http.get(c.url + V1 + "/modelartifacts", ssl=ctx, headers=TOKEN)
+            nms = await http.get(c.url + V1 + "/nodemodelstores/n1", ssl=ctx, headers=TOKEN)
+            return len((await arts.json())["items"]) == 5 and nms.status == 200
+
+        await eventually(ready, timeout_s=30)
+        config = kubeconfig(tmp_path, c.url)
+        names = ("get", "mart", "-A", "-o", "custom-columns=N:.metadata.name", "--no-headers")
+        labelled = await anyio.to_thread.run_sync(kubectl, config, *names, "-l", "team=x")
+        chunked = await anyio.to_thread.run_sync(kubectl, config, *names, "--chunk-size=2")
+        fields = await anyio.to_thread.run_sync(
+            kubectl, config, *names, "--field-selector", "metadata.namespace=a"
+        )
+        deletes = c.fake.writes["delete"]
+        deleted = await anyio.to_thread.run_sync(kubectl, config, "delete", "nms", "n1")
+    assert labelled.returncode == 0, labelled.stderr
+    assert sorted(labelled.stdout.split()) == ["m0", "m1"]
+    assert sorted(chunked.stdout.split()) == [f"m{i}" for i in range(5)]
+    assert sorted(fields.stdout.split()) == ["m1", "m3"]
+    assert deleted.returncode == 0, deleted.stderr
+    assert 'nodemodelstore.worker.gpustack.ai "n1" deleted' in deleted.stdout
+    assert c.fake.writes["delete"] == deletes + 1

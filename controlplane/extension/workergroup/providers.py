@@ -2,8 +2,9 @@
 
 - :class:`InformerProvider` (with a cluster): the objects of one
   :class:`~controlplane.k8s.informing.Informer` of the stored ``v1alpha1`` resource, as v1
-  views, read from memory (no API request per read); every change the informer applies wakes
-  the watches. Before the informer's first list it answers 503: the group is not served yet.
+  views, read from memory (no API request per read), at the API server's resourceVersions (the
+  objects' own, and the informer's for the collection), so every replica serves the same
+  versions; every change the informer applies wakes the watches. Before the informer's first list it answers 503: the group is not served yet.
   A delete goes to the stored object; ``modelartifacts/progress`` is computed per request from
   the nodes' download state (:mod:`.progress`).
 - :class:`LedgerFeed` and :class:`LedgerProvider` (``standalone``, ``--kubeconfig=none``): the
@@ -138,6 +139,11 @@ class InformerProvider(_Reads):
 
     def changes(self) -> Any:
         return self._changes.follow()
+
+    def version(self) -> int | None:
+        """The informer's collection version (the API server's: the same on every replica)."""
+        text = self.informer.resource_version
+        return int(text) if text.isdigit() else None
 
 
 def _stamp(kind: str, name: str, desired: Desired, status: Any = None) -> dict[str, Any]:
