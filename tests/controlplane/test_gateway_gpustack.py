@@ -11,8 +11,10 @@ server's checks and bodies and a small stateful kube-apiserver behind it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
+import socket
 import ssl
 import sys
 from collections.abc import AsyncIterator
@@ -314,3 +316,43 @@ async def test_loopback_reads_the_kubeconfig_cluster_for_every_subscription(
         await gw.until("/apis/instancetypes", [], lambda b:
                        b["items"][0]["status"]["accelerator"]["remaining"] == 1)  # fmt: skip
         assert {r["authorization"] for r in fake.requests} == {f"Bearer {east.token}"}
+
+
+async def test_without_a_socket_it_serves_the_same_api_over_https(
+    fake: FakeGPUStack, tmp_path: Path
+) -> None:
+    east = fake.add("east")
+    east.kube.put("instancetypes", h200(8, 8))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    argv = [sys.executable, "-m", "gpustack_operator.main", "wg", "--bind-unix-path=",
+            "--bind-address=127.0.0.1", f"--secure-port={port}", "--metrics-auth=none",
+            "--kubeconfig=none", "--worker-readiness-check-timeout=1s",
+            f"--worker-conn-gpustack-api-port={fake.port}"]  # fmt: skip
+    proc = await asyncio.create_subprocess_exec(*argv, stderr=asyncio.subprocess.DEVNULL,
+                                                env={**os.environ, "PYTHONPATH": os.getcwd()})  # fmt: skip
+    base = f"https://127.0.0.1:{port}/apis"
+    try:
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=False)) as http:
+
+            async def up() -> bool:
+                assert proc.returncode is None
+                with contextlib.suppress(aiohttp.ClientError):
+                    async with http.get(base + "/instancetypes") as r:
+                        return r.status == 200
+                return False
+
+            await eventually(up, timeout_s=60)
+            async with http.post(base + "/workers", params={"cluster": "1", "token": east.token},
+                                 json={"gvks": GVKS}) as r:  # fmt: skip
+                assert r.status == 200
+
+            async def listed() -> bool:
+                async with http.get(base + "/instancetypes") as r:
+                    return bool((await r.json())["items"])
+
+            await eventually(listed, timeout_s=60)
+    finally:
+        proc.terminate()
+        await proc.wait()
