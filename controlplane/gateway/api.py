@@ -17,6 +17,7 @@ Errors are ``{"code", "reason", "message"}``, one line of text, never a tracebac
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import AsyncIterator, Mapping
 from typing import Any, Final
 
@@ -45,6 +46,8 @@ _AGGREGATES: Final = {
 _TRUE: Final = ("true", "1", "t", "True", "TRUE")
 _BOOLS: Final = (*_TRUE, "false", "0", "f", "False", "FALSE", "")
 MAX_BODY: Final = 64 * 1024
+CLUSTER_ID: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}")
+"""A cluster id becomes one segment of the proxy path: nothing that could leave it."""
 
 
 def _error(code: int, reason: str, message: str) -> web.Response:
@@ -110,6 +113,10 @@ def _workers(manager: Manager) -> Handler:
             asked = _subscription(request, raw)
             if not asked.clusters:
                 raise _BadRequest("cluster is required")
+            for cluster in asked.clusters:
+                if not CLUSTER_ID.fullmatch(cluster):
+                    raise _BadRequest(f"cluster {cluster[:60]!r}: letters, digits, '.', '_' "
+                                      "and '-', at most 253, starting with a letter or digit")  # fmt: skip
             gvks = [kinds.parse_gvk(t) for t in asked.gvks]
         except (_BadRequest, kinds.BadGvk) as e:
             return _error(400, "BadRequest", str(e))

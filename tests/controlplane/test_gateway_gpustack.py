@@ -270,6 +270,7 @@ async def test_bad_requests_are_one_line_400s(fake: FakeGPUStack, tmp_path: Path
             assert (await r.json())["message"] == "cluster is required"
         bad = await gw.post("1", "t", gvks=["InstanceType"])
         assert bad.status == 400
+        assert (await gw.post("../2", "t")).status == 400  # it would leave its path segment
         async with gw.session.post("https://gpustack-operator/apis/workers",
                                    json={"clusters": "1", "gvks": "not a list"}) as r:  # fmt: skip
             assert r.status == 400 and "gvks" in (await r.json())["message"]
