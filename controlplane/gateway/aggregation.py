@@ -16,7 +16,10 @@ Only **Active** candidates count: an InstanceType of ours has no phase, so a typ
 ``spec.inactive`` is true is Inactive (its ClusterQueue admits nothing) and every other is Active.
 Amounts are decimal strings, the form GPUStack's schema reads (``"8"``); the dimensions are the
 InstanceType status' families: ``accelerator`` (cards), ``acceleratorShared`` (shares),
-``acceleratorSliced`` (memory percent). Everything is sorted, so equal inputs give equal output.
+``acceleratorSliced`` (memory percent). Partitions (``acceleratorPartitioned``, MIG instances) have
+no honest total, so an overview lists them per profile instead: ``remaining`` sums the remaining
+profiles by name, ``onceMaxRequest`` is the best candidate's profiles capped at one; a candidate
+carries its own view and ledger. Everything is sorted, so equal inputs give equal output.
 """
 
 from __future__ import annotations
@@ -36,6 +39,8 @@ __all__ = [
 ]
 
 DIMENSIONS: Final = ("accelerator", "acceleratorShared", "acceleratorSliced")
+PARTITIONED: Final = "acceleratorPartitioned"
+_PROFILE_LISTS: Final = ("allocatedProfiles", "remainingProfiles")
 _NOT_SHAPE: Final = ("inactive", "displayName", "description")
 
 Held = Mapping[str, Iterable[Mapping[str, Any]]]
@@ -112,15 +117,53 @@ def _candidate(cluster: str, obj: Mapping[str, Any]) -> dict[str, Any]:
         once, remaining, capacity = _view(obj, d)
         out[d] = {"onceMaxRequest": str(once), "remaining": str(remaining),
                   "capacity": str(capacity)}  # fmt: skip
+    partitioned = (obj.get("status") or {}).get(PARTITIONED)
+    if isinstance(partitioned, Mapping):
+        once, remaining, capacity = _view(obj, PARTITIONED)
+        profiles = {k: _profiles(partitioned.get(k)) for k in _PROFILE_LISTS}
+        out[PARTITIONED] = {
+            "onceMaxRequest": str(once), "remaining": str(remaining), "capacity": str(capacity),
+            "allocatedProfiles": [p for p in profiles["allocatedProfiles"] if p["count"] > 0],
+            "remainingProfiles": profiles["remainingProfiles"],
+        }  # fmt: skip
     return out
+
+
+def _profiles(value: Any) -> list[dict[str, Any]]:
+    """A profile ledger as ``[{name, count}]`` by name (unreadable entries dropped)."""
+    counts: dict[str, int] = {}
+    for entry in value if isinstance(value, list) else []:
+        if isinstance(entry, Mapping) and isinstance(entry.get("name"), str):
+            counts[entry["name"]] = counts.get(entry["name"], 0) + _count(entry.get("count"))
+    return [{"name": n, "count": counts[n]} for n in sorted(counts)]
+
+
+def _partitioned(candidates: list[dict[str, Any]], key: str) -> list[dict[str, Any]] | None:
+    """Partition profiles in an overview: ``remaining`` sums every candidate's remaining
+    profiles by name; ``onceMaxRequest`` is the profiles of the candidate with the largest
+    partitioned request, each capped at one (a request is one instance). None: no ledger."""
+    ledgers = [c for c in candidates if PARTITIONED in c]
+    if not ledgers:
+        return None
+    if key == "remaining":
+        return _profiles([p for c in ledgers for p in c[PARTITIONED]["remainingProfiles"]])
+    best = max(ledgers, key=lambda c: int(c[PARTITIONED]["onceMaxRequest"]))
+    return [{"name": p["name"], "count": min(1, p["count"])}
+            for p in best[PARTITIONED]["remainingProfiles"]]  # fmt: skip
 
 
 def _phase(obj: Mapping[str, Any]) -> str:
     return "Inactive" if _spec(obj).get("inactive") else "Active"
 
 
-def _overview(candidates: list[dict[str, Any]], key: str, fold: Any) -> dict[str, str]:
-    return {d: str(fold((int(c[d][key]) for c in candidates), 0)) for d in DIMENSIONS}
+def _overview(candidates: list[dict[str, Any]], key: str, fold: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        d: str(fold((int(c[d][key]) for c in candidates), 0)) for d in DIMENSIONS
+    }
+    profiles = _partitioned(candidates, key)
+    if profiles is not None:
+        out[PARTITIONED] = profiles
+    return out
 
 
 def _most(values: Iterable[int], default: int) -> int:

@@ -101,3 +101,30 @@ def test_readiness_needs_available_true_and_backoff_caps() -> None:
     assert (
         kinds.served(kinds.parse_gvk("worker.gpustack.ai/v1/Instance")) is kinds.KINDS["Instance"]
     )
+
+
+def test_partitions_are_listed_per_profile_never_summed_into_one_number() -> None:
+    def mig(name: str, once: int, remaining: list[tuple[str, int]], held: int) -> dict[str, Any]:
+        obj = it(name, "nvidia-h100", 1, 1)
+        obj["status"]["acceleratorPartitioned"] = {
+            "onceMaxRequest": once, "remaining": sum(c for _, c in remaining), "capacity": 14,
+            "allocatedProfiles": [{"name": "1g.10gb", "count": held}, {"name": "3g.40gb", "count": 0}],
+            "remainingProfiles": [{"name": n, "count": c} for n, c in remaining],
+        }  # fmt: skip
+        return obj
+
+    held = {"a": [mig("t", 1, [("1g.10gb", 3), ("3g.40gb", 0)], 4)],
+            "b": [mig("t", 1, [("1g.10gb", 7), ("3g.40gb", 2)], 0)]}  # fmt: skip
+    [item] = agg.aggregate_instance_types(held)["items"]
+    status = item["status"]
+    assert status["remaining"]["acceleratorPartitioned"] == [
+        {"name": "1g.10gb", "count": 10}, {"name": "3g.40gb", "count": 2}]  # fmt: skip
+    # The first best candidate's profiles, each capped at one: a partition request is one instance.
+    assert status["onceMaxRequest"]["acceleratorPartitioned"] == [
+        {"name": "1g.10gb", "count": 1}, {"name": "3g.40gb", "count": 0}]  # fmt: skip
+    first = status["tiers"][0]["candidates"][0]["acceleratorPartitioned"]
+    assert first["allocatedProfiles"] == [{"name": "1g.10gb", "count": 4}]  # zeros left out
+    assert first["remaining"] == "3" and first["capacity"] == "14"
+    # Types without a ledger carry none.
+    [plain] = agg.aggregate_instance_types({"a": [it("t", "nvidia-h200", 1, 1)]})["items"]
+    assert "acceleratorPartitioned" not in plain["status"]["remaining"]

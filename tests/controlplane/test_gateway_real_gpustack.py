@@ -267,8 +267,9 @@ async def test_the_real_server_spawns_our_gateway_and_shows_our_instance_types(
     tmp_path: Path,
 ) -> None:
     _require()
-    groups = msgspec.json.decode(
-        (HERE / "controlplane_detect_h200x8.json").read_bytes(), type=tuple[DeviceGroup, ...]
+    groups, mig = (
+        msgspec.json.decode((HERE / name).read_bytes(), type=tuple[DeviceGroup, ...])
+        for name in ("controlplane_detect_h200x8.json", "controlplane_detect_h100x8_mig.json")
     )
     with postgres() as pg_port:
         async with (
@@ -281,6 +282,7 @@ async def test_the_real_server_spawns_our_gateway_and_shows_our_instance_types(
                                            disable_auths=True)  # fmt: skip
             worker = await tg.start(running.run, conf)
             await publish(bus, events.DevicesEvent(node="s1", ts=datetime.now(UTC), groups=groups))
+            await publish(bus, events.DevicesEvent(node="s2", ts=datetime.now(UTC), groups=mig))
             async with stand_in(worker.url) as port, gpustack_server(tmp_path, pg_port) as url:
                 cluster = {"name": "k1", "provider": "Kubernetes", "k8s_options": {
                     "volumeMounts": [{"name": "data", "mountPath": "/var/lib/gpustack",
@@ -300,13 +302,17 @@ async def test_the_real_server_spawns_our_gateway_and_shows_our_instance_types(
                 async def listed() -> bool:
                     async with http.get(aggregated) as r:
                         shown[:] = (await r.json()).get("items") or [] if r.status == 200 else []
-                    return bool(shown)
+                    return len(shown) >= 2
 
                 await eventually(listed, timeout_s=240, interval_s=1)
                 names = [i["name"] for i in shown]
                 assert any("nvidia-h200" in n for n in names), names
                 h200 = next(i for i in shown if "nvidia-h200" in i["name"])
                 assert h200["status"]["onceMaxRequest"]["accelerator"] == "8"
+                # MIG partitions: per-profile lists, read by the server's own schema.
+                h100 = next(i for i in shown if "nvidia-h100" in i["name"])
+                profiles = h100["status"]["remaining"]["acceleratorPartitioned"]
+                assert profiles and all(set(p) == {"name", "count"} for p in profiles)
                 # The worker goes away: the server unsubscribes, the types leave its answer.
                 async with http.delete(f"{url}/v2/workers/{registered['id']}") as r:
                     assert r.status < 300, await r.text()
