@@ -14,11 +14,10 @@ The bus's NodeRestriction. Every connection has one :class:`Identity`, proven wh
     read-only JetStream requests that reading needs.
 ``worker``
     the control plane: reads every node, creates and updates the streams and buckets, writes the
-    buckets, answers the server's authorization requests, and answers (or, as a gateway sidecar
-    sharing its credentials, asks) the fleet summary request (:mod:`bus.fleet`).
-``gateway``
-    a worker-gateway deployed on its own: asks the fleet summary request and reads the answers
-    on its own inbox; nothing else.
+    buckets, answers the server's authorization requests.
+
+The worker-gateway has no identity here: it never connects to the bus (it reaches clusters
+through a GPUStack server's API, docs/gateway.md).
 
 Allow lists deny everything they do not name; the explicit deny lists repeat the administrative
 subjects so that a broader allow added later cannot reopen them. The same templates are rendered
@@ -32,7 +31,7 @@ from typing import Any, Final, Literal, get_args
 
 import msgspec
 
-from bus import fleet, kv, subjects
+from bus import kv, subjects
 from bus.state import HISTORY_STREAM, SAMPLES_STREAM, STATE_STREAM
 from bus.subjects import Kind
 
@@ -45,11 +44,10 @@ __all__ = [
     "config_permissions",
     "inbox_prefix",
     "jwt_permissions",
-    "leaf_permissions",
     "permissions_for",
 ]
 
-Role = Literal["worker", "device-manager", "model-manager", "dashboard", "gateway"]
+Role = Literal["worker", "device-manager", "model-manager", "dashboard"]
 ROLES: Final[tuple[Role, ...]] = get_args(Role)
 NODE_ROLES: Final[frozenset[Role]] = frozenset({"device-manager", "model-manager"})
 KINDS_BY_ROLE: Final[dict[Role, tuple[Kind, ...]]] = {
@@ -125,23 +123,14 @@ def permissions_for(identity: Identity) -> Permissions:
             pub_allow=(
                 *_stream_admin(STATE_STREAMS),
                 *_bucket_admin(BUCKETS),
-                fleet.SUMMARY_SUBJECT,
             ),
             sub_allow=(
                 subjects.ALL,
                 inbox,
                 CALLOUT_SUBJECT,
                 subjects.REVIEW,
-                fleet.SUMMARY_SUBJECT,
             ),
             allow_responses=True,
-        )
-    if identity.role == "gateway":
-        return Permissions(
-            pub_allow=(fleet.SUMMARY_SUBJECT,),
-            pub_deny=_PUB_DENY,
-            sub_allow=(inbox,),
-            sub_deny=_SUB_DENY,
         )
     if identity.role == "dashboard":
         return Permissions(
@@ -162,22 +151,6 @@ def permissions_for(identity: Identity) -> Permissions:
         pub_allow=(*own, *reads, subjects.REVIEW),
         pub_deny=_PUB_DENY,
         sub_allow=(inbox,),
-        sub_deny=_SUB_DENY,
-    )
-
-
-def leaf_permissions() -> Permissions:
-    """What a member cluster's NATS may exchange with the gateway's NATS over its leaf link.
-
-    Set on the leaf user of the gateway's server: the member exports (publishes) only answers to
-    a gateway's inbox and imports (subscribes to) only the fleet request, so no node event,
-    JetStream API call or key-value write crosses between clusters in either direction.
-    """
-    gateway = inbox_prefix(Identity(role="gateway"))
-    return Permissions(
-        pub_allow=(f"{gateway}.>",),
-        pub_deny=_PUB_DENY,
-        sub_allow=(fleet.SUMMARY_SUBJECT,),
         sub_deny=_SUB_DENY,
     )
 

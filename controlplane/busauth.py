@@ -52,10 +52,6 @@ ROLES_BY_SERVICE_ACCOUNT: Final[dict[str, Role]] = {
     "gpustack-operator-device-manager": "device-manager",
     "gpustack-operator-model-manager": "model-manager",
     "gpustack-operator-dashboard": "dashboard",
-    "gpustack-operator-worker-gateway": "gateway",
-    # The worker itself connects as the static user ``worker`` (it serves the callout); a bus
-    # token of its ServiceAccount comes from the worker-gateway sidecar in its Pod.
-    "gpustack-operator-worker": "gateway",
 }
 _EXTRA: Final = "authentication.kubernetes.io/"
 DEFAULT_AUDIENCE: Final = "gpustack-nats"
@@ -108,7 +104,7 @@ def identity_from_review(review: dict[str, Any], settings: BusAuthSettings) -> I
     role = ROLES_BY_SERVICE_ACCOUNT.get(account)
     if role is None:
         raise callout.Refused(f"{username!r} has no role on the bus")
-    if role in ("dashboard", "gateway"):
+    if role == "dashboard":
         return Identity(role=role, name=username)
     extra = user.get("extra") or {}
     node, pod = _first(extra, "node-name"), _first(extra, "pod-name")

@@ -41,7 +41,6 @@ from controlplane import (
     crds,
     endpoint,
     errors,
-    fleet,
     leading,
     resolving,
     settingscatalog,
@@ -267,24 +266,7 @@ async def _lead(settings: WorkerSettings, parts: _Parts) -> None:
             start_forever(tg, "pod-events", parts.eventer.run, api)
             start_forever(tg, "model-stores", parts.stores.run, api, settings.resync_s, parts.nodes)
         start_forever(tg, "artifact-workers", artifacts.work, max(1, settings.concurrency // 4))
-        if settings.cluster_name is not None:
-            start_forever(tg, "fleet-answers", _answer_fleet, settings.cluster_name, parts)
         await processor.work(settings.concurrency)
-
-
-async def _answer_fleet(cluster: str, parts: _Parts) -> None:
-    """Answer the worker-gateway's summary requests (the leader only: it holds the chain's
-    current InstanceTypes; without a cluster they are planned from the bus ledger)."""
-    chain = parts.worker.chain
-    source: fleet.InstanceTypeSource = (
-        fleet.LedgerInstanceTypes(parts.ledger)
-        if chain is None
-        else fleet.ChainInstanceTypes(chain)
-    )
-    conn = parts.conn
-    async with fleet.serve_summaries(conn, cluster, source, lambda: conn.is_connected):
-        log.info("answering the fleet's summary requests as cluster %s", cluster)
-        await anyio.sleep_forever()
 
 
 async def run(

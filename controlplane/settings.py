@@ -14,7 +14,7 @@ import socket
 
 import msgspec
 
-from bus import fleet, identity
+from bus import identity
 from bus import settings as bus_settings
 from bus.settings import BusSettings
 from controlplane import applications, busauth, leading, settingscatalog
@@ -59,8 +59,6 @@ class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
     """Where the API server reaches the Pod webhooks (with a cluster only)."""
     gateway_unix_path: str | None = None
     """``--worker-gateway-unix-path``: mirror that gateway's aggregate; None: none."""
-    cluster_name: str | None = None
-    """``--cluster-name``: answer a worker-gateway's fleet request under this name; None: not."""
     chain: ChainSettings = ChainSettings()
     """The scheduling chain (with a cluster only): whether Kueue objects are managed, the fit
     pin, InstanceTypes derived from nodes, manual node management."""
@@ -138,7 +136,6 @@ def settings_from(options: Options) -> WorkerSettings:
         identity=env.get("POD_NAME") or f"{socket.gethostname()}_{os.getpid()}",
         hub_endpoint=hub_endpoint,
         webhooks=webhooks,
-        cluster_name=_cluster_name(options),
         gateway_unix_path=options.optional_text("worker-gateway-unix-path"),
     )
 
@@ -247,12 +244,3 @@ def _bus_auth(
     if not audience:
         raise SettingsError("--nats-callout-audience: empty")
     return busauth.BusAuthSettings(issuer_seed_file=seed, audience=audience, namespace=namespace)
-
-
-def _cluster_name(options: Options) -> str | None:
-    name = options.optional_text("cluster-name")
-    if name is not None and not fleet.valid_cluster_name(name):
-        raise SettingsError(
-            f"--cluster-name {name[:64]!r}: lowercase letters, digits, '-' and '.', at most 253"
-        )
-    return name

@@ -195,14 +195,8 @@ _WORKER = (
     Flag(
         "worker-gateway-unix-path",
         "",
-        "the socket of a worker-gateway beside this worker: its fleet aggregate is served as "
-        "aggregatedinstancetypes.gpustack.ai (docs/gateway.md); empty: none",
-    ),
-    Flag(
-        "cluster-name",
-        "",
-        "this cluster's name in a fleet: the leader answers a worker-gateway's summary request "
-        "under it (docs/gateway.md); empty: it does not answer",
+        "the socket of a worker-gateway beside this worker: its aggregated InstanceTypes are "
+        "served as aggregatedinstancetypes.gpustack.ai (docs/gateway.md); empty: none",
     ),
     Flag(
         "webhook-service",
@@ -294,50 +288,54 @@ _WORKER_GATEWAY = (
     Flag(
         "bind-unix-path",
         "/var/lib/gpustack/gpustack-operator-worker-gateway.sock",
-        "the socket to serve on (plain HTTP, mode 0600); when set, --bind-address and "
-        "--secure-port are ignored; empty: serve HTTPS on --bind-address:--secure-port",
+        "the socket to serve on (HTTPS with a self-signed certificate, mode 0600); when set, "
+        "--bind-address and --secure-port are ignored; empty: serve on --bind-address:--secure-port",
     ),
     Flag(
         "worker-conn-mode",
         "gpustack-api",
-        "how member workers are reached: 'loopback' asks them over the bus this gateway connects "
-        "to (members linked as NATS leaf nodes, docs/gateway.md); 'gpustack-api' (through a "
-        "GPUStack server's API) is refused: not built yet",
+        "how a subscribed cluster is reached: 'gpustack-api' through the GPUStack server on this "
+        "host (/v2/clusters/<id>/proxy, the subscription's token); 'loopback' the cluster of "
+        "--kubeconfig for every subscription",
         choices=("gpustack-api", "loopback"),
     ),
     Flag(
         "worker-conn-gpustack-api-port",
         "30080",
-        "the GPUStack server's port (gpustack-api mode only; validated, otherwise unused)",
+        "the GPUStack server's port on localhost (gpustack-api mode)",
         kind="int",
         bounds=PORT,
     ),
     Flag(
         "worker-conn-gpustack-api-scheme",
         "",
-        "http or https, derived from the port if empty (gpustack-api mode only; validated, "
-        "otherwise unused)",
+        "http or https; empty: https when the port is 443, else http",
     ),
     Flag(
         "worker-readiness-check-timeout",
         "30s",
-        "how long one round waits for a member's answer; a member silent that long is not "
-        "Active. At most --kube-conn-timeout",
+        "how long one readiness check of a cluster's API services polls (every 2s) before it "
+        "backs off (5s doubling to 60s) and checks again. At most --kube-conn-timeout",
         kind="duration",
-        bounds=(0.1, 24 * 3600.0),
+        bounds=(1.0, 24 * 3600.0),
     ),
     Flag("secure-port", "31444", "the HTTPS port, when not on a socket", kind="int", bounds=PORT),
     Flag(
         "kubeconfig",
         "",
-        "kubeconfig path (default: in-cluster, else $KUBECONFIG), used to review tokens on the "
-        "HTTPS port (--metrics-auth=review); 'none': no cluster",
+        "kubeconfig path (default: in-cluster, else $KUBECONFIG): the cluster loopback mode "
+        "reads, and the API that reviews tokens on the HTTPS port; 'none': no cluster",
     ),
     *_HTTPS,
     *_KUBE_CLIENT,
-    *inert(*_POOLS),
-    *NATS_FLAGS[:-2],
-    *inert(*NATS_FLAGS[-2:]),
+    Flag(
+        "informer-cache-resync-period",
+        "1h",
+        "how often a kept kind of a subscribed cluster is listed again in full",
+        kind="duration",
+        bounds=(300.0, 7 * 24 * 3600.0),
+    ),
+    *inert(_POOLS[1]),
 )
 
 _DM_SERVE = (

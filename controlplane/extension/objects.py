@@ -12,7 +12,7 @@ watch, tables and the write semantics:
   sample, as the device agent published it on the bus;
 - ``modeldownloads`` (cluster; ``ModelDownload``): each node's models not yet ready, with bytes
   done and total, from the model agents' last reports;
-- ``aggregatedinstancetypes`` (cluster; short ``ait``): the worker-gateway's fleet aggregate.
+- ``aggregatedinstancetypes`` (cluster; short ``ait``): the worker-gateway's aggregated InstanceTypes.
 
 Settings carry the store's version as their ``resourceVersion``; the views carry none, and the
 core's cache counts their versions.
@@ -150,10 +150,12 @@ DOWNLOADS_SCHEMA: Final = _obj(
     models={"type": "array", "description": "The models.", "items": _MODEL},
 )  # fmt: skip
 AGGREGATE_SCHEMA: Final = _obj(
-    "An instance type summed over the fleet by the worker-gateway beside the worker.",
-    spec=_d(_OPEN, "The instance type, as the gateway reports it."),
-    status=_d(_OPEN, "What the fleet offers of it (per view: onceMaxRequest, remaining, "
-                     "capacity)."),
+    "InstanceTypes of one shape summed over the clusters a GPUStack server subscribed to the "
+    "worker-gateway beside the worker.",
+    spec=_d(_OPEN, "The shape (the InstanceType spec without inactive and displayName), "
+                   "acceleratable, as the gateway reports it."),
+    status=_d(_OPEN, "onceMaxRequest and remaining per dimension (decimal strings) over the "
+                     "Active candidates, and tiers of candidates by their largest request."),
 )  # fmt: skip
 
 GROUP_VERSION_SPEC: Final = GroupVersion(group=GROUP, version=VERSION, resources=(

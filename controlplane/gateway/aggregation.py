@@ -1,18 +1,25 @@
-"""Fleet-wide ``AggregatedInstanceType`` objects from the membership book (pure).
+"""What the gateway's read routes answer, from the objects each cluster holds (pure).
 
-One object per InstanceType name (members name a type identically for the same accelerator
-group, os and arch). For each family — exclusive cards (``accelerator``), shares
-(``acceleratorShared``), memory percent of sliced cards (``acceleratorSliced``) and partition
-instances (``acceleratorPartitioned``) — the status holds:
+Three shapes, all ``{"items": [...]}`` as a GPUStack server reads them:
 
-- the **overview**: the largest single request any Active member can grant, and ``remaining``
-  and ``capacity`` summed over Active members (partitions also per profile);
-- the **tiers**: Active members grouped by their ``onceMaxRequest`` (largest first), each level
-  with its clusters and summed ``remaining``/``capacity`` — "3 clusters can take an 8-card job,
-  5 more a 4-card one".
+- **cluster-tagged** (:func:`tagged`): every cluster's objects as they are, each with
+  ``"cluster": "<id>"`` added;
+- **aggregated flavors** (:func:`aggregate_flavors`): flavors whose whole ``spec`` is equal fold
+  into one ``{name, spec: {...spec, clusters: [sorted]}}``, accelerated ones first, then by name;
+- **aggregated InstanceTypes** (:func:`aggregate_instance_types`): types equal but for
+  ``inactive``, ``displayName`` and ``description`` fold into one object named after the shape
+  (:func:`aggregated_name`), whose status says the largest single request and the remaining
+  amount per dimension, and groups the candidates (cluster, type) into tiers by the largest
+  request each can grant, largest first.
 
-Members that are not Active, and types a member marked inactive, are listed but never counted.
-The output is deterministic (sorted everywhere), so equal books give byte-equal objects.
+Only **Active** candidates count: an InstanceType of ours has no phase, so a type whose
+``spec.inactive`` is true is Inactive (its ClusterQueue admits nothing) and every other is Active.
+Amounts are decimal strings, the form GPUStack's schema reads (``"8"``); the dimensions are the
+InstanceType status' families: ``accelerator`` (cards), ``acceleratorShared`` (shares),
+``acceleratorSliced`` (memory percent). Partitions (``acceleratorPartitioned``, MIG instances) have
+no honest total, so an overview lists them per profile instead: ``remaining`` sums the remaining
+profiles by name, ``onceMaxRequest`` is the best candidate's profiles capped at one; a candidate
+carries its own view and ledger. Everything is sorted, so equal inputs give equal output.
 """
 
 from __future__ import annotations
@@ -20,111 +27,212 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
-from bus.fleet import InstanceTypeSummary, PartitionedView, View
-from controlplane.gateway.membership import ACTIVE, MemberState
-from controlplane.resources import GROUP, VERSION
+import msgspec
 
-__all__ = ["FAMILIES", "KIND", "LIST_KIND", "aggregate", "as_list"]
+__all__ = [
+    "DIMENSIONS",
+    "aggregate_flavors",
+    "aggregate_instance_types",
+    "aggregated_name",
+    "changes",
+    "tagged",
+]
 
-KIND: Final = "AggregatedInstanceType"
-LIST_KIND: Final = "AggregatedInstanceTypeList"
-API_VERSION: Final = f"{GROUP}/{VERSION}"
-FAMILIES: Final = (
-    "accelerator",
-    "acceleratorShared",
-    "acceleratorSliced",
-    "acceleratorPartitioned",
-)
+DIMENSIONS: Final = ("accelerator", "acceleratorShared", "acceleratorSliced")
+PARTITIONED: Final = "acceleratorPartitioned"
+_PROFILE_LISTS: Final = ("allocatedProfiles", "remainingProfiles")
+_NOT_SHAPE: Final = ("inactive", "displayName", "description")
 
-Contribution = tuple[str, InstanceTypeSummary]
-"""(cluster, that cluster's summary of the type)."""
-
-
-def _view_of(summary: InstanceTypeSummary, family: str) -> View:
-    views = summary.views
-    return {
-        "accelerator": views.accelerator,
-        "acceleratorShared": views.accelerator_shared,
-        "acceleratorSliced": views.accelerator_sliced,
-        "acceleratorPartitioned": views.accelerator_partitioned,
-    }[family]
+Held = Mapping[str, Iterable[Mapping[str, Any]]]
+"""Objects by cluster id."""
 
 
-def _overview(family: str, counted: list[Contribution]) -> dict[str, Any]:
-    views = [_view_of(s, family) for _, s in counted]
-    out: dict[str, Any] = {
-        "onceMaxRequest": max((v.once_max_request for v in views), default=0),
-        "remaining": sum(v.remaining for v in views),
-        "capacity": sum(v.capacity for v in views),
-    }
-    if family == "acceleratorPartitioned":
-        parts = [v for v in views if isinstance(v, PartitionedView)]
-        out["allocatedProfiles"] = _summed(p for v in parts for p in v.allocated_profiles)
-        out["remainingProfiles"] = _summed(p for v in parts for p in v.remaining_profiles)
+def tagged(held: Held) -> dict[str, Any]:
+    """Every object with its cluster, clusters in order, objects in the order held."""
+    return {"items": [{**obj, "cluster": c} for c in sorted(held) for obj in held[c]]}
+
+
+def _name(obj: Mapping[str, Any]) -> str:
+    return str((obj.get("metadata") or {}).get("name") or "")
+
+
+def _spec(obj: Mapping[str, Any]) -> dict[str, Any]:
+    spec = obj.get("spec")
+    return dict(spec) if isinstance(spec, Mapping) else {}
+
+
+def _key(value: Mapping[str, Any]) -> bytes:
+    return msgspec.json.encode(value, order="sorted")
+
+
+def aggregate_flavors(held: Held) -> dict[str, Any]:
+    """Flavors with an equal spec across clusters as one; named by the least name among them."""
+    groups: dict[bytes, tuple[dict[str, Any], set[str], set[str]]] = {}
+    for cluster in sorted(held):
+        for obj in held[cluster]:
+            spec = _spec(obj)
+            _, names, clusters = groups.setdefault(_key(spec), (spec, set(), set()))
+            names.add(_name(obj))
+            clusters.add(cluster)
+    items: list[dict[str, Any]] = [
+        {"name": min(names), "spec": {**spec, "clusters": sorted(clusters)}}
+        for spec, names, clusters in groups.values()
+    ]
+    items.sort(key=lambda i: (not _accelerated(i["spec"]), str(i["name"])))
+    return {"items": items}
+
+
+def _accelerated(spec: Mapping[str, Any]) -> bool:
+    return bool(spec.get("acceleratable") or spec.get("acceleratorGroup"))
+
+
+def aggregated_name(spec: Mapping[str, Any]) -> str:
+    """``<generalGroup>-<acceleratorGroup>-<os>-<arch>``, without the accelerator for CPU types.
+
+    The reference also names CPU, RAM and local storage sizes; our InstanceTypes carry none
+    (one type spans every node of its accelerator group), so the name stops at the platform.
+    """
+    parts = [spec.get("generalGroup") or "generic"]
+    if spec.get("acceleratorGroup"):
+        parts.append(str(spec["acceleratorGroup"]))
+    parts += [str(spec.get("os") or "unknown"), str(spec.get("arch") or "unknown")]
+    return "-".join(str(p) for p in parts)
+
+
+def _view(obj: Mapping[str, Any], dimension: str) -> tuple[int, int, int]:
+    view = (obj.get("status") or {}).get(dimension) or {}
+    return tuple(_count(view.get(k)) for k in ("onceMaxRequest", "remaining", "capacity"))  # type: ignore[return-value]
+
+
+def _count(value: Any) -> int:
+    try:
+        return max(0, int(value))
+    except (TypeError, ValueError):
+        return 0
+
+
+def _candidate(cluster: str, obj: Mapping[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {"cluster": cluster, "name": _name(obj), "phase": _phase(obj)}
+    for d in DIMENSIONS:
+        once, remaining, capacity = _view(obj, d)
+        out[d] = {"onceMaxRequest": str(once), "remaining": str(remaining),
+                  "capacity": str(capacity)}  # fmt: skip
+    partitioned = (obj.get("status") or {}).get(PARTITIONED)
+    if isinstance(partitioned, Mapping):
+        once, remaining, capacity = _view(obj, PARTITIONED)
+        profiles = {k: _profiles(partitioned.get(k)) for k in _PROFILE_LISTS}
+        out[PARTITIONED] = {
+            "onceMaxRequest": str(once), "remaining": str(remaining), "capacity": str(capacity),
+            "allocatedProfiles": [p for p in profiles["allocatedProfiles"] if p["count"] > 0],
+            "remainingProfiles": profiles["remainingProfiles"],
+        }  # fmt: skip
     return out
 
 
-def _summed(counts: Iterable[Any]) -> list[dict[str, Any]]:
-    total: dict[str, int] = {}
-    for c in counts:
-        total[c.name] = total.get(c.name, 0) + c.count
-    return [{"name": n, "count": total[n]} for n in sorted(total)]
+def _profiles(value: Any) -> list[dict[str, Any]]:
+    """A profile ledger as ``[{name, count}]`` by name (unreadable entries dropped)."""
+    counts: dict[str, int] = {}
+    for entry in value if isinstance(value, list) else []:
+        if isinstance(entry, Mapping) and isinstance(entry.get("name"), str):
+            counts[entry["name"]] = counts.get(entry["name"], 0) + _count(entry.get("count"))
+    return [{"name": n, "count": counts[n]} for n in sorted(counts)]
 
 
-def _tiers(family: str, counted: list[Contribution]) -> list[dict[str, Any]]:
-    levels: dict[int, list[tuple[str, View]]] = {}
-    for cluster, summary in counted:
-        view = _view_of(summary, family)
-        levels.setdefault(view.once_max_request, []).append((cluster, view))
+def _partitioned(candidates: list[dict[str, Any]], key: str) -> list[dict[str, Any]] | None:
+    """Partition profiles in an overview: ``remaining`` sums every candidate's remaining
+    profiles by name; ``onceMaxRequest`` is the profiles of the candidate with the largest
+    partitioned request, each capped at one (a request is one instance). None: no ledger."""
+    ledgers = [c for c in candidates if PARTITIONED in c]
+    if not ledgers:
+        return None
+    if key == "remaining":
+        return _profiles([p for c in ledgers for p in c[PARTITIONED]["remainingProfiles"]])
+    best = max(ledgers, key=lambda c: int(c[PARTITIONED]["onceMaxRequest"]))
+    return [{"name": p["name"], "count": min(1, p["count"])}
+            for p in best[PARTITIONED]["remainingProfiles"]]  # fmt: skip
+
+
+def _phase(obj: Mapping[str, Any]) -> str:
+    return "Inactive" if _spec(obj).get("inactive") else "Active"
+
+
+def _overview(candidates: list[dict[str, Any]], key: str, fold: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        d: str(fold((int(c[d][key]) for c in candidates), 0)) for d in DIMENSIONS
+    }
+    profiles = _partitioned(candidates, key)
+    if profiles is not None:
+        out[PARTITIONED] = profiles
+    return out
+
+
+def _most(values: Iterable[int], default: int) -> int:
+    return max(values, default=default)
+
+
+def _sum(values: Iterable[int], start: int) -> int:
+    return sum(values, start)
+
+
+def _tiers(candidates: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    levels: dict[int, list[dict[str, Any]]] = {}
+    for c in candidates:
+        levels.setdefault(int(c["accelerator"]["onceMaxRequest"]), []).append(c)
     return [
         {
-            "onceMaxRequest": level,
-            "clusters": sorted(c for c, _ in levels[level]),
-            "remaining": sum(v.remaining for _, v in levels[level]),
-            "capacity": sum(v.capacity for _, v in levels[level]),
+            "onceMaxRequest": _overview(levels[level], "onceMaxRequest", _most),
+            "remaining": _overview(levels[level], "remaining", _sum),
+            "candidates": levels[level],
         }
         for level in sorted(levels, reverse=True)
     ]
 
 
-def _object(name: str, listed: list[tuple[MemberState, InstanceTypeSummary]]) -> dict[str, Any]:
-    counted = [
-        (m.cluster, s) for m, s in listed if m.state == ACTIVE and not s.inactive
-    ]  # fmt: skip
-    status: dict[str, Any] = {
-        "members": [
-            {"cluster": m.cluster, "state": m.state, **({"inactive": True} if s.inactive else {})}
-            for m, s in listed
-        ],
-        "activeMembers": len(counted),
-    }
-    for family in FAMILIES:
-        status[family] = _overview(family, counted)
-    status["tiers"] = {family: _tiers(family, counted) for family in FAMILIES}
-    status["summary"] = " ".join(
-        f"{status[f]['onceMaxRequest']}/{status[f]['remaining']}" for f in FAMILIES
-    )
-    return {"apiVersion": API_VERSION, "kind": KIND, "metadata": {"name": name}, "status": status}
+def aggregate_instance_types(held: Held) -> dict[str, Any]:
+    """InstanceTypes of one shape across clusters as one object; only Active ones count."""
+    groups: dict[bytes, tuple[dict[str, Any], list[dict[str, Any]]]] = {}
+    for cluster in sorted(held):
+        for obj in sorted(held[cluster], key=_name):
+            full = _spec(obj)
+            shape = {k: v for k, v in full.items() if k not in _NOT_SHAPE}
+            _, candidates = groups.setdefault(_key(shape), (shape, []))
+            candidates.append(_candidate(cluster, obj))
+    items = []
+    taken: set[str] = set()
+    for key in sorted(groups, key=lambda k: (aggregated_name(groups[k][0]), k)):
+        shape, candidates = groups[key]
+        name = aggregated_name(shape)
+        if name in taken:  # two shapes, one platform name: the later one says how it differs
+            name = f"{name}-{_digest(key)}"
+        taken.add(name)
+        active = [c for c in candidates if c["phase"] == "Active"]
+        spec = {**shape, "acceleratable": _accelerated(shape)}
+        status = {
+            "onceMaxRequest": _overview(active, "onceMaxRequest", _most),
+            "remaining": _overview(active, "remaining", _sum),
+            "tiers": _tiers(active),
+        }
+        items.append({"name": name, "spec": spec, "status": status})
+    return {"items": items}
 
 
-def aggregate(book: Mapping[str, MemberState]) -> dict[str, dict[str, Any]]:
-    """Every AggregatedInstanceType by name; a type a member lists twice counts once (the last)."""
-    by_name: dict[str, dict[str, tuple[MemberState, InstanceTypeSummary]]] = {}
-    for cluster in sorted(book):
-        member = book[cluster]
-        for summary in member.summary.instance_types:
-            by_name.setdefault(summary.name, {})[cluster] = (member, summary)
-    return {
-        name: _object(name, [by_name[name][c] for c in sorted(by_name[name])])
-        for name in sorted(by_name)
-    }
+def _digest(key: bytes) -> str:
+    h = 0xCBF29CE484222325
+    for byte in key:
+        h = ((h ^ byte) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
+    return f"{h:016x}"[:8]
 
 
-def as_list(objects: Mapping[str, dict[str, Any]], resource_version: int) -> dict[str, Any]:
-    """The Kubernetes-style list a client gets from ``GET …/aggregatedinstancetypes``."""
-    return {
-        "apiVersion": API_VERSION,
-        "kind": LIST_KIND,
-        "metadata": {"resourceVersion": str(resource_version)},
-        "items": [objects[n] for n in sorted(objects)],
-    }
+def changes(
+    old: Mapping[str, Mapping[str, Any]], new: Mapping[str, Mapping[str, Any]]
+) -> list[tuple[str, Mapping[str, Any]]]:
+    """Watch events (type, object) that turn the aggregate ``old`` into ``new``, by name."""
+    out: list[tuple[str, Mapping[str, Any]]] = []
+    for name in sorted(set(old) | set(new)):
+        if name not in new:
+            out.append(("DELETED", old[name]))
+        elif name not in old:
+            out.append(("ADDED", new[name]))
+        elif old[name] != new[name]:
+            out.append(("MODIFIED", new[name]))
+    return out

@@ -1,91 +1,60 @@
-"""The gateway's HTTP surface: probes, metrics, and the aggregated list, item and watch.
+"""The gateway's endpoint: probes, metrics and the API, on a unix socket or an HTTPS port.
 
-Two ways to serve the same handlers:
-
-- on a unix socket (``--bind-unix-path``, the default beside the worker): plain HTTP, the socket
-  file mode 0600 so only the Pod's own containers (same user) reach it; a stale socket left by a
-  killed gateway is replaced, anything else at the path is refused; the socket is removed on exit;
-- over HTTPS on ``--bind-address:--secure-port`` through :func:`kit.serving.https_server`, where
+- On a unix socket (``--bind-unix-path``, how a GPUStack server runs it): **HTTPS** with a
+  self-signed certificate made at start-up (the server's client verifies nothing and names
+  ``localhost``); the socket file mode 0600, so only the same user reaches it; a stale socket
+  left by a killed gateway is replaced, anything else at the path is refused; the socket is
+  removed on exit.
+- Over HTTPS on ``--bind-address:--secure-port`` through :func:`kit.serving.https_server`, where
   ``--metrics-auth`` gates everything but the probes.
 
-Routes: ``/livez``, ``/readyz`` (ready after the first gather round), ``/metrics``,
-``GET /apis/worker.gpustack.ai/v1alpha1/aggregatedinstancetypes`` (a list; ``?watch=true`` streams
-``{"type", "object"}`` lines: ADDED for what exists, then every change), and ``…/{name}``.
+Routes: ``/livez``, ``/readyz``, ``/metrics`` and the API (:mod:`controlplane.gateway.api`).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import socket
+import ssl
 import stat
+import tempfile
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager, suppress
-from typing import Any, Final
 
 import anyio
-import msgspec
 from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
 
-from controlplane.gateway.catalog import Catalog
-from controlplane.resources import GROUP, VERSION
 from kit.access import Authorizer
-from kit.serving import Handler, HttpsSettings, ServingFailed, gate_for, https_server, start_site
+from kit.serving import (
+    Handler,
+    HttpsSettings,
+    ServingFailed,
+    gate_for,
+    https_server,
+    self_signed_certificate,
+    start_site,
+)
 
-__all__ = ["COLLECTION", "handlers", "serve"]
+__all__ = ["serve", "socket_tls"]
 
 log = logging.getLogger(__name__)
 
-COLLECTION: Final = f"/apis/{GROUP}/{VERSION}/aggregatedinstancetypes"
-_JSON: Final = "application/json"
-_TRUE: Final = ("true", "1")
 
-
-def _json(status: int, body: Any) -> web.Response:
-    return web.Response(status=status, body=msgspec.json.encode(body), content_type=_JSON)
-
-
-def _status(code: int, reason: str, message: str) -> web.Response:
-    body = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": reason,
-            "message": message, "code": code}  # fmt: skip
-    return _json(code, body)
-
-
-def handlers(catalog: Catalog) -> dict[str, Handler]:
-    """The request-aware routes, shared by both ways of serving."""
-
-    async def collection(request: web.Request) -> web.StreamResponse:
-        if request.method != "GET":
-            return _status(405, "MethodNotAllowed", "the aggregate is read-only")
-        watch = request.query.get("watch", "").lower()
-        if watch and watch not in (*_TRUE, "false", "0"):
-            return _status(400, "BadRequest", f"watch={watch[:20]!r}: true or false")
-        if watch in _TRUE:
-            return await _watch(request, catalog)
-        return _json(200, catalog.as_list())
-
-    async def item(request: web.Request) -> web.StreamResponse:
-        if request.method != "GET":
-            return _status(405, "MethodNotAllowed", "the aggregate is read-only")
-        name = request.match_info["name"]
-        obj = catalog.objects.get(name)
-        if obj is None:
-            return _status(404, "NotFound", f'aggregatedinstancetypes "{name[:253]}" not found')
-        return _json(200, obj)
-
-    return {COLLECTION: collection, COLLECTION + "/{name}": item}
-
-
-async def _watch(request: web.Request, catalog: Catalog) -> web.StreamResponse:
-    response = web.StreamResponse(headers={"Content-Type": _JSON})
-    await response.prepare(request)
-    async with catalog.watch() as events:
-        initial = [("ADDED", obj) for _, obj in sorted(catalog.objects.items())]
-        for kind, obj in initial:
-            await response.write(msgspec.json.encode({"type": kind, "object": obj}) + b"\n")
-        async for kind, obj in events:
-            await response.write(msgspec.json.encode({"type": kind, "object": obj}) + b"\n")
-    return response
+def socket_tls() -> ssl.SSLContext:
+    """A server context with a fresh self-signed certificate (kept in memory only)."""
+    cert_pem, key_pem = self_signed_certificate(socket.gethostname())
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    # load_cert_chain reads files only: a private temporary directory holds them for the call.
+    with tempfile.TemporaryDirectory(prefix="gpustack-gateway-") as directory:
+        cert, key = os.path.join(directory, "tls.crt"), os.path.join(directory, "tls.key")
+        with open(cert, "wb") as f:
+            f.write(cert_pem)
+        with open(os.open(key, os.O_WRONLY | os.O_CREAT, 0o600), "wb") as f:
+            f.write(key_pem)
+        context.load_cert_chain(cert, key)
+    return context
 
 
 @asynccontextmanager
@@ -93,13 +62,12 @@ async def serve(
     *,
     unix_path: str | None,
     https: HttpsSettings,
-    catalog: Catalog,
+    routes: Mapping[str, Handler],
     registry: CollectorRegistry,
     ready: Callable[[], bool],
     authorizer: Authorizer | None,
 ) -> AsyncIterator[str]:
     """Serve until the block exits; yields where (``unix:/path`` or the HTTPS URL)."""
-    routes = handlers(catalog)
     if unix_path is None:
         gate = gate_for(https, authorizer)
         gated = {path: gate(path, handler) for path, handler in routes.items()}
@@ -120,7 +88,7 @@ async def _unix(
     ready: Callable[[], bool],
     shutdown_timeout_s: float,
 ) -> AsyncIterator[None]:
-    app = web.Application()
+    app = web.Application(client_max_size=64 * 1024)
 
     async def probe(_: web.Request) -> web.Response:
         return (
@@ -143,7 +111,7 @@ async def _unix(
     runner = web.AppRunner(app, access_log=None, handle_signals=False, handler_cancellation=True)
     await runner.setup()
     try:
-        await start_site(runner, web.UnixSite(runner, path))
+        await start_site(runner, web.UnixSite(runner, path, ssl_context=socket_tls()))
     except OSError as e:
         raise ServingFailed(f"cannot serve on {path}: {e.strerror or e}") from e
     try:

@@ -1,51 +1,67 @@
 """The worker-gateway's settings: one frozen object, built from its flags and the environment.
 
-:func:`settings_from` is the only place the gateway reads either. Refusals (exit 2, one line):
-``--worker-conn-mode=gpustack-api`` (not built), a readiness timeout above
-``--kube-conn-timeout``, a scheme other than http/https, an HTTPS endpoint that would review
-tokens without a cluster to review them with.
+:func:`settings_from` is the only place the gateway reads either. Refusals (exit 2, one line): a
+readiness timeout above ``--kube-conn-timeout``, a scheme other than http/https, an HTTPS endpoint
+that would review tokens without a cluster to review them with.
+
+Two ways to reach a subscribed cluster (``--worker-conn-mode``):
+
+- ``gpustack-api`` (the default): through the GPUStack server on this host,
+  ``<scheme>://localhost:<port>/v2/clusters/<cluster>/proxy/<Kubernetes path>`` with the token
+  the subscription carried; the scheme is https when the port is 443, else http, unless given;
+- ``loopback``: every cluster is the one this process's kubeconfig (or in-cluster config) names;
+  the subscription's cluster and token only label what is read.
 """
 
 from __future__ import annotations
 
+from typing import Literal
+
 import msgspec
 
-from bus import identity
-from bus import settings as bus_settings
-from bus.settings import BusSettings
 from controlplane.k8s import client
 from kit.options import Options, SettingsError
 from kit.serving import HttpsSettings, https_from
 
-__all__ = ["GatewaySettings", "settings_from"]
+__all__ = ["GatewaySettings", "Upstream", "settings_from"]
+
+Mode = Literal["gpustack-api", "loopback"]
+
+
+class Upstream(msgspec.Struct, frozen=True, kw_only=True):
+    """How a cluster is reached: the GPUStack server's proxy, or one kubeconfig for all."""
+
+    mode: Mode
+    scheme: str = "http"
+    port: int = 30080
+    kube: client.KubeSettings | None = None
+    """Loopback: the cluster every subscription reads."""
+    timeout_s: float = 300.0
+    qps: float = 200.0
+    burst: int = 400
+
+    def base_url(self, cluster: str) -> str:
+        """The proxy prefix every Kubernetes path of ``cluster`` goes under (gpustack-api)."""
+        return f"{self.scheme}://localhost:{self.port}/v2/clusters/{cluster}/proxy"
 
 
 class GatewaySettings(msgspec.Struct, frozen=True, kw_only=True):
-    bus: BusSettings
+    upstream: Upstream
     unix_path: str | None
-    """Serve plain HTTP on this socket (mode 0600); None: HTTPS per ``https``."""
+    """Serve HTTPS (a self-signed certificate) on this socket, mode 0600; None: per ``https``."""
     https: HttpsSettings
     kube: client.KubeSettings | None
+    """The API that reviews tokens on the HTTPS port; None: none."""
     readiness_timeout_s: float = 30.0
-    round_interval_s: float = 5.0
-    """How often members are asked (a round starts this long after the last one began)."""
-    settle_s: float = 0.5
-    """How long a round waits for members not seen before, once every known one answered."""
-    max_members: int = 1024
-    forget_after_s: float = 24 * 3600.0
-    """A member silent this long leaves the listing."""
+    readiness_poll_s: float = 2.0
+    backoff_s: tuple[float, float] = (5.0, 60.0)
+    """First and largest pause between readiness checks that failed."""
+    relist_s: float = 3600.0
+    """A subscribed kind is listed again this often (``--informer-cache-resync-period``)."""
 
 
 def settings_from(options: Options) -> GatewaySettings:
     """Build the settings from parsed flags."""
-    if options.text("worker-conn-mode") == "gpustack-api":
-        raise SettingsError(
-            "--worker-conn-mode=gpustack-api: reaching members through a GPUStack server's API "
-            "is not built; use --worker-conn-mode=loopback (members answer over the bus, linked "
-            "as NATS leaf nodes: docs/gateway.md)"
-        )
-    _scheme(options)
-    options.integer("worker-conn-gpustack-api-port")  # validated by its bounds, unused here
     timeout = options.seconds("worker-readiness-check-timeout")
     kube_timeout = options.seconds("kube-conn-timeout")
     if timeout > kube_timeout:
@@ -62,6 +78,20 @@ def settings_from(options: Options) -> GatewaySettings:
             burst=options.integer("kube-conn-burst"),
             timeout_s=kube_timeout,
         )
+    mode = options.text("worker-conn-mode")
+    if mode == "loopback" and kube is None:
+        raise SettingsError(
+            "--worker-conn-mode=loopback reads the cluster of --kubeconfig; it cannot be 'none'"
+        )
+    upstream = Upstream(
+        mode="loopback" if mode == "loopback" else "gpustack-api",
+        scheme=_scheme(options),
+        port=options.integer("worker-conn-gpustack-api-port"),
+        kube=kube if mode == "loopback" else None,
+        timeout_s=kube_timeout,
+        qps=options.number("kube-conn-qps"),
+        burst=options.integer("kube-conn-burst"),
+    )
     unix_path = options.optional_text("bind-unix-path")
     https = https_from(options)
     if unix_path is None and kube is None and https.auth == "review":
@@ -69,15 +99,13 @@ def settings_from(options: Options) -> GatewaySettings:
             "--metrics-auth=review needs the Kubernetes API to review tokens; with "
             "--kubeconfig=none serve on --bind-unix-path or pass --metrics-auth=none"
         )
-    bus = bus_settings.from_options(options, state=False)
     return GatewaySettings(
-        bus=msgspec.structs.replace(
-            bus, inbox_prefix=identity.inbox_prefix(identity.Identity(role="gateway"))
-        ),
+        upstream=upstream,
         unix_path=unix_path,
         https=https,
         kube=kube,
         readiness_timeout_s=timeout,
+        relist_s=options.seconds("informer-cache-resync-period"),
     )
 
 

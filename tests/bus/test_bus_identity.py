@@ -103,7 +103,6 @@ def test_the_explicit_denials_hold_even_under_a_broad_allow() -> None:
 def test_every_identity_reads_only_its_own_inbox(a: str, b: str) -> None:
     idents = [Identity(role=DM, node=a), Identity(role="model-manager", node=a)]
     idents += [Identity(role=DM, node=b), Identity(role="worker"), Identity(role="dashboard")]
-    idents += [Identity(role="gateway")]
     for ident in idents:
         perms = identity.permissions_for(ident)
         for other in idents:
@@ -151,25 +150,6 @@ def test_the_device_agent_gets_its_own_pending_containers_only() -> None:
     assert not may_publish(perms, direct + key(kv.nms_key("gpu-a.x")))
     assert not may_publish(perms, f"$JS.API.DIRECT.GET.{AGENTS}")  # the key in the body
     assert not may_publish(perms, f"$JS.API.CONSUMER.CREATE.{AGENTS}.c1." + key(">"))
-
-
-def test_the_gateway_asks_the_fleet_and_nothing_else() -> None:
-    perms = identity.permissions_for(Identity(role="gateway"))
-    assert may_publish(perms, "gpustack.v1.fleet.summary")
-    assert not any(may_publish(perms, subjects.subject("gpu-a", k)) for k in subjects.KINDS)
-    assert not may_subscribe(perms, subjects.subject("gpu-a", "devices"))
-    assert not may_subscribe(perms, "gpustack.v1.fleet.summary")  # answers come to its inbox
-    assert [s for s in ADMIN if may_publish(perms, s)] == []
-
-
-def test_a_leaf_link_carries_only_fleet_requests_and_gateway_answers() -> None:
-    perms = identity.leaf_permissions()
-    assert may_publish(perms, "_INBOX.gateway.abc.1")
-    assert not may_publish(perms, "_INBOX.worker.abc.1")
-    assert not may_publish(perms, subjects.subject("gpu-a", "devices"))
-    assert may_subscribe(perms, "gpustack.v1.fleet.summary")
-    assert not may_subscribe(perms, subjects.ALL)
-    assert [s for s in ADMIN if may_publish(perms, s)] == []
 
 
 def test_the_dashboard_reads_every_node_and_writes_nothing() -> None:

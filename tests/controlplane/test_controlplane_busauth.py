@@ -58,11 +58,11 @@ def test_a_pod_bound_agent_token_proves_the_agent_of_its_pods_node() -> None:
         _review(_sa("gpustack-operator-dashboard"), node=None, pod=None), AUTH
     )
     assert (dash.role, dash.node) == ("dashboard", None)
-    # The worker connects as its static user; its ServiceAccount's bus token is the gateway
-    # sidecar's, and gets only the gateway's role (ask the fleet, read its own inbox).
+    # The worker connects as its static user, and the worker-gateway never connects: their
+    # ServiceAccounts' tokens prove no role on the bus.
     for account in ("gpustack-operator-worker", "gpustack-operator-worker-gateway"):
-        gw = busauth.identity_from_review(_review(_sa(account), node=None, pod=None), AUTH)
-        assert (gw.role, gw.node) == ("gateway", None)
+        with pytest.raises(callout.Refused, match="has no role"):
+            busauth.identity_from_review(_review(_sa(account), node=None, pod=None), AUTH)
 
 
 @pytest.mark.parametrize(

@@ -29,7 +29,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from test_controlplane_nms_e2e import publish, settings
 
-from bus import connection, events
+from bus import events
 from bus.testing import eventually, nats_server, settings_for
 from controlplane import running, settingscatalog
 from controlplane.admission.certificates import new_authority
@@ -314,49 +314,59 @@ async def test_a_bearer_token_is_reviewed_once_and_then_remembered(tmp_path: Pat
 async def test_the_gateway_beside_the_worker_is_mirrored_as_aggregatedinstancetypes(
     tmp_path: Path,
 ) -> None:
-    """A worker-gateway on its socket (one member answering over the bus) → the worker serves
-    its aggregate under gpustack.ai/v1; no gateway → one clear 503."""
+    """A worker-gateway on its TLS socket, with one cluster subscribed through a fake GPUStack
+    server → the worker serves its aggregated InstanceTypes under gpustack.ai/v1; no gateway →
+    one clear 503."""
     from bus import testing as bus_testing
-    from bus.fleet import InstanceTypeSummary, View, Views
-    from controlplane import fleet as member
+    from controlplane.extension.fleetview import _UnixTLS
     from controlplane.gateway import running as gateway
-    from controlplane.gateway.settings import GatewaySettings
+    from controlplane.gateway.settings import GatewaySettings, Upstream
     from kit.serving import HttpsSettings
+    from tests.controlplane.fakegpustack import FakeGPUStack
 
-    class Static:
-        def instance_types(self) -> list[InstanceTypeSummary]:
-            view = View(once_max_request=8, remaining=5, capacity=8)
-            return [InstanceTypeSummary(name="h200", views=Views(accelerator=view))]
-
+    fake = FakeGPUStack()
+    east = fake.add("east")
+    east.kube.put("instancetypes", {
+        "metadata": {"name": "gpustack--nvidia-h200-linux-amd64"},
+        "spec": {"acceleratorGroup": "nvidia-h200", "generalGroup": "generic", "os": "linux",
+                 "arch": "amd64", "unit": 1600000},
+        "status": {"accelerator": {"onceMaxRequest": 8, "remaining": 5, "capacity": 8}}})  # fmt: skip
     sock = tmp_path / "gw.sock"
-    async with cluster(tmp_path, disable_auths=True, gateway_unix_path=str(sock)) as c:
+    async with (
+        fake.serving(),
+        cluster(tmp_path, disable_auths=True, gateway_unix_path=str(sock)) as c,
+    ):
         gw_settings = GatewaySettings(
-            bus=msgspec.structs.replace(c.bus, inbox_prefix="_INBOX.gateway"),
-            unix_path=str(sock), https=HttpsSettings(auth="none"), kube=None,
-            readiness_timeout_s=0.5, round_interval_s=0.2, settle_s=0.05,
+            upstream=Upstream(mode="gpustack-api", port=fake.port), unix_path=str(sock),
+            https=HttpsSettings(auth="none"), kube=None, readiness_timeout_s=0.5,
         )  # fmt: skip
         url = c.url + "/apis/gpustack.ai/v1/aggregatedinstancetypes"
         ctx = client_context(tmp_path, None)
         async with aiohttp.ClientSession() as http:
             absent = await http.get(url, ssl=ctx)
             assert absent.status == 503 and "worker-gateway" in (await absent.json())["message"]
-            async with (
-                connection.connect(c.bus) as conn,
-                member.serve_summaries(conn, "east", Static(), lambda: True),
-                anyio.create_task_group() as tg,
-            ):
+            async with anyio.create_task_group() as tg:
                 await tg.start(gateway.run, gw_settings)
+                async with aiohttp.ClientSession(connector=_UnixTLS(str(sock))) as server:
+                    subscribed = await server.post(
+                        "https://gpustack-operator/apis/workers",
+                        params={"cluster": "1", "token": east.token},
+                        json={"gvks": ["worker.gpustack.ai/v1/InstanceType"]},
+                    )
+                    assert subscribed.status == 200
 
                 async def mirrored() -> bool:
                     response = await http.get(url, ssl=ctx)
                     return response.status == 200 and bool((await response.json())["items"])
 
                 await bus_testing.eventually(mirrored, timeout_s=20)
-                one = await (await http.get(url + "/h200", ssl=ctx)).json()
+                name = "generic-nvidia-h200-linux-amd64"
+                one = await (await http.get(f"{url}/{name}", ssl=ctx)).json()
                 tg.cancel_scope.cancel()
     assert one["apiVersion"] == "gpustack.ai/v1" and one["kind"] == "AggregatedInstanceType"
-    assert one["status"]["accelerator"] == {"onceMaxRequest": 8, "remaining": 5, "capacity": 8}
-    # versioned by the worker (each replica's gateway counts its own), not the gateway's count
+    assert one["status"]["onceMaxRequest"]["accelerator"] == "8"
+    assert one["status"]["remaining"]["accelerator"] == "5"
+    # versioned by the worker (each replica counts its own), not by the gateway
     assert int(one["metadata"]["resourceVersion"]) > 10**15
 
 

@@ -1,181 +1,130 @@
-"""The gateway's decisions, without a loop: membership, aggregation, watch events."""
+"""The gateway's pure answers: cluster tags, flavors grouped by spec, InstanceTypes by shape."""
 
 from __future__ import annotations
 
 from typing import Any
 
-import msgspec
-import pytest
-
-from bus import fleet
-from bus.fleet import InstanceTypeSummary, MemberSummary, PartitionedView, ProfileCount, View, Views
-from controlplane.gateway import aggregation, membership
-from controlplane.gateway.catalog import Catalog, changes
+from controlplane.gateway import aggregation as agg
+from controlplane.gateway import kinds
 
 
-def _type(
-    name: str,
-    ex: tuple[int, int, int],
-    sl: tuple[int, int, int] = (0, 0, 0),
-    *,
-    profiles: dict[str, int] | None = None,
-    inactive: bool = False,
-) -> InstanceTypeSummary:
-    part = PartitionedView(
-        once_max_request=1 if profiles else 0,
-        remaining=sum((profiles or {}).values()),
-        capacity=7 if profiles else 0,
-        remaining_profiles=tuple(
-            ProfileCount(name=n, count=c) for n, c in (profiles or {}).items()
-        ),
-    )
-    return InstanceTypeSummary(
-        name=name,
-        views=Views(
-            accelerator=View(once_max_request=ex[0], remaining=ex[1], capacity=ex[2]),
-            accelerator_sliced=View(once_max_request=sl[0], remaining=sl[1], capacity=sl[2]),
-            accelerator_partitioned=part,
-        ),
-        inactive=inactive,
-    )  # fmt: skip
+def it(name: str, group: str, once: int, remaining: int, **spec: Any) -> dict[str, Any]:
+    body = {"acceleratorGroup": group, "generalGroup": "generic", "os": "linux", "arch": "amd64",
+            "unit": 1600000, **spec}  # fmt: skip
+    views = {"accelerator": {"onceMaxRequest": once, "remaining": remaining, "capacity": 8},
+             "acceleratorShared": {"onceMaxRequest": 1, "remaining": 10, "capacity": 80}}  # fmt: skip
+    return {"metadata": {"name": name}, "spec": body, "status": views}
 
 
-def _member(cluster: str, *types: InstanceTypeSummary, ready: bool = True) -> MemberSummary:
-    return MemberSummary(cluster=cluster, ready=ready, instance_types=types)
+def test_tagged_adds_the_cluster_to_each_object_in_cluster_order() -> None:
+    out = agg.tagged({"2": [{"metadata": {"name": "b"}}], "1": [{"metadata": {"name": "a"}}]})
+    assert out == {"items": [{"metadata": {"name": "a"}, "cluster": "1"},
+                             {"metadata": {"name": "b"}, "cluster": "2"}]}  # fmt: skip
 
 
-def _book(*replies: MemberSummary, now: float = 10.0) -> dict[str, membership.MemberState]:
-    r = membership.after_round(
-        {}, membership.replies_by_cluster(replies), now, max_members=10, forget_after_s=100
-    )
-    return r.book
-
-
-H200 = "nvidia-h200-linux-amd64"
-
-
-def test_the_totals_are_the_sums_of_active_members() -> None:
-    book = _book(
-        _member("east", _type(H200, (8, 12, 16), (100, 350, 1600))),
-        _member("west", _type(H200, (4, 4, 8), (50, 50, 800))),
-        _member("north", _type(H200, (8, 8, 8)), ready=False),
-    )
-    obj = aggregation.aggregate(book)[H200]
-    status = obj["status"]
-    assert status["accelerator"] == {"onceMaxRequest": 8, "remaining": 16, "capacity": 24}
-    assert status["acceleratorSliced"] == {
-        "onceMaxRequest": 100,
-        "remaining": 400,
-        "capacity": 2400,
+def test_instance_types_fold_by_shape_with_tiers_largest_first() -> None:
+    held = {
+        "east": [it("t", "nvidia-h200", 8, 12)],
+        "west": [it("t", "nvidia-h200", 4, 3, displayName="West H200")],
+        "north": [it("t", "nvidia-h200", 8, 4)],
     }
-    assert status["activeMembers"] == 2
-    assert [m["state"] for m in status["members"]] == ["Active", "NotReady", "Active"]
-    assert status["tiers"]["accelerator"] == [
-        {"onceMaxRequest": 8, "clusters": ["east"], "remaining": 12, "capacity": 16},
-        {"onceMaxRequest": 4, "clusters": ["west"], "remaining": 4, "capacity": 8},
-    ]
-    assert status["summary"] == "8/16 0/0 100/400 0/0"
-    assert obj["kind"] == "AggregatedInstanceType" and obj["metadata"] == {"name": H200}
+    [item] = agg.aggregate_instance_types(held)["items"]
+    assert item["name"] == "generic-nvidia-h200-linux-amd64"
+    assert item["spec"]["acceleratable"] is True and "displayName" not in item["spec"]
+    status = item["status"]
+    assert status["onceMaxRequest"]["accelerator"] == "8"
+    assert status["remaining"] == {"accelerator": "19", "acceleratorShared": "30",
+                                   "acceleratorSliced": "0"}  # fmt: skip
+    tiers = status["tiers"]
+    assert [t["onceMaxRequest"]["accelerator"] for t in tiers] == ["8", "4"]
+    assert [c["cluster"] for c in tiers[0]["candidates"]] == ["east", "north"]
+    assert tiers[0]["remaining"]["accelerator"] == "16"
+    assert tiers[0]["candidates"][0] == {
+        "cluster": "east", "name": "t", "phase": "Active",
+        "accelerator": {"onceMaxRequest": "8", "remaining": "12", "capacity": "8"},
+        "acceleratorShared": {"onceMaxRequest": "1", "remaining": "10", "capacity": "80"},
+        "acceleratorSliced": {"onceMaxRequest": "0", "remaining": "0", "capacity": "0"},
+    }  # fmt: skip
 
 
-def test_members_on_one_level_share_a_tier_and_profiles_are_summed() -> None:
-    book = _book(
-        _member("a", _type("mig", (0, 0, 8), profiles={"1g.18gb": 7, "7g.141gb": 0})),
-        _member("b", _type("mig", (0, 0, 8), profiles={"1g.18gb": 3, "3g.71gb": 1})),
+def test_only_active_candidates_count() -> None:
+    held = {"east": [it("t", "nvidia-h200", 8, 12, inactive=True)],
+            "west": [it("t", "nvidia-h200", 2, 2)]}  # fmt: skip
+    [item] = agg.aggregate_instance_types(held)["items"]
+    assert item["status"]["onceMaxRequest"]["accelerator"] == "2"
+    assert [c["cluster"] for t in item["status"]["tiers"] for c in t["candidates"]] == ["west"]
+
+
+def test_cpu_types_and_distinct_shapes_get_distinct_names() -> None:
+    held = {"a": [it("cpu", "", 0, 0), it("x", "nvidia-h200", 1, 1, memory=1)],
+            "b": [it("x", "nvidia-h200", 1, 1, memory=2)]}  # fmt: skip
+    out = agg.aggregate_instance_types(held)["items"]
+    names = [i["name"] for i in out]
+    assert names[0] == "generic-linux-amd64" and out[0]["spec"]["acceleratable"] is False
+    assert names[1] == "generic-nvidia-h200-linux-amd64"
+    assert names[2].startswith("generic-nvidia-h200-linux-amd64-") and len(set(names)) == 3
+    assert agg.aggregate_instance_types(held) == agg.aggregate_instance_types(
+        dict(reversed(held.items()))
     )
-    status = aggregation.aggregate(book)["mig"]["status"]
-    assert status["tiers"]["accelerator"] == [
-        {"onceMaxRequest": 0, "clusters": ["a", "b"], "remaining": 0, "capacity": 16}
-    ]
-    assert status["acceleratorPartitioned"]["remainingProfiles"] == [
-        {"name": "1g.18gb", "count": 10}, {"name": "3g.71gb", "count": 1},
-        {"name": "7g.141gb", "count": 0},
-    ]  # fmt: skip
 
 
-def test_an_inactive_type_is_listed_but_not_counted() -> None:
-    book = _book(
-        _member("a", _type(H200, (8, 8, 8), inactive=True)), _member("b", _type(H200, (2, 2, 8)))
+def test_flavors_group_by_whole_spec_accelerated_first() -> None:
+    gpu = {"acceleratable": True, "acceleratorGroup": "nvidia-h200", "count": 8}
+    held = {
+        "2": [{"metadata": {"name": "z-gpu"}, "spec": gpu}],
+        "1": [{"metadata": {"name": "a-gpu"}, "spec": gpu},
+              {"metadata": {"name": "a-cpu"}, "spec": {"acceleratable": False, "count": 64}}],
+    }  # fmt: skip
+    assert agg.aggregate_flavors(held) == {"items": [
+        {"name": "a-gpu", "spec": {**gpu, "clusters": ["1", "2"]}},
+        {"name": "a-cpu", "spec": {"acceleratable": False, "count": 64, "clusters": ["1"]}},
+    ]}  # fmt: skip
+
+
+def test_changes_are_watch_events_by_name() -> None:
+    old = {"a": {"v": 1}, "b": {"v": 1}}
+    new = {"b": {"v": 2}, "c": {"v": 1}}
+    assert agg.changes(old, new) == [("DELETED", {"v": 1}), ("MODIFIED", {"v": 2}),
+                                     ("ADDED", {"v": 1})]  # fmt: skip
+
+
+def test_readiness_needs_available_true_and_backoff_caps() -> None:
+    ok = {"status": {"conditions": [{"type": "Available", "status": "True"}]}}
+    no = {"status": {"conditions": [{"type": "Available", "status": "False",
+                                     "message": "endpoints missing"}]}}  # fmt: skip
+    assert kinds.not_ready_reason("v1.gpustack.ai", ok) is None
+    assert "endpoints missing" in (kinds.not_ready_reason("v1.gpustack.ai", no) or "")
+    assert "no Available" in (kinds.not_ready_reason("v1.gpustack.ai", {}) or "")
+    steps = kinds.backoff(5.0, 60.0)
+    assert [next(steps) for _ in range(6)] == [5.0, 10.0, 20.0, 40.0, 60.0, 60.0]
+    assert kinds.parse_gvk("v1/Pod") == ("", "v1", "Pod")
+    assert (
+        kinds.served(kinds.parse_gvk("worker.gpustack.ai/v1/Instance")) is kinds.KINDS["Instance"]
     )
-    status = aggregation.aggregate(book)[H200]["status"]
-    assert status["accelerator"]["remaining"] == 2
-    assert status["members"][0] == {"cluster": "a", "state": "Active", "inactive": True}
 
 
-def test_a_member_answering_twice_counts_once() -> None:
-    first = _member("a", _type(H200, (8, 8, 8)))
-    second = _member("a", _type(H200, (8, 5, 8)), _type(H200, (8, 6, 8)))
-    status = aggregation.aggregate(_book(first, second))[H200]["status"]
-    assert status["accelerator"] == {"onceMaxRequest": 8, "remaining": 6, "capacity": 8}
+def test_partitions_are_listed_per_profile_never_summed_into_one_number() -> None:
+    def mig(name: str, once: int, remaining: list[tuple[str, int]], held: int) -> dict[str, Any]:
+        obj = it(name, "nvidia-h100", 1, 1)
+        obj["status"]["acceleratorPartitioned"] = {
+            "onceMaxRequest": once, "remaining": sum(c for _, c in remaining), "capacity": 14,
+            "allocatedProfiles": [{"name": "1g.10gb", "count": held}, {"name": "3g.40gb", "count": 0}],
+            "remainingProfiles": [{"name": n, "count": c} for n, c in remaining],
+        }  # fmt: skip
+        return obj
 
-
-def test_unreachable_then_back_then_forgotten() -> None:
-    kw: dict[str, Any] = {"max_members": 10, "forget_after_s": 100.0}
-    reply = _member("a", _type(H200, (8, 8, 8)))
-    r1 = membership.after_round({}, {"a": reply}, 0.0, **kw)
-    r2 = membership.after_round(r1.book, {}, 5.0, **kw)
-    assert r2.book["a"].state == "Unreachable" and r2.changed == ("a",)
-    assert aggregation.aggregate(r2.book)[H200]["status"]["accelerator"]["remaining"] == 0
-    r3 = membership.after_round(r2.book, {"a": reply}, 6.0, **kw)
-    assert r3.book["a"].state == "Active" and r3.book["a"].since == 6.0
-    r4 = membership.after_round(r3.book, {}, 7.0, **kw)
-    assert r4.book["a"].since == 7.0
-    assert membership.after_round(r4.book, {}, 106.5, **kw).book == {}
-
-
-def test_a_full_book_refuses_new_members_but_updates_known_ones() -> None:
-    kw: dict[str, Any] = {"max_members": 1, "forget_after_s": 100.0}
-    r1 = membership.after_round({}, {"a": _member("a"), "b": _member("b")}, 0.0, **kw)
-    assert list(r1.book) == ["a"] and r1.refused == ("b",)
-    r2 = membership.after_round(
-        r1.book, {"a": _member("a", ready=False), "c": _member("c")}, 1.0, **kw
-    )
-    assert r2.book["a"].state == "NotReady" and r2.refused == ("c",)
-
-
-def test_the_aggregate_is_deterministic() -> None:
-    one = _book(_member("b", _type("x", (1, 1, 1))), _member("a", _type("y", (2, 2, 2))))
-    two = _book(_member("a", _type("y", (2, 2, 2))), _member("b", _type("x", (1, 1, 1))))
-    enc = msgspec.json.encode
-    assert enc(aggregation.aggregate(one)) == enc(aggregation.aggregate(two))
-
-
-def test_the_catalog_stamps_versions_and_tells_watchers_only_changes() -> None:
-    catalog = Catalog()
-    book = _book(_member("a", _type("x", (1, 1, 1)), _type("y", (2, 2, 2))))
-    events = catalog.update(book)
-    assert [(k, o["metadata"]["name"]) for k, o in events] == [("ADDED", "x"), ("ADDED", "y")]
-    assert catalog.version == 1 and catalog.ready
-    assert catalog.update(book) == [] and catalog.version == 1
-    changed = _book(_member("a", _type("x", (1, 0, 1))))
-    events = catalog.update(changed)
-    assert [(k, o["metadata"]["name"]) for k, o in events] == [("MODIFIED", "x"), ("DELETED", "y")]
-    assert catalog.objects["x"]["metadata"]["resourceVersion"] == "2"
-    listed = catalog.as_list()
-    assert listed["metadata"]["resourceVersion"] == "2" and len(listed["items"]) == 1
-
-
-def test_changes_ignore_resource_versions() -> None:
-    obj = {"metadata": {"name": "x", "resourceVersion": "3"}, "status": {}}
-    assert changes({"x": obj}, {"x": {"metadata": {"name": "x"}, "status": {}}}) == []
-
-
-@pytest.mark.parametrize(
-    ("payload", "why"),
-    [
-        (b"not json", "unreadable"),
-        (b'{"cluster": "Bad_Name"}', "invalid cluster"),
-        (b'{"cluster": "a", "instanceTypes": [{"name": "x", "views": {"accelerator": {"remaining": -1}}}]}', "unreadable"),
-        (b"x" * (fleet.MAX_SUMMARY_BYTES + 1), "bytes"),
-    ],
-)  # fmt: skip
-def test_a_hostile_answer_is_refused_with_a_reason(payload: bytes, why: str) -> None:
-    with pytest.raises(fleet.InvalidSummary, match=why):
-        fleet.decode_summary(payload)
-
-
-def test_the_wire_format_is_camel_case_and_omits_defaults() -> None:
-    wire = fleet.encode(_member("a", _type("x", (1, 1, 2))))
-    assert b'"instanceTypes"' in wire and b'"onceMaxRequest":1' in wire
-    assert b'"acceleratorShared"' not in wire
-    assert fleet.decode_summary(wire) == _member("a", _type("x", (1, 1, 2)))
+    held = {"a": [mig("t", 1, [("1g.10gb", 3), ("3g.40gb", 0)], 4)],
+            "b": [mig("t", 1, [("1g.10gb", 7), ("3g.40gb", 2)], 0)]}  # fmt: skip
+    [item] = agg.aggregate_instance_types(held)["items"]
+    status = item["status"]
+    assert status["remaining"]["acceleratorPartitioned"] == [
+        {"name": "1g.10gb", "count": 10}, {"name": "3g.40gb", "count": 2}]  # fmt: skip
+    # The first best candidate's profiles, each capped at one: a partition request is one instance.
+    assert status["onceMaxRequest"]["acceleratorPartitioned"] == [
+        {"name": "1g.10gb", "count": 1}, {"name": "3g.40gb", "count": 0}]  # fmt: skip
+    first = status["tiers"][0]["candidates"][0]["acceleratorPartitioned"]
+    assert first["allocatedProfiles"] == [{"name": "1g.10gb", "count": 4}]  # zeros left out
+    assert first["remaining"] == "3" and first["capacity"] == "14"
+    # Types without a ledger carry none.
+    [plain] = agg.aggregate_instance_types({"a": [it("t", "nvidia-h200", 1, 1)]})["items"]
+    assert "acceleratorPartitioned" not in plain["status"]["remaining"]

@@ -149,12 +149,19 @@ def test_worker_gateway_overlay_fills_the_sidecar_slot(
     worker, gateway = spec["containers"]
     assert (worker["name"], gateway["name"]) == ("worker", "worker-gateway")
     assert gateway["image"] == "gpustack/gpustack-operator:0.1.0"
-    assert {m["name"] for m in gateway["volumeMounts"]} >= {"run", "gateway-nats-token"}
+    assert {m["name"] for m in gateway["volumeMounts"]} == {"run", "tmp"}
     env = {e["name"]: e.get("value") for e in gateway["env"]}
-    assert env["GPUSTACK_WORKER_CONN_MODE"] == "loopback"
-    assert env["GPUSTACK_NATS_TOKEN_FILE"] == "/var/run/secrets/gpustack-nats/token"
-    token = next(v for v in spec["volumes"] if v["name"] == "gateway-nats-token")
-    assert token["projected"]["sources"][0]["serviceAccountToken"]["audience"] == "gpustack-nats"
+    # Loopback: it reads this cluster with the worker's ServiceAccount; no bus, no token.
+    assert env == {
+        "GPUSTACK_BIND_UNIX_PATH": "/var/lib/gpustack/gpustack-operator-worker-gateway.sock",
+        "GPUSTACK_WORKER_CONN_MODE": "loopback",
+    }
+    role = find(trees["deploy/overlays/worker-gateway"], "ClusterRole",
+                "gpustack-operator-worker-gateway")  # fmt: skip
+    assert role["rules"] == [{"apiGroups": ["apiregistration.k8s.io"],
+                              "resources": ["apiservices"],
+                              "resourceNames": ["v1.worker.gpustack.ai", "v1.gpustack.ai"],
+                              "verbs": ["get"]}]  # fmt: skip
     base_spec = pod_spec(find(trees[BASE], "Deployment", "gpustack-operator-worker"))
     assert [c["name"] for c in base_spec["containers"]] == ["worker"]
     # The worker gains one variable: where the gateway's socket is (it mirrors the aggregate).

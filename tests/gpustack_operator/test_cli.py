@@ -173,7 +173,7 @@ def test_bad_profile_is_a_usage_error(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("argv", "needle"),
     [
-        (["wg"], "--worker-conn-mode=gpustack-api"),
+        (["wg", "--worker-conn-mode=loopback", "--kubeconfig=none"], "cannot be 'none'"),
         (
             [
                 "worker-gateway",
@@ -187,9 +187,9 @@ def test_bad_profile_is_a_usage_error(tmp_path: Path) -> None:
             "http or https",
         ),
         (["wg", "--worker-conn-mode=udp"], "--worker-conn-mode"),
-        (["wg", "--worker-conn-mode=loopback", "--worker-readiness-check-timeout=0s"], "timeout"),
+        (["wg", "--worker-readiness-check-timeout=0.5s"], "timeout"),
         (
-            ["wg", "--worker-conn-mode=loopback", "--kubeconfig=none", "--bind-unix-path="],
+            ["wg", "--kubeconfig=none", "--bind-unix-path="],
             "--metrics-auth=review needs the Kubernetes API",
         ),
     ],

@@ -347,16 +347,10 @@ def test_worker_as_pid1_stops(tmp_path: Path, nats: str) -> None:
 
 
 @pid1
-def test_worker_gateway_as_pid1_stops_and_removes_its_socket(tmp_path: Path, nats: str) -> None:
+def test_worker_gateway_as_pid1_stops_and_removes_its_socket(tmp_path: Path) -> None:
     sock = tmp_path / "gw.sock"
     service = Pid1(
-        [
-            "wg",
-            "--worker-conn-mode=loopback",
-            "--kubeconfig=none",
-            f"--bind-unix-path={sock}",
-            f"--nats-url={nats}",
-        ],
+        ["wg", "--kubeconfig=none", f"--bind-unix-path={sock}"],
         tmp_path / "gateway.log",
     )
     service.wait_for("worker-gateway serving on unix:")

@@ -1,0 +1,1 @@
+"""The worker-gateway: what a GPUStack server runs to read its Kubernetes clusters (docs/gateway.md)."""
