@@ -24,6 +24,7 @@ from controlplane.extension import audit
 from controlplane.k8s import client
 from controlplane.reconciling.labeling import BASES
 from hub import endpoints
+from kit import files
 from kit.options import Options, SettingsError
 from kit.serving import HttpsSettings, https_from
 
@@ -89,6 +90,8 @@ def settings_from(options: Options) -> WorkerSettings:
     kubeconfig = options.optional_text("kubeconfig") or env.get("KUBECONFIG") or None
     kube = None
     relist_s = options.seconds("informer-cache-resync-period")
+    if kubeconfig not in (None, "none"):
+        _check_kubeconfig(kubeconfig)
     if kubeconfig != "none":
         kube = client.KubeSettings(
             kubeconfig=kubeconfig,
@@ -176,9 +179,13 @@ def _audit(options: Options) -> audit.AuditSettings:
         hook = audit.webhook_from(webhook) if webhook else None
     except ValueError as e:
         raise SettingsError(f"--audit-webhook-config-file: {e}") from e
-    return audit.AuditSettings(
-        log_path=options.optional_text("audit-log-path"), rules=rules, webhook=hook
-    )
+    log_path = options.optional_text("audit-log-path")
+    if log_path is not None and log_path != "-":
+        try:
+            files.writable_file(log_path)  # refused now, not at the first audited request
+        except files.InputRefused as e:
+            raise SettingsError(f"--audit-log-path: {e}") from e
+    return audit.AuditSettings(log_path=log_path, rules=rules, webhook=hook)
 
 
 def _manufacturers(options: Options) -> tuple[str, ...]:
@@ -256,3 +263,15 @@ def _cluster_name(options: Options) -> str | None:
             f"--cluster-name {name[:64]!r}: lowercase letters, digits, '-' and '.', at most 253"
         )
     return name
+
+
+def _check_kubeconfig(path: str) -> None:
+    """A kubeconfig that is no regular file, or larger than any kubeconfig (the loader would
+    read it whole), exits 2 at start-up.
+
+    :raises SettingsError: naming ``--kubeconfig`` and the reason.
+    """
+    try:
+        files.read_capped(path)
+    except files.InputRefused as e:
+        raise SettingsError(f"--kubeconfig (or KUBECONFIG): {e}") from e

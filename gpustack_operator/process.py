@@ -32,6 +32,7 @@ from agent.errors import AgentError
 from bus.errors import BusError
 from controlplane.errors import ControlPlaneError
 from hub.errors import HubError
+from kit import files
 from kit.serving import ServingFailed
 
 __all__ = [
@@ -177,6 +178,11 @@ def _leaves(error: BaseException) -> list[BaseException]:
 
 
 def _message(error: BaseException) -> str:
+    """One line for ``error``; an OS error is said in words with its path (``no space left on
+    the device holding <path>``), never as a bare ``[Errno N]``."""
+    bare = str(error).startswith("[Errno")  # the form that says no more than the errno
+    if isinstance(error, OSError) and bare and error.filename is not None:
+        return files.reason(error)
     text = str(error) or type(error).__name__
     if isinstance(error, OSError) and error.filename and str(error.filename) not in text:
         text = f"{text}: {error.filename}"
