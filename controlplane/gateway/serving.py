@@ -30,7 +30,15 @@ from prometheus_client import CollectorRegistry, generate_latest
 from controlplane.gateway.catalog import Catalog
 from controlplane.resources import GROUP, VERSION
 from kit.access import Authorizer
-from kit.serving import Handler, HttpsSettings, ServingFailed, gate_for, https_server, start_site
+from kit.serving import (
+    Handler,
+    HttpsSettings,
+    ServingFailed,
+    gate_for,
+    https_server,
+    runner_for,
+    start_site,
+)
 
 __all__ = ["COLLECTION", "handlers", "serve"]
 
@@ -140,7 +148,7 @@ async def _unix(
     for route, handler in routes.items():
         app.router.add_route("*", route, handler)
     _clear_stale(path)
-    runner = web.AppRunner(app, access_log=None, handle_signals=False, handler_cancellation=True)
+    runner = runner_for(app)
     await runner.setup()
     try:
         await start_site(runner, web.UnixSite(runner, path))
