@@ -32,7 +32,7 @@ from agent.errors import AgentError
 from bus.errors import BusError
 from controlplane.errors import ControlPlaneError
 from hub.errors import HubError
-from kit import files
+from kit import files, heap
 from kit.serving import ServingFailed
 
 __all__ = [
@@ -129,6 +129,7 @@ async def _supervise(service: Service) -> int:
                 tg.cancel_scope.cancel()  # the service is done: stop watching signals
 
             tg.start_soon(body, name=service.name)
+            tg.start_soon(heap.trim_heap, name="trim the heap")  # docs: kit/heap.py
             try:
                 async for signum in signals:
                     _on_signal(service, scope, signum, deadline)

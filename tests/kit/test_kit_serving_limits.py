@@ -77,9 +77,8 @@ async def test_a_slowloris_head_is_closed_after_the_header_timeout() -> None:
 
 
 async def test_a_tls_handshake_never_started_is_closed() -> None:
-    async with _server() as server:
-        async with await anyio.connect_tcp("127.0.0.1", server.port) as stream:
-            assert await _closed_by_server(stream) == b""
+    async with _server() as server, await anyio.connect_tcp("127.0.0.1", server.port) as stream:
+        assert await _closed_by_server(stream) == b""
 
 
 async def test_a_trickling_body_gets_408_and_a_closed_connection() -> None:
