@@ -16,6 +16,7 @@ import msgspec
 
 from bus import fleet, identity
 from bus import settings as bus_settings
+from bus.errors import InvalidToken
 from bus.settings import BusSettings
 from controlplane import applications, busauth, leading, settingscatalog
 from controlplane.admission.webhooks import WebhookSettings
@@ -253,6 +254,10 @@ def _bus_auth(
         )
     if not audience:
         raise SettingsError("--nats-callout-audience: empty")
+    try:
+        busauth.load_issuer(seed)  # loaded again at start; a bad file is exit 2 here
+    except InvalidToken as e:
+        raise SettingsError(f"--nats-callout-issuer-seed: {e}") from e
     return busauth.BusAuthSettings(issuer_seed_file=seed, audience=audience, namespace=namespace)
 
 

@@ -148,3 +148,33 @@ def test_read_capped_refuses_what_is_no_regular_file(tmp_path: Path) -> None:
     assert files.read_capped(exact, limit=100) == b"x" * 100
     with pytest.raises(files.InputRefused, match="larger than"):
         files.read_capped(exact, limit=99)
+
+
+def test_worker_callout_issuer_seed_is_read_bounded_at_start(tmp_path: Path) -> None:
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text("apiVersion: v1\nkind: Config\nclusters: []\n")
+    line = _refused(
+        _run(
+            "worker",
+            f"--kubeconfig={kubeconfig}",
+            "--secure-port=0",
+            "--nats-callout-issuer-seed=/dev/zero",
+            tmp_path=tmp_path,
+        ),
+        "--nats-callout-issuer-seed",
+    )
+    assert "not a regular file" in line
+
+
+def test_a_nats_file_flag_past_the_cap_is_refused(tmp_path: Path) -> None:
+    token = tmp_path / "token"
+    with token.open("wb") as f:
+        f.truncate(files.INPUT_BYTES + 1)  # sparse: a regular file larger than any token
+    line = _refused(
+        _run(
+            "bus", "watch", f"--nats-token-file={token}", "--nats-url=nats://127.0.0.1:1",
+            tmp_path=tmp_path,
+        ),
+        "--nats-token-file",
+    )  # fmt: skip
+    assert "larger than" in line
