@@ -33,6 +33,7 @@ from bus.errors import BusError
 from controlplane.errors import ControlPlaneError
 from hub.errors import HubError
 from kit import files, heap
+from kit.options import SettingsError
 from kit.serving import ServingFailed
 
 __all__ = [
@@ -97,6 +98,9 @@ def exit_code_for(name: str, error: BaseException) -> int:
     if all(isinstance(e, KeyboardInterrupt) for e in leaves):
         return EXIT_OK
     for leaf in leaves:
+        if isinstance(leaf, SettingsError):  # found only once running: still the flag's fault
+            log.error("%s: %s", name, leaf)
+            return EXIT_USAGE
         if isinstance(leaf, FAILURES):
             log.error("%s: %s", name, _message(leaf))
         elif not isinstance(leaf, (KeyboardInterrupt, asyncio.CancelledError)):

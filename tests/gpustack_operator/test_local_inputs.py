@@ -178,3 +178,18 @@ def test_a_nats_file_flag_past_the_cap_is_refused(tmp_path: Path) -> None:
         "--nats-token-file",
     )  # fmt: skip
     assert "larger than" in line
+
+
+@pytest.mark.parametrize("command", [("mm", "pull", "Qwen/Qwen3-0.6B"), ("mm", "--secure-port=0")])
+def test_a_cache_root_that_cannot_be_made_is_the_flags_fault(
+    tmp_path: Path, command: tuple[str, ...]
+) -> None:
+    """Found only when the cache is opened, yet still one line naming the flag, exit 2, and the
+    reason in words (a full disk reads "no space left on the device holding <path>")."""
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    line = _refused(
+        _run(*command, f"--cache-root={blocker}/models", tmp_path=tmp_path), "--cache-root"
+    )
+    assert "a part of the path is not a directory" in line.split("--cache-root", 1)[1]
+    assert "Errno" not in line
