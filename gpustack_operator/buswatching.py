@@ -24,6 +24,7 @@ consumer.
 
 from __future__ import annotations
 
+import collections
 import logging
 import os
 import sys
@@ -310,16 +311,19 @@ async def main(settings: WatchSettings) -> int | None:
 class Stdout:
     """A file descriptor written by a daemon thread: ``write`` and ``flush`` never block.
 
-    ``write`` gathers bytes; ``flush`` (or more than a pipe's worth gathered) hands them to the
-    thread, which writes them in order. A write error (``BrokenPipeError``) is raised by the
-    next ``write``, ``flush`` or :meth:`check`. Invariant: the event loop never waits on the
-    descriptor, so nothing a reader does can keep it from a signal.
+    ``write`` gathers bytes in a buffer only the event loop touches (no lock per event);
+    ``flush``, or a pipe's worth gathered, hands the buffer whole to the thread, which writes
+    the buffers in order. A write error (``BrokenPipeError``) is raised by the next ``write``,
+    ``flush`` or :meth:`check`. Invariant: the event loop never waits on the descriptor, so
+    nothing a reader does can keep it from a signal.
     """
 
     def __init__(self, fd: int, *, backlog: int = BACKLOG_BYTES) -> None:
-        self._fd, self._backlog = fd, backlog
-        self._pending = bytearray()
-        self._writing = 0
+        self._fd, self._limit = fd, backlog
+        self._local = bytearray()
+        self._handed: collections.deque[bytearray] = collections.deque()
+        self._unwritten = 0
+        """Bytes handed and not yet written; changed under ``_ready``, read without it."""
         self._ready = threading.Condition()
         self._error: OSError | None = None
         self._dropped = 0
@@ -329,18 +333,24 @@ class Stdout:
         return os.isatty(self._fd)
 
     def write(self, data: bytes) -> int:
-        self.check()
-        with self._ready:
-            self._pending += data
-            if len(self._pending) >= _BUFFER:
-                self._ready.notify_all()
+        if self._error is not None:
+            raise self._error
+        self._local += data
+        if len(self._local) >= _BUFFER:
+            self._hand()
         return len(data)
 
     def flush(self) -> None:
         self.check()
+        if self._local:
+            self._hand()
+
+    def _hand(self) -> None:
+        chunk, self._local = self._local, bytearray()
         with self._ready:
-            if self._pending:
-                self._ready.notify_all()
+            self._handed.append(chunk)
+            self._unwritten += len(chunk)
+            self._ready.notify_all()
 
     def check(self) -> None:
         """:raises OSError: the last write failed (the reader went away)."""
@@ -349,12 +359,11 @@ class Stdout:
 
     def backlog(self) -> int:
         """Bytes taken and not yet written."""
-        with self._ready:
-            return len(self._pending) + self._writing
+        return self._unwritten + len(self._local)
 
     def over_backlog(self) -> bool:
         """True (and one more event counted as dropped) while too much waits for the reader."""
-        if self.backlog() <= self._backlog:
+        if self.backlog() <= self._limit:
             if self._dropped:
                 log.warning("standard output was not read: %d events dropped", self._dropped)
                 self._dropped = 0
@@ -367,32 +376,29 @@ class Stdout:
     async def drain(self, timeout_s: float = DRAIN_S) -> None:
         """Wait until everything taken is written, a write failed, or ``timeout_s`` passed
         (a reader that does not read: the rest is abandoned)."""
-        self.flush()
+        if self._local:
+            self._hand()
         await anyio.to_thread.run_sync(self._wait_drained, timeout_s, abandon_on_cancel=True)
 
     def _wait_drained(self, timeout_s: float) -> None:
         with self._ready:
-            self._ready.wait_for(
-                lambda: self._error is not None or not (self._pending or self._writing),
-                timeout_s,
-            )
+            self._ready.wait_for(lambda: self._error is not None or not self._unwritten, timeout_s)
 
     def _run(self) -> None:
         while True:
             with self._ready:
-                while not self._pending:
+                while not self._handed:
                     self._ready.wait()
-                chunk = bytes(self._pending)
-                self._pending.clear()
-                self._writing = len(chunk)
+                chunk = self._handed.popleft()
             try:
                 view = memoryview(chunk)
                 while view:
                     view = view[os.write(self._fd, view) :]
             except OSError as e:
                 self._error = e
-                return
-            finally:
                 with self._ready:
-                    self._writing = 0
                     self._ready.notify_all()  # a drain may be waiting
+                return
+            with self._ready:
+                self._unwritten -= len(chunk)
+                self._ready.notify_all()  # a drain may be waiting
