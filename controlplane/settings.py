@@ -143,7 +143,7 @@ def settings_from(options: Options) -> WorkerSettings:
         hub_endpoint=hub_endpoint,
         webhooks=webhooks,
         cluster_name=_cluster_name(options),
-        gateway_unix_path=options.optional_text("worker-gateway-unix-path"),
+        gateway_unix_path=_socket_path(options, "worker-gateway-unix-path"),
     )
 
 
@@ -268,6 +268,17 @@ def _cluster_name(options: Options) -> str | None:
             f"--cluster-name {name[:64]!r}: lowercase letters, digits, '-' and '.', at most 253"
         )
     return name
+
+
+def _socket_path(options: Options, flag: str) -> str | None:
+    """``--flag``'s unix socket path, whose directory must exist (exit 2 otherwise)."""
+    path = options.optional_text(flag)
+    if path is not None:
+        try:
+            files.socket_directory(path)
+        except files.InputRefused as e:
+            raise SettingsError(f"--{flag}: {e}") from e
+    return path
 
 
 def _check_kubeconfig(path: str) -> None:

@@ -24,6 +24,7 @@ __all__ = [
     "InputRefused",
     "read_capped",
     "reason",
+    "socket_directory",
     "writable_directory",
     "writable_file",
     "write_atomically",
@@ -123,6 +124,20 @@ def writable_directory(path: str | os.PathLike[str]) -> None:
         os.unlink(name)
     except OSError as e:
         raise InputRefused(reason(e, path)) from e
+
+
+def socket_directory(path: str | os.PathLike[str]) -> None:
+    """The directory a unix socket ``path`` lives in exists (the socket itself may come later:
+    its server makes it).
+
+    :raises InputRefused: with the reason.
+    """
+    parent = Path(path).parent
+    try:
+        if not stat.S_ISDIR(os.stat(parent).st_mode):
+            raise InputRefused(f"{parent}: not a directory")
+    except OSError as e:
+        raise InputRefused(reason(e, parent)) from e
 
 
 def writable_file(path: str | os.PathLike[str]) -> None:

@@ -66,6 +66,11 @@ def settings_from(options: Options) -> GatewaySettings:
             timeout_s=kube_timeout,
         )
     unix_path = options.optional_text("bind-unix-path")
+    if unix_path is not None:
+        try:
+            files.socket_directory(unix_path)
+        except files.InputRefused as e:
+            raise SettingsError(f"--bind-unix-path: {e}") from e
     https = https_from(options)
     if unix_path is None and kube is None and https.auth == "review":
         raise SettingsError(

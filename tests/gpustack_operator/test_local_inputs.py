@@ -193,3 +193,20 @@ def test_a_cache_root_that_cannot_be_made_is_the_flags_fault(
     )
     assert "a part of the path is not a directory" in line.split("--cache-root", 1)[1]
     assert "Errno" not in line
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("worker", "--kubeconfig=none", "--metrics-auth=none", "--secure-port=0",
+         "--nats-url=nats://127.0.0.1:1", "--worker-gateway-unix-path=/proc/nonexistent/s"),
+        ("wg", "--worker-conn-mode=loopback", "--kubeconfig=none",
+         "--bind-unix-path=/proc/nonexistent/s"),
+    ],
+)  # fmt: skip
+def test_a_socket_in_a_missing_directory_is_refused_at_start(
+    tmp_path: Path, args: tuple[str, ...]
+) -> None:
+    flag = args[-1].split("=", 1)[0]
+    line = _refused(_run(*args, tmp_path=tmp_path), flag)
+    assert "/proc/nonexistent: does not exist" in line
