@@ -38,6 +38,7 @@ bench:
     {{python}} bench/bench_worker.py
     {{python}} bench/bench_worker.py --chain
     {{python}} bench/bench_worker.py --ingest --nodes 2000 10000
+    {{python}} bench/bench_soak.py
 
 # Every benchmark at tiny sizes, seconds each (CI runs it): proves they still run; the figures
 # mean nothing. A peer that is not installed (the `bench` extra, curl) is skipped, with a message.
@@ -51,3 +52,4 @@ bench-smoke:
     BENCH_SMOKE=1 {{python}} bench/bench_worker.py
     BENCH_SMOKE=1 {{python}} bench/bench_worker.py --chain
     BENCH_SMOKE=1 {{python}} bench/bench_worker.py --ingest
+    BENCH_SMOKE=1 {{python}} bench/bench_soak.py

@@ -11,6 +11,7 @@ and ignored, never trusted: a wrong ledger refuses Allocates that should pass.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -21,11 +22,14 @@ import anyio.to_thread
 import msgspec
 
 from bus import events
-from kit.files import write_private
+from kit.files import InputRefused, read_capped, write_private
 
 __all__ = ["FORMAT", "LedgerFile", "Unusable", "decode", "encode", "fold", "load"]
 
 log = logging.getLogger(__name__)
+
+MAX_BYTES = 64 * 1024 * 1024
+"""The largest kept ledger read back: a node's allocations are a few hundred bytes each."""
 
 FORMAT = "gpustack-device-ledger/v1"
 
@@ -72,13 +76,13 @@ def decode(data: bytes, node: str) -> list[events.AllocationEvent]:
 
 async def load(path: Path, node: str) -> list[events.AllocationEvent]:
     """The allocations kept in ``path``; none (logged) when it is missing or unusable."""
-    try:
-        data = await anyio.Path(path).read_bytes()
-    except FileNotFoundError:
-        log.info("no local ledger at %s", path)
-        return []
-    except OSError as e:
-        log.warning("cannot read the local ledger %s (starting empty): %s", path, e)
+    try:  # a regular file, and at most what any ledger of one node could need
+        data = await anyio.to_thread.run_sync(functools.partial(read_capped, path, limit=MAX_BYTES))
+    except InputRefused as e:
+        if e.missing:
+            log.info("no local ledger at %s", path)
+            return []
+        log.warning("cannot read the local ledger (starting empty): %s", e)
         return []
     try:
         return decode(data, node)

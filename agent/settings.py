@@ -68,6 +68,25 @@ def manufacturers_from(options: Options) -> tuple[tuple[str, ...], bool]:
         raise SettingsError(f"--manufacturer: {e}") from e
 
 
+def simulate_from(options: Options) -> str | None:
+    """``--simulate``, its profile loaded once here so a missing, oversized or invalid one is
+    one line and exit 2 for every command, services included (``list`` is the one-shots').
+
+    :raises SettingsError: naming ``--simulate`` and why the profile cannot be used.
+    """
+    simulate = options.optional_text("simulate")
+    if simulate is None or simulate == "list":
+        return simulate
+    from agent.devices.simulation import profiles  # only a simulating process loads it
+    from agent.errors import ProfileError
+
+    try:
+        profiles.load(simulate)
+    except ProfileError as e:
+        raise SettingsError(f"--simulate: {e}") from e
+    return simulate
+
+
 def detect_settings_from(options: Options) -> DetectSettings:
     """``dm detect`` and ``dm monitor`` (and the detection part of ``dm serve``)."""
     manufacturers, explicit = manufacturers_from(options)
@@ -78,6 +97,6 @@ def detect_settings_from(options: Options) -> DetectSettings:
         pci_check=not options.switch("no-pci-check"),
         fast_failed=not options.switch("no-fast-failed"),
         host_root=options.env.get("GPUSTACK_HOST_ROOT") or "/",
-        simulate=options.optional_text("simulate"),
+        simulate=simulate_from(options),
         output=cast(Literal["yaml", "json", "wide"], output),
     )

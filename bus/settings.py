@@ -13,6 +13,7 @@ from urllib.parse import urlsplit
 
 import msgspec
 
+from kit import files
 from kit.options import Options, SettingsError
 from kit.redaction import redact_urls
 
@@ -184,9 +185,17 @@ start instead of failing every connection attempt for ever."""
 
 
 def _readable(options: Options, flag: str) -> str | None:
+    """``--flag``'s path when it is a readable regular file within the input cap (a token, a
+    seed, credentials or certificates: kilobytes; the client reads them whole)."""
     path = options.optional_text(flag)
-    if path is not None and not (os.path.isfile(path) and os.access(path, os.R_OK)):
+    if path is None:
+        return None
+    if not (os.path.isfile(path) and os.access(path, os.R_OK)):
         raise SettingsError(f"--{flag}: {path!r} is not a readable file")
+    try:
+        files.read_capped(path)
+    except files.InputRefused as e:
+        raise SettingsError(f"--{flag}: {e}") from e
     return path
 
 

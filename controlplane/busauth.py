@@ -34,6 +34,7 @@ from bus.errors import InvalidNodeName, InvalidToken
 from bus.identity import Identity, Role
 from controlplane import errors
 from controlplane.k8s.client import KubeClient
+from kit.files import InputRefused, read_capped
 
 __all__ = [
     "ROLES_BY_SERVICE_ACCOUNT",
@@ -69,13 +70,19 @@ class BusAuthSettings(msgspec.Struct, frozen=True, kw_only=True):
     """Only ServiceAccounts of this namespace (the operator's) prove an identity."""
 
 
+SEED_BYTES: Final = 4096
+"""More than any seed file holds (a seed is 58 characters, perhaps with comments)."""
+
+
 def load_issuer(path: str) -> jwt.NKey:
     """The issuer's account key from its seed file.
 
-    :raises bus.errors.InvalidToken: not an account seed. :raises OSError: unreadable.
+    :raises bus.errors.InvalidToken: not an account seed, or no regular file of a seed's size.
     """
-    with open(path, encoding="ascii", errors="replace") as f:
-        text = f.read()
+    try:  # a seed is 58 characters: never read /dev/zero or a file of gigabytes whole
+        text = read_capped(path, limit=SEED_BYTES).decode("ascii", errors="replace")
+    except InputRefused as e:
+        raise InvalidToken(str(e)) from e
     try:
         key = jwt.NKey(text)
     except InvalidToken as e:

@@ -16,6 +16,7 @@ import msgspec
 
 from bus import identity
 from bus import settings as bus_settings
+from bus.errors import InvalidToken
 from bus.settings import BusSettings
 from controlplane import applications, busauth, leading, settingscatalog
 from controlplane.admission.webhooks import WebhookSettings
@@ -24,6 +25,7 @@ from controlplane.extension import audit
 from controlplane.k8s import client
 from controlplane.reconciling.labeling import BASES
 from hub import endpoints
+from kit import files
 from kit.options import Options, SettingsError
 from kit.serving import HttpsSettings, https_from
 
@@ -87,6 +89,8 @@ def settings_from(options: Options) -> WorkerSettings:
     kubeconfig = options.optional_text("kubeconfig") or env.get("KUBECONFIG") or None
     kube = None
     relist_s = options.seconds("informer-cache-resync-period")
+    if kubeconfig not in (None, "none"):
+        _check_kubeconfig(kubeconfig)
     if kubeconfig != "none":
         kube = client.KubeSettings(
             kubeconfig=kubeconfig,
@@ -136,7 +140,7 @@ def settings_from(options: Options) -> WorkerSettings:
         identity=env.get("POD_NAME") or f"{socket.gethostname()}_{os.getpid()}",
         hub_endpoint=hub_endpoint,
         webhooks=webhooks,
-        gateway_unix_path=options.optional_text("worker-gateway-unix-path"),
+        gateway_unix_path=_socket_path(options, "worker-gateway-unix-path"),
     )
 
 
@@ -173,9 +177,13 @@ def _audit(options: Options) -> audit.AuditSettings:
         hook = audit.webhook_from(webhook) if webhook else None
     except ValueError as e:
         raise SettingsError(f"--audit-webhook-config-file: {e}") from e
-    return audit.AuditSettings(
-        log_path=options.optional_text("audit-log-path"), rules=rules, webhook=hook
-    )
+    log_path = options.optional_text("audit-log-path")
+    if log_path is not None and log_path != "-":
+        try:
+            files.writable_file(log_path)  # refused now, not at the first audited request
+        except files.InputRefused as e:
+            raise SettingsError(f"--audit-log-path: {e}") from e
+    return audit.AuditSettings(log_path=log_path, rules=rules, webhook=hook)
 
 
 def _manufacturers(options: Options) -> tuple[str, ...]:
@@ -243,4 +251,31 @@ def _bus_auth(
         )
     if not audience:
         raise SettingsError("--nats-callout-audience: empty")
+    try:
+        busauth.load_issuer(seed)  # loaded again at start; a bad file is exit 2 here
+    except InvalidToken as e:
+        raise SettingsError(f"--nats-callout-issuer-seed: {e}") from e
     return busauth.BusAuthSettings(issuer_seed_file=seed, audience=audience, namespace=namespace)
+
+
+def _socket_path(options: Options, flag: str) -> str | None:
+    """``--flag``'s unix socket path, whose directory must exist (exit 2 otherwise)."""
+    path = options.optional_text(flag)
+    if path is not None:
+        try:
+            files.socket_directory(path)
+        except files.InputRefused as e:
+            raise SettingsError(f"--{flag}: {e}") from e
+    return path
+
+
+def _check_kubeconfig(path: str) -> None:
+    """A kubeconfig that is no regular file, or larger than any kubeconfig (the loader would
+    read it whole), exits 2 at start-up.
+
+    :raises SettingsError: naming ``--kubeconfig`` and the reason.
+    """
+    try:
+        files.read_capped(path)
+    except files.InputRefused as e:
+        raise SettingsError(f"--kubeconfig (or KUBECONFIG): {e}") from e

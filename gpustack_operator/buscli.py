@@ -20,7 +20,14 @@ from bus.settings import BusSettings, from_options, server_urls
 from gpustack_operator import natsenv
 from kit.options import Options, SettingsError
 
-__all__ = ["SchemaSettings", "WatchSettings", "schema_command", "schema_settings", "watch_settings"]
+__all__ = [
+    "SchemaSettings",
+    "WatchSettings",
+    "credentials_hint",
+    "schema_command",
+    "schema_settings",
+    "watch_settings",
+]
 
 
 class WatchSettings(msgspec.Struct, frozen=True, kw_only=True):
@@ -44,11 +51,20 @@ _DASHBOARD_INBOX = identity.inbox_prefix(identity.Identity(role="dashboard"))
 
 
 def watch_settings(options: Options) -> WatchSettings:
-    """:raises SettingsError: a ``--subject`` outside the bus's subject space, or one that
-    excludes ``--node`` or ``--kind``; a bad ``NATS_*`` value or nats context."""
+    """Every flag is checked here, before anything connects: a mistake is one line, exit 2.
+
+    :raises SettingsError: a ``--node`` that is no node name, a ``--subject`` outside the
+        bus's subject space, or one that excludes ``--node`` or ``--kind``; a bad ``NATS_*``
+        value or nats context.
+    """
     subject = options.optional_text("subject")
     node = options.optional_text("node")
     kind = cast(subjects.Kind | None, options.optional_text("kind"))
+    if node is not None:
+        try:
+            subjects.encode_node(node)
+        except BusError as e:
+            raise SettingsError(f"--node: {e}") from e
     if subject is not None:
         try:
             sub_node, sub_kind = subscribing.parse_filter(subject)
@@ -94,6 +110,48 @@ def nats_cli_settings(options: Options) -> BusSettings:
     if "url" in values:
         values["url"] = server_urls(values["url"])
     return msgspec.structs.replace(base, **values)
+
+
+_REFUSED = ("authorization violation", "authentication", "authorization")
+_RESET = "connection reset by peer"
+"""How a server that requires credentials often ends a connection that has none: it answers
+``-ERR 'Authorization Violation'`` and closes, and the client may see only the reset."""
+
+
+def credentials_hint(settings: BusSettings, error: str) -> str | None:
+    """What to do next when the server refused the connection for its credentials (``error``
+    is the connection's failure); None for any other failure. A pure function of the settings
+    that were presented: the hint names the flags to add, or the ones to check."""
+    text = error.lower()
+    refused = any(word in text for word in _REFUSED)
+    presented = [
+        flag
+        for flag, value in (
+            ("--nats-token-file", settings.token_file),
+            ("--nats-token", settings.token),
+            ("--nats-creds", settings.creds_file),
+            ("--nats-nkey-seed", settings.nkey_seed_file),
+            ("--nats-user", settings.user),
+        )
+        if value
+    ]
+    if not refused and _RESET not in text:
+        return None
+    if presented:
+        advice = (
+            f"check that the credentials of {', '.join(presented)} are current and that "
+            "their user may watch the bus (docs/bus.md)"
+        )
+    else:
+        advice = (
+            "pass --nats-token-file (a ServiceAccount token the worker's auth callout "
+            "accepts, docs/bus.md), or --nats-creds, --nats-nkey-seed, "
+            "--nats-user/--nats-password"
+        )
+    if refused:
+        given = "refused the credentials given" if presented else "requires credentials"
+        return f"the server {given}: {advice}"
+    return f"the server closed the connection; if it requires credentials, {advice}"
 
 
 def schema_settings(options: Options) -> SchemaSettings:

@@ -12,33 +12,54 @@ valid JSON from another publisher, is the one exception: it is re-encoded so one
 stays one event). Output is binary and buffered; it is flushed after every event on a
 terminal, and otherwise whenever nothing more is waiting, so ``| jq`` and ``| head`` still see
 each event as soon as the stream goes quiet, while a burst costs one write per buffer.
+
+Standard output is written by a thread of its own (:class:`Stdout`), never by the event loop:
+a reader that stops reading (a stalled ``| consumer``, a paused pager) fills the pipe, and a
+loop blocked in ``write`` would never see SIGTERM or SIGINT. The loop keeps running, so a signal
+ends the watch at once; what stays unwritten is abandoned with the (daemon) thread. While more
+than :data:`BACKLOG_BYTES` wait for the reader, events are dropped whole (never a torn line) and
+counted, and the count is logged when the reader catches up, as a NATS server treats a slow
+consumer.
 """
 
 from __future__ import annotations
 
-import io
+import collections
 import logging
 import os
 import sys
-from typing import BinaryIO, Final
+import threading
+from typing import Final, Protocol
 
 import anyio
 import msgspec
 
 from bus import codec, connection, events, state, subjects, subscribing
-from bus.errors import StateUnavailable
+from bus.errors import NotConnected, StateUnavailable
 from bus.metrics import BusMetrics
 from bus.settings import BusSettings
 from gpustack_operator import buswide
-from gpustack_operator.buscli import WatchSettings
+from gpustack_operator.buscli import WatchSettings, credentials_hint
 
-__all__ = ["FORMATS", "Printer", "format_event", "main", "watch"]
+__all__ = ["FORMATS", "Printer", "Stdout", "format_event", "main", "watch"]
 
 log = logging.getLogger(__name__)
 
 FORMATS: Final = ("json", "yaml", "wide")
 STATE_RETRY_S: Final = 1.0
 _BUFFER: Final = 1 << 16
+BACKLOG_BYTES: Final = 16 << 20
+"""Output waiting for a reader beyond which events are dropped (whole) until it catches up."""
+DRAIN_S: Final = 1.0
+"""How long a stopping watch waits for the reader to take what is already printed."""
+
+
+class Output(Protocol):
+    """Where events are written: a binary file (tests), or :class:`Stdout`."""
+
+    def write(self, data: bytes, /) -> int: ...
+
+    def flush(self) -> None: ...
 
 
 def format_event(event: events.Event, fmt: str) -> str:
@@ -69,7 +90,7 @@ def _render(data: bytes, event: events.Event, fmt: str) -> bytes:
 class Printer:
     """Writes events to a binary stream in one format; flushes as the module docstring says."""
 
-    def __init__(self, out: BinaryIO, fmt: str, *, tty: bool) -> None:
+    def __init__(self, out: Output, fmt: str, *, tty: bool) -> None:
         if fmt not in FORMATS:
             raise ValueError(f"unknown format {fmt!r}; expected one of {', '.join(FORMATS)}")
         self._out, self._fmt, self._tty = out, fmt, tty
@@ -77,9 +98,17 @@ class Printer:
         if fmt == "wide":
             out.write(buswide.HEADER.encode())
 
+    def stalled(self) -> bool:
+        """The reader is not keeping up: the next event is dropped and counted instead
+        (only a :class:`Stdout` output ever stalls)."""
+        out = self._out
+        return isinstance(out, Stdout) and out.over_backlog()
+
     def print(self, valid: state.Valid, *, more: bool) -> None:
         """Write one event; ``more``: another is already waiting (flush later, off a TTY)."""
         (_, data), event = valid
+        if self.stalled():
+            return
         self.relay(data, event)
         if not more and not self._tty:
             self._out.flush()
@@ -105,7 +134,7 @@ async def watch(
     node: str | None,
     subject: str | None,
     fmt: str,
-    out: BinaryIO,
+    out: Output,
     kind: subjects.Kind | None = None,
     once: bool = False,
     tty: bool = False,
@@ -205,7 +234,7 @@ class _Relay:
 
     def on_message(self, subj: str, data: bytes) -> None:
         event = self._guard.accept(subj, data)
-        if event is None or self.failed:
+        if event is None or self.failed or self._printer.stalled():
             return
         try:
             self._printer.relay(data, event)
@@ -245,9 +274,11 @@ class _Relay:
 
 async def main(settings: WatchSettings) -> int | None:
     """The ``bus watch`` service: print to standard output until stopped (``--once``: until
-    the retained state is printed, then exit 0)."""
-    # Our own buffer on fd 1, whatever PYTHONUNBUFFERED says (an fd, not a file: nothing blocks).
-    out = io.BufferedWriter(io.FileIO(sys.stdout.fileno(), "wb", closefd=False), _BUFFER)
+    the retained state is printed, then exit 0).
+
+    :raises NotConnected: no server answered, or it refused the credentials (with what to pass).
+    """
+    out = Stdout(sys.stdout.fileno())
     try:
         try:
             await watch(
@@ -260,10 +291,114 @@ async def main(settings: WatchSettings) -> int | None:
                 out=out,
                 tty=out.isatty(),
             )
+        except NotConnected as e:
+            hint = credentials_hint(settings.bus, str(e))
+            if hint is None:
+                raise
+            raise NotConnected(f"{e}; {hint}") from e
         finally:
-            out.flush()  # stopped mid-burst: what was taken is still printed
+            # Stopped mid-burst: what was taken is still printed, if the reader takes it soon.
+            with anyio.CancelScope(shield=True):
+                await out.drain()
+        out.check()
     except BrokenPipeError:
         # The reader went away (``| head``): that ends the watch, and is not a failure.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     return 0 if settings.once else None
+
+
+class Stdout:
+    """A file descriptor written by a daemon thread: ``write`` and ``flush`` never block.
+
+    ``write`` gathers bytes in a buffer only the event loop touches (no lock per event);
+    ``flush``, or a pipe's worth gathered, hands the buffer whole to the thread, which writes
+    the buffers in order. A write error (``BrokenPipeError``) is raised by the next ``write``,
+    ``flush`` or :meth:`check`. Invariant: the event loop never waits on the descriptor, so
+    nothing a reader does can keep it from a signal.
+    """
+
+    def __init__(self, fd: int, *, backlog: int = BACKLOG_BYTES) -> None:
+        self._fd, self._limit = fd, backlog
+        self._local = bytearray()
+        self._handed: collections.deque[bytearray] = collections.deque()
+        self._unwritten = 0
+        """Bytes handed and not yet written; changed under ``_ready``, read without it."""
+        self._ready = threading.Condition()
+        self._error: OSError | None = None
+        self._dropped = 0
+        threading.Thread(target=self._run, name="bus-watch-stdout", daemon=True).start()
+
+    def isatty(self) -> bool:
+        return os.isatty(self._fd)
+
+    def write(self, data: bytes) -> int:
+        if self._error is not None:
+            raise self._error
+        self._local += data
+        if len(self._local) >= _BUFFER:
+            self._hand()
+        return len(data)
+
+    def flush(self) -> None:
+        self.check()
+        if self._local:
+            self._hand()
+
+    def _hand(self) -> None:
+        chunk, self._local = self._local, bytearray()
+        with self._ready:
+            self._handed.append(chunk)
+            self._unwritten += len(chunk)
+            self._ready.notify_all()
+
+    def check(self) -> None:
+        """:raises OSError: the last write failed (the reader went away)."""
+        if self._error is not None:
+            raise self._error
+
+    def backlog(self) -> int:
+        """Bytes taken and not yet written."""
+        return self._unwritten + len(self._local)
+
+    def over_backlog(self) -> bool:
+        """True (and one more event counted as dropped) while too much waits for the reader."""
+        if self.backlog() <= self._limit:
+            if self._dropped:
+                log.warning("standard output was not read: %d events dropped", self._dropped)
+                self._dropped = 0
+            return False
+        if not self._dropped:
+            log.warning("standard output is not read: dropping events until it is")
+        self._dropped += 1
+        return True
+
+    async def drain(self, timeout_s: float = DRAIN_S) -> None:
+        """Wait until everything taken is written, a write failed, or ``timeout_s`` passed
+        (a reader that does not read: the rest is abandoned)."""
+        if self._local:
+            self._hand()
+        await anyio.to_thread.run_sync(self._wait_drained, timeout_s, abandon_on_cancel=True)
+
+    def _wait_drained(self, timeout_s: float) -> None:
+        with self._ready:
+            self._ready.wait_for(lambda: self._error is not None or not self._unwritten, timeout_s)
+
+    def _run(self) -> None:
+        while True:
+            with self._ready:
+                while not self._handed:
+                    self._ready.wait()
+                chunk = self._handed.popleft()
+            try:
+                view = memoryview(chunk)
+                while view:
+                    view = view[os.write(self._fd, view) :]
+            except OSError as e:
+                self._error = e
+                with self._ready:
+                    self._ready.notify_all()  # a drain may be waiting
+                return
+            with self._ready:
+                self._unwritten -= len(chunk)
+                self._ready.notify_all()  # a drain may be waiting

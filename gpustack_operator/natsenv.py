@@ -21,9 +21,13 @@ import os
 from collections.abc import Mapping
 from typing import Final
 
+from kit import files
 from kit.options import SettingsError
 
 __all__ = ["ENVIRONMENT", "context_path", "layered"]
+
+CONTEXT_BYTES: Final = 1024 * 1024
+"""The largest nats context file read (they are a few hundred bytes)."""
 
 ENVIRONMENT: Final = {
     "url": "NATS_URL",
@@ -85,9 +89,10 @@ def _context(path: str) -> dict[str, str]:
     :raises SettingsError: unreadable, not a JSON object, or an ``nsc://`` context.
     """
     try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except (OSError, ValueError) as e:
+        data = json.loads(files.read_capped(path, limit=CONTEXT_BYTES))
+    except files.InputRefused as e:
+        raise SettingsError(f"nats context {e}") from e
+    except ValueError as e:
         raise SettingsError(f"nats context {path}: {e}") from e
     if not isinstance(data, dict):
         raise SettingsError(f"nats context {path}: not a JSON object")

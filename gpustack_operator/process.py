@@ -32,6 +32,8 @@ from agent.errors import AgentError
 from bus.errors import BusError
 from controlplane.errors import ControlPlaneError
 from hub.errors import HubError
+from kit import files, heap
+from kit.options import SettingsError
 from kit.serving import ServingFailed
 
 __all__ = [
@@ -96,6 +98,9 @@ def exit_code_for(name: str, error: BaseException) -> int:
     if all(isinstance(e, KeyboardInterrupt) for e in leaves):
         return EXIT_OK
     for leaf in leaves:
+        if isinstance(leaf, SettingsError):  # found only once running: still the flag's fault
+            log.error("%s: %s", name, leaf)
+            return EXIT_USAGE
         if isinstance(leaf, FAILURES):
             log.error("%s: %s", name, _message(leaf))
         elif not isinstance(leaf, (KeyboardInterrupt, asyncio.CancelledError)):
@@ -128,6 +133,7 @@ async def _supervise(service: Service) -> int:
                 tg.cancel_scope.cancel()  # the service is done: stop watching signals
 
             tg.start_soon(body, name=service.name)
+            tg.start_soon(heap.trim_heap, name="trim the heap")  # docs: kit/heap.py
             try:
                 async for signum in signals:
                     _on_signal(service, scope, signum, deadline)
@@ -177,6 +183,11 @@ def _leaves(error: BaseException) -> list[BaseException]:
 
 
 def _message(error: BaseException) -> str:
+    """One line for ``error``; an OS error is said in words with its path (``no space left on
+    the device holding <path>``), never as a bare ``[Errno N]``."""
+    bare = str(error).startswith("[Errno")  # the form that says no more than the errno
+    if isinstance(error, OSError) and bare and error.filename is not None:
+        return files.reason(error)
     text = str(error) or type(error).__name__
     if isinstance(error, OSError) and error.filename and str(error.filename) not in text:
         text = f"{text}: {error.filename}"

@@ -59,6 +59,7 @@ from gpustack_operator import logs
 from gpustack_operator.dashboard import serving as dashboard_serving
 from gpustack_operator.dashboard.serving import DashboardSettings
 from hub import endpoints
+from kit import files
 from kit.options import Options, SettingsError
 from kit.redaction import redact_urls
 from kit.serving import HttpsSettings, https_from
@@ -88,6 +89,10 @@ def settings_from(options: Options) -> StandaloneSettings:
     The bus URL is a placeholder until the embedded server has a port; :func:`run` fills it.
     """
     state_dir = options.text("state-dir") or _default_state_dir(options.env)
+    try:
+        files.writable_directory(state_dir)  # /proc/self, a read-only or full disk: exit 2 now
+    except files.InputRefused as e:
+        raise SettingsError(f"--state-dir: {e}") from e
     bus = BusSettings()
 
     def https(port_flag: str) -> HttpsSettings:

@@ -24,6 +24,7 @@ from typing import Final
 import msgspec
 
 from hub.urls import Url
+from kit.files import InputRefused, read_capped
 
 __all__ = [
     "DEFAULT_ENDPOINT",
@@ -37,6 +38,8 @@ __all__ = [
 ]
 
 DEFAULT_ENDPOINT: Final = "https://huggingface.co"
+TOKEN_BYTES: Final = 64 * 1024
+"""The largest Hub token file read (a token is under a hundred bytes)."""
 
 _REPOSITORY = re.compile(r"[A-Za-z0-9][\w.-]{0,95}(/[A-Za-z0-9][\w.-]{0,95})?")
 
@@ -96,8 +99,9 @@ def token_from(env: Mapping[str, str]) -> str | None:
         env.get("HF_HOME") or os.path.join(_cache_home(env), "huggingface"), "token"
     )
     try:
-        return Path(path).expanduser().read_text(encoding="utf-8").strip() or None
-    except (OSError, UnicodeDecodeError):
+        data = read_capped(Path(path).expanduser(), limit=TOKEN_BYTES)
+        return data.decode("utf-8").strip() or None
+    except (InputRefused, UnicodeDecodeError):
         return None
 
 

@@ -1,4 +1,14 @@
-"""Pacing the garbage collector of a process whose heap is large, long-lived and acyclic.
+"""Pacing the garbage collector of a process whose heap is large, long-lived and acyclic, and
+handing freed native memory back to the system.
+
+Trimming (:func:`trim_heap`): a burst of concurrent TLS connections (2,000 webhook requests at
+once) makes OpenSSL and the event loop allocate per-connection buffers from glibc's heap; once
+they are freed, glibc keeps the free space (it returns only a free *top* of the heap), so RSS
+rose round after round: standalone 124 → 514 MiB over seven such rounds. tracemalloc showed no
+Python object growing, and ``malloc_trim(0)`` brought a probe from 412 back to 110 MiB: freed
+memory kept, not a leak (``MALLOC_ARENA_MAX=2`` did not help: one thread allocates it all).
+So every service trims every :data:`TRIM_S` (:mod:`gpustack_operator.process`); a no-op where
+the C library has no ``malloc_trim`` (musl).
 
 Why: the worker holds every node's objects (the ledger, the objects it last read or wrote, the
 chain's listed Nodes). CPython's full collection scans every tracked object, and for such a heap
@@ -18,12 +28,19 @@ On exit (cancellation) nothing stays frozen.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import functools
 import gc
+from collections.abc import Callable
 from typing import Final
 
 import anyio
 
-__all__ = ["FREEZE_S", "FULL_S", "pace_collections"]
+__all__ = ["FREEZE_S", "FULL_S", "TRIM_S", "pace_collections", "trim_heap", "trim_now"]
+
+TRIM_S: Final = 10.0
+"""How often freed native memory is handed back: a burst's buffers are gone within this."""
 
 FREEZE_S: Final = 10.0
 """How often what is alive is frozen out of the automatic collections."""
@@ -43,3 +60,34 @@ async def pace_collections(freeze_s: float = FREEZE_S, full_s: float = FULL_S) -
             gc.collect()
     finally:
         gc.unfreeze()
+
+
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    """glibc's ``malloc_trim``, or None where the C library has none."""
+    name = ctypes.util.find_library("c")
+    try:
+        trim = ctypes.CDLL(name).malloc_trim
+    except (OSError, AttributeError, TypeError):
+        return None
+    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+    return trim
+
+
+def trim_now() -> bool:
+    """Hand the heap's free pages back to the system now; False where that is not possible.
+    Milliseconds for a heap of hundreds of MiB; it takes glibc's heap lock meanwhile."""
+    trim = _malloc_trim()
+    if trim is None:
+        return False
+    trim(0)
+    return True
+
+
+async def trim_heap(period_s: float = TRIM_S) -> None:
+    """Trim every ``period_s`` (see the module docstring); runs until cancelled."""
+    if _malloc_trim() is None:
+        return
+    while True:
+        await anyio.sleep(period_s)
+        trim_now()

@@ -16,6 +16,12 @@ the :class:`~kit.access.Authorizer` given to :func:`https_server` when ``auth`` 
 read the path, 503 when nobody could decide (fail closed), each with a one-line plain-text
 reason. Decisions are cached per (token hash, path) by :class:`~kit.access.CachedAuthorizer`.
 
+Every HTTP server the project runs (these, the dashboard, the gateway's socket) is built by
+:func:`runner_for`, which bounds what one connection may hold and how long it may take
+(:class:`Limits`): a client that sends its request head slowly (slowloris) or never, a TLS
+handshake that never ends, or a body that trickles, is closed after a bound instead of holding a
+connection and its buffers for an hour (aiohttp's idle default).
+
 Invariants: the server is an async context manager that is listening when ``__aenter__``
 returns (``port`` is the bound port, also for port 0) and is closed, connections included,
 within ``shutdown_timeout_s`` of leaving the block, even when cancelled.
@@ -23,6 +29,7 @@ within ``shutdown_timeout_s`` of leaving the block, even when cancelled.
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import ipaddress
 import os
@@ -116,6 +123,72 @@ def cert_dir(path: str | None) -> str | None:
 
 
 @dataclass(frozen=True)
+class Limits:
+    """What one connection may take of a server: time and memory.
+
+    Memory per connection is bounded by the read buffer, the request head (``max_headers``
+    fields of at most ``max_field_bytes``, a request line of ``max_line_bytes``) and the body
+    (the application's ``client_max_size``): about 0.6 MiB for a head at the limits, plus the
+    body. Time: ``header_timeout_s`` from the connection's start (or its previous response) to a
+    whole request head, which also bounds an idle kept-alive connection and the TLS handshake;
+    ``body_timeout_s`` to read a whole request body.
+    """
+
+    header_timeout_s: float = 15.0
+    body_timeout_s: float = 30.0
+    max_line_bytes: int = 8190
+    max_field_bytes: int = 8190
+    max_headers: int = 64
+    read_buffer_bytes: int = 64 * 1024
+
+
+LIMITS: Final = Limits()
+
+
+def runner_for(app: web.Application, limits: Limits = LIMITS) -> web.AppRunner:
+    """The runner of ``app`` with ``limits`` applied; ``app`` gets the body-timeout middleware
+    (first, so every handler reads a body that already arrived whole)."""
+    app.middlewares.insert(0, _body_within(limits.body_timeout_s))
+    return web.AppRunner(
+        app,
+        access_log=None,
+        handle_signals=False,
+        # A connection the client closed ends its handler, including one lingering to drain
+        # the rest of a refused (413) body, which aiohttp would otherwise keep reading for ten
+        # seconds past the connection's end, and past the server's.
+        handler_cancellation=True,
+        # aiohttp closes a connection whose handler waits for a request head once this passes
+        # (since the connection started or the last response ended): the header timeout.
+        keepalive_timeout=limits.header_timeout_s,
+        max_line_size=limits.max_line_bytes,
+        max_field_size=limits.max_field_bytes,
+        max_headers=limits.max_headers,
+        read_bufsize=limits.read_buffer_bytes,
+    )
+
+
+_BODY_METHODS: Final = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+
+
+def _body_within(timeout_s: float) -> Middleware:
+    """Read a request's body, whole, within ``timeout_s`` (408 past it) before its handler
+    runs; the handler's own ``read()``/``json()`` then returns the bytes already read."""
+
+    @web.middleware
+    async def body_within(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.method in _BODY_METHODS and request.body_exists:
+            with anyio.move_on_after(timeout_s) as scope:
+                await request.read()  # 413 past client_max_size, raised as aiohttp's error
+            if scope.cancelled_caught:
+                late = web.Response(status=408, text="request body not received in time\n")
+                late.force_close()  # the rest of the body may still be on its way
+                return late
+        return await handler(request)
+
+    return body_within
+
+
+@dataclass(frozen=True)
 class Response:
     status: int = 200
     body: bytes = b""
@@ -162,6 +235,7 @@ async def https_server(  # noqa: PLR0913 - keyword-only parts of one endpoint, e
     handlers: Mapping[str, Handler] | None = None,
     client_ca: bytes | None = None,
     middlewares: Sequence[Middleware] = (),
+    limits: Limits = LIMITS,
 ) -> AsyncIterator[Server]:
     """Serve the endpoint until the block exits.
 
@@ -198,13 +272,10 @@ async def https_server(  # noqa: PLR0913 - keyword-only parts of one endpoint, e
         app.router.add_post(path, _post_handler(post))
     for path, handler in (handlers or {}).items():
         app.router.add_route("*", path, handler)
-    # handler_cancellation: a connection the client closed ends its handler, including one
-    # lingering to drain the rest of a refused (413) body, which aiohttp would otherwise keep
-    # reading for ten seconds past the connection's end, and past the server's.
-    runner = web.AppRunner(app, access_log=None, handle_signals=False, handler_cancellation=True)
+    runner = runner_for(app, limits)
     await runner.setup()
     try:
-        port = await serve_tcp(runner, settings.bind_address, settings.port, context)
+        port = await serve_tcp(runner, settings.bind_address, settings.port, context, limits=limits)
     except OSError as e:
         raise ServingFailed(
             f"cannot serve HTTPS on {settings.bind_address}:{settings.port}: {e.strerror or e}"
@@ -227,7 +298,7 @@ async def http_metrics_server(
     """
     app = web.Application()
     app.router.add_get("/metrics", _metrics_handler(registry))
-    runner = web.AppRunner(app, access_log=None, handle_signals=False, handler_cancellation=True)
+    runner = runner_for(app)
     await runner.setup()
     try:
         bound = await serve_tcp(runner, bind_address, port)
@@ -258,7 +329,12 @@ async def start_site(runner: web.AppRunner, site: web.BaseSite) -> None:
 
 
 async def serve_tcp(
-    runner: web.AppRunner, host: str, port: int, ssl_context: ssl.SSLContext | None = None
+    runner: web.AppRunner,
+    host: str,
+    port: int,
+    ssl_context: ssl.SSLContext | None = None,
+    *,
+    limits: Limits = LIMITS,
 ) -> int:
     """Serve ``runner`` on ``host:port`` (an IP address; port 0: any); returns the bound port.
 
@@ -276,11 +352,44 @@ async def serve_tcp(
             await runner.cleanup()
         raise
     try:
-        await start_site(runner, web.SockSite(runner, sock, ssl_context=ssl_context))
+        site = _Site(
+            runner, sock, ssl_context=ssl_context, handshake_timeout_s=limits.header_timeout_s
+        )
+        await start_site(runner, site)
     except BaseException:
         sock.close()  # the server that would own it was never made
         raise
     return int(sock.getsockname()[1])
+
+
+class _Site(web.SockSite):
+    """aiohttp's socket site with the TLS handshake bounded by the header timeout (asyncio's
+    own bound is a minute, which aiohttp does not let a caller change)."""
+
+    def __init__(
+        self,
+        runner: web.AppRunner,
+        sock: socket.socket,
+        *,
+        ssl_context: ssl.SSLContext | None,
+        handshake_timeout_s: float,
+    ) -> None:
+        super().__init__(runner, sock, ssl_context=ssl_context)
+        self._handshake_timeout_s = handshake_timeout_s
+
+    async def start(self) -> None:
+        await web.BaseSite.start(self)
+        server = self._runner.server
+        assert server is not None
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(
+            server,
+            sock=self._sock,
+            ssl=self._ssl_context,
+            backlog=self._backlog,
+            # asyncio refuses a handshake timeout without TLS
+            ssl_handshake_timeout=self._handshake_timeout_s if self._ssl_context else None,
+        )
 
 
 def _listening(host: str, port: int) -> socket.socket:

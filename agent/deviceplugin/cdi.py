@@ -34,6 +34,7 @@ import yaml
 
 from agent.deviceplugin import errors
 from agent.deviceplugin.injection import Injection
+from kit.files import InputRefused, read_capped
 
 __all__ = [
     "ANNOTATION",
@@ -83,14 +84,15 @@ def read_catalog(dirs: Iterable[str] = SPEC_DIRS) -> Catalog:
 
 
 def _spec_names(path: str) -> set[str]:
+    try:  # a regular file within the cap: never a FIFO or a device named *.json
+        data = read_capped(path, limit=MAX_SPEC_BYTES)
+    except InputRefused as e:
+        log.warning("CDI spec not read (skipped): %s", e)
+        return set()
     try:
-        if os.path.getsize(path) > MAX_SPEC_BYTES:
-            log.warning("CDI spec %s is over %d bytes; not read", path, MAX_SPEC_BYTES)
-            return set()
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
+        text = data.decode("utf-8")
         doc = json.loads(text) if path.endswith(".json") else yaml.safe_load(text)
-    except (OSError, ValueError, yaml.YAMLError) as e:
+    except (ValueError, yaml.YAMLError) as e:
         log.warning("CDI spec %s is unreadable (skipped): %s", path, e)
         return set()
     if not isinstance(doc, dict) or not isinstance(doc.get("kind"), str):

@@ -104,6 +104,13 @@ class MountFailed(ModelsError):
     code = "INTERNAL"
 
 
+class CacheUnusable(ModelsError):
+    """The cache root cannot be made or written (missing parent, read-only, full): the text is
+    the reason in words, naming the path (``no space left on the device holding <path>``)."""
+
+    code = "INTERNAL"
+
+
 class CacheCorrupt(ModelsError):
     """The cache root has another layout version or unreadable records; refuse to open it."""
 

@@ -38,7 +38,7 @@ from typing import Final
 
 import msgspec
 
-from agent.models.errors import CacheCorrupt
+from agent.models.errors import CacheCorrupt, CacheUnusable
 from kit import files
 
 __all__ = ["Backoff", "Cache", "DigestRecord", "Marker", "Ref"]
@@ -144,7 +144,15 @@ class Cache:
         """Open (creating when empty) the cache at ``root`` and empty its trash.
 
         :raises CacheCorrupt: the root holds another layout version.
+        :raises CacheUnusable: the root cannot be made or written (the reason in words).
         """
+        try:
+            return cls._open(root)
+        except OSError as e:
+            raise CacheUnusable(files.reason(e)) from e
+
+    @classmethod
+    def _open(cls, root: Path) -> Cache:
         cache = cls(root)
         root.mkdir(parents=True, exist_ok=True)
         layout = root / "layout"

@@ -12,6 +12,7 @@ another node is logged and ignored: the plugin then waits for the bus, as withou
 
 from __future__ import annotations
 
+import functools
 import logging
 from pathlib import Path
 
@@ -21,11 +22,14 @@ import msgspec
 
 from agent.models.policy import MemoryPolicy
 from bus.records import ArtifactRecord, StoreSpec
-from kit.files import write_private
+from kit.files import InputRefused, read_capped, write_private
 
 __all__ = ["FORMAT", "Unusable", "decode", "encode", "load", "path_in", "save"]
 
 log = logging.getLogger(__name__)
+
+MAX_BYTES = 1024 * 1024
+"""The largest kept policy read back (one node's policy is well under a KiB)."""
 
 FORMAT = "gpustack-model-policy/v1"
 
@@ -72,12 +76,12 @@ async def save(path: Path, node: str, policy: MemoryPolicy) -> None:
 
 async def load(path: Path, node: str) -> Record | None:
     """The policy kept in ``path``; None (logged) when it is missing or unusable."""
-    try:
-        data = await anyio.Path(path).read_bytes()
-    except FileNotFoundError:
-        return None
-    except OSError as e:
-        log.warning("cannot read the kept policy %s: %s", path, e)
+    try:  # a regular file, and at most what any policy of one node could need
+        data = await anyio.to_thread.run_sync(functools.partial(read_capped, path, limit=MAX_BYTES))
+    except InputRefused as e:
+        if e.missing:
+            return None
+        log.warning("cannot read the kept policy: %s", e)
         return None
     try:
         return decode(data, node)

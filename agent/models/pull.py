@@ -32,7 +32,7 @@ import anyio.to_thread
 import msgspec
 
 from agent.models import downloading, layout, materializing
-from agent.models.errors import CacheCorrupt, Materializing, NoSpace
+from agent.models.errors import CacheCorrupt, CacheUnusable, Materializing, NoSpace
 from agent.models.tuning import Tuning
 from hub import client as hub_client
 from hub import endpoints, resolving
@@ -44,6 +44,7 @@ __all__ = ["PullSettings", "pull_command", "settings_from"]
 
 log = logging.getLogger(__name__)
 EXIT_FAILED = 1
+EXIT_USAGE = 2
 CONCURRENCY = 8
 """HTTP requests in flight, as the plugin's default ``download.concurrency``."""
 
@@ -119,6 +120,9 @@ def pull_command(settings: PullSettings) -> int:
 
     try:
         anyio.run(main, backend_options=_loop_options())
+    except CacheUnusable as e:
+        log.error("--cache-root: %s", e)
+        return EXIT_USAGE
     except (PullFailed, HubError, CacheCorrupt, OSError) as e:
         reason = getattr(e, "reason", None)
         log.error("%s%s", f"{reason}: " if reason else "", e)

@@ -37,6 +37,7 @@ from agent.models import (
     reporting,
     server,
 )
+from agent.models.errors import CacheUnusable
 from agent.models.metrics import ModelMetrics
 from agent.models.policy import MemoryPolicy, Policy
 from agent.models.settings import ModelManagerSettings
@@ -49,6 +50,7 @@ from bus.reviewing import BusReviewer
 from bus.settings import BusSettings
 from hub import client as hub_client
 from kit import serving
+from kit.options import SettingsError
 
 __all__ = ["Plugin", "plugin", "run", "serve"]
 
@@ -299,5 +301,12 @@ async def _serve_plugin(
 
 
 async def run(settings: ModelManagerSettings) -> None:
-    """The ``model-manager`` service: :func:`serve` with a policy the bus fills."""
+    """The ``model-manager`` service: :func:`serve` with a policy the bus fills.
+
+    :raises SettingsError: ``--cache-root`` cannot be made or written (exit 2, the reason).
+    """
+    try:  # first: a cache root that cannot be used is the flag's fault, said as such
+        await anyio.to_thread.run_sync(layout.Cache.open, settings.cache_root)
+    except CacheUnusable as e:
+        raise SettingsError(f"--cache-root: {e}") from e
     await serve(settings, MemoryPolicy())  # filled from the bus KV bucket by kvpolicy.follow

@@ -32,7 +32,7 @@ from agent.preflight.model import (
     render,
 )
 from agent.preflight.settings import HOST_LIB_DIR, PreflightSettings
-from agent.settings import DetectSettings, manufacturers_from
+from agent.settings import DetectSettings, manufacturers_from, simulate_from
 from bus import devices
 from kit.options import Options
 
@@ -69,7 +69,7 @@ def settings_from(options: Options) -> PreflightSettings:
         host_root=options.text("host-root"),
         runtime=cast(Any, options.text("runtime")),
         pci_check=not options.switch("no-pci-check"),
-        simulate=options.optional_text("simulate"),
+        simulate=simulate_from(options),
         output=cast(Any, options.text("output")),
         **optional,
     )

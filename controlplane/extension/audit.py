@@ -29,7 +29,6 @@ import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import IO, Any, Final
 
 import aiohttp
@@ -39,6 +38,7 @@ import yaml
 from aiohttp import typedefs, web
 
 from controlplane.extension.auth import Attributes, User
+from kit.files import InputRefused, read_capped
 
 __all__ = [
     "INFO_KEY",
@@ -128,10 +128,13 @@ def _rule(raw: Any) -> Rule:
 
 
 def policy_from(path: str) -> tuple[Rule, ...]:
-    """The rules of a Policy file. :raises ValueError: unreadable or not a Policy."""
+    """The rules of a Policy file. :raises ValueError: unreadable, over the input cap
+    (:func:`kit.files.read_capped`), or not a Policy."""
     try:
-        doc = yaml.safe_load(Path(path).read_text())
-    except (OSError, yaml.YAMLError) as e:
+        doc = yaml.safe_load(read_capped(path))
+    except InputRefused as e:
+        raise ValueError(str(e)) from e
+    except yaml.YAMLError as e:
         raise ValueError(f"cannot read {path}: {e}") from e
     if not isinstance(doc, dict) or doc.get("kind") != "Policy":
         raise ValueError(f"{path} is not an audit.k8s.io Policy")
@@ -141,10 +144,15 @@ def policy_from(path: str) -> tuple[Rule, ...]:
 def webhook_from(path: str) -> WebhookTarget:
     """The audit webhook from a kubeconfig file. :raises ValueError: unusable."""
     try:
-        doc = yaml.safe_load(Path(path).read_text())
+        doc = yaml.safe_load(read_capped(path))
+    except InputRefused as e:
+        raise ValueError(str(e)) from e
+    except yaml.YAMLError as e:
+        raise ValueError(f"{path} is not a kubeconfig naming a server: {e}") from e
+    try:
         cluster = doc["clusters"][0]["cluster"]
         server = str(cluster["server"])
-    except (OSError, yaml.YAMLError, KeyError, IndexError, TypeError) as e:
+    except (KeyError, IndexError, TypeError) as e:
         raise ValueError(f"{path} is not a kubeconfig naming a server: {e}") from e
     if not server.startswith(("http://", "https://")):
         raise ValueError(f"{path}: server {server!r} is not an http(s) URL")

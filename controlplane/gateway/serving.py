@@ -33,6 +33,7 @@ from kit.serving import (
     ServingFailed,
     gate_for,
     https_server,
+    runner_for,
     self_signed_certificate,
     start_site,
 )
@@ -108,7 +109,7 @@ async def _unix(
     for route, handler in routes.items():
         app.router.add_route("*", route, handler)
     _clear_stale(path)
-    runner = web.AppRunner(app, access_log=None, handle_signals=False, handler_cancellation=True)
+    runner = runner_for(app)
     await runner.setup()
     try:
         await start_site(runner, web.UnixSite(runner, path, ssl_context=socket_tls()))

@@ -20,6 +20,7 @@ from typing import Literal
 import msgspec
 
 from controlplane.k8s import client
+from kit import files
 from kit.options import Options, SettingsError
 from kit.serving import HttpsSettings, https_from
 
@@ -71,6 +72,8 @@ def settings_from(options: Options) -> GatewaySettings:
         )
     kubeconfig = options.optional_text("kubeconfig") or options.env.get("KUBECONFIG") or None
     kube = None
+    if kubeconfig not in (None, "none"):
+        _check_kubeconfig(kubeconfig)
     if kubeconfig != "none":
         kube = client.KubeSettings(
             kubeconfig=kubeconfig,
@@ -93,6 +96,11 @@ def settings_from(options: Options) -> GatewaySettings:
         burst=options.integer("kube-conn-burst"),
     )
     unix_path = options.optional_text("bind-unix-path")
+    if unix_path is not None:
+        try:
+            files.socket_directory(unix_path)
+        except files.InputRefused as e:
+            raise SettingsError(f"--bind-unix-path: {e}") from e
     https = https_from(options)
     if unix_path is None and kube is None and https.auth == "review":
         raise SettingsError(
@@ -116,3 +124,15 @@ def _scheme(options: Options) -> str:
     if scheme not in ("http", "https"):
         raise SettingsError(f"--worker-conn-gpustack-api-scheme {scheme!r}: http or https")
     return scheme
+
+
+def _check_kubeconfig(path: str) -> None:
+    """A kubeconfig that is no regular file, or larger than any kubeconfig (the loader would
+    read it whole), exits 2 at start-up.
+
+    :raises SettingsError: naming ``--kubeconfig`` and the reason.
+    """
+    try:
+        files.read_capped(path)
+    except files.InputRefused as e:
+        raise SettingsError(f"--kubeconfig (or KUBECONFIG): {e}") from e

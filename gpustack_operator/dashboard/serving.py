@@ -45,7 +45,7 @@ from bus.metrics import BusMetrics
 from bus.settings import BusSettings, from_options
 from gpustack_operator.dashboard.feed import Feed
 from kit.options import Options
-from kit.serving import ServingFailed, bind_address, serve_tcp
+from kit.serving import ServingFailed, bind_address, runner_for, serve_tcp
 
 __all__ = ["DashboardSettings", "Hub", "main", "serve", "settings_from"]
 
@@ -235,9 +235,7 @@ async def http_server(settings: DashboardSettings, hub: Hub) -> AsyncIterator[st
 
     :raises ServingFailed: the address cannot be bound (port taken, no such address).
     """
-    runner = web.AppRunner(
-        application(hub), access_log=None, handle_signals=False, handler_cancellation=True
-    )
+    runner = runner_for(application(hub))
     await runner.setup()
     try:
         port = await serve_tcp(runner, settings.bind_address, settings.port)

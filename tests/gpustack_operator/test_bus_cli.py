@@ -11,7 +11,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from bus import connection, embedded, jwt, publishing, subjects, testing
+from bus import codec, connection, embedded, events, jwt, publishing, subjects, testing
 from bus.metrics import BusMetrics
 from bus.settings import BusSettings
 from kit import serving
@@ -272,3 +272,100 @@ async def test_nats_creds(tmp_path: Path) -> None:
     assert good.returncode == 0, good.stderr
     assert json.loads(good.stdout)["kind"] == "agent"
     assert none.returncode == 1 and b"Authorization" in none.stderr
+
+
+# --- signals while output blocks; flags checked before connecting; refused credentials ------
+
+
+def _pipe_bytes(fd: int) -> int:
+    """Bytes written into a pipe and not yet read (FIONREAD on its read end)."""
+    import array
+    import fcntl
+    import termios
+
+    buf = array.array("i", [0])
+    fcntl.ioctl(fd, termios.FIONREAD, buf)
+    return buf[0]
+
+
+@pytest.mark.anyio
+async def test_sigterm_ends_a_watch_whose_stdout_nobody_reads(tmp_path: Path) -> None:
+    """A stalled consumer (a full pipe) must not keep SIGTERM out: the watch exits at once."""
+    import signal
+
+    async with testing.nats_server(tmp_path) as server:
+        settings = testing.settings_for(server)
+        await _publish_examples(settings)
+        read_end, write_end = os.pipe()
+        log = tmp_path / "stderr"
+        with log.open("wb") as errors:
+            process = await anyio.open_process(
+                [CLI, "bus", "watch", "--nats-url", server.url], stdout=write_end, stderr=errors
+            )
+        os.close(write_end)
+        try:
+            event = testing.example_events("gpu-node.example.com", seq=5)[-1]  # an agent event
+            payload = codec.encode(event)
+            subject = subjects.subject("gpu-node.example.com", events.kind_of(event))
+            async with connection.connect(settings, retry=False) as conn:
+                # Publish until the pipe (64 KiB here) is about full: nobody reads it.
+                with anyio.fail_after(60):
+                    while _pipe_bytes(read_end) < 48 * 1024:
+                        for _ in range(200):
+                            await conn.publish(subject, payload)
+                        await conn.flush()
+                        await anyio.sleep(0.05)
+                    for _ in range(2000):  # and more, so a blocking write would be stuck
+                        await conn.publish(subject, payload)
+                    await conn.flush()
+            await anyio.sleep(0.5)
+            process.send_signal(signal.SIGTERM)
+            with anyio.fail_after(30):  # generous: it exits within the drain bound, ~1 s
+                await process.wait()
+        finally:
+            if process.returncode is None:
+                process.kill()
+            with anyio.CancelScope(shield=True):
+                await process.wait()
+                await process.aclose()
+            os.close(read_end)
+    stderr = log.read_text()
+    assert process.returncode == 0, stderr
+    assert "Traceback" not in stderr
+
+
+def test_watch_refuses_a_node_that_is_no_node_name_before_connecting() -> None:
+    # Port 1 refuses connections: a watch that dialled first would say "cannot connect".
+    result = subprocess.run(
+        [CLI, "bus", "watch", "--node=a*b", "--nats-url", "nats://127.0.0.1:1"],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.count("\n") == 1 and "--node" in result.stderr
+    assert "connect" not in result.stderr
+
+
+@pytest.mark.anyio
+async def test_refused_credentials_say_which_flag_to_pass(tmp_path: Path) -> None:
+    async with embedded.embedded_server(
+        tmp_path / "nats", extra_config="authorization { token: s3cret }"
+    ) as server:
+        bare = await anyio.run_process([CLI, "bus", "watch", "--nats-url", server.url], check=False)
+        token = tmp_path / "token"
+        token.write_text("wrong")
+        wrong = await anyio.run_process(
+            [CLI, "bus", "watch", "--nats-url", server.url, "--nats-token-file", str(token)],
+            check=False,
+        )
+    assert bare.returncode == 1
+    last = bare.stderr.decode().splitlines()[-1]
+    # The server answers "Authorization Violation" and closes; the client sometimes sees only
+    # the reset, and then the hint says so.
+    assert "pass --nats-token-file" in last, last
+    assert "Authorization Violation" in last or "Connection reset by peer" in last
+    assert wrong.returncode == 1
+    last = wrong.stderr.decode().splitlines()[-1]
+    assert "check that the credentials of --nats-token-file are current" in last, last

@@ -10,13 +10,16 @@ silently simulate a different card.
 
 from __future__ import annotations
 
+import os
 from importlib import resources
 from pathlib import Path
+from typing import Final
 
 import msgspec
 import msgspec.yaml
 
 from agent.errors import ProfileError
+from kit.files import InputRefused, read_capped
 
 
 class _Profile(
@@ -383,6 +386,8 @@ class Profile(_Profile, frozen=True, kw_only=True):
 
 
 PACKAGED = "agent.devices.simulation.builtin"
+PROFILE_BYTES: Final = 1024 * 1024
+"""The largest profile file read: the biggest packaged one is a few KiB."""
 
 
 def packaged_names() -> list[str]:
@@ -397,16 +402,19 @@ def load(name_or_path: str) -> Profile:
     :raises ProfileError: the file is missing or does not match the schema (with the field path).
     """
     path = Path(name_or_path)
-    try:
-        if path.suffix in (".yaml", ".yml") or path.exists():
-            data = path.read_bytes()
-        else:
+    if path.suffix in (".yaml", ".yml") or os.path.lexists(path):
+        if not os.path.lexists(path):
+            raise ProfileError(f"no profile file {name_or_path!r}")
+        try:  # a regular file up to the cap: never /dev/zero, a FIFO or a directory
+            data = read_capped(path, limit=PROFILE_BYTES)
+        except InputRefused as e:
+            raise ProfileError(f"cannot read profile {e}") from e
+    else:
+        try:
             data = resources.files(PACKAGED).joinpath(f"{name_or_path}.yaml").read_bytes()
-    except (FileNotFoundError, IsADirectoryError) as e:
-        known = ", ".join(packaged_names())
-        raise ProfileError(f"no profile {name_or_path!r} (packaged: {known})") from e
-    except OSError as e:
-        raise ProfileError(f"cannot read profile {name_or_path!r}: {e}") from e
+        except (FileNotFoundError, IsADirectoryError) as e:
+            known = ", ".join(packaged_names())
+            raise ProfileError(f"no profile {name_or_path!r} (packaged: {known})") from e
     try:
         return msgspec.yaml.decode(data, type=Profile)
     except (msgspec.ValidationError, msgspec.DecodeError) as e:

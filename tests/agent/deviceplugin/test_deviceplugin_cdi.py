@@ -55,6 +55,23 @@ def test_the_catalog_holds_every_name_the_specs_define(tmp_path: Path) -> None:
                              "nvidia.com/gpu=all", "nvidia.com/gpu=1"}  # fmt: skip
 
 
+def test_a_spec_that_is_no_regular_file_is_skipped_not_read(tmp_path: Path) -> None:
+    """A FIFO named like a spec (the old reader blocked on its open for ever) and a device
+    (``/dev/zero`` read to the end) are skipped; the real spec beside them still counts."""
+    import os
+
+    root = tmp_path / "cdi"
+    root.mkdir()
+    (root / "nvidia.yaml").write_text(NVIDIA_CTK_YAML)
+    os.mkfifo(root / "fifo.yaml")
+    (root / "zero.json").symlink_to("/dev/zero")
+    assert cdi.read_catalog([str(root)]).names == {
+        "nvidia.com/gpu=0",
+        "nvidia.com/gpu=GPU-0000",
+        "nvidia.com/gpu=all",
+    }
+
+
 def test_cdi_names_each_card_by_uuid_else_index_and_drops_the_env_var(tmp_path: Path) -> None:
     catalog, _ = catalog_in(tmp_path)
     got = cdi.channel("cdi-annotations", Injection(envs=ENV), catalog,
