@@ -104,7 +104,6 @@ async def _sink(
         return
     async with client.open_client(settings.kube, observe=metrics.observe_request) as api:
         await crds.ensure(api)
-        await applications.ensure(api, settings.applications)
         yield KubeSink(api), api
 
 
@@ -261,10 +260,19 @@ async def _lead(settings: WorkerSettings, parts: _Parts) -> None:
             start_forever(tg, "pod-annotations", parts.annotator.run, api)
             start_forever(tg, "pod-events", parts.eventer.run, api)
             start_forever(tg, "model-stores", parts.stores.run, api, settings.resync_s, parts.nodes)
+            tg.start_soon(_applications, api, settings, name="applications")
         start_forever(tg, "artifact-workers", artifacts.work, max(1, settings.concurrency // 4))
         if settings.cluster_name is not None:
             start_forever(tg, "fleet-answers", _answer_fleet, settings.cluster_name, parts)
         await processor.work(settings.concurrency)
+
+
+async def _applications(api: client.KubeClient, settings: WorkerSettings) -> None:
+    """Install the bundled applications, prune the disabled ones (once per leadership)."""
+    await applications.ensure(
+        api, settings.applications, namespace=settings.namespace,
+        mirror=settings.applications_mirror,
+    )  # fmt: skip
 
 
 async def _answer_fleet(cluster: str, parts: _Parts) -> None:

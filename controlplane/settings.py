@@ -78,6 +78,9 @@ class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
     """``--manufacturer``: the device groups the worker manages objects for; empty: all."""
     applications: frozenset[str] = frozenset(applications.NAMES)
     """The bundled applications whose objects the worker ensures (``--disable-applications``)."""
+    applications_mirror: str | None = None
+    """``--applications-mirror``: a directory or http(s) base URL holding the pinned release
+    manifests (``<name>/<version>/<file>``); None: their upstream URLs."""
     disable_auths: bool = False
     """``--disable-auths``: the extension API authenticates and authorizes nobody (loopback only)."""
     """How often the stored settings are re-read (a change reaches everyone within 30 s)."""
@@ -118,6 +121,7 @@ def settings_from(options: Options) -> WorkerSettings:
         audit=_audit(options),
         manufacturers=_manufacturers(options),
         applications=_applications(options),
+        applications_mirror=options.optional_text("applications-mirror") or None,
         concurrency=reconcile_concurrency(options),
         model_manager_service_account=_service_account(options),
         namespace=namespace,

@@ -191,6 +191,13 @@ _WORKER = (
         "or * for all; see docs/settings.md",
         kind="list",
     ),
+    Flag(
+        "applications-mirror",
+        "",
+        "where the pinned application manifests are read from instead of upstream: a directory "
+        "(e.g. a mounted ConfigMap) or an http(s) base URL holding <name>/<version>/<file>; "
+        "docs/deploy.md",
+    ),
     Flag("secure-port", "31443", "the HTTPS port", kind="int", bounds=PORT),
     Flag(
         "worker-gateway-unix-path",

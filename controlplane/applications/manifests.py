@@ -1,0 +1,110 @@
+"""Where a pinned release manifest comes from, and the check that it is the pinned one.
+
+Sources, in order: a mirror (``--applications-mirror``: a directory, e.g. a mounted ConfigMap,
+or an ``http(s)://`` base URL inside an air-gapped network) holding
+``<name>/<version>/<file>``; else the pin's upstream URL. Whatever the source, :func:`verify`
+compares the bytes' SHA-256 with the pin before anything is parsed, so a mirror cannot change
+what is installed. :func:`parse` turns a verified multi-document YAML into its objects.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import anyio
+import yaml
+
+from controlplane.applications.pins import Pin
+from controlplane.errors import ControlPlaneError
+
+__all__ = ["ManifestError", "fetch", "parse", "verify"]
+
+MAX_BYTES = 16 * 1024 * 1024
+"""A release manifest larger than this is refused (Kueue's is a few MiB)."""
+
+
+class ManifestError(ControlPlaneError):
+    """A manifest could not be had, or is not the pinned one; ``reason`` is its one-word kind."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+def location(pin: Pin, mirror: str | None) -> str:
+    """The file or URL the pin's manifest is read from (pure)."""
+    if mirror:
+        if mirror.startswith(("http://", "https://")):
+            return f"{mirror.rstrip('/')}/{pin.name}/{pin.version}/{pin.file}"
+        return str(Path(mirror) / pin.name / pin.version / pin.file)
+    if pin.url is None:
+        raise ManifestError(
+            "no-source", f"{pin.name} {pin.version}: upstream has no single manifest; "
+            "set --applications-mirror to a mirror holding it",
+        )  # fmt: skip
+    return pin.url
+
+
+async def fetch(pin: Pin, mirror: str | None, *, timeout_s: float = 60.0) -> bytes:
+    """The manifest's bytes. :raises ManifestError: unreachable, not found, too large."""
+    where = location(pin, mirror)
+    try:
+        if not where.startswith(("http://", "https://")):
+            data = await anyio.Path(where).read_bytes()
+        else:
+            data = await _get(pin, where, timeout_s)
+    except (OSError, aiohttp.ClientError, TimeoutError) as e:
+        raise ManifestError("fetch-failed", f"{pin.name}: reading {where}: {e}") from e
+    if len(data) > MAX_BYTES:
+        raise ManifestError("fetch-failed", f"{pin.name}: {where} is larger than {MAX_BYTES} bytes")
+    return data
+
+
+async def _get(pin: Pin, url: str, timeout_s: float) -> bytes:
+    timeout = aiohttp.ClientTimeout(total=timeout_s)
+    async with aiohttp.ClientSession(timeout=timeout) as session, session.get(url) as response:
+        if response.status != 200:
+            raise ManifestError("fetch-failed", f"{pin.name}: GET {url} answered {response.status}")
+        return await response.content.read(MAX_BYTES + 1)
+
+
+def verify(pin: Pin, data: bytes) -> None:
+    """:raises ManifestError: the pin has no checksum, or ``data`` does not hash to it."""
+    if pin.sha256 is None:
+        raise ManifestError(
+            "unpinned", f"{pin.name} {pin.version}: no checksum is pinned; refusing to apply"
+        )
+    got = hashlib.sha256(data).hexdigest()
+    if got != pin.sha256.lower():
+        raise ManifestError(
+            "checksum-mismatch",
+            f"{pin.name} {pin.version}: sha256 {got} is not the pinned {pin.sha256}; "
+            "nothing applied",
+        )
+
+
+def parse(pin: Pin, data: bytes) -> list[dict[str, Any]]:
+    """The manifest's objects (empty documents and ``List`` wrappers flattened).
+
+    :raises ManifestError: not YAML, or a document that is not a Kubernetes object.
+    """
+    try:
+        docs = list(yaml.safe_load_all(data))
+    except yaml.YAMLError as e:
+        raise ManifestError("invalid", f"{pin.name}: the manifest is not YAML: {e}") from e
+    out: list[dict[str, Any]] = []
+    for doc in docs:
+        if doc is None:
+            continue
+        items = doc.get("items") if isinstance(doc, dict) and doc.get("kind") == "List" else [doc]
+        for item in items or []:
+            if not (isinstance(item, dict) and item.get("apiVersion") and item.get("kind")
+                    and (item.get("metadata") or {}).get("name")):  # fmt: skip
+                raise ManifestError(
+                    "invalid", f"{pin.name}: a document is not a named Kubernetes object"
+                )
+            out.append(item)
+    return out
