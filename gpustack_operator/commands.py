@@ -275,6 +275,13 @@ _WORKER = (
         "the worker then authorizes every bus connection (agents by ServiceAccount token)",
     ),
     Flag(
+        "nats-auth-secret",
+        "",
+        "the Secret (in the system namespace) holding the worker's NATS password and the callout "
+        "issuer's NKey: created with fresh keys at first start when absent, then read at every "
+        "start; it replaces --nats-password and --nats-callout-issuer-seed (docs/deploy.md)",
+    ),
+    Flag(
         "nats-callout-audience",
         "gpustack-nats",
         "the audience of the ServiceAccount tokens agents connect to NATS with",
