@@ -8,16 +8,22 @@ import hashlib
 import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import anyio
 import msgspec
 import pytest
 import yaml
 from aiohttp import web
 from controlplane_fakeapi import FakeApi, fake_api
+from test_controlplane_extension_api import auth_configmap
+from test_controlplane_nms_e2e import settings, until
 
-from controlplane import applications
+from bus.testing import nats_server, settings_for
+from controlplane import applications, running
+from controlplane.admission.certificates import new_authority
 from controlplane.applications import installing, pins, planning
 from controlplane.applications.installing import Outcome
 from controlplane.applications.pins import Pin
@@ -240,3 +246,33 @@ def test_plural_names_follow_the_kubernetes_convention() -> None:
         "ServiceAccount": "serviceaccounts", "PriorityClass": "priorityclasses",
         "Gateway": "gateways",
     }  # fmt: skip
+
+
+async def test_only_the_lease_holder_installs(tmp_path: Path) -> None:
+    inventory = (CM, "ns", installing.INVENTORY)
+    leases = "apis/coordination.k8s.io/v1/leases"
+    held = {
+        "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+        "metadata": {"name": "w", "namespace": "ns"},
+        "spec": {"holderIdentity": "another-replica", "leaseDurationSeconds": 3600,
+                 "renewTime": datetime.now(UTC).isoformat()},
+    }  # fmt: skip
+    async with (
+        nats_server(tmp_path) as server,
+        fake_api() as (fake, url),
+        anyio.create_task_group() as tg,
+    ):
+        fake.put_object(CM, auth_configmap(new_authority()[0]))
+        fake.put_object(leases, held)  # another replica leads
+        conf = msgspec.structs.replace(
+            settings(settings_for(server), url), namespace="ns",
+            applications=frozenset({"model-manager"}),
+        )  # fmt: skip
+        worker = await tg.start(running.run, conf)
+        await until(lambda: fake.reads[(leases, "w")] >= 3)  # it tried, and follows
+        following = not worker.leading and inventory not in fake.objects
+        fake.remove(leases, "w", "ns")  # the other replica is gone: this one takes over
+        await until(lambda: inventory in fake.objects)
+        driver = any(k[0].endswith("csidrivers") for k in fake.objects)
+        tg.cancel_scope.cancel()
+    assert following and driver

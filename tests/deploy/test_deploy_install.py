@@ -123,3 +123,25 @@ async def test_kubectl_apply_k_is_the_whole_install(
         assert _secret(fake) == keys
         assert fake.objects[SECRET]["metadata"]["resourceVersion"] == rv
         assert len(keys["worker-password"]) == 32
+
+
+def test_the_applications_overlay_lets_the_worker_install_every_application() -> None:
+    from controlplane import applications
+
+    def worker(tree: str) -> Any:
+        objs = build(tree)
+        container = pod_spec(find(objs, "Deployment", "gpustack-operator-worker"))["containers"][0]
+        env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
+        return objs, settings_from(options_for(("worker",), container["args"][1:], env))
+
+    objs, conf = worker("deploy/overlays/applications")
+    assert conf.applications == frozenset(applications.NAMES)
+    binding = find(objs, "ClusterRoleBinding", "gpustack-operator-worker-applications")
+    assert binding["roleRef"]["name"] == "cluster-admin"
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "gpustack-operator-worker", "namespace": NS}
+    ]
+    base_objs, base_conf = worker(BASE)
+    assert base_conf.applications == frozenset()  # the base: least privilege, nothing installed
+    assert not [o for o in base_objs if o["kind"] == "ClusterRoleBinding"
+                and o["roleRef"]["name"] == "cluster-admin"]  # fmt: skip
