@@ -195,8 +195,8 @@ _WORKER = (
         "applications-mirror",
         "",
         "where the pinned application manifests are read from instead of upstream: a directory "
-        "(e.g. a mounted ConfigMap) or an http(s) base URL holding <name>/<version>/<file>; "
-        "docs/deploy.md",
+        "or an http(s) base URL holding <name>/<version>/<file>, or configmap:NAME (a ConfigMap "
+        "of the system namespace, keys <name>_<version>_<file>); docs/deploy.md",
     ),
     Flag("secure-port", "31443", "the HTTPS port", kind="int", bounds=PORT),
     Flag(

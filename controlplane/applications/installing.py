@@ -83,7 +83,12 @@ async def _inventory(api: KubeClient, namespace: str) -> dict[str, planning.Entr
 
 
 async def _desired(
-    pins: Mapping[str, Pin], own: Mapping[str, Own], enabled: frozenset[str], mirror: str | None
+    api: KubeClient,
+    namespace: str,
+    pins: Mapping[str, Pin],
+    own: Mapping[str, Own],
+    enabled: frozenset[str],
+    mirror: str | None,
 ) -> tuple[dict[str, tuple[str, list[dict[str, Any]]]], dict[str, Outcome]]:
     desired: dict[str, tuple[str, list[dict[str, Any]]]] = {}
     failed: dict[str, Outcome] = {}
@@ -95,7 +100,7 @@ async def _desired(
         if pin is None:
             continue
         try:
-            data = await manifests.fetch(pin, mirror)
+            data = await manifests.fetch(pin, mirror, api=api, namespace=namespace)
             manifests.verify(pin, data)
             objects = configuring.configure(app, pin.version, manifests.parse(pin, data))
         except manifests.ManifestError as e:
@@ -130,7 +135,7 @@ async def install(
 ) -> dict[str, Outcome]:
     """One pass: every enabled application installed or refused, every disabled one pruned."""
     inventory = await _inventory(api, namespace)
-    desired, outcomes = await _desired(pins, own, enabled, mirror)
+    desired, outcomes = await _desired(api, namespace, pins, own, enabled, mirror)
     planned = planning.plan(desired, inventory, failed=outcomes)
     broken: set[str] = set()
     for app, obj in planned.apply:

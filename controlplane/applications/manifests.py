@@ -1,26 +1,32 @@
 """Where a pinned release manifest comes from, and the check that it is the pinned one.
 
 Sources, in order: a mirror (``--applications-mirror``: a directory, e.g. a mounted ConfigMap,
-or an ``http(s)://`` base URL inside an air-gapped network) holding
-``<name>/<version>/<file>``; else the pin's upstream URL. Whatever the source, :func:`verify`
+or an ``http(s)://`` base URL inside an air-gapped network, holding ``<name>/<version>/<file>``;
+or ``configmap:<name>``, a ConfigMap of the system namespace read through the API, whose
+``data`` or ``binaryData`` key ``<name>_<version>_<file>`` holds it); else the pin's upstream
+URL. Whatever the source, :func:`verify`
 compares the bytes' SHA-256 with the pin before anything is parsed, so a mirror cannot change
 what is installed. :func:`parse` turns a verified multi-document YAML into its objects.
 """
 
 from __future__ import annotations
 
+import base64
 import hashlib
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import aiohttp
 import anyio
 import yaml
 
+from controlplane import errors
 from controlplane.applications.pins import Pin
 from controlplane.errors import ControlPlaneError
+from controlplane.k8s.client import KubeClient
+from controlplane.resources import CONFIGMAPS, Ref
 
-__all__ = ["ManifestError", "fetch", "parse", "verify"]
+__all__ = ["ManifestError", "configmap_key", "fetch", "location", "parse", "verify"]
 
 MAX_BYTES = 16 * 1024 * 1024
 """A release manifest larger than this is refused (Kueue's is a few MiB)."""
@@ -34,8 +40,18 @@ class ManifestError(ControlPlaneError):
         self.reason = reason
 
 
+CONFIGMAP: Final = "configmap:"
+
+
+def configmap_key(pin: Pin) -> str:
+    """The key of a ``configmap:`` mirror holding the pin (ConfigMap keys have no ``/``)."""
+    return f"{pin.name}_{pin.version}_{pin.file}"
+
+
 def location(pin: Pin, mirror: str | None) -> str:
     """The file or URL the pin's manifest is read from (pure)."""
+    if mirror and mirror.startswith(CONFIGMAP):
+        return f"{mirror}/{configmap_key(pin)}"
     if mirror:
         if mirror.startswith(("http://", "https://")):
             return f"{mirror.rstrip('/')}/{pin.name}/{pin.version}/{pin.file}"
@@ -48,19 +64,42 @@ def location(pin: Pin, mirror: str | None) -> str:
     return pin.url
 
 
-async def fetch(pin: Pin, mirror: str | None, *, timeout_s: float = 60.0) -> bytes:
-    """The manifest's bytes. :raises ManifestError: unreachable, not found, too large."""
+async def fetch(
+    pin: Pin,
+    mirror: str | None,
+    *,
+    api: KubeClient | None = None,
+    namespace: str = "gpustack-system",
+    timeout_s: float = 60.0,
+) -> bytes:
+    """The manifest's bytes (``api`` reads a ``configmap:`` mirror).
+
+    :raises ManifestError: unreachable, not found, too large."""
     where = location(pin, mirror)
     try:
-        if not where.startswith(("http://", "https://")):
+        if where.startswith(CONFIGMAP):
+            assert api is not None, "a configmap: mirror is read through the API"
+            data = await _configmap(pin, where.removeprefix(CONFIGMAP), api, namespace)
+        elif not where.startswith(("http://", "https://")):
             data = await anyio.Path(where).read_bytes()
         else:
             data = await _get(pin, where, timeout_s)
-    except (OSError, aiohttp.ClientError, TimeoutError) as e:
+    except (OSError, aiohttp.ClientError, TimeoutError, errors.ApiError) as e:
         raise ManifestError("fetch-failed", f"{pin.name}: reading {where}: {e}") from e
     if len(data) > MAX_BYTES:
         raise ManifestError("fetch-failed", f"{pin.name}: {where} is larger than {MAX_BYTES} bytes")
     return data
+
+
+async def _configmap(pin: Pin, where: str, api: KubeClient, namespace: str) -> bytes:
+    name, _, key = where.partition("/")
+    cm = await api.get(Ref(resource=CONFIGMAPS, name=name, namespace=namespace))
+    if key in (cm.get("binaryData") or {}):
+        return base64.b64decode(cm["binaryData"][key])
+    text = (cm.get("data") or {}).get(key)
+    if text is None:
+        raise ManifestError("fetch-failed", f"{pin.name}: ConfigMap {name} has no key {key}")
+    return str(text).encode()
 
 
 async def _get(pin: Pin, url: str, timeout_s: float) -> bytes:

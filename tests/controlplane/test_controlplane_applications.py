@@ -4,6 +4,7 @@ server-side apply under their own field managers, upgraded and pruned."""
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 from collections.abc import AsyncIterator
@@ -276,3 +277,18 @@ async def test_only_the_lease_holder_installs(tmp_path: Path) -> None:
         driver = any(k[0].endswith("csidrivers") for k in fake.objects)
         tg.cancel_scope.cancel()
     assert following and driver
+
+
+async def test_a_configmap_mirror_is_read_through_the_api_and_checked() -> None:
+    kueue = kueue_manifest("v1")
+    table = {"kueue": msgspec.structs.replace(pin("kueue", "v1", kueue), url=None)}
+    mirror = {"apiVersion": "v1", "kind": "ConfigMap",
+              "metadata": {"name": "mirror", "namespace": NS},
+              "binaryData": {"kueue_v1_manifests.yaml": base64.b64encode(kueue).decode()}}  # fmt: skip
+    async with fake_api() as (fake, url):
+        fake.put_object(CM, mirror)
+        outcomes = await install(url, {"kueue"}, table, mirror="configmap:mirror")
+        installed = (DEPLOYMENTS, "kueue-system", "kueue-controller-manager") in fake.objects
+        missing = await install(url, {"kueue"}, table, mirror="configmap:absent")
+    assert outcomes["kueue"].state == "installed" and installed
+    assert missing["kueue"].state == "fetch-failed"
