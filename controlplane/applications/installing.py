@@ -100,6 +100,7 @@ async def _desired(
         if pin is None:
             continue
         try:
+            manifests.require_checksum(pin)
             data = await manifests.fetch(pin, mirror, api=api, namespace=namespace)
             manifests.verify(pin, data)
             objects = configuring.configure(app, pin.version, manifests.parse(pin, data))

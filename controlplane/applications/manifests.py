@@ -26,7 +26,15 @@ from controlplane.errors import ControlPlaneError
 from controlplane.k8s.client import KubeClient
 from controlplane.resources import CONFIGMAPS, Ref
 
-__all__ = ["ManifestError", "configmap_key", "fetch", "location", "parse", "verify"]
+__all__ = [
+    "ManifestError",
+    "configmap_key",
+    "fetch",
+    "location",
+    "parse",
+    "require_checksum",
+    "verify",
+]
 
 MAX_BYTES = 16 * 1024 * 1024
 """A release manifest larger than this is refused (Kueue's is a few MiB)."""
@@ -110,18 +118,24 @@ async def _get(pin: Pin, url: str, timeout_s: float) -> bytes:
         return await response.content.read(MAX_BYTES + 1)
 
 
-def verify(pin: Pin, data: bytes) -> None:
-    """:raises ManifestError: the pin has no checksum, or ``data`` does not hash to it."""
+def require_checksum(pin: Pin) -> str:
+    """The pinned checksum; checked before anything is fetched (a manifest that cannot be
+    verified is not worth downloading). :raises ManifestError: none is pinned."""
     if pin.sha256 is None:
         raise ManifestError(
             "unpinned", f"{pin.name} {pin.version}: no checksum is pinned; refusing to apply"
         )
+    return pin.sha256
+
+
+def verify(pin: Pin, data: bytes) -> None:
+    """:raises ManifestError: the pin has no checksum, or ``data`` does not hash to it."""
+    expected = require_checksum(pin)
     got = hashlib.sha256(data).hexdigest()
-    if got != pin.sha256.lower():
+    if got != expected.lower():
         raise ManifestError(
             "checksum-mismatch",
-            f"{pin.name} {pin.version}: sha256 {got} is not the pinned {pin.sha256}; "
-            "nothing applied",
+            f"{pin.name} {pin.version}: sha256 {got} is not the pinned {expected}; nothing applied",
         )
 
 

@@ -9,6 +9,7 @@ the generated callout key, and a restart reuses the same Secret."""
 from __future__ import annotations
 
 import base64
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -21,9 +22,10 @@ from test_deploy_nats import _AuthServer, _config
 
 from bus import codec, connection, embedded, events, subjects, testing
 from bus.testing import eventually
-from controlplane import running
+from controlplane import applications, running
 from controlplane.admission.certificates import new_authority
 from controlplane.applications.installing import resource_of
+from controlplane.applications.pins import PINS
 from controlplane.k8s.client import KubeSettings, open_client
 from controlplane.resources import Ref
 from controlplane.settings import settings_from
@@ -37,6 +39,7 @@ pytestmark = pytest.mark.anyio
 
 NS = "gpustack-system"
 SECRET = ("api/v1/secrets", NS, "gpustack-nats-auth")
+INVENTORY = ("api/v1/configmaps", NS, "gpustack-applications")
 
 
 async def _kubectl_apply(url: str, objs: list[dict[str, Any]]) -> None:
@@ -79,12 +82,16 @@ async def _agent_publishes(fake: FakeApi, nats: embedded.ServerProcess) -> None:
         await conn.publish_acked(subjects.subject("gpu-a.example", "devices"), codec.encode(event))
 
 
+APPLICATIONS = "deploy/overlays/applications"
+
+
+@pytest.mark.parametrize("tree", [BASE, APPLICATIONS])
 async def test_kubectl_apply_k_is_the_whole_install(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tree: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    objs = build(BASE)
+    objs = build(tree)
     nats = _AuthServer(tmp_path / "nats", port=embedded.free_port())
-    nats.auth = _config(BASE)["auth.conf"]
+    nats.auth = _config(tree)["auth.conf"]
     async with fake_api() as (fake, url):
         fake.put_object("api/v1/configmaps", auth_configmap(new_authority()[0]))  # kube-system's
         await _kubectl_apply(url, objs)
@@ -112,6 +119,11 @@ async def test_kubectl_apply_k_is_the_whole_install(
                 with anyio.fail_after(60):
                     await first.wait()  # the worker connected with the generated password
                 await _agent_publishes(fake, nats)  # authorized with the generated callout key
+
+                async def recorded() -> bool:
+                    return INVENTORY in fake.objects
+
+                await eventually(recorded)  # the leader went through the applications
                 tg.cancel_scope.cancel()
             rv = fake.objects[SECRET]["metadata"]["resourceVersion"]
             async with anyio.create_task_group() as tg:  # a restart (or the second replica)
@@ -123,11 +135,20 @@ async def test_kubectl_apply_k_is_the_whole_install(
         assert _secret(fake) == keys
         assert fake.objects[SECRET]["metadata"]["resourceVersion"] == rv
         assert len(keys["worker-password"]) == 32
+        outcomes = json.loads(fake.objects[INVENTORY]["data"]["status.json"])
+    if tree == BASE:
+        assert outcomes == {}  # --disable-applications=*
+    else:
+        # Every application attempted; the upstream ones refused while their pins carry no
+        # verified checksum (pins.py), never applied unverified.
+        assert outcomes["model-manager"]["state"] == "installed"
+        assert set(outcomes) == set(applications.NAMES)
+        for name, pin in PINS.items():
+            if pin.sha256 is None:  # refused before any download (no network needed here)
+                assert outcomes[name]["state"] == "unpinned", name
 
 
 def test_the_applications_overlay_lets_the_worker_install_every_application() -> None:
-    from controlplane import applications
-
     def worker(tree: str) -> Any:
         objs = build(tree)
         container = pod_spec(find(objs, "Deployment", "gpustack-operator-worker"))["containers"][0]
