@@ -166,3 +166,19 @@ def test_the_applications_overlay_lets_the_worker_install_every_application() ->
     assert base_conf.applications == frozenset()  # the base: least privilege, nothing installed
     assert not [o for o in base_objs if o["kind"] == "ClusterRoleBinding"
                 and o["roleRef"]["name"] == "cluster-admin"]  # fmt: skip
+
+
+def test_the_worker_may_generate_and_read_only_its_secrets() -> None:
+    from test_deploy_rbac import allows
+
+    objs = build(BASE)
+    bound = {b["roleRef"]["name"] for b in objs if b["kind"] == "RoleBinding"
+             and {"kind": "ServiceAccount", "name": "gpustack-operator-worker",
+                  "namespace": NS} in b["subjects"]}  # fmt: skip
+    rules = [r for o in objs if o["kind"] == "Role" and o["metadata"]["name"] in bound
+             for r in o["rules"]]  # fmt: skip
+    for verb in ("get", "patch"):  # what controlplane/bootstrap.py does
+        assert allows(rules, (verb, "", "secrets", "gpustack-nats-auth"))
+        assert not allows(rules, (verb, "", "secrets", "someone-elses"))
+    assert allows(rules, ("create", "", "secrets", ""))
+    assert not allows(rules, ("list", "", "secrets", ""))
