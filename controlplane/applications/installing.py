@@ -125,6 +125,28 @@ async def _prune(api: KubeClient, app: str, ident: planning.Identity) -> None:
     log.info("application %s: pruned %s %s", app, ident[1], ident[3])
 
 
+async def _apply(
+    api: KubeClient,
+    planned: planning.Plan,
+    desired: Mapping[str, tuple[str, list[dict[str, Any]]]],
+    outcomes: dict[str, Outcome],
+) -> set[str]:
+    """Apply in plan order; an application stops at its first failure. The broken ones."""
+    broken: set[str] = set()
+    for app, obj in planned.apply:
+        if app in broken:
+            continue
+        ref = _ref(planning.identity(obj))
+        try:
+            await api.apply(ref, obj, field_manager=f"gpustack-operator-{app}")
+        except errors.ApiError as e:
+            log.warning("application %s: applying %s %s failed: %s", app, obj["kind"],
+                        ref.name, e)  # fmt: skip
+            broken.add(app)
+            outcomes[app] = Outcome(state="apply-failed", version=desired[app][0], message=str(e))
+    return broken
+
+
 async def install(
     api: KubeClient,
     enabled: frozenset[str],
@@ -138,28 +160,17 @@ async def install(
     inventory = await _inventory(api, namespace)
     desired, outcomes = await _desired(api, namespace, pins, own, enabled, mirror)
     planned = planning.plan(desired, inventory, failed=outcomes)
-    broken: set[str] = set()
-    for app, obj in planned.apply:
-        if app in broken:
-            continue
-        ref = _ref(planning.identity(obj))
-        try:
-            await api.apply(ref, obj, field_manager=f"gpustack-operator-{app}")
-        except errors.ApiError as e:
-            log.warning("application %s: applying %s %s failed: %s", app, obj["kind"],
-                        ref.name, e)  # fmt: skip
-            broken.add(app)
-            outcomes[app] = Outcome(state="apply-failed", version=desired[app][0], message=str(e))
+    broken = await _apply(api, planned, desired, outcomes)
     for app, ident in planned.prune:
-        await _prune(api, app, ident)
+        if app not in broken:  # a half-applied upgrade keeps what it had
+            await _prune(api, app, ident)
     for app, (version, objs) in desired.items():
         if app not in broken:
             outcomes.setdefault(app, Outcome(state="installed", version=version))
             log.info("application %s %s: %d objects applied", app, version, len(objs))
     for app in set(inventory) - set(planned.inventory):
         outcomes[app] = Outcome(state="pruned", version=inventory[app].version)
-    inv = {a: e for a, e in planned.inventory.items() if a not in broken}
-    inv.update({a: inventory[a] for a in broken if a in inventory})
+    inv = planning.settle(planned.inventory, inventory, broken)
     await _record(api, namespace, inv, outcomes)
     return outcomes
 

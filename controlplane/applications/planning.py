@@ -8,6 +8,8 @@ application, the version applied and every object's identity. Invariants:
 - an upgraded application (a new pin) has the objects its new manifest no longer holds pruned;
 - an application whose manifest could not be had or verified (``failed``) keeps its inventory
   entry and its objects: a broken mirror never uninstalls anything;
+- an application whose apply failed part-way records what it had and what it was applying
+  (:func:`settle`), so whatever reached the cluster can still be pruned later;
 - applies are ordered Namespaces, then CRDs, then the rest; prunes in the reverse order, so a
   namespace or CRD goes last.
 """
@@ -19,7 +21,7 @@ from typing import Any
 
 import msgspec
 
-__all__ = ["Entry", "Identity", "Plan", "identity", "plan"]
+__all__ = ["Entry", "Identity", "Plan", "identity", "plan", "settle"]
 
 Identity = tuple[str, str, str, str]
 """(apiVersion, kind, namespace or "", name)."""
@@ -73,3 +75,17 @@ def plan(
         new[app] = Entry(version=version, objects=tuple(identity(o) for o in objs))
     prunes.sort(key=lambda pair: (-_rank(pair[1][1]), pair[0]))
     return Plan(apply=tuple(applies), prune=tuple(prunes), inventory=new)
+
+
+def settle(
+    planned: Mapping[str, Entry], before: Mapping[str, Entry], broken: Iterable[str]
+) -> dict[str, Entry]:
+    """The inventory to record after applying ``planned``: a ``broken`` application keeps its
+    earlier version and lists its earlier objects and the new ones (any may exist now)."""
+    out = dict(planned)
+    for app in broken:
+        old, new = before.get(app), planned.get(app)
+        objects = (old.objects if old else ()) + (new.objects if new else ())
+        version = old.version if old else (new.version if new else "")
+        out[app] = Entry(version=version, objects=tuple(dict.fromkeys(objects)))
+    return out

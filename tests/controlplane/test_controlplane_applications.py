@@ -293,3 +293,21 @@ async def test_a_configmap_mirror_is_read_through_the_api_and_checked() -> None:
         missing = await install(url, {"kueue"}, table, mirror="configmap:absent")
     assert outcomes["kueue"].state == "installed" and installed
     assert missing["kueue"].state == "fetch-failed"
+
+
+async def test_a_failed_apply_is_reported_and_what_it_applied_is_still_pruned_later() -> None:
+    kueue = kueue_manifest("v1")
+    async with manifest_server({"/kueue/v1/manifests.yaml": kueue}) as base, fake_api() as (
+        fake, url
+    ):  # fmt: skip
+        table = {"kueue": pin("kueue", "v1", kueue, base)}
+        # The namespace and the CRD go in first; then the API refuses the ConfigMap.
+        fake.fail_next("PATCH", "/api/v1/namespaces/kueue-system/configmaps", 422)
+        failed = await install(url, {"kueue"}, table)
+        half = {k for k in fake.objects if "kueue" in (k[1] or "") + k[2]}
+        recorded = status(fake)["kueue"]
+        pruned = await install(url, set(), table)
+        left = {k for k in fake.objects if "kueue" in (k[1] or "") + k[2]}
+    assert failed["kueue"].state == "apply-failed" and recorded["state"] == "apply-failed"
+    assert (CRDS, None, "clusterqueues.kueue.x-k8s.io") in half
+    assert pruned["kueue"].state == "pruned" and left == set()
