@@ -72,7 +72,8 @@ def csi_driver() -> dict[str, Any]:
     }
 
 
-OWN: Final[dict[str, Own]] = {"model-manager": lambda: [csi_driver()], "device-manager": list}
+OWN: Final[dict[str, Own]] = {"model-manager": lambda: [csi_driver()]}
+"""``device-manager`` is in neither table: its outcome is ``external``."""
 
 
 async def ensure(

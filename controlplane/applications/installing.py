@@ -33,6 +33,7 @@ __all__ = ["INVENTORY", "Outcome", "install", "keep_installed", "resource_of"]
 log = logging.getLogger(__name__)
 
 INVENTORY: Final = "gpustack-applications"
+EXTERNAL: Final = "no object of its own here: its workloads come from deploy/ (kubectl apply -k)"
 TRANSIENT: Final = frozenset({"fetch-failed", "apply-failed"})
 """Refusals worth another try; the others (a wrong checksum, no pin, no source, an invalid
 manifest) need a new pin or mirror, which comes with a new worker."""
@@ -42,8 +43,9 @@ Own = Callable[[], list[dict[str, Any]]]
 
 class Outcome(msgspec.Struct, frozen=True, kw_only=True):
     state: str
-    """``installed``, ``pruned``, or the refusal's reason (``checksum-mismatch``, ``unpinned``,
-    ``no-source``, ``fetch-failed``, ``invalid``, ``apply-failed``)."""
+    """``installed``, ``pruned``, ``external`` (nothing the worker installs), or the refusal's
+    reason (``checksum-mismatch``, ``unpinned``, ``no-source``, ``fetch-failed``, ``invalid``,
+    ``apply-failed``)."""
     version: str = ""
     message: str = ""
 
@@ -98,6 +100,7 @@ async def _desired(
             continue
         pin = pins.get(app)
         if pin is None:
+            failed[app] = Outcome(state="external", message=EXTERNAL)
             continue
         try:
             manifests.require_checksum(pin)

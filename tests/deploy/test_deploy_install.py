@@ -142,6 +142,7 @@ async def test_kubectl_apply_k_is_the_whole_install(
         # Every application attempted; the upstream ones refused while their pins carry no
         # verified checksum (pins.py), never applied unverified.
         assert outcomes["model-manager"]["state"] == "installed"
+        assert outcomes["device-manager"]["state"] == "external"
         assert set(outcomes) == set(applications.NAMES)
         for name, pin in PINS.items():
             if pin.sha256 is None:  # refused before any download (no network needed here)
