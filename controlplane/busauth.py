@@ -41,6 +41,7 @@ __all__ = [
     "TOKENREVIEWS",
     "BusAuthSettings",
     "identity_from_review",
+    "issuer",
     "load_issuer",
     "review_verifier",
     "token_expiry",
@@ -61,9 +62,12 @@ DEFAULT_AUDIENCE: Final = "gpustack-nats"
 class BusAuthSettings(msgspec.Struct, frozen=True, kw_only=True):
     """The worker serves the bus's auth callout when this is set."""
 
-    issuer_seed_file: str
-    """The account NKey seed (``SA…``) whose public key the servers' ``auth_callout.issuer``
-    names: it signs every user JWT."""
+    issuer_seed_file: str = ""
+    """The file of the account NKey seed (``SA…``) whose public key the servers'
+    ``auth_callout.issuer`` names: it signs every user JWT."""
+    issuer_seed: str = ""
+    """That seed itself, read from the bus's Secret at start (:mod:`controlplane.bootstrap`);
+    when set, the file is not read."""
     audience: str = DEFAULT_AUDIENCE
     """The audience agents' projected tokens are requested for (never the API server's)."""
     namespace: str = "gpustack-system"
@@ -72,6 +76,13 @@ class BusAuthSettings(msgspec.Struct, frozen=True, kw_only=True):
 
 SEED_BYTES: Final = 4096
 """More than any seed file holds (a seed is 58 characters, perhaps with comments)."""
+
+
+def issuer(settings: BusAuthSettings) -> jwt.NKey:
+    """The issuer's key: the seed read from the Secret, else the seed file's."""
+    if settings.issuer_seed:
+        return jwt.NKey(settings.issuer_seed)
+    return load_issuer(settings.issuer_seed_file)
 
 
 def load_issuer(path: str) -> jwt.NKey:

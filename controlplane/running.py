@@ -37,6 +37,7 @@ from bus.errors import BusError, NotConnected
 from bus.metrics import BusMetrics
 from controlplane import (
     applications,
+    bootstrap,
     busauth,
     crds,
     endpoint,
@@ -106,7 +107,6 @@ async def _sink(
         return
     async with client.open_client(settings.kube, observe=metrics.observe_request) as api:
         await crds.ensure(api)
-        await applications.ensure(api, settings.applications)
         yield KubeSink(api), api
 
 
@@ -125,6 +125,21 @@ async def _settings_source(
     return source, ModelStores(lambda: source.values)
 
 
+async def _bootstrap(settings: WorkerSettings) -> WorkerSettings:
+    """With ``--nats-auth-secret``: the bus's keys from that Secret, generated first when it is
+    absent (before the bus is reached: the NATS servers wait for the same Secret)."""
+    name = settings.nats_auth_secret
+    if name is None or settings.kube is None or settings.bus_auth is None:
+        return settings
+    async with client.open_client(settings.kube) as api:
+        keys = await bootstrap.ensure_bus_auth(api, settings.namespace, name)
+    return msgspec.structs.replace(
+        settings,
+        bus=msgspec.structs.replace(settings.bus, password=keys.worker_password),
+        bus_auth=msgspec.structs.replace(settings.bus_auth, issuer_seed=keys.issuer_seed),
+    )
+
+
 @asynccontextmanager
 async def _callout(
     settings: WorkerSettings,
@@ -138,7 +153,7 @@ async def _callout(
     if auth is None:
         yield
         return
-    issuer = busauth.load_issuer(auth.issuer_seed_file)
+    issuer = busauth.issuer(auth)
     if verify is None:
         if api is None:
             raise BusError("the bus's auth callout verifies agents through the Kubernetes API")
@@ -265,8 +280,17 @@ async def _lead(settings: WorkerSettings, parts: _Parts) -> None:
             start_forever(tg, "pod-annotations", parts.annotator.run, api)
             start_forever(tg, "pod-events", parts.eventer.run, api)
             start_forever(tg, "model-stores", parts.stores.run, api, settings.resync_s, parts.nodes)
+            tg.start_soon(_applications, api, settings, name="applications")
         start_forever(tg, "artifact-workers", artifacts.work, max(1, settings.concurrency // 4))
         await processor.work(settings.concurrency)
+
+
+async def _applications(api: client.KubeClient, settings: WorkerSettings) -> None:
+    """Install the bundled applications, prune the disabled ones (once per leadership)."""
+    await applications.ensure(
+        api, settings.applications, namespace=settings.namespace,
+        mirror=settings.applications_mirror,
+    )  # fmt: skip
 
 
 async def run(
@@ -283,6 +307,7 @@ async def run(
     ``verify`` decides the bus's auth callout instead of TokenReview (``standalone``).
     """
     registry = registry or CollectorRegistry(auto_describe=True)
+    settings = await _bootstrap(settings)
     async with AsyncExitStack() as stack:
         parts = await _assemble(stack, settings, registry, resolver, verify)
         worker, api, conn = parts.worker, parts.api, parts.conn

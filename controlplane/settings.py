@@ -78,6 +78,12 @@ class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
     """``--manufacturer``: the device groups the worker manages objects for; empty: all."""
     applications: frozenset[str] = frozenset(applications.NAMES)
     """The bundled applications whose objects the worker ensures (``--disable-applications``)."""
+    nats_auth_secret: str | None = None
+    """``--nats-auth-secret``: the Secret of the bus's keys, generated at first start
+    (:mod:`controlplane.bootstrap`); None: ``--nats-password`` and the seed file instead."""
+    applications_mirror: str | None = None
+    """``--applications-mirror``: a directory or http(s) base URL holding the pinned release
+    manifests (``<name>/<version>/<file>``); None: their upstream URLs."""
     disable_auths: bool = False
     """``--disable-auths``: the extension API authenticates and authorizes nobody (loopback only)."""
     """How often the stored settings are re-read (a change reaches everyone within 30 s)."""
@@ -120,6 +126,8 @@ def settings_from(options: Options) -> WorkerSettings:
         audit=_audit(options),
         manufacturers=_manufacturers(options),
         applications=_applications(options),
+        applications_mirror=options.optional_text("applications-mirror") or None,
+        nats_auth_secret=options.optional_text("nats-auth-secret") or None,
         concurrency=reconcile_concurrency(options),
         model_manager_service_account=_service_account(options),
         namespace=namespace,
@@ -239,23 +247,29 @@ def _disable_auths(options: Options, https: HttpsSettings) -> bool:
 def _bus_auth(
     options: Options, kube: client.KubeSettings | None, namespace: str
 ) -> busauth.BusAuthSettings | None:
-    """The callout settings, when ``--nats-callout-issuer-seed`` names the issuer's seed."""
+    """The callout settings, when ``--nats-callout-issuer-seed`` names the issuer's seed file or
+    ``--nats-auth-secret`` the Secret holding it (the seed is then read at start)."""
     audience = options.text("nats-callout-audience")
     seed = options.optional_text("nats-callout-issuer-seed")
-    if seed is None:
+    secret = options.optional_text("nats-auth-secret")
+    if seed is None and secret is None:
         return None
     if kube is None:
+        flag = "--nats-callout-issuer-seed" if seed is not None else "--nats-auth-secret"
         raise SettingsError(
-            "--nats-callout-issuer-seed: agents are verified through the Kubernetes API "
+            f"{flag}: agents are verified through the Kubernetes API "
             "(TokenReview), which --kubeconfig=none turns off"
         )
     if not audience:
         raise SettingsError("--nats-callout-audience: empty")
-    try:
-        busauth.load_issuer(seed)  # loaded again at start; a bad file is exit 2 here
-    except InvalidToken as e:
-        raise SettingsError(f"--nats-callout-issuer-seed: {e}") from e
-    return busauth.BusAuthSettings(issuer_seed_file=seed, audience=audience, namespace=namespace)
+    if seed:
+        try:
+            busauth.load_issuer(seed)  # loaded again at start; a bad file is exit 2 here
+        except InvalidToken as e:
+            raise SettingsError(f"--nats-callout-issuer-seed: {e}") from e
+    return busauth.BusAuthSettings(
+        issuer_seed_file=seed or "", audience=audience, namespace=namespace
+    )
 
 
 def _socket_path(options: Options, flag: str) -> str | None:

@@ -191,6 +191,13 @@ _WORKER = (
         "or * for all; see docs/settings.md",
         kind="list",
     ),
+    Flag(
+        "applications-mirror",
+        "",
+        "where the pinned application manifests are read from instead of upstream: a directory "
+        "or an http(s) base URL holding <name>/<version>/<file>, or configmap:NAME (a ConfigMap "
+        "of the system namespace, keys <name>_<version>_<file>); docs/deploy.md",
+    ),
     Flag("secure-port", "31443", "the HTTPS port", kind="int", bounds=PORT),
     Flag(
         "worker-gateway-unix-path",
@@ -260,6 +267,13 @@ _WORKER = (
         "",
         "file holding the account NKey seed the NATS servers' auth_callout names as issuer: "
         "the worker then authorizes every bus connection (agents by ServiceAccount token)",
+    ),
+    Flag(
+        "nats-auth-secret",
+        "",
+        "the Secret (in the system namespace) holding the worker's NATS password and the callout "
+        "issuer's NKey: created with fresh keys at first start when absent, then read at every "
+        "start; it replaces --nats-password and --nats-callout-issuer-seed (docs/deploy.md)",
     ),
     Flag(
         "nats-callout-audience",

@@ -177,9 +177,11 @@ class KubeClient:
         """PUT the whole object (``metadata.resourceVersion`` required by the server)."""
         return await self.request("PUT", ref.path(), body)  # type: ignore[no-any-return]
 
-    async def apply(self, ref: Ref, body: dict[str, Any]) -> dict[str, Any]:
-        """Server-side apply as field manager ``gpustack-operator`` (forcing ownership)."""
-        query = [("fieldManager", FIELD_MANAGER), ("force", "true")]
+    async def apply(
+        self, ref: Ref, body: dict[str, Any], *, field_manager: str = FIELD_MANAGER
+    ) -> dict[str, Any]:
+        """Server-side apply as ``field_manager`` (``gpustack-operator``), forcing ownership."""
+        query = [("fieldManager", field_manager), ("force", "true")]
         return await self.request(  # type: ignore[no-any-return]
             "PATCH", ref.path(), body, content_type=APPLY_PATCH, query=query
         )

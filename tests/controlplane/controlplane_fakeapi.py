@@ -21,7 +21,8 @@ What it does, like the real API server:
   the API server, and no longer once :meth:`FakeApi.revoke` (its Pod deleted) was called;
 - :meth:`FakeApi.fail_next` injects one error response for a method and path prefix;
 - :meth:`FakeApi.hold` parks matching requests until the test releases them (cancellation tests);
-- per-verb counters of successful writes (``writes``);
+- per-verb counters of successful writes (``writes``); :attr:`FakeApi.field_managers` records
+  each server-side apply's ``fieldManager`` per object (ownership itself is not modelled);
 - :attr:`FakeApi.validators` check objects of a collection before they are stored (422), and
   :attr:`FakeApi.absent` serves collections as not installed (404), e.g. Kueue's kinds;
 - SelfSubjectReview answers :attr:`FakeApi.self_user`;
@@ -150,6 +151,8 @@ class FakeApi:
         self.compacted = 0
         """History before this resourceVersion is gone: older watches and continues get 410."""
         self._ends = 0
+        self.field_managers: dict[Key, set[str]] = {}
+        """The ``fieldManager`` of every server-side apply per object (forgotten on delete)."""
 
     def fail_next(self, method: str, path_prefix: str, status: int, times: int = 1) -> None:
         self._faults.extend([(method, path_prefix, status)] * times)
@@ -302,11 +305,19 @@ class FakeApi:
                 return missing
             self.writes["delete"] += 1
             gone = self.objects.pop(key)
+            self.field_managers.pop(key, None)
             self._notify(coll, "DELETED", gone)
             return web.json_response(gone)
-        apply = request.content_type == "application/apply-patch+yaml"
-        if apply and key not in self.objects:
-            return self._create(coll, ns, body)
+        return self._write(request, key, body, sub)
+
+    def _write(
+        self, request: web.Request, key: Key, body: dict[str, Any], sub: str | None
+    ) -> web.Response:
+        """PUT, merge PATCH or server-side apply (which creates when absent)."""
+        if request.content_type == "application/apply-patch+yaml":
+            self.field_managers.setdefault(key, set()).add(request.query.get("fieldManager", ""))
+            if key not in self.objects:
+                return self._create(key[0], key[1], body)
         return self._update(key, body, sub, replace=request.method == "PUT")
 
     def _list(self, request: web.Request, coll: str, ns: str | None) -> web.Response:

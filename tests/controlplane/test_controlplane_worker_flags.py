@@ -158,9 +158,12 @@ async def test_disable_applications_decides_what_the_worker_ensures(tmp_path: Pa
     assert _worker(["--disable-applications=*"]).applications == frozenset()
     assert "model-manager" not in _worker(["--disable-applications=model-manager"]).applications
     driver = ("apis/storage.k8s.io/v1/csidrivers", None, applications.DRIVER)
+    inventory = ("api/v1/configmaps", "ns", "gpustack-applications")
     async with cluster(tmp_path) as c:
+        await until(lambda: inventory in c.fake.objects)
         ensured = driver in c.fake.objects
     async with cluster(tmp_path / "off", applications=frozenset({"kueue"})) as c:
+        await until(lambda: inventory in c.fake.objects)
         skipped = driver not in c.fake.objects
     assert ensured and skipped
 

@@ -13,6 +13,7 @@ from test_deploy_rbac import allows
 
 from controlplane import applications
 from controlplane.admission.webhooks import WebhookSettings
+from controlplane.errors import NotFound
 from controlplane.extension import guards, registration
 from controlplane.k8s.client import KubeClient
 from controlplane.resources import Ref
@@ -48,10 +49,13 @@ class _Recorder:
     def __init__(self) -> None:
         self.applied: list[Ref] = []
 
-    async def apply(self, ref: Ref, body: dict[str, Any]) -> dict[str, Any]:
+    async def apply(self, ref: Ref, body: dict[str, Any], **_: Any) -> dict[str, Any]:
         assert body["metadata"]["name"] == ref.name
         self.applied.append(ref)
         return body
+
+    async def get(self, ref: Ref) -> dict[str, Any]:
+        raise NotFound(f"{ref.name} not found")
 
 
 async def test_what_the_worker_applies_at_start_is_allowed() -> None:
@@ -59,9 +63,15 @@ async def test_what_the_worker_applies_at_start_is_allowed() -> None:
     api = cast(KubeClient, recorder)
     await registration.ensure(api, WebhookSettings(), b"ca")
     await guards.ensure(api, WebhookSettings(), b"ca")
-    await applications.ensure(api, frozenset(applications.NAMES))
+    # The applications the shipped worker installs (its args disable the upstream ones).
+    await applications.ensure(api, frozenset({"model-manager"}), namespace="gpustack-system")
     rules = find(build(BASE), "ClusterRole", "gpustack-operator-worker")["rules"]
-    for ref in recorder.applied:
+    own = find(build(BASE), "Role", "gpustack-operator-worker-webhook-ca")["rules"]
+    namespaced = [ref for ref in recorder.applied if ref.namespace]
+    assert [ref.name for ref in namespaced] == ["gpustack-applications"]
+    for verb in ("get", "patch", "create"):
+        assert allows(own, (verb, "", "configmaps", "gpustack-applications"))
+    for ref in [ref for ref in recorder.applied if not ref.namespace]:
         for verb in ("patch", "create"):
             request = (verb, ref.resource.group, ref.resource.plural, ref.name)
             assert allows(rules, request), request

@@ -36,6 +36,7 @@ def test_every_root_under_deploy_is_known() -> None:
     that runs over ``TREES`` (and, if it is a complete install, over ``INSTALLS``)."""
     assert set(TREES) == {BASE, CRDS, *OVERLAYS}
     assert set(OVERLAYS) == {
+        "deploy/overlays/applications",
         "deploy/overlays/dashboard",
         "deploy/overlays/kueue",
         "deploy/overlays/monitoring",

@@ -321,14 +321,15 @@ def test_agents_prove_their_node_with_a_bus_only_token(tree: str) -> None:
 def test_the_worker_signs_with_the_key_the_servers_name_as_issuer() -> None:
     objs = build(BASE)
     spec = pod_spec(find(objs, "Deployment", "gpustack-operator-worker"))
-    seed = _env(spec["containers"][0])["GPUSTACK_NATS_CALLOUT_ISSUER_SEED"]["value"]
-    (volume,) = [v for v in spec["volumes"] if v.get("secret", {}).get("items")]
-    assert volume["secret"]["secretName"] == "gpustack-nats-auth"
-    assert volume["secret"]["defaultMode"] == 0o400
-    (mount,) = [m for m in spec["containers"][0]["volumeMounts"] if m["name"] == volume["name"]]
-    (item,) = volume["secret"]["items"]
-    assert (item["key"], f"{mount['mountPath']}/{item['path']}") == ("callout-issuer-seed", seed)
+    env = _env(spec["containers"][0])
+    # The worker generates the Secret and reads it through the API: nothing of it is mounted
+    # into the worker (it does not exist before the worker's first start).
+    assert env["GPUSTACK_NATS_AUTH_SECRET"]["value"] == "gpustack-nats-auth"
+    assert "GPUSTACK_NATS_CALLOUT_ISSUER_SEED" not in env and "GPUSTACK_NATS_PASSWORD" not in env
+    assert not [v for v in spec["volumes"] if "secret" in v]
     nats = pod_spec(find(objs, "StatefulSet", "gpustack-nats"))["containers"][0]
     issuer = _env(nats)["NATS_CALLOUT_ISSUER"]["valueFrom"]["secretKeyRef"]
     assert issuer == {"name": "gpustack-nats-auth", "key": "callout-issuer"}
+    password = _env(nats)["NATS_WORKER_PASSWORD"]["valueFrom"]["secretKeyRef"]
+    assert password == {"name": "gpustack-nats-auth", "key": "worker-password"}
     assert "issuer: $NATS_CALLOUT_ISSUER" in _config(BASE)["auth.conf"]
