@@ -44,8 +44,8 @@ def test_the_same_card_time_and_seed_read_the_same_and_the_figures_are_pinned() 
     first = reading(pattern, _KEY, _T0, level_percent=87, memory_mib=143771 - 528)
     assert first == reading(pattern, _KEY, _T0, level_percent=87, memory_mib=143771 - 528)
     # Pinned: a change of the pattern's formula shows here (update with care: demos rely on it).
-    assert (first.utilization_percent, first.memory_used_mib) == (50, 62938)
-    assert (first.temperature_c, first.power_mw) == (48, 326465)
+    assert (first.utilization_percent, first.memory_used_mib) == (71, 86672)
+    assert (first.temperature_c, first.power_mw) == (59, 490059)
 
 
 def test_another_seed_or_card_moves_differently() -> None:
@@ -97,7 +97,7 @@ def test_the_simulated_nvml_reads_the_pattern_at_its_clock(tmp_path: Path) -> No
         want.utilization_percent,
         want.memory_used_mib,
     )
-    assert (first[1].temperature, first[1].power_usage) == (48, 326)  # °C, W (pinned above)
+    assert (first[1].temperature, first[1].power_usage) == (59, 490)  # °C, W (pinned above)
     now[0] += 37
     later = _sample(sim, tmp_path / "b")
     assert [s.cores_utilization for s in later] != [s.cores_utilization for s in first]
