@@ -74,6 +74,7 @@ async def test_the_page_shows_the_simulated_node_and_reacts_to_a_failing_card(
                 (card,) = [g for g in seen["gpus"] if g["uuid"] == failing]
                 assert "Unhealthy" in card["text"] and "last XID 79" in card["text"]
                 await page.screenshot(tmp_path / "dashboard-unhealthy.png")
+                _keep(tmp_path / "dashboard-unhealthy.png", "dashboard-unhealthy.png")
                 tg.cancel_scope.cancel()
         # The server is gone: the page says so, and keeps what it last knew.
         seen = await until(page, lambda s: s.get("connection", "").startswith("disconnected"))
