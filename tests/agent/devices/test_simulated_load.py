@@ -142,3 +142,20 @@ def test_dm_monitor_simulate_stays_valid_and_inside_the_pattern() -> None:
     for card in json.loads(result.stdout)[0]["accelerators"]:
         assert 31 <= card["temperature"] <= 72 and 76 <= card["powerUsage"] <= 690
         assert 143243 * 8 // 100 <= card["memoryUsage"] <= 143243 * 92 // 100
+
+
+def test_the_energy_counter_adds_the_power_drawn_at_each_read_and_never_goes_back() -> None:
+    now = [_T0]
+    sim = SimulatedNvml(_host(), clock=lambda: now[0])
+    sim.nvmlInit()
+    handle = sim.nvmlDeviceGetHandleByIndex(1)
+    start = _host().cards[1].energy_mj
+    assert start is not None
+    counts, draws = [], []
+    for step in range(40):
+        now[0] = _T0 + 7 * step
+        draws.append(sim.nvmlDeviceGetPowerUsage(handle))
+        counts.append(sim.nvmlDeviceGetTotalEnergyConsumption(handle))
+    assert len(set(draws)) > 10  # the power moved ...
+    assert counts == [start + sum(draws[: i + 1]) for i in range(40)]  # ... one second each read
+    assert counts == sorted(counts)
