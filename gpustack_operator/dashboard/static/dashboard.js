@@ -104,7 +104,7 @@ function utilOf(a) {
 
 // One accelerator's series over the kept samples, oldest first (null where it reported none).
 function history(n, id) {
-  const h = { util: [], mem: [], power: [], temp: [], first: null, last: null };
+  const h = { util: [], mem: [], power: [], first: null, last: null };
   for (const ev of n.samples) {
     for (const s of ev.samples || []) {
       for (const a of s.accelerators || []) {
@@ -114,7 +114,6 @@ function history(n, id) {
         h.util.push(utilOf(a));
         h.mem.push(a.memory ? (100 * (a.memoryUsage || 0)) / a.memory : null);
         h.power.push(a.powerUsage === undefined ? null : a.powerUsage);
-        h.temp.push(a.temperature === undefined ? null : a.temperature);
       }
     }
   }
