@@ -12,6 +12,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from agent.devices import nvml
 from agent.devices.nvidia import NvidiaBackend
 from agent.devices.nvml import Nvml
 from agent.devices.simulation import profiles, sysfs
@@ -159,3 +160,25 @@ def test_the_energy_counter_adds_the_power_drawn_at_each_read_and_never_goes_bac
     assert len(set(draws)) > 10  # the power moved ...
     assert counts == [start + sum(draws[: i + 1]) for i in range(40)]  # ... one second each read
     assert counts == sorted(counts)
+
+
+def test_gpm_activity_follows_the_moving_utilization() -> None:
+    """The agent reads GPM on Hopper too: its engine activity moves with the load, as NVML's
+    utilization does, within the simulated -5..+5 points of wobble."""
+    now = [_T0]
+    adapter = Nvml(SimulatedNvml(_host(), clock=lambda: now[0]))
+    with adapter.session():
+        handle = adapter.handle(1)
+        older, newer = adapter.gpm_sample_alloc(), adapter.gpm_sample_alloc()
+        seen = []
+        for step in range(6):
+            now[0] = _T0 + 100 * step
+            utilization = adapter.library.nvmlDeviceGetUtilizationRates(handle).gpu
+            adapter.gpm_sample(handle, older)
+            adapter.gpm_sample(handle, newer)
+            activity = adapter.gpm_metrics(older, newer, (nvml.GPM_GRAPHICS_UTIL,))
+            assert abs(activity[nvml.GPM_GRAPHICS_UTIL] - utilization) <= 5
+            seen.append(utilization)
+        assert max(seen) - min(seen) > 10  # it did move
+        adapter.gpm_sample_free(older)
+        adapter.gpm_sample_free(newer)
