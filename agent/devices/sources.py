@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -46,7 +47,7 @@ def open_backends(settings: DetectSettings) -> Iterator[list[detection.Backend]]
             settings.simulate,
             profile.description,
         )
-        library = fakenvml.SimulatedNvml(profile.nvidia)
+        library = fakenvml.SimulatedNvml(profile.nvidia, clock=time.time)  # load moves by it
         simulators = {key: libraries.factory(key, profile) for key in libraries.simulated_keys()}
         made = _backends(settings, host, nvml.Nvml(library), simulated=True, libraries=simulators)
         with _closing(made) as backends:

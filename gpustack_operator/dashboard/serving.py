@@ -53,6 +53,7 @@ log = logging.getLogger(__name__)
 
 _STATIC: Final = {
     "/": ("index.html", "text/html; charset=utf-8"),
+    "/charts.js": ("charts.js", "text/javascript; charset=utf-8"),
     "/dashboard.js": ("dashboard.js", "text/javascript; charset=utf-8"),
     "/dashboard.css": ("dashboard.css", "text/css; charset=utf-8"),
 }

@@ -40,6 +40,26 @@ _STATE = """JSON.stringify({
     text: g.querySelector(".health").textContent,
     memory: g.querySelector(".memory").textContent,
     charts: g.querySelectorAll("svg.chart polyline").length,
+    util: g.querySelector(".title .util")?.textContent,
+    temperature: g.querySelector(".temperature")?.textContent,
+    power: g.querySelector(".power")?.textContent,
+    points: [...g.querySelectorAll("svg.chart polyline")].map(
+      (p) => p.getAttribute("points").split(" ").length),
+    axes: [...g.querySelectorAll("figure.spark")].map((f) => ({
+      chart: f.dataset.chart,
+      y: [...f.querySelectorAll(".yaxis span")].map((s) => s.textContent),
+      x: [...f.querySelectorAll(".xaxis span")].map((s) => s.textContent),
+      caption: f.querySelector("figcaption")?.textContent,
+    })),
+    rows: [...g.querySelectorAll(".alloc-row")].map((r) => ({
+      pod: r.dataset.pod, namespace: r.dataset.namespace, slice: r.dataset.slice,
+      units: Number(r.dataset.units), text: r.textContent,
+    })),
+  })),
+  caches: [...document.querySelectorAll(".node .cache")].map((c) => ({
+    reported: c.dataset.reported, capacity: Number(c.dataset.capacity || 0),
+    used: Number(c.dataset.used || 0), text: c.textContent,
+    bar: c.querySelector(".fill") ? c.querySelector(".fill").style.width : null,
   })),
   models: [...document.querySelectorAll(".model-row")].map((r) => ({
     state: r.dataset.state, text: r.textContent,
@@ -77,7 +97,16 @@ class DevTools:
         return dict(json.loads(result["result"]["value"]))
 
     async def screenshot(self, path: Path) -> None:
-        shot = await self.call("Page.captureScreenshot", format="png", captureBeyondViewport=True)
+        """The page down to its footer (not the window's empty rest: smaller files)."""
+        bottom = await self.call(
+            "Runtime.evaluate", returnByValue=True,
+            expression="Math.ceil(document.querySelector('footer').getBoundingClientRect().bottom)",
+        )  # fmt: skip
+        height = int(bottom.get("result", {}).get("value") or 1800)
+        clip = {"x": 0, "y": 0, "width": 1400, "height": max(height, 200), "scale": 1}
+        shot = await self.call(
+            "Page.captureScreenshot", format="png", captureBeyondViewport=True, clip=clip
+        )
         await anyio.Path(path).write_bytes(base64.b64decode(shot["data"]))
 
 

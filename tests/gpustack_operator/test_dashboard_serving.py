@@ -135,7 +135,7 @@ async def test_the_page_loads_nothing_from_elsewhere() -> None:
     )
     hub = serving.Hub(Feed(), client_buffer=4)
     async with serving.http_server(settings, hub) as url, aiohttp.ClientSession() as session:
-        for path in ("", "dashboard.js", "dashboard.css"):
+        for path in ("", "charts.js", "dashboard.js", "dashboard.css"):
             async with session.get(url + path) as r:
                 assert r.status == 200
                 csp = r.headers["Content-Security-Policy"]
@@ -143,8 +143,12 @@ async def test_the_page_loads_nothing_from_elsewhere() -> None:
         async with session.get(url + "nothing-here") as r:
             assert r.status == 404
     html = (STATIC / "index.html").read_text()
-    assert re.findall(r'(?:src|href)="([^"]+)"', html) == ["dashboard.css", "dashboard.js"]
-    script = (STATIC / "dashboard.js").read_text()
+    assert re.findall(r'(?:src|href)="([^"]+)"', html) == [
+        "dashboard.css",
+        "charts.js",
+        "dashboard.js",
+    ]
+    script = (STATIC / "dashboard.js").read_text() + (STATIC / "charts.js").read_text()
     urls = set(re.findall(r"https?://[^\s\"'`]+", script))
     assert urls == {"http://www.w3.org/2000/svg"}  # a namespace name, never fetched
     assert "import " not in script and "fetch(" not in script

@@ -10,7 +10,8 @@ samples of the same card or instance, the older first.
 Each sample advances its card's (or instance's) simulated clock by one tick and records running
 totals of the activity percentages, so a rate is honestly ``(total2 - total1) / ticks``. The
 activity is deterministic and moves from tick to tick, by -5..+5 points, around a level: a
-whole card out of MIG mode sits at its profile's ``utilizationPercent``; a GPU instance at a
+whole card out of MIG mode sits at its utilization (the profile's ``utilizationPercent``, or its
+load pattern's at the simulator's clock); a GPU instance at a
 level derived from its id and slices; a card in MIG mode at its instances' slice-weighted mean
 (0 with none carved: nothing can run). SM activity, occupancy and DRAM bandwidth are fixed
 fractions of the engine's activity.
@@ -25,6 +26,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from agent.devices.simulation.fakemig import SimulatedGpuInstance, SimulatedHandle
+from agent.devices.simulation.load import Reading
 from agent.devices.simulation.nvmlerrors import INVALID_ARGUMENT, NOT_SUPPORTED, NVMLError
 from agent.devices.simulation.profiles import NvidiaCard
 
@@ -95,6 +97,9 @@ class GpmCalls:
         raise NotImplementedError  # SimulatedNvml's
 
     def _system(self, fn: str) -> None:
+        raise NotImplementedError  # SimulatedNvml's
+
+    def _now(self, card: NvidiaCard) -> Reading:
         raise NotImplementedError  # SimulatedNvml's
 
     def gpm_buffers_alive(self) -> int:
@@ -192,7 +197,7 @@ class GpmCalls:
         if gi is not None:
             return _gi_level(instances[gi])
         if not card.mig_mode:
-            return card.utilization_percent or 0
+            return self._now(card).utilization_percent  # a load pattern moves it
         if not instances:
             return None  # nothing carved: nothing can run
         slices = max((p.slice_count for p in card.mig_profiles), default=1)

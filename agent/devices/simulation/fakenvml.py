@@ -10,6 +10,9 @@ with:
 - a card's ``faults`` (NVML function name → error name) make that call fail for that card, and
   ``nvmlDeviceGetMemoryInfo_v2`` names the v2 form alone;
 - once a card answers ``GPU_IS_LOST`` it answers nothing else, as a card off the bus does;
+- usage moves when the profile has a ``load`` pattern and the simulator a clock
+  (:mod:`~agent.devices.simulation.load`): utilization, memory used, temperature and power are
+  then the pattern's at ``clock()``; without either they are the profile's snapshot;
 - utilization is ``NOT_SUPPORTED`` on a MIG-enabled card, as on real hardware; GPM
   (:mod:`~agent.devices.simulation.fakegpm`) gives Hopper cards and their GPU instances
   activity figures from two samples;
@@ -40,7 +43,7 @@ import ctypes
 import threading
 import time
 import weakref
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from types import SimpleNamespace
 
@@ -52,6 +55,7 @@ from agent.devices.simulation.fakemig import (
     SimulatedMigHandle,
 )
 from agent.devices.simulation.faketelemetry import TelemetryCalls
+from agent.devices.simulation.load import Reading, reading
 from agent.devices.simulation.nvmlerrors import *
 from agent.devices.simulation.nvmlerrors import ERROR_CODES, NVMLError
 from agent.devices.simulation.profiles import NvidiaCard, NvidiaHost
@@ -114,8 +118,16 @@ class SimulatedNvml(MigCalls, TelemetryCalls, GpmCalls):
     NVML_DEVICE_MIG_ENABLE = 1
     nvmlEventTypeXidCriticalError = 0x0000000000000008
 
-    def __init__(self, host: NvidiaHost | None, *, system_faults: dict[str, str] | None = None):
+    def __init__(
+        self,
+        host: NvidiaHost | None,
+        *,
+        system_faults: dict[str, str] | None = None,
+        clock: Callable[[], float] | None = None,
+    ):
+        """``clock`` (seconds, e.g. ``time.time``) makes a profile's ``load`` pattern move."""
         self.host = host
+        self.clock = clock
         self.cards: tuple[NvidiaCard, ...] = host.cards if host else ()
         self.system_faults = dict(system_faults or {})
         self.calls: list[tuple[str, int | None]] = []
@@ -277,7 +289,7 @@ class SimulatedNvml(MigCalls, TelemetryCalls, GpmCalls):
         card = self._card("nvmlDeviceGetMemoryInfo", handle, *aliases)
         total = card.memory_total_mib << 20
         reserved = card.memory_reserved_mib << 20
-        used = card.memory_used_mib << 20
+        used = self._now(card).memory_used_mib << 20
         if isinstance(handle, SimulatedMigHandle):  # what the MIG device sees: its GI's share
             with self._mig:
                 self._mig_ci(handle)
@@ -322,23 +334,43 @@ class SimulatedNvml(MigCalls, TelemetryCalls, GpmCalls):
 
     # -- usage --------------------------------------------------------------------------------
 
+    def _now(self, card: NvidiaCard) -> Reading:
+        """The card's usage now: the load pattern's at the clock, else the profile's snapshot."""
+        pattern = self.host.load if self.host else None
+        if pattern is None or self.clock is None:
+            return Reading(
+                utilization_percent=card.utilization_percent or 0,
+                memory_used_mib=card.memory_used_mib,
+                temperature_c=card.temperature_c,
+                power_mw=card.power_mw,
+            )
+        return reading(
+            pattern, card.uuid, self.clock(),
+            level_percent=card.utilization_percent or 0,
+            memory_mib=card.memory_total_mib - card.memory_reserved_mib,
+            temperature=card.temperature_c is not None, power=card.power_mw is not None,
+        )  # fmt: skip
+
     def nvmlDeviceGetUtilizationRates(self, handle: SimulatedHandle) -> SimpleNamespace:
         card = self._card("nvmlDeviceGetUtilizationRates", handle)
         if card.utilization_percent is None or card.mig_mode:
             raise NVMLError(NOT_SUPPORTED)
-        return SimpleNamespace(gpu=card.utilization_percent, memory=card.memory_copy_percent or 0)
+        gpu = self._now(card).utilization_percent
+        return SimpleNamespace(gpu=gpu, memory=card.memory_copy_percent or 0)
 
     def nvmlDeviceGetTemperature(self, handle: SimulatedHandle, sensor: int) -> int:
         card = self._card("nvmlDeviceGetTemperature", handle)
-        if card.temperature_c is None or sensor != self.NVML_TEMPERATURE_GPU:
+        temperature = self._now(card).temperature_c
+        if temperature is None or sensor != self.NVML_TEMPERATURE_GPU:
             raise NVMLError(NOT_SUPPORTED)
-        return card.temperature_c
+        return temperature
 
     def nvmlDeviceGetPowerUsage(self, handle: SimulatedHandle) -> int:
         card = self._card("nvmlDeviceGetPowerUsage", handle)
-        if card.power_mw is None:
+        power = self._now(card).power_mw
+        if power is None:
             raise NVMLError(NOT_SUPPORTED)
-        return card.power_mw
+        return power
 
     # -- events -------------------------------------------------------------------------------
 

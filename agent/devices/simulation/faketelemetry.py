@@ -4,8 +4,9 @@ Clocks, encoder and decoder use, PCIe throughput and replays, row remapping (Amp
 retirement (before it), NVLink link state and data counters, and the energy counter. Each value
 comes from the card's profile; a field the profile leaves out (``None``) answers
 ``NOT_SUPPORTED``, as a card without it does. The counters (energy, NVLink data) advance by one
-second's worth at every read (energy by the card's power draw), so a scraper sees them move as
-on hardware while two simulators read the same number of times still answer the same.
+second's worth at every read (energy by the card's power draw at that read), so a scraper
+sees them move as on hardware while two simulators read the same number of times (at the same
+clock, where a load pattern moves the power) still answer the same.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from agent.devices.simulation.fakemig import SimulatedHandle
+from agent.devices.simulation.load import Reading
 from agent.devices.simulation.nvmlerrors import INVALID_ARGUMENT, NOT_SUPPORTED, NVMLError
 from agent.devices.simulation.profiles import NvidiaCard
 
@@ -39,9 +41,12 @@ class TelemetryCalls:
     NVML_FI_DEV_MEMORY_TEMP = 82
 
     _reads: dict[tuple[str, int], int]
-    """(counter, card index) -> reads so far; set by the simulator at construction."""
+    """(counter, card index) -> reads so far (energy: mJ added so far); set by the simulator."""
 
     def _card(self, fn: str, handle: Any, *aliases: str) -> NvidiaCard:
+        raise NotImplementedError  # SimulatedNvml's
+
+    def _now(self, card: NvidiaCard) -> Reading:
         raise NotImplementedError  # SimulatedNvml's
 
     def _seconds(self, counter: str, handle: Any) -> int:
@@ -67,9 +72,13 @@ class TelemetryCalls:
         raise NVMLError(NOT_SUPPORTED)
 
     def nvmlDeviceGetTotalEnergyConsumption(self, handle: SimulatedHandle) -> int:
+        """One more second at the card's draw now (which a load pattern moves): a counter that
+        never goes back, whatever the power does."""
         card = self._card("nvmlDeviceGetTotalEnergyConsumption", handle)
         start = int(_supported(card.energy_mj))
-        return start + (card.power_mw or 0) * self._seconds("energy", handle)  # mW x s = mJ
+        key = ("energy", int(handle.index))
+        self._reads[key] = self._reads.get(key, 0) + (self._now(card).power_mw or 0)  # mW x 1 s
+        return start + self._reads[key]
 
     def nvmlDeviceGetPcieThroughput(self, device: SimulatedHandle, counter: int) -> int:
         card = self._card("nvmlDeviceGetPcieThroughput", device)

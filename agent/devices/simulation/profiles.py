@@ -18,6 +18,7 @@ from typing import Final
 import msgspec
 import msgspec.yaml
 
+from agent.devices.simulation.load import LoadPattern
 from agent.errors import ProfileError
 from kit.files import InputRefused, read_capped
 
@@ -103,6 +104,8 @@ class NvidiaHost(_Profile, frozen=True, kw_only=True):
     init_error: str | None = None
     """If set, ``nvmlInit`` raises this error (``DRIVER_NOT_LOADED``, ``LIBRARY_NOT_FOUND``)."""
     cards: tuple[NvidiaCard, ...] = ()
+    load: LoadPattern | None = None
+    """How the cards' usage moves over time (:mod:`.load`); None: the readings above, always."""
 
 
 class AmdCard(_Profile, frozen=True, kw_only=True):

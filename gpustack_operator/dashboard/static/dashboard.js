@@ -67,12 +67,6 @@ function el(tag, attrs, ...children) {
   return e;
 }
 
-function svg(tag, attrs) {
-  const e = document.createElementNS("http://www.w3.org/2000/svg", tag);
-  for (const [k, v] of Object.entries(attrs)) e.setAttribute(k, String(v));
-  return e;
-}
-
 const fmt = {
   gib: (mib) => (mib === null || mib === undefined ? "?" : (mib / 1024).toFixed(1)),
   num: (x, unit) => (x === null || x === undefined ? "–" : `${x}${unit}`),
@@ -108,18 +102,22 @@ function utilOf(a) {
   return active === undefined || active === null ? null : Math.round(active * 100);
 }
 
+// One accelerator's series over the kept samples, oldest first (null where it reported none).
 function history(n, id) {
-  const util = [], mem = [];
+  const h = { util: [], mem: [], power: [], first: null, last: null };
   for (const ev of n.samples) {
     for (const s of ev.samples || []) {
       for (const a of s.accelerators || []) {
         if (a.id !== id) continue;
-        util.push(utilOf(a));
-        mem.push(a.memory ? (100 * (a.memoryUsage || 0)) / a.memory : null);
+        const at = Date.parse(ev.ts);
+        if (!Number.isNaN(at)) { h.first = h.first === null ? at : h.first; h.last = at; }
+        h.util.push(utilOf(a));
+        h.mem.push(a.memory ? (100 * (a.memoryUsage || 0)) / a.memory : null);
+        h.power.push(a.powerUsage === undefined ? null : a.powerUsage);
       }
     }
   }
-  return { util, mem };
+  return h;
 }
 
 const MODES = { "": "exclusive", shared: "shared", sliced: "sliced", partitioned: "partitioned" };
@@ -131,36 +129,75 @@ function modeOf(resource) {
   return dot < 0 ? "exclusive" : MODES[resource.slice(dot + 1)] || resource.slice(dot + 1);
 }
 
+const CARD_UNITS = 1600000; // a whole card in the ledger's units (bus/events.py, CardCharge)
+
+// What slice of the card an allocation holds, in words: the mode and its caps or profile.
+function sliceOf(a, mode) {
+  if (mode === "partitioned") return a.profile ? `MIG ${a.profile}` : "MIG instance";
+  if (mode === "exclusive") return "whole card";
+  const caps = [];
+  if (a.memoryMib) caps.push(`${fmt.gib(a.memoryMib)} GiB`);
+  if (a.coresPercentage) caps.push(`${a.coresPercentage} % cores`);
+  return caps.length ? `${mode} · ${caps.join(", ")}` : mode;
+}
+
 // Device ids are <group>:<accelerator id>:<index> (agent/deviceplugin/resources.py).
+// One row per allocation touching the card: who holds it, which slice, how many units.
 function allocationsOf(n, id) {
-  const held = new Map(); // "mode" -> {units, pods}
+  const rows = [];
   for (const a of n.allocations.values()) {
     const units = (a.deviceIds || []).filter((d) => d.split(":")[1] === id).length;
     if (!units) continue;
     const mode = modeOf(a.resource || "");
-    const h = held.get(mode) || { units: 0, pods: [] };
-    h.units += units;
-    if (a.podName) h.pods.push(`${a.podNamespace || ""}/${a.podName}`);
-    held.set(mode, h);
+    const charge = (a.charges || []).find((c) => c.acceleratorId === id);
+    rows.push({
+      mode, units, namespace: a.podNamespace || "", pod: a.podName || "", container: a.container || "",
+      slice: sliceOf(a, mode), resource: a.resource || "",
+      share: charge ? Math.round((100 * charge.units) / CARD_UNITS) : null,
+    });
   }
-  return held;
+  return rows;
 }
 
-function sparkline(util, mem) {
-  const w = 120, h = 30;
-  const chart = svg("svg", { class: "chart", viewBox: `0 0 ${w} ${h}`, preserveAspectRatio: "none" });
-  const line = (values, cls) => {
-    const pts = [];
-    values.forEach((v, i) => {
-      if (v === null || v === undefined) return;
-      const x = values.length > 1 ? (i * w) / (values.length - 1) : w;
-      pts.push(`${x.toFixed(1)},${(h - (Math.min(100, v) * (h - 2)) / 100 - 1).toFixed(1)}`);
-    });
-    if (pts.length) chart.append(svg("polyline", { class: cls, points: pts.join(" ") }));
-  };
-  line(mem, "mem");
-  line(util, "util");
-  return chart;
+function allocationSummary(rows) {
+  const held = new Map(); // "mode" -> {units, pods}
+  for (const r of rows) {
+    const h = held.get(r.mode) || { units: 0, pods: [] };
+    h.units += r.units;
+    if (r.pod) h.pods.push(`${r.namespace}/${r.pod}`);
+    held.set(r.mode, h);
+  }
+  return held.size
+    ? [...held].map(([mode, h]) => `${mode} ×${h.units}${h.pods.length ? ` (${h.pods.join(", ")})` : ""}`).join("; ")
+    : "free";
+}
+
+function allocationsTable(rows) {
+  if (!rows.length) return null;
+  return el("table", { class: "allocs" },
+    el("tr", {}, el("th", {}, "namespace/pod"), el("th", {}, "slice"), el("th", {}, "units")),
+    ...rows.map((r) => el("tr", {
+      class: "alloc-row", "data-pod": r.pod, "data-namespace": r.namespace, "data-slice": r.slice,
+      "data-units": r.units, title: `${r.resource}${r.container ? ` · container ${r.container}` : ""}`,
+    },
+    el("td", { class: "pod" }, r.pod ? `${r.namespace}/${r.pod}` : "(pod not yet known)"),
+    el("td", {}, r.slice),
+    el("td", { class: "units" }, `${r.units}${r.share !== null ? ` (${r.share} %)` : ""}`))));
+}
+
+function charts(hist) {
+  const span = hist.first !== null && hist.last > hist.first
+    ? `−${fmt.ago(hist.last - hist.first)}` : `${hist.util.length} sample(s)`;
+  const usage = chart("usage", " %", [
+    { values: hist.util, cls: "util", label: "util" },
+    { values: hist.mem, cls: "mem", label: "mem" },
+  ], { lo: 0, hi: 100 }, span);
+  const out = [usage];
+  if (present(hist.power).length) {
+    out.push(chart("power", " W", [{ values: hist.power, cls: "power", label: "power" }],
+      powerScale(hist.power), span));
+  }
+  return out;
 }
 
 function gpuCard(n, group, acc, sample) {
@@ -168,8 +205,7 @@ function gpuCard(n, group, acc, sample) {
   const health = n.health.get(acc.id);
   const used = sample ? sample.memoryUsage : null;
   const total = (sample && sample.memory) || group.memory;
-  const { util, mem } = history(n, acc.id);
-  const held = allocationsOf(n, acc.id);
+  const rows = allocationsOf(n, acc.id);
   const status = acc.status || {};
   const offers = [];
   if (status.physicalSliced) offers.push(`MIG ×${status.physicalSliced.count}`);
@@ -177,41 +213,59 @@ function gpuCard(n, group, acc, sample) {
   let healthText = unhealthy ? "Unhealthy" : "Healthy";
   if (n.xids.has(acc.id)) healthText += ` · last XID ${n.xids.get(acc.id)}`;
   if (unhealthy && health && health.reason && !health.healthy) healthText += ` (${health.reason})`;
-  const allocation = held.size
-    ? [...held].map(([mode, h]) => `${mode} ×${h.units}${h.pods.length ? ` (${h.pods.join(", ")})` : ""}`).join("; ")
-    : "free";
+  const util = utilOf(sample);
   return el("section", { class: "gpu", "data-uuid": acc.id, "data-health": unhealthy ? "unhealthy" : "healthy" },
     el("div", { class: "title" }, el("span", {}, `GPU ${acc.index} · ${group.name}`),
-      el("span", { class: "util" }, fmt.num(utilOf(sample), "%"))),
+      el("span", { class: "util", "data-value": util }, fmt.num(util, "%"))),
     el("div", { class: "uuid" }, acc.id),
     el("dl", {},
       el("dt", {}, "memory"), el("dd", { class: "memory" }, `${fmt.gib(used)} / ${fmt.gib(total)} GiB`),
-      el("dt", {}, "temperature"), el("dd", {}, fmt.num(sample && sample.temperature, " °C")),
-      el("dt", {}, "power"), el("dd", {}, fmt.num(sample && sample.powerUsage, " W")),
+      el("dt", {}, "temperature"), el("dd", { class: "temperature" }, fmt.num(sample && sample.temperature, " °C")),
+      el("dt", {}, "power"), el("dd", { class: "power" }, fmt.num(sample && sample.powerUsage, " W")),
       el("dt", {}, "health"), el("dd", { class: `health ${unhealthy ? "unhealthy" : "healthy"}` }, healthText),
-      el("dt", {}, "allocation"), el("dd", { class: "allocation" }, allocation),
+      el("dt", {}, "allocation"), el("dd", { class: "allocation" }, allocationSummary(rows)),
       offers.length ? el("dt", {}, "offers") : null, offers.length ? el("dd", {}, offers.join(", ")) : null),
-    sparkline(util, mem),
-    el("div", { class: "legend" }, `utilization (blue), memory (purple): last ${util.length} samples`));
+    allocationsTable(rows),
+    ...charts(history(n, acc.id)));
 }
 
-function modelsTable(models) {
-  if (!models || !(models.models || []).length) return null;
-  const rows = models.models.map((m) => {
-    const done = m.bytesDone || 0, total = m.bytesTotal || 0;
-    const progress = m.state === "downloading" || (total && done < total)
-      ? el("progress", { max: total || 1, value: done }) : null;
-    return el("tr", { class: "model-row", "data-state": m.state },
-      el("td", { class: "model" }, m.model),
-      el("td", { class: `state-${m.state}` }, m.state),
-      el("td", {}, progress, ` ${fmt.bytes(done)} / ${fmt.bytes(total)}`),
-      el("td", {}, m.message || m.reason || ""));
-  });
-  const cap = models.capacityBytes ? ` · cache ${fmt.bytes(models.usedBytes)} used of ${fmt.bytes(models.capacityBytes)}` : "";
-  return el("table", { class: "models" },
-    el("caption", { class: "meta" }, `model cache${cap}`),
-    el("tr", {}, el("th", {}, "model"), el("th", {}, "state"), el("th", {}, "progress"), el("th", {}, "message")),
-    ...rows);
+function modelRow(m) {
+  const done = m.bytesDone || 0, total = m.bytesTotal || 0;
+  const progress = m.state === "downloading" || (total && done < total)
+    ? el("progress", { max: total || 1, value: done }) : null;
+  return el("tr", { class: "model-row", "data-state": m.state },
+    el("td", { class: "model" }, m.model),
+    el("td", { class: `state-${m.state}` }, m.state),
+    el("td", {}, progress, total ? ` ${fmt.bytes(done)} / ${fmt.bytes(total)}` : "–"),
+    el("td", {}, m.message || m.reason || ""));
+}
+
+// The node's model cache, always: its capacity and use (the filesystem's, from the model
+// agent's cache events) even when no model is cached, then one row per model.
+function modelsSection(models) {
+  const head = el("h3", {}, "Model cache");
+  if (!models) {
+    return el("section", { class: "cache", "data-reported": "false" }, head,
+      el("p", { class: "empty" }, "No report from this node's model agent yet."));
+  }
+  const list = models.models || [];
+  const cap = models.capacityBytes, used = models.usedBytes;
+  const pct = cap && used !== null && used !== undefined ? Math.min(100, (100 * used) / cap) : null;
+  const usage = el("div", { class: "cache-usage" },
+    el("div", { class: "bar" }, el("div", { class: `fill${pct !== null && pct >= 90 ? " full" : ""}` })),
+    el("span", { class: "cache-text" }, cap
+      ? `${fmt.bytes(used)} used of ${fmt.bytes(cap)}${pct !== null ? ` (${pct.toFixed(pct < 10 ? 1 : 0)} %)` : ""}`
+        + (list.length ? ` · ${fmt.bytes(models.storedBytes || 0)} in ${list.length} model(s)` : "")
+      : "capacity not reported"));
+  // CSSOM, not a style attribute: the page's Content-Security-Policy allows no inline style.
+  if (pct !== null) usage.querySelector(".fill").style.width = `${pct.toFixed(1)}%`;
+  const table = list.length
+    ? el("table", { class: "models" },
+      el("tr", {}, el("th", {}, "model"), el("th", {}, "state"), el("th", {}, "progress"), el("th", {}, "message")),
+      ...list.map(modelRow))
+    : el("p", { class: "empty no-models" }, "No model cached.");
+  return el("section", { class: "cache", "data-reported": "true", "data-capacity": cap, "data-used": used },
+    head, usage, table);
 }
 
 function heartbeat(n, now) {
@@ -236,7 +290,7 @@ function nodeCard(n, now) {
   return el("article", { class: `node${beat.stale ? " stale" : ""}`, "data-node": n.name },
     el("h2", {}, n.name, beat.badge, el("span", { class: "meta" }, `${agent} · ${gpus.length} accelerators`)),
     el("div", { class: "gpus" }, ...gpus),
-    modelsTable(n.models));
+    modelsSection(n.models));
 }
 
 // -- drawing and the stream ---------------------------------------------------------------------
