@@ -38,10 +38,22 @@ def test_every_query_names_an_exported_metric() -> None:
     assert "gpustack_accelerator_gr_engine_active" in wire  # the only activity of a MIG card
 
 
-def test_every_panel_reads_the_chosen_data_source_and_node() -> None:
+_FILTERS = ('Hostname=~"$node"', 'gpu=~"$gpu"', 'namespace=~"$namespace"', 'pod=~"$pod"')
+
+
+def test_every_panel_reads_the_chosen_data_source_node_gpu_namespace_and_pod() -> None:
     dashboard = json.loads(DASHBOARD.read_text())
-    variables = {v["name"] for v in dashboard["templating"]["list"]}
-    assert variables == {"datasource", "node"}
+    variables = {v["name"]: v for v in dashboard["templating"]["list"]}
+    assert set(variables) == {"datasource", "node", "gpu", "namespace", "pod"}
+    for name in ("node", "gpu", "namespace", "pod"):
+        chosen = variables[name]
+        assert chosen["definition"] == chosen["query"]["query"]
+        assert chosen["definition"].endswith(f", {'Hostname' if name == 'node' else name})")
+        # "All" must keep the cards nobody holds (namespace="", pod=""): a regex matching "".
+        assert chosen["multi"] and chosen["includeAll"] and chosen["allValue"] == ".*"
+    # Each narrows by the ones before it, as a user picks them.
+    assert 'Hostname=~"$node"' in variables["gpu"]["definition"]
+    assert 'namespace=~"$namespace"' in variables["pod"]["definition"]
     ids = [p["id"] for p in dashboard["panels"]]
     assert len(ids) == len(set(ids))
     for panel in dashboard["panels"]:
@@ -49,7 +61,10 @@ def test_every_panel_reads_the_chosen_data_source_and_node() -> None:
         for target in panel["targets"]:
             assert target["datasource"]["uid"] == "${datasource}"
             if "gpustack_accelerator_" in target["expr"]:
-                assert 'Hostname=~"$node"' in target["expr"], panel["title"]
+                selectors = re.findall(r"gpustack_accelerator_\w+\{([^}]*)\}", target["expr"])
+                assert selectors, panel["title"]
+                for selector in selectors:
+                    assert all(f in selector for f in _FILTERS), (panel["title"], selector)
 
 
 def test_the_dashboard_ships_as_a_configmap_grafana_picks_up(
@@ -88,18 +103,38 @@ def test_the_servicemonitor_scrapes_each_service_on_its_https_port(
         annotations = find(trees[BASE], "Service", name)["metadata"]["annotations"]
         assert annotations["prometheus.io/scheme"] == endpoint["scheme"] == "https"
         assert annotations["prometheus.io/path"] == endpoint["path"]
-    assert endpoint["bearerTokenFile"].endswith("serviceaccount/token")
+    # The current API (`authorization`), not the deprecated bearerTokenFile/bearerTokenSecret.
+    assert not {"bearerTokenFile", "bearerTokenSecret"} & set(endpoint)
+    auth = endpoint["authorization"]
+    assert auth["type"] == "Bearer"
+    secret = find(objs, "Secret", auth["credentials"]["name"])
+    assert secret["metadata"]["namespace"] == monitor["metadata"]["namespace"]  # operator's rule
+    assert secret["type"] == "kubernetes.io/service-account-token"
+    assert auth["credentials"]["key"] == "token"  # the key the token controller writes
     assert endpoint["honorLabels"] is True  # the accelerator series' own pod/namespace
 
 
 def test_the_scraper_may_get_metrics_and_nothing_else(
     trees: dict[str, list[dict[str, Any]]],
 ) -> None:
-    role = find(trees[OVERLAY], "ClusterRole", "gpustack-operator-metrics-reader")
+    objs = trees[OVERLAY]
+    role = find(objs, "ClusterRole", "gpustack-operator-metrics-reader")
     assert role["rules"] == [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]
-    # Bound by the cluster admin to their own Prometheus, never to a guessed one here.
-    bindings = [o for o in trees[OVERLAY] if o["kind"] == "ClusterRoleBinding"]
-    assert all(b["roleRef"]["name"] != role["metadata"]["name"] for b in bindings)
+    # Bound to the overlay's own scraper account (whose token the ServiceMonitor sends), never
+    # to a guessed Prometheus account; nothing else binds that account.
+    monitor = find(objs, "ServiceMonitor", "gpustack-operator")
+    secret = find(
+        objs, "Secret", monitor["spec"]["endpoints"][0]["authorization"]["credentials"]["name"]
+    )
+    account = secret["metadata"]["annotations"]["kubernetes.io/service-account.name"]
+    assert find(objs, "ServiceAccount", account)["metadata"]["namespace"] == "gpustack-system"
+    bindings = [o for o in objs if o["kind"] in {"ClusterRoleBinding", "RoleBinding"}]
+    to_role = [b for b in bindings if b["roleRef"]["name"] == role["metadata"]["name"]]
+    assert [b["subjects"] for b in to_role] == [
+        [{"kind": "ServiceAccount", "name": account, "namespace": "gpustack-system"}]
+    ]
+    assert not [b for b in bindings if b not in to_role and any(
+        s.get("name") == account for s in b["subjects"])]  # fmt: skip
 
 
 def test_the_json_file_is_what_grafana_imports() -> None:
