@@ -55,6 +55,8 @@ class Peers:
     proxy: int
     """tinyproxy's port (Basic authentication: :data:`PROXY_USER`)."""
     ca_file: str
+    short: int
+    """nginx's plain HTTP port that closes a connection after its third request."""
 
     @property
     def www(self) -> Path:
@@ -122,7 +124,7 @@ def _certificates(root: Path) -> str:
     return str(root / "ca.pem")
 
 
-def _nginx_conf(root: Path, plain: int, tls: int) -> str:
+def _nginx_conf(root: Path, plain: int, tls: int, short: int) -> str:
     temp = " ".join(f"{d}_temp_path {root}/tmp-{d};" for d in ("client_body", "proxy",
                     "fastcgi", "uwsgi", "scgi"))  # fmt: skip
     return f"""
@@ -148,6 +150,11 @@ http {{
     root {root}/www;
     location = /moved {{ return 302 /files/small.txt?$args; }}
     location = /moved-twice {{ return 301 /moved?$args; }}
+  }}
+  server {{
+    listen 127.0.0.1:{short};
+    root {root}/www;
+    keepalive_requests 3;
   }}
   server {{
     listen 127.0.0.1:{tls} ssl;
@@ -191,8 +198,8 @@ def running_peers(root: Path) -> Iterator[Peers]:
     nginx, tinyproxy = require("nginx"), require("tinyproxy")
     (root / "www" / "files").mkdir(parents=True)
     ca_file = _certificates(root)
-    plain, tls, proxy = free_port(), free_port(), free_port()
-    (root / "nginx.conf").write_text(_nginx_conf(root, plain, tls))
+    plain, tls, proxy, short = free_port(), free_port(), free_port(), free_port()
+    (root / "nginx.conf").write_text(_nginx_conf(root, plain, tls, short))
     (root / "tinyproxy.conf").write_text(_tinyproxy_conf(root, proxy))
     out = (root / "peers.out").open("wb")
     started: list[subprocess.Popen[bytes]] = []
@@ -205,10 +212,10 @@ def running_peers(root: Path) -> Iterator[Peers]:
             [tinyproxy, "-d", "-c", str(root / "tinyproxy.conf")], stdout=out, stderr=out
         )
         started.append(fwd)
-        for port in (plain, tls):
+        for port in (plain, tls, short):
             _wait_listening(port, web, "nginx", root / "error.log")
         _wait_listening(proxy, fwd, "tinyproxy", root / "tinyproxy.log")
-        yield Peers(root, plain, tls, proxy, ca_file)
+        yield Peers(root, plain, tls, proxy, ca_file, short)
     finally:
         for process in started:
             process.terminate()

@@ -89,6 +89,28 @@ async def test_keep_alive_serves_many_requests_on_one_nginx_connection(
     assert [n for _, n in logged] == list(range(1, 26))
 
 
+async def test_a_connection_nginx_closes_after_its_last_request_is_not_reused(
+    peers: Peers, tag: str
+) -> None:
+    """nginx answers the last request a connection may carry with ``Connection: close`` and
+    closes it: the client opens a new one for the next request, with no failure."""
+    small = (peers.www / "files" / "small.txt").read_bytes()
+    client = _client()
+    uris = [f"/files/small.txt?{tag}={i}" for i in range(7)]
+    said = []
+    try:
+        for uri in uris:
+            status, headers, body = await _get(client, f"http://127.0.0.1:{peers.short}{uri}")
+            assert (status, body) == (200, small)
+            said.append(headers["connection"])
+    finally:
+        await client.aclose()
+    assert said == ["keep-alive", "keep-alive", "close"] * 2 + ["keep-alive"]
+    logged = _requests(peers, peers.short, *uris)
+    assert [n for _, n in logged] == [1, 2, 3, 1, 2, 3, 1]
+    assert len({c for c, _ in logged}) == 3
+
+
 async def test_a_body_over_the_high_water_mark_streams_whole(peers: Peers, tag: str) -> None:
     data = (peers.www / "files" / "big.bin").read_bytes()
     client = _client()
