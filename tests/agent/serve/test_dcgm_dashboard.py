@@ -32,6 +32,7 @@ from bus import state
 from bus.connection import connect
 from bus.embedded import free_port
 from bus.testing import eventually, nats_server, settings_for
+from gpustack_operator.flags import FlagError
 from gpustack_operator.main import options_for
 
 pytestmark = pytest.mark.anyio
@@ -195,3 +196,7 @@ def test_metrics_names_is_read_by_the_settings_builder() -> None:
     assert settings_from(options_for(serve, ["--node-name=n"])).metrics_names == "gpustack"
     on = settings_from(options_for(serve, ["--node-name=n", "--metrics-names=dcgm"]))
     assert on.metrics_names == "dcgm"
+    env = {"GPUSTACK_METRICS_NAMES": "both"}  # as the DaemonSet would set it
+    assert settings_from(options_for(serve, ["--node-name=n"], env)).metrics_names == "both"
+    with pytest.raises(FlagError, match="--metrics-names"):
+        options_for(serve, ["--node-name=n", "--metrics-names=DCGM_FI"])
