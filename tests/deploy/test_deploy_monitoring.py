@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from deploy_helpers import BASE, REPO, find
+from promselect import Series, label_values, scrape_series, select, selectors
 
 OVERLAY = "deploy/overlays/monitoring"
 DASHBOARD = REPO / OVERLAY / "grafana-dashboard.json"
@@ -143,3 +144,91 @@ def test_the_json_file_is_what_grafana_imports() -> None:
     for panel in dashboard["panels"]:
         grid = panel["gridPos"]
         assert grid["x"] + grid["w"] <= 24 and grid["w"] > 0 and grid["h"] > 0
+
+
+class _Fixed:
+    """A collector of families already made (the agent's own collector reads live sources)."""
+
+    def __init__(self, families: list[Any]) -> None:
+        self.families = families
+
+    def collect(self) -> list[Any]:
+        return self.families
+
+
+def _fleet_scrape() -> list[Series]:
+    """Two nodes of two cards each, as Prometheus stores their scrapes; node-a's card 1 is held
+    by ai/llm (container main). Values for every field the dashboard reads."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from agent import metrics
+    from bus import devices
+
+    series: list[Series] = []
+    for host in ("node-a", "node-b"):
+        cards = tuple(
+            devices.Accelerator(id=f"GPU-{host}-{i}", index=i, physical_indexes=(i,),
+                                status=devices.AcceleratorStatus(unhealthy=False))
+            for i in range(2)
+        )  # fmt: skip
+        group = devices.DeviceGroup(id="nvidia-h100", manufacturer="nvidia", name="NVIDIA H100",
+                                    driver_version="580.82.07", accelerators=cards)  # fmt: skip
+        samples = tuple(
+            devices.AcceleratorSample(
+                id=c.id, unhealthy=False, memory=81559, memory_usage=1000 + c.index,
+                cores_utilization=40, temperature=50, memory_temperature=60, power_usage=300,
+                sm_clock=1980, energy=5, pcie_tx_throughput=10, pcie_rx_throughput=20,
+                nvlink_tx=7, nvlink_rx=8, remapped_rows_uncorrectable=0, row_remap_failed=False,
+                gr_engine_active=0.5,
+            )
+            for c in cards
+        )  # fmt: skip
+        view = [devices.MonitorSample(manufacturer="nvidia", timestamp="t", accelerators=samples)]
+        holders = {"GPU-node-a-1": [("ai", "llm", "main")]} if host == "node-a" else {}
+        families = metrics.accelerator_families(host, [group], view, holders=holders)
+        registry = CollectorRegistry()
+        registry.register(_Fixed(families))  # type: ignore[arg-type]
+        text = generate_latest(registry).decode()
+        series += scrape_series(text, {"instance": f"{host}:32443", "job": "gpustack-operator"})
+    return series
+
+
+def _accelerator_selectors(dashboard: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """(panel title, metric, matchers) of every per-card selector outside the MIG panels."""
+    return [
+        (panel["title"], metric, body)
+        for panel in dashboard["panels"]
+        for target in panel["targets"]
+        for metric, body in selectors(target["expr"])
+        if metric.startswith("gpustack_accelerator_") and 'GPU_I_ID!=""' not in body
+    ]
+
+
+def test_the_dashboard_variables_and_panels_select_series_from_a_scrape() -> None:
+    """Against what the agents export: the variables offer the nodes, GPUs, namespaces and pods
+    there are; with All every panel has data; picking a pod narrows every panel to its card."""
+    dashboard = json.loads(DASHBOARD.read_text())
+    definitions = {
+        v["name"]: v["definition"] for v in dashboard["templating"]["list"] if "definition" in v
+    }
+    series = _fleet_scrape()
+    every = dict.fromkeys(("node", "gpu", "namespace", "pod"), ".*")  # allValue
+    assert label_values(series, definitions["node"], every) == ["node-a", "node-b"]
+    assert label_values(series, definitions["gpu"], every) == ["0", "1"]
+    assert label_values(series, definitions["namespace"], every) == ["ai"]
+    assert label_values(series, definitions["pod"], {**every, "namespace": "ai"}) == ["llm"]
+    assert label_values(series, definitions["pod"], {**every, "namespace": "other"}) == []
+
+    checked = _accelerator_selectors(dashboard)
+    assert len({title for title, _, _ in checked}) >= 12
+    for title, metric, body in checked:
+        picked = select(series, metric, body, every)
+        cards = {f"GPU-{h}-{i}" for h in ("node-a", "node-b") for i in (0, 1)}
+        expected = {"GPU-node-a-1"} if 'pod!=""' in body else cards  # the held-cards panels
+        assert {labels["UUID"] for _, labels in picked} == expected, (title, metric)
+        held = select(series, metric, body, {**every, "namespace": "ai", "pod": "llm"})
+        assert {labels["UUID"] for _, labels in held} == {"GPU-node-a-1"}, (title, metric)
+        one = select(series, metric, body, {**every, "node": "node-a", "gpu": "1"})
+        assert {labels["UUID"] for _, labels in one} == {"GPU-node-a-1"}, (title, metric)
+        other = select(series, metric, body, {**every, "node": "node-b", "gpu": "0"})
+        assert {u["UUID"] for _, u in other} == expected & {"GPU-node-b-0"}, (title, metric)

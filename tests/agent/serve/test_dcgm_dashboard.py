@@ -4,7 +4,7 @@ The queries below are the stock dashboard's (NVIDIA's dcgm-exporter repository, 
 dashboard 12239), written out here from its public description: two variables,
 ``instance`` and ``gpu``, both ``label_values`` of ``DCGM_FI_DEV_GPU_TEMP``, and one panel per
 query, each selecting a ``DCGM_FI_*`` metric by ``instance=~"$instance", gpu=~"$gpu"``, legend
-``GPU {{gpu}}``. A small evaluator does what Prometheus and Grafana would: add the scrape
+``GPU {{gpu}}``. :mod:`promselect` does what Prometheus and Grafana would: add the scrape
 target's ``instance`` and ``job`` labels, expand a variable to its values (one, or all as
 Grafana's "All" regex), and select the series whose name and labels match. The scrape is a
 real HTTP GET of a whole in-process agent's plain ``/metrics`` (simulated H200s, a real
@@ -16,14 +16,13 @@ no data: NVML's GPM does give a tensor activity metric, but the agent does not s
 
 from __future__ import annotations
 
-import re
-from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import aiohttp
 import anyio
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from promselect import all_regex, label_values, scrape_series, select_first
 
 from agent.running import Running, run
 from agent.serve_settings import ServeSettings, settings_from
@@ -37,13 +36,10 @@ from gpustack_operator.main import options_for
 
 pytestmark = pytest.mark.anyio
 
-Series = tuple[str, Mapping[str, str]]
-
 VARIABLES = {
-    "instance": ("DCGM_FI_DEV_GPU_TEMP", "instance"),
-    "gpu": ("DCGM_FI_DEV_GPU_TEMP", "gpu"),
+    "instance": "label_values(DCGM_FI_DEV_GPU_TEMP, instance)",
+    "gpu": "label_values(DCGM_FI_DEV_GPU_TEMP, gpu)",
 }
-"""Each variable: ``label_values(metric, label)``."""
 _BY = '{instance=~"$instance", gpu=~"$gpu"}'
 PANELS = {
     "GPU Temperature": f"DCGM_FI_DEV_GPU_TEMP{_BY}",
@@ -58,49 +54,6 @@ PANELS = {
 NOT_SERVED = {"Tensor Core Utilization"}
 LEGEND_LABELS = ("gpu",)
 """The panels' legend is ``GPU {{gpu}}``."""
-_SELECTOR = re.compile(r"([A-Za-z_:][A-Za-z0-9_:]*)\{([^}]*)\}")
-_MATCHER = re.compile(r'\s*([A-Za-z_][A-Za-z0-9_]*)\s*(=~|!~|!=|=)\s*"([^"]*)"\s*,?')
-
-
-def scrape_series(text: str, target: Mapping[str, str]) -> list[Series]:
-    """Every sample of a scrape, with the target labels Prometheus adds (kept when present,
-    as ``honor_labels: true`` does)."""
-    return [
-        (s.name, {**target, **s.labels})
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    ]
-
-
-def label_values(series: Sequence[Series], metric: str, label: str) -> list[str]:
-    return sorted(
-        {labels[label] for name, labels in series if name == metric and labels.get(label)}
-    )
-
-
-def select(series: Sequence[Series], query: str, variables: Mapping[str, str]) -> list[Series]:
-    """The series the query's one selector picks, its variables expanded (``$x``/``${x}``)."""
-    match = _SELECTOR.search(query)
-    assert match is not None, query
-    metric, body = match.groups()
-    matchers = _MATCHER.findall(body)
-    assert "".join(f"{m[0]}{m[1]}{m[2]}" for m in matchers), query
-
-    def keep(labels: Mapping[str, str]) -> bool:
-        for label, op, raw in matchers:
-            value = re.sub(r"\$\{?(\w+)\}?", lambda m: variables[m.group(1)], raw)
-            got = labels.get(label, "")
-            ok = re.fullmatch(value, got) is not None if "~" in op else got == value
-            if ok == op.startswith("!"):
-                return False
-        return True
-
-    return [(name, labels) for name, labels in series if name == metric and keep(labels)]
-
-
-def all_regex(values: Sequence[str]) -> str:
-    """Grafana's "All" for a multi-value variable with no custom all value."""
-    return "(" + "|".join(re.escape(v) for v in values) + ")"
 
 
 async def _scrape(tmp_path: Path, naming: str) -> str:
@@ -135,12 +88,12 @@ async def test_the_stock_dcgm_dashboard_queries_select_our_series(
     del kubelet  # the agent registers with it; only its socket is needed
     text = await _scrape(tmp_path, "dcgm")
     series = scrape_series(text, {"instance": "10.0.0.7:9400", "job": "gpustack-operator"})
-    values = {v: label_values(series, *VARIABLES[v]) for v in VARIABLES}
+    values = {v: label_values(series, q, {}) for v, q in VARIABLES.items()}
     assert values == {"instance": ["10.0.0.7:9400"], "gpu": [str(i) for i in range(8)]}
 
     everything = {v: all_regex(vs) for v, vs in values.items()}
     for title, query in PANELS.items():
-        picked = select(series, query, everything)
+        picked = select_first(series, query, everything)
         if title in NOT_SERVED:
             assert picked == [], title  # the day it is served, move it to the checked panels
             continue
@@ -148,7 +101,7 @@ async def test_the_stock_dcgm_dashboard_queries_select_our_series(
         for _, labels in picked:
             for label in (*LEGEND_LABELS, "UUID", "modelName", "Hostname", "device"):
                 assert labels[label], (title, label)
-        one = select(series, query, {"instance": "10.0.0.7:9400", "gpu": "3"})
+        one = select_first(series, query, {"instance": "10.0.0.7:9400", "gpu": "3"})
         assert [labels["gpu"] for _, labels in one] == ["3"], title
 
     # DCGM's units: MiB for the frame buffer, MHz for the clock (the panel multiplies to Hz).
@@ -168,8 +121,10 @@ async def test_our_default_names_leave_the_stock_dashboard_empty(
     """Why the option exists: with ``gpustack`` names every stock query selects nothing."""
     del kubelet
     series = scrape_series(await _scrape(tmp_path, "gpustack"), {"instance": "i", "job": "j"})
-    assert label_values(series, *VARIABLES["gpu"]) == []
-    assert all(select(series, q, {"instance": ".*", "gpu": ".*"}) == [] for q in PANELS.values())
+    assert label_values(series, VARIABLES["gpu"], {}) == []
+    assert all(
+        select_first(series, q, {"instance": ".*", "gpu": ".*"}) == [] for q in PANELS.values()
+    )
 
 
 async def test_both_names_expose_each_dcgm_series_twice_with_the_same_values(
