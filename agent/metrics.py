@@ -28,6 +28,17 @@ Agent health: ``gpustack_agent_detection_pass_seconds`` and
 
 No ``_created`` series anywhere (:mod:`kit.serving` turns them off): DCGM has none, and they
 double the series count of every counter.
+
+Names (``dm serve --metrics-names``): ``gpustack`` (the default) names every accelerator series
+``gpustack_accelerator_*``; ``dcgm`` names each series that has a DCGM field by that field
+(:data:`DCGM_FIELDS`: ``DCGM_FI_DEV_GPU_UTIL``, ``DCGM_FI_DEV_FB_USED``, ...), so a dashboard
+written for dcgm-exporter reads it unchanged, and keeps ours for the few DCGM has no field for
+(``unhealthy``, ``nvlink_links_up``, the NVLink byte counters); ``both`` exposes
+each DCGM-named series under both names. The units are already DCGM's (MiB, percent, degrees
+Celsius, watts, MHz, millijoules, ratios 0-1), so only the name changes. dcgm-exporter types its
+counters ``counter`` with no ``_total`` suffix, which prometheus_client's text writer cannot
+write (it adds ``_total`` to a counter's TYPE line): the DCGM-named counters are untyped, with
+DCGM's exact sample name; PromQL's ``rate`` and ``increase`` read them the same.
 """
 
 from __future__ import annotations
@@ -40,6 +51,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from bus import devices
+
+NAMINGS = ("gpustack", "dcgm", "both")
+"""``--metrics-names``: whose names the per-accelerator series carry (module docstring)."""
 
 LABELS = (
     "gpu", "UUID", "device", "modelName", "Hostname", "pci_bus_id", "DCGM_FI_DRIVER_VERSION",
@@ -112,6 +126,37 @@ SERIES: tuple[Series, ...] = (
     Series("dram_active", "Ratio of the peak DRAM bandwidth used (GPM).",
            lambda s: s.dram_active),
 )  # fmt: skip
+DCGM_FIELDS: Mapping[str, str] = {
+    "memory_total_mib": "DCGM_FI_DEV_FB_TOTAL",
+    "memory_used_mib": "DCGM_FI_DEV_FB_USED",
+    "memory_free_mib": "DCGM_FI_DEV_FB_FREE",
+    "memory_reserved_mib": "DCGM_FI_DEV_FB_RESERVED",
+    "utilization_percent": "DCGM_FI_DEV_GPU_UTIL",
+    "memory_copy_utilization_percent": "DCGM_FI_DEV_MEM_COPY_UTIL",
+    "encoder_utilization_percent": "DCGM_FI_DEV_ENC_UTIL",
+    "decoder_utilization_percent": "DCGM_FI_DEV_DEC_UTIL",
+    "temperature_celsius": "DCGM_FI_DEV_GPU_TEMP",
+    "memory_temperature_celsius": "DCGM_FI_DEV_MEMORY_TEMP",
+    "power_watts": "DCGM_FI_DEV_POWER_USAGE",
+    "sm_clock_mhz": "DCGM_FI_DEV_SM_CLOCK",
+    "memory_clock_mhz": "DCGM_FI_DEV_MEM_CLOCK",
+    "energy_millijoules": "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
+    "pcie_tx_kilobytes_per_second": "DCGM_FI_DEV_PCIE_TX_THROUGHPUT",
+    "pcie_rx_kilobytes_per_second": "DCGM_FI_DEV_PCIE_RX_THROUGHPUT",
+    "pcie_replays": "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
+    "remapped_rows_correctable": "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
+    "remapped_rows_uncorrectable": "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
+    "row_remap_failure": "DCGM_FI_DEV_ROW_REMAP_FAILURE",
+    "retired_pages_single_bit": "DCGM_FI_DEV_RETIRED_SBE",
+    "retired_pages_double_bit": "DCGM_FI_DEV_RETIRED_DBE",
+    "gr_engine_active": "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
+    "sm_active": "DCGM_FI_PROF_SM_ACTIVE",
+    "sm_occupancy": "DCGM_FI_PROF_SM_OCCUPANCY",
+    "dram_active": "DCGM_FI_PROF_DRAM_ACTIVE",
+    "last_xid": "DCGM_FI_DEV_XID_ERRORS",
+}
+"""Our series name -> the DCGM field of the same quantity in the same unit (DCGM's own field
+names, as dcgm-exporter exports them). Series not here have no DCGM field and keep our name."""
 LAST_XID = "gpustack_accelerator_last_xid"
 """The last XID each card reported since the agent started (0: none), as DCGM_FI_DEV_XID_ERRORS."""
 MigReader = Callable[[devices.MigInstanceSample], float | None]
@@ -148,6 +193,8 @@ class Sources:
     """Accelerator id -> the containers holding it now."""
     xids: Callable[[], Mapping[str, int]] = dict
     """Accelerator id -> the last XID it reported."""
+    naming: str = "gpustack"
+    """One of :data:`NAMINGS` (``--metrics-names``)."""
 
 
 class AgentMetrics:
@@ -193,7 +240,7 @@ class _Collector(Collector):
     def collect(self) -> Iterator[Metric]:
         src = self.sources
         yield from accelerator_families(
-            src.node, *src.view(), holders=src.holders(), xids=src.xids()
+            src.node, *src.view(), holders=src.holders(), xids=src.xids(), naming=src.naming
         )
         errors = CounterMetricFamily(
             "gpustack_agent_nvml_errors", "NVML calls that failed, by function.", labels=["call"]
@@ -220,19 +267,15 @@ def accelerator_families(
     *,
     holders: Mapping[str, Sequence[Holder]] | None = None,
     xids: Mapping[str, int] | None = None,
+    naming: str = "gpustack",
 ) -> list[Metric]:
-    """The per-accelerator families for the latest view (pure; see the module docstring)."""
+    """The per-accelerator families for the latest view (pure; see the module docstring).
+
+    ``naming`` is one of :data:`NAMINGS`; each family of a series gets the same samples.
+    """
     labels = {a.id: _labels(node, g, a) for g in groups for a in g.accelerators}
-    families: dict[str, Metric] = {
-        s.name: (CounterMetricFamily if s.counter else GaugeMetricFamily)(
-            f"gpustack_accelerator_{s.name}", s.help, labels=LABELS
-        )
-        for s in SERIES
-    }
-    last_xid = GaugeMetricFamily(
-        LAST_XID, "The last XID the accelerator reported (0: none since the agent started).",
-        labels=LABELS,
-    )  # fmt: skip
+    families = {s.name: _families_for(s, naming) for s in SERIES}
+    last_xid = _families_for(_XID_SERIES, naming)
     for sample in samples:
         for accelerator in sample.accelerators:
             card = labels.get(accelerator.id)
@@ -242,7 +285,7 @@ def accelerator_families(
             for holder in sorted(held):
                 values = [*card, holder[1], holder[0], holder[2], "", ""]
                 _add(families, accelerator, values)
-                last_xid.add_metric(values, float((xids or {}).get(accelerator.id, 0)))
+                _put(last_xid, values, float((xids or {}).get(accelerator.id, 0)))
             instances: set[int] = set()
             for mig in accelerator.mig_instances or ():
                 values = [*card, "", "", "", str(mig.gpu_instance_id), mig.profile or ""]
@@ -250,20 +293,54 @@ def accelerator_families(
                 if mig.gpu_instance_id not in instances:
                     instances.add(mig.gpu_instance_id)
                     _add_mig(families, mig, values, _GI_SERIES)
-    return [*families.values(), last_xid]
+    return [f for fs in (*families.values(), last_xid) for f in fs]
+
+
+_XID_SERIES = Series(
+    "last_xid", "The last XID the accelerator reported (0: none since the agent started).",
+    lambda s: None,
+)  # fmt: skip
+"""Only its names and help: its value comes from the XID watcher, not the sample."""
+
+
+def _families_for(series: Series, naming: str) -> list[Metric]:
+    """The families one series is exposed as under ``naming`` (ours, DCGM's, or both)."""
+    ours = f"gpustack_accelerator_{series.name}"
+    dcgm = DCGM_FIELDS.get(series.name)
+    out: list[Metric] = []
+    if naming != "dcgm" or dcgm is None:
+        kind = CounterMetricFamily if series.counter else GaugeMetricFamily
+        out.append(kind(ours, series.help, labels=LABELS))
+    if naming != "gpustack" and dcgm is not None:
+        out.append(_DcgmFamily(dcgm, series.help, "unknown" if series.counter else "gauge"))
+    return out
+
+
+class _DcgmFamily(Metric):
+    """A family whose one sample name is the family's (DCGM's exact name, never ``_total``)."""
+
+    def add_metric(self, values: Sequence[str], value: float) -> None:
+        self.add_sample(self.name, dict(zip(LABELS, values, strict=True)), value)
+
+
+def _put(families: Sequence[Metric], values: list[str], value: float) -> None:
+    for family in families:
+        family.add_metric(values, value)  # type: ignore[attr-defined]
 
 
 def _add(
-    families: Mapping[str, Metric], sample: devices.AcceleratorSample, values: list[str]
+    families: Mapping[str, Sequence[Metric]],
+    sample: devices.AcceleratorSample,
+    values: list[str],
 ) -> None:
     for series in SERIES:
         value = series.read(sample)
         if value is not None:
-            families[series.name].add_metric(values, float(value))  # type: ignore[attr-defined]
+            _put(families[series.name], values, float(value))
 
 
 def _add_mig(
-    families: Mapping[str, Metric],
+    families: Mapping[str, Sequence[Metric]],
     mig: devices.MigInstanceSample,
     values: list[str],
     series: tuple[tuple[str, MigReader], ...],
@@ -272,7 +349,7 @@ def _add_mig(
     for name, read in series:
         value = read(mig)
         if value is not None:
-            families[name].add_metric(values, float(value))  # type: ignore[attr-defined]
+            _put(families[name], values, float(value))
 
 
 def _labels(node: str, group: devices.DeviceGroup, accelerator: devices.Accelerator) -> list[str]:

@@ -101,6 +101,7 @@ class Observer:
             registrations=lambda: self.plugins.registrations if self.plugins else 0,
             holders=self.holders,
             xids=lambda: self.last_xids,
+            naming=self.settings.metrics_names,
         )
 
     def holders(self) -> dict[str, list[metrics.Holder]]:

@@ -48,6 +48,8 @@ class ServeSettings(msgspec.Struct, frozen=True, kw_only=True):
     metrics_http_port: int = 0
     """``--metrics-port``: also serve ``/metrics`` over plain HTTP, with no token, on this port
     of the HTTPS endpoint's address (as DCGM exporter does on 9400); 0: not at all."""
+    metrics_names: str = "gpustack"
+    """``--metrics-names``: ``gpustack``, ``dcgm`` or ``both`` (:data:`agent.metrics.NAMINGS`)."""
 
     @property
     def ledger_path(self) -> Path:
@@ -137,6 +139,7 @@ def assemble(
         health_quarantine_s=options.seconds("health-quarantine"),
         state_dir=state_dir,
         metrics_http_port=options.integer("metrics-port"),
+        metrics_names=options.text("metrics-names"),
     )
 
 

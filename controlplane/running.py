@@ -68,6 +68,7 @@ from controlplane.settings import WorkerSettings
 from controlplane.settingsource import KvBackend, SecretBackend, SettingsSource
 from controlplane.sinks import KubeSink, KvSink, Sink
 from kit import heap
+from kit.backoff import Backoff
 from kit.tasks import start_forever
 
 __all__ = ["Worker", "WorkerSettings", "run"]
@@ -440,12 +441,17 @@ def _managed(event: events.Event, manufacturers: tuple[str, ...]) -> events.Even
     )
 
 
+_ENSURE_CAP_S = 5.0
+"""The longest wait between two tries of re-ensuring the bus state after a reconnect."""
+
+
 async def _ensure_bus(conn: connection.Connection, settings: WorkerSettings) -> bool:
     """Re-ensure the streams and buckets, retrying until the server answers; False when the
     connection dropped again meanwhile (the next reconnect tries again)."""
     buckets = (
         [kv.AGENTS_BUCKET] if settings.kube is not None else [kv.AGENTS_BUCKET, kv.LEDGER_BUCKET]
     )
+    schedule = Backoff(min(settings.bus.reconnect_wait_s, _ENSURE_CAP_S), _ENSURE_CAP_S)
     for attempt in itertools.count():
         try:
             await state.ensure_streams(conn, settings.bus)
@@ -456,7 +462,7 @@ async def _ensure_bus(conn: connection.Connection, settings: WorkerSettings) -> 
             return False
         except BusError as e:  # JetStream still starting after a server restart
             log.warning("cannot re-ensure the bus state after a reconnect, retrying: %s", e)
-            await anyio.sleep(min(settings.bus.reconnect_wait_s * 2**attempt, 5.0))
+            await schedule.wait(attempt)  # any attempt number: no float overflow
     raise AssertionError("unreachable")  # pragma: no cover
 
 

@@ -380,6 +380,15 @@ _DM_SERVE = (
         bounds=PORT,
     ),
     Flag(
+        "metrics-names",
+        "gpustack",
+        "whose names the per-accelerator series carry: 'gpustack' (gpustack_accelerator_*), "
+        "'dcgm' (DCGM exporter's field names and units, e.g. DCGM_FI_DEV_GPU_UTIL, "
+        "DCGM_FI_DEV_FB_USED in MiB, so its stock Grafana dashboards work unchanged; series "
+        "with no DCGM field keep ours) or 'both' (every DCGM-named series under both names)",
+        choices=("gpustack", "dcgm", "both"),
+    ),
+    Flag(
         "node-name", "", "the node it runs on (default $KUBERNETES_NODE_NAME, else the host name)"
     ),
     Flag(

@@ -15,6 +15,7 @@ SourceUnavailable saying so, so cached trees keep serving and nothing waits on a
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -401,4 +402,10 @@ async def client(settings: HubSettings) -> AsyncIterator[HubClient]:
     try:
         yield HubClient(transport, settings)
     finally:
-        transport.close()
+        # Even when cancelled: the wait is bounded (http.CLOSE_TIMEOUT_S), then it aborts.
+        closing = asyncio.ensure_future(transport.aclose())
+        try:
+            await asyncio.shield(closing)
+        except asyncio.CancelledError:
+            await closing
+            raise

@@ -53,6 +53,9 @@ class Stream(asyncio.Protocol):
         self.error: BaseException | None = None
         self.paused = False
         self._waiter: asyncio.Future[None] | None = None
+        self.gone = asyncio.Event()
+        """Set once the transport is gone (:meth:`connection_lost`): after a TLS session's
+        close, only when its shutdown exchange ended."""
 
     def connection_made(self, transport: Any) -> None:
         self.transport = transport
@@ -73,6 +76,7 @@ class Stream(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self.error = exc
+        self.gone.set()
         self._wake()
 
     def _wake(self) -> None:

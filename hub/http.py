@@ -30,7 +30,10 @@ from hub import framing
 from hub.framing import HttpError
 from hub.urls import Url
 
-__all__ = ["Client", "HttpError", "Response"]
+__all__ = ["CLOSE_TIMEOUT_S", "Client", "HttpError", "Response"]
+
+CLOSE_TIMEOUT_S = 2.0
+"""How long :meth:`Client.aclose` waits for the connections' orderly close before aborting."""
 
 
 @dataclass(eq=False)
@@ -298,6 +301,23 @@ class Client:
             self._slots.release()
 
     def close(self) -> None:
+        """Start closing every connection (see :meth:`aclose`, which waits for it)."""
         for conn in list(self._open):
             self._drop(conn)
         self._idle.clear()
+
+    async def aclose(self, timeout_s: float = CLOSE_TIMEOUT_S) -> None:
+        """Close every connection and wait until each transport is gone, at most ``timeout_s``
+        (then the rest are aborted). A TLS connection's close starts a shutdown exchange with
+        the peer (through the proxy, for a tunnel); without this wait a loop that ends right
+        after holds transports still open, which uvloop refuses to close."""
+        streams = [conn.stream for conn in self._open]
+        self.close()
+        try:
+            async with asyncio.timeout(timeout_s):
+                for stream in streams:
+                    await stream.gone.wait()
+        except TimeoutError:
+            for stream in streams:
+                if not stream.gone.is_set() and stream.transport is not None:
+                    stream.transport.abort()

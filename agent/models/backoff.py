@@ -27,6 +27,7 @@ import msgspec
 from agent.models.errors import BackingOff, NoSpace
 from agent.models.layout import Backoff, DigestRecord
 from hub.errors import HubError
+from kit.backoff import Backoff as Schedule
 
 __all__ = [
     "ANY",
@@ -94,10 +95,11 @@ def source_key(repository: str, commit: str, token: str | None) -> str:
 
 
 def backoff_delay(failures: int, *, first_s: float, max_s: float) -> float:
-    """Seconds to wait after ``failures`` consecutive failures: first_s, doubling, capped."""
+    """Seconds to wait after ``failures`` consecutive failures: first_s, doubling, capped
+    (:class:`kit.backoff.Backoff`; a ``first_s`` above ``max_s`` waits ``max_s``)."""
     if failures <= 0:
         return 0.0
-    return float(min(first_s * 2 ** min(failures - 1, 32), max_s))
+    return Schedule(min(first_s, max_s), max_s).delay_s(failures - 1)
 
 
 def blocking(record: DigestRecord, key: str, now: float) -> Backoff | None:

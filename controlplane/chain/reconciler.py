@@ -51,6 +51,7 @@ from controlplane.metrics import WorkerMetrics
 from controlplane.reconciling.ledger import Ledger
 from controlplane.reconciling.planning import Desired
 from controlplane.resources import NODES, Ref, Resource
+from kit.backoff import Backoff
 
 __all__ = ["ChainReconciler", "owned_patch"]
 
@@ -137,7 +138,11 @@ class ChainReconciler:
         self._cache: dict[Resource, dict[Ref, dict[str, Any]]] | None = None
         self._listed_at = float("-inf")
         self._kueue_retry_at = float("-inf")
-        self._kueue_wait = settings.retry_s
+        self._kueue_misses = 0
+        """Consecutive lists that found Kueue's CRDs absent: the attempt of :attr:`_kueue_backoff`."""
+        self._kueue_backoff = Backoff(
+            min(settings.retry_s, settings.retry_cap_s), settings.retry_cap_s
+        )
         self.kueue_present = False
         self.entrances: dict[str, str] = {}
         """LocalQueue name -> accelerator group, from the last plan (the Workload webhook)."""
@@ -279,20 +284,21 @@ class ChainReconciler:
             for resource in naming.KUEUE_KINDS:
                 cache[resource] = {_ref(resource, b): b for b in await self._api.list(resource)}
         except errors.NotFound:
+            wait = self._kueue_backoff.delay_s(self._kueue_misses)
             log.warning(
                 "Kueue's CRDs (%s/%s) are not installed: the Kueue objects wait; trying "
-                "again in %.0fs", naming.KUEUE_GROUP, naming.KUEUE_VERSION, self._kueue_wait,
+                "again in %.0fs", naming.KUEUE_GROUP, naming.KUEUE_VERSION, wait,
             )  # fmt: skip
             self.kueue_present = False
             for resource in naming.KUEUE_KINDS:
                 cache.pop(resource, None)
-            self._kueue_retry_at = self._clock() + self._kueue_wait
-            self._kueue_wait = min(self._kueue_wait * 2, self.settings.retry_cap_s)
+            self._kueue_retry_at = self._clock() + wait
+            self._kueue_misses += 1
             return
         if not self.kueue_present:
             log.info("Kueue's CRDs are installed: managing the Kueue objects")
         self.kueue_present = True
-        self._kueue_wait = self.settings.retry_s
+        self._kueue_misses = 0
 
     def _signature(self, body: Mapping[str, Any]) -> tuple[Any, ...]:
         """What a node's facts and labels are made of: equal signatures, equal results."""

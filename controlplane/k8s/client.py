@@ -29,6 +29,7 @@ Writes are merge patches (``application/merge-patch+json``) whose body may carry
 from __future__ import annotations
 
 import builtins
+import itertools
 import json
 import logging
 import time
@@ -49,6 +50,7 @@ from yarl import URL
 from controlplane import errors
 from controlplane.k8s.limiting import TokenBucket
 from controlplane.resources import FIELD_MANAGER, Ref, Resource
+from kit.backoff import Backoff
 
 __all__ = ["KubeClient", "KubeSettings", "Listing", "WatchEvent", "open_client"]
 
@@ -78,6 +80,12 @@ class KubeSettings(msgspec.Struct, frozen=True, kw_only=True):
     relist_s: float = 3600.0
     """``--informer-cache-resync-period``: a watch resumed this long after the last full list of
     its collection starts over with a full list instead (0: never)."""
+
+    @property
+    def backoff(self) -> Backoff:
+        """The retry schedule of a 429/5xx: ``backoff_s`` doubling to ``max_backoff_s``, never
+        shorter than the answer's ``Retry-After`` (itself capped)."""
+        return Backoff(min(self.backoff_s, self.max_backoff_s), self.max_backoff_s)
 
 
 Observer = Callable[[str, str], None]
@@ -268,19 +276,17 @@ class KubeClient:
         query: builtins.list[tuple[str, str]] | None = None,
     ) -> Any:
         """One request with rate limiting and retries on 429/5xx."""
-        attempt = 0
-        while True:
+        schedule = self._settings.backoff
+        for attempt in itertools.count():
             try:
                 return await self._once(method, path, body, content_type, query or [])
             except (errors.TooManyRequests, errors.ServerError) as e:
                 if attempt >= self._settings.max_retries:
                     raise
-                delay = min(self._settings.backoff_s * 2**attempt, self._settings.max_backoff_s)
-                if e.retry_after_s is not None:
-                    delay = max(delay, min(e.retry_after_s, self._settings.max_backoff_s))
+                delay = schedule.delay_s(attempt, at_least_s=e.retry_after_s)
                 log.debug("%s %s: %s; retrying in %.2fs", method, path, e, delay)
-                attempt += 1
                 await anyio.sleep(delay)
+        raise AssertionError("unreachable")  # pragma: no cover
 
     async def _once(
         self,

@@ -33,6 +33,7 @@ import msgspec
 
 from bus import events, records
 from controlplane.resolving import Resolved
+from kit.backoff import Backoff
 
 __all__ = [
     "Failure",
@@ -208,4 +209,4 @@ def backoff_s(attempt: int, failure: Failure, *, base_s: float, cap_s: float) ->
     """Seconds before trying again: exponential for temporary failures, ``cap_s`` otherwise."""
     if not failure.temporary:
         return cap_s
-    return float(min(cap_s, base_s * 2 ** min(attempt, 30)))
+    return Backoff(min(base_s, cap_s), cap_s).delay_s(attempt)

@@ -41,7 +41,10 @@ def _bindings(objs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def test_agents_have_no_rbac_bindings_and_no_token(tree: str) -> None:
     objs = build(tree)
     bound = {s["name"] for b in _bindings(objs) for s in b.get("subjects", [])}
-    assert bound == {"gpustack-operator-worker"}
+    # The monitoring overlay's scraper account may get /metrics and nothing else
+    # (test_deploy_monitoring.py): it runs no pod.
+    scraper = {"gpustack-operator-metrics-scraper"} if tree.endswith("/monitoring") else set()
+    assert bound == {"gpustack-operator-worker", *scraper}
     for sa in AGENTS:
         assert find(objs, "ServiceAccount", sa).get("automountServiceAccountToken") is False
     for obj in workloads(objs):
