@@ -194,15 +194,3 @@ def _quote(text: str) -> str:
     if text and re.fullmatch(r"[\w@%+=:,./-]+", text):
         return text
     return "'" + text.replace("'", "'\"'\"'") + "'"
-
-
-def render_help(usage: str, summary: str, flags: Sequence[Flag]) -> str:
-    """Help text: one line per flag with its default and environment variable."""
-    lines = [summary, "", f"Usage:\n  {usage}", "", "Flags:"]
-    for flag in flags:
-        long = f"-{flag.name}" if len(flag.name) == 1 else f"--{flag.name}"
-        names = f"-{flag.short}, {long}" if flag.short else f"    {long}"
-        default = f" (default {flag.default!r})" if flag.default not in ("", "false") else ""
-        inert = " (accepted for compatibility; has no effect yet)" if flag.inert else ""
-        lines.append(f"  {names:<36} {flag.help}{default}{inert} [${flag.env}]")
-    return "\n".join(lines) + "\n"

@@ -218,7 +218,7 @@ def test_flags_from_the_environment_and_print_cmdline(tmp_path: Path) -> None:
 def test_version_and_help() -> None:
     assert run("--version").stdout.startswith("gpustack-operator ")
     help_text = run("dm", "serve", "--help").stdout
-    assert "--monitor-period" in help_text and "(default '15s')" in help_text
+    assert "--monitor-period" in help_text and "(default 15s)" in help_text
     assert "--kube-socket" in help_text and "GPUSTACK_KUBE_SOCKET" in help_text
 
 

@@ -7,6 +7,7 @@ cut at the first pipe, redirection or ``&&`` (what follows is another program). 
   host has no accelerator: they find nothing, which is still a complete run);
 - ``bus watch``: against a test nats-server holding example state, with ``--once`` added (it
   otherwise follows the bus forever) and any ``--nats-url`` pointed at that server;
+- ``help`` and ``completion``: as written (a page; a script bash must parse);
 - ``standalone``: with ``--run-for`` and free ports added (it otherwise runs until Ctrl-C on
   fixed ports), and a private state directory.
 
@@ -132,6 +133,9 @@ def test_documented_command_runs(where: str, argv: list[str], tmp_path: Path) ->
         argv = [*argv, "--run-for=1s", "--nats-port=0", "--worker-port=0",
                 "--device-manager-port=0", "--model-manager-port=0",
                 f"--state-dir={tmp_path / 'state'}"]  # fmt: skip
+    elif path in (("help",), ("completion",)):
+        _builtin(where, argv, tmp_path)
+        return
     elif path not in (
         ("device-manager", "detect"),
         ("device-manager", "monitor"),
@@ -148,6 +152,18 @@ def test_documented_command_runs(where: str, argv: list[str], tmp_path: Path) ->
         assert "$defs" in json.loads(result.stdout)
     elif path[0] == "device-manager":
         assert isinstance(yaml.safe_load(result.stdout), (list, dict))
+
+
+def _builtin(where: str, argv: list[str], tmp_path: Path) -> None:
+    """``help``: its page on stdout; ``completion bash``: a script bash parses."""
+    result = _run(argv, tmp_path)
+    assert result.returncode == 0 and result.stderr == "", f"{where}\n{result.stderr}"
+    if argv[:2] == ["completion", "bash"]:
+        script = tmp_path / "completion.bash"
+        script.write_text(result.stdout)
+        subprocess.run(["bash", "-n", str(script)], check=True)
+    else:
+        assert "Usage:" in result.stdout
 
 
 async def _watch_once(argv: list[str], tmp_path: Path) -> list[str]:
