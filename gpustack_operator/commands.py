@@ -446,6 +446,13 @@ _SNAPSHOT = (
     Flag("hf-endpoint", "", "the Hub (default $HF_ENDPOINT, else https://huggingface.co)"),
 )
 """Which snapshot of a repository, from which Hub (``mm manifest`` and ``mm pull``)."""
+_OUTPUT_TEXT = Flag(
+    "output",
+    "text",
+    "output format: text (the lines shown by default), or a JSON or YAML document for scripts",
+    short="o",
+    choices=("text", "json", "yaml"),
+)
 
 _ONE_SHOT = (_MANUFACTURER, _NO_PCI_CHECK, _NO_FAST_FAILED, _OUTPUT_WIDE, _SIMULATE_OR_LIST)
 
@@ -615,6 +622,7 @@ COMMANDS = (
         (
             Flag("revision", "main", "branch, tag or commit to resolve"),
             *_SNAPSHOT,
+            _OUTPUT_TEXT,
         ),
         settings="agent.models.manifest_cli:settings_from",
         oneshot="agent.models.manifest_cli:manifest_command",
@@ -634,6 +642,7 @@ COMMANDS = (
             Flag("revision", "main", "branch, tag or commit to pull"),
             Flag("cache-root", "/var/lib/gpustack/models", "the node's cache directory"),
             *_SNAPSHOT,
+            _OUTPUT_TEXT,
         ),
         settings="agent.models.pull:settings_from",
         oneshot="agent.models.pull:pull_command",

@@ -87,7 +87,10 @@ def convert(flag: Flag, text: str) -> object:
     try:
         parsers.bounded(text)
         if flag.choices and text not in flag.choices:
-            raise FlagError(f"must be one of {', '.join(flag.choices)}")
+            named = ", ".join(c for c in flag.choices if c)
+            raise FlagError(
+                f"must be one of {named}" + (" (or empty)" if "" in flag.choices else "")
+            )
         if flag.kind == "bool":
             return parsers.parse_bool(text)
         if flag.kind == "list":

@@ -66,12 +66,24 @@ def test_detect_and_monitor_wide_are_kubectl_tables() -> None:
     monitor = run("dm", "monitor", "-o", "wide", "--simulate", "amd-rx7800xt-x2")
     assert monitor.returncode == 0, monitor.stderr
     header, first, second = monitor.stdout.splitlines()
-    assert header.split()[:4] == ["ID", "MANUFACTURER", "MEMORY", "USED"]
+    assert header.split()[:5] == ["INDEX", "ID", "MANUFACTURER", "MEMORY", "USED"]
     assert first.split() == [
-        "GPU-5c88007d760374f3", "amd", "16.0", "GiB", "174.0", "MiB", "0%", "1%", "44C", "8W",
+        "0", "GPU-5c88007d760374f3", "amd", "16.0", "GiB", "174.0", "MiB", "0%", "1%", "44C", "8W",
         "Healthy",
     ]  # fmt: skip
-    assert second.split()[0] == "GPU-d99e7fe92c7bdf75"
+    assert second.split()[:2] == ["1", "GPU-d99e7fe92c7bdf75"]
+
+
+def test_monitor_wide_indexes_are_detect_wides() -> None:
+    """The INDEX column of ``dm monitor -o wide`` names each card as ``dm detect -o wide`` does."""
+    found = {}
+    for command in ("detect", "monitor"):
+        result = run("dm", command, "-o", "wide", "--simulate", "nvidia-h200x8")
+        assert result.returncode == 0, result.stderr
+        header, *rows = result.stdout.splitlines()
+        assert header.split()[:2] == ["INDEX", "ID"]
+        found[command] = [tuple(r.split()[:2]) for r in rows]
+    assert found["monitor"] == found["detect"] and len(found["detect"]) == 8
 
 
 def test_wide_with_nothing_found_says_so_on_stderr(tmp_path: Path) -> None:
