@@ -548,8 +548,9 @@ _STANDALONE = (
     Flag(
         "bind-address",
         "127.0.0.1",
-        "the address every HTTPS endpoint serves on; they need no token here, so any other "
-        "address exposes /metrics and the snapshots to whoever reaches it",
+        "the address every HTTPS endpoint serves on; /metrics and the snapshots need no token "
+        "here (the extension API still does), so any other address exposes them to whoever "
+        "reaches it",
     ),
     *(
         flag
