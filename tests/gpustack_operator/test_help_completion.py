@@ -265,3 +265,17 @@ def test_zsh_completes_through_bashcompinit(tmp_path: Path) -> None:
     subs, outputs = done.stdout.split("---\n")
     assert subs.split() == ["serve", "detect", "monitor", "preflight"]
     assert outputs.split() == ["yaml", "json", "wide"]
+
+
+def test_the_readme_commands_table_names_every_command_and_alias() -> None:
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    table = readme[readme.index("## Commands") :].split("\n\n", 2)[1]
+    rows = [r for r in table.splitlines() if r.startswith("| `")]
+    shown = {r.split("`")[1].split(" REPO")[0] for r in rows}
+    expected = {" ".join(c.path) for c in COMMANDS}
+    assert expected <= shown, expected - shown
+    assert any(s.startswith("help") for s in shown) and any(
+        s.startswith("completion") for s in shown
+    )
+    for alias, full in ALIASES.items():
+        assert any(f"| `{alias}" in r for r in rows if r.startswith(f"| `{full}")), alias
