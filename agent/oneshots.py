@@ -4,8 +4,8 @@ Both are pure reads. Standard output carries only the document, so ``| yq`` and 
 every diagnostic goes to standard error. The document is printed even when one manufacturer
 failed (the others' cards are still true), and the exit code is then 1 with one stderr line per
 failure; "nothing found" is an empty list and exit 0. ``-o wide`` is a kubectl-style table,
-one accelerator per row, memory in human units (``No resources found.`` on stderr when empty,
-as kubectl says it).
+one accelerator per row, memory in human units; ``-o name`` one ``accelerator/<id>`` per line
+(either says ``No resources found.`` on stderr when empty, as kubectl does).
 """
 
 from __future__ import annotations
@@ -87,13 +87,13 @@ def _one_pass(
     except ProfileError as e:
         print(f"--simulate: {e}", file=sys.stderr)
         return EXIT_USAGE
-    if settings.output == "wide":
-        if not result.items:
-            print("No resources found.", file=sys.stderr)
-        else:
-            sys.stdout.write(wide(result.items, indexes))
+    output = settings.output
+    if output == "yaml" or output == "json":
+        sys.stdout.write(rendering.render(result.items, output))
+    elif not result.items:
+        print("No resources found.", file=sys.stderr)
     else:
-        sys.stdout.write(rendering.render(result.items, settings.output))
+        sys.stdout.write(names(result.items) if output == "name" else wide(result.items, indexes))
     sys.stdout.flush()
     for error in result.errors:
         log.error("%s", error)
@@ -132,6 +132,12 @@ def wide(items: list[DeviceGroup] | list[MonitorSample], indexes: Indexes | None
     samples = [i for i in items if isinstance(i, MonitorSample)]
     rows = [r for s in samples for r in _sample_rows(s, indexes or {})]
     return table((*_MONITOR_COLUMNS, "health"), rows)
+
+
+def names(items: list[DeviceGroup] | list[MonitorSample]) -> str:
+    """``-o name``: ``accelerator/<id>`` per accelerator, one per line, as ``kubectl get -o
+    name`` prints ``kind/name`` (pure)."""
+    return "".join(f"accelerator/{a.id}\n" for item in items for a in item.accelerators)
 
 
 def _detect_rows(group: DeviceGroup) -> list[tuple[object, ...]]:

@@ -431,9 +431,10 @@ _MODEL_MANAGER = (
 _OUTPUT_WIDE = Flag(
     "output",
     "yaml",
-    "output format: YAML, JSON, or wide (a table, one accelerator per row)",
+    "output format: YAML, JSON, wide (a table, one accelerator per row) or name "
+    "(accelerator/<id>, one per line, as kubectl's -o name)",
     short="o",
-    choices=("yaml", "json", "wide"),
+    choices=("yaml", "json", "wide", "name"),
 )
 _SNAPSHOT = (
     Flag("allow-pattern", "", "only files matching these globs (repeatable, or a,b)", kind="list"),

@@ -366,3 +366,21 @@ def test_a_refused_url_is_quoted_without_its_password(argv: list[str], env: dict
     result = run(*argv, env=env)
     assert result.returncode == 2, result.stderr
     assert "s3cret" not in result.stderr and "u:REDACTED@" in result.stderr, result.stderr
+
+
+def test_output_name_prints_kind_slash_id_per_accelerator(tmp_path: Path) -> None:
+    """As ``kubectl get -o name``: one ``kind/name`` per line; none: the line on stderr."""
+    detect = run("dm", "detect", "-o", "name", "--simulate", "nvidia-h200x8")
+    as_json = run("dm", "detect", "-o", "json", "--simulate", "nvidia-h200x8")
+    assert detect.returncode == 0 and as_json.returncode == 0, detect.stderr
+    ids = [a["id"] for g in json.loads(as_json.stdout) for a in g["accelerators"]]
+    assert detect.stdout.splitlines() == [f"accelerator/{i}" for i in ids] and len(ids) == 8
+    monitor = run("dm", "monitor", "-o", "name", "--simulate", "amd-rx7800xt-x2")
+    assert monitor.stdout.splitlines() == [
+        "accelerator/GPU-5c88007d760374f3", "accelerator/GPU-d99e7fe92c7bdf75"
+    ]  # fmt: skip
+    empty = run(
+        "dm", "detect", "-o", "name", "--no-fast-failed", env={"GPUSTACK_HOST_ROOT": str(tmp_path)}
+    )
+    assert empty.returncode == 0 and empty.stdout == ""
+    assert "No resources found." in empty.stderr
