@@ -603,7 +603,7 @@ COMMANDS = (
         settings="agent.serve_settings:settings_from",
         service="agent.running:run",
         examples=(
-            "# Serve simulated accelerators without a kubelet or a bus (for a look at /metrics)\n"
+            "# The device agent of a simulated 8 x H200 node, sampling every 5 s\n"
             "gpustack-operator dm serve --simulate nvidia-h200x8 --monitor-period 5s\n"
         ),
     ),
@@ -738,8 +738,10 @@ COMMANDS = (
         settings="gpustack_operator.dashboard.serving:settings_from",
         service="gpustack_operator.dashboard.serving:main",
         examples=(
-            "# The page for the bus of a standalone run, on http://127.0.0.1:8080\n"
-            "gpustack-operator dashboard --nats-url nats://127.0.0.1:4222\n"
+            "# The page for a standalone run's bus, read with its dashboard token, on\n"
+            "# http://127.0.0.1:8080\n"
+            "gpustack-operator dashboard --nats-url nats://127.0.0.1:4222 --nats-token-file "
+            "~/.local/state/gpustack-operator/nats/auth/dashboard.token\n"
         ),
     ),
     Command(

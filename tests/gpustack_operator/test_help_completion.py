@@ -5,6 +5,7 @@ drives it on a Tab (``COMP_WORDS``/``COMP_CWORD`` in, ``COMPREPLY`` out)."""
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -12,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from gpustack_operator.commands import ALIASES, COMMANDS
+from gpustack_operator import flags, main
+from gpustack_operator.commands import ALIASES, COMMANDS, GLOBAL_FLAGS
 
 CLI = shutil.which("gpustack-operator", path=os.path.dirname(sys.executable)) or "gpustack-operator"
 
@@ -181,8 +183,9 @@ def test_bash_completes_subcommands_through_aliases_and_leading_flags(bash_scrip
 
 def test_bash_completes_flags_and_their_choices(bash_script: Path) -> None:
     assert complete(bash_script, "dm", "detect", "--o") == ["--output"]
-    assert complete(bash_script, "dm", "detect", "-o", "") == ["yaml", "json", "wide"]
-    assert complete(bash_script, "dm", "detect", "--output", "=", "") == ["yaml", "json", "wide"]
+    outputs = ["yaml", "json", "wide", "name"]
+    assert complete(bash_script, "dm", "detect", "-o", "") == outputs
+    assert complete(bash_script, "dm", "detect", "--output", "=", "") == outputs
     kinds = complete(bash_script, "bus", "watch", "--kind", "")
     assert kinds == ["devices", "samples", "health", "allocations", "models", "agent"]
     assert complete(bash_script, "mm", "manifest", "Qwen/X", "--rev") == ["--revision"]
@@ -210,7 +213,7 @@ def test_zsh_and_fish_scripts(shell: str, tmp_path: Path) -> None:
         lines = result.stdout.splitlines()
         assert all(line.startswith(("#", "complete -c gpustack-operator")) for line in lines)
         assert any("-a dm " in line for line in lines)
-        assert any("-l output -s o -x -a 'yaml json wide'" in line for line in lines)
+        assert any("-l output -s o -x -a 'yaml json wide name'" in line for line in lines)
 
 
 def _script(shell: str, tmp_path: Path) -> Path:
@@ -238,7 +241,7 @@ def test_fish_completes_as_fish_itself_asks(tmp_path: Path) -> None:
         return [w.split("\t")[0] for w in done.stdout.splitlines()]
 
     assert sorted(offers("gpustack-operator dm ")) == ["detect", "monitor", "preflight", "serve"]
-    assert sorted(offers("gpustack-operator dm detect -o ")) == ["json", "wide", "yaml"]
+    assert sorted(offers("gpustack-operator dm detect -o ")) == ["json", "name", "wide", "yaml"]
     assert offers("gpustack-operator bus watch --ki") == ["--kind"]
     assert {"worker", "dm", "help", "completion"} <= set(offers("gpustack-operator "))
 
@@ -264,7 +267,7 @@ def test_zsh_completes_through_bashcompinit(tmp_path: Path) -> None:
     )
     subs, outputs = done.stdout.split("---\n")
     assert subs.split() == ["serve", "detect", "monitor", "preflight"]
-    assert outputs.split() == ["yaml", "json", "wide"]
+    assert outputs.split() == ["yaml", "json", "wide", "name"]
 
 
 def test_the_readme_commands_table_names_every_command_and_alias() -> None:
@@ -279,3 +282,17 @@ def test_the_readme_commands_table_names_every_command_and_alias() -> None:
     )
     for alias, full in ALIASES.items():
         assert any(f"| `{alias}" in r for r in rows if r.startswith(f"| `{full}")), alias
+
+
+def test_every_example_is_a_command_line_its_command_accepts() -> None:
+    """Each example names its own command and only flags (and values) that command takes."""
+    for command in COMMANDS:
+        lines = [ln for ln in command.examples.splitlines() if ln and not ln.startswith("#")]
+        assert lines, command.path
+        for line in lines:
+            words = shlex.split(line.split(" | ")[0])
+            assert words[0] == "gpustack-operator", line
+            found, rest = main.find_command(words[1:])
+            assert found.path == command.path, line
+            parsed = flags.parse(rest, (*found.flags, *GLOBAL_FLAGS), env={})
+            assert len(parsed.positionals) == (1 if command.usage else 0), line
