@@ -20,7 +20,7 @@ import sys
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Literal, NoReturn, cast
 
-from gpustack_operator import completion, helptext, logs
+from gpustack_operator import logs
 from gpustack_operator.commands import ALIASES, COMMANDS, GLOBAL_FLAGS, Command
 from gpustack_operator.flags import FlagError, Parsed, effective_cmdline, parse
 from kit.options import Options, SettingsError
@@ -59,6 +59,8 @@ def main(argv: Sequence[str] | None = None, *, loaded: Callable[[], None] = _not
         command, rest = find_command(args)
     except NeedsSubcommand as e:
         wanted = _wants_help(args)
+        from gpustack_operator import helptext  # only a help path imports it
+
         print(helptext.group_help(e.group, os.environ), end="", file=None if wanted else sys.stderr)
         return 0 if wanted else EXIT_USAGE
     except LookupError as e:
@@ -66,6 +68,8 @@ def main(argv: Sequence[str] | None = None, *, loaded: Callable[[], None] = _not
             print(f"gpustack-operator {_version()}")
             return 0
         if not words and (not args or _wants_help(args)):
+            from gpustack_operator import helptext  # only a help path imports it
+
             print(helptext.overview(os.environ), end="")
             return 0
         print(f"gpustack-operator: {e}\n{_HINT}", file=sys.stderr)
@@ -77,6 +81,8 @@ def main(argv: Sequence[str] | None = None, *, loaded: Callable[[], None] = _not
         print(f"gpustack-operator {' '.join(command.path)}: {e}", file=sys.stderr)
         return EXIT_USAGE
     if parsed.help:
+        from gpustack_operator import helptext  # only a help path imports it
+
         print(helptext.command_help(command, os.environ), end="")
         return 0
     if parsed.values["version"]:
@@ -94,7 +100,11 @@ def _wants_help(args: Sequence[str]) -> bool:
 
 def _builtin(name: str, words: Sequence[str], *, wants_help: bool) -> int:
     """``help [COMMAND [SUB]]`` and ``completion SHELL``: the launcher's own commands."""
+    from gpustack_operator import helptext  # only a help path imports it
+
     if name == "completion":
+        from gpustack_operator import completion
+
         return completion.command(words, wants_help=wants_help)
     if not words:
         print(helptext.overview(os.environ), end="")
@@ -246,11 +256,6 @@ def find_command(args: list[str]) -> tuple[Command, list[str]]:
         if len(command.path) == 1:  # ``model-manager`` itself, beside ``model-manager manifest``
             return command, args[:first] + args[first + 1 :]
     raise NeedsSubcommand(head, [c.path[1] for c in candidates])
-
-
-def overview() -> str:
-    """The command overview, as ``gpustack-operator --help`` prints it."""
-    return helptext.overview(os.environ)
 
 
 def log_settings(values: dict[str, object]) -> logs.LogSettings:
