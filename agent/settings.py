@@ -35,7 +35,7 @@ class DetectSettings(msgspec.Struct, frozen=True, kw_only=True):
     """Where the host's ``/`` is (``GPUSTACK_HOST_ROOT``): captured trees, containers."""
     simulate: str | None = None
     """A simulated-hardware profile name or path; None for real hardware."""
-    output: Literal["yaml", "json", "wide"] = "yaml"
+    output: Literal["yaml", "json", "wide", "name"] = "yaml"
 
 
 def node_name_from(options: Options) -> str:

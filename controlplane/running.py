@@ -195,6 +195,8 @@ async def _assemble(
 ) -> _Parts:
     """Connect, open the buckets and the API, build the reconcilers, start serving HTTPS."""
     metrics = WorkerMetrics(registry)
+    if settings.kube is not None:  # told now, not after the bus's retries (no server: for ever)
+        await client.check_configuration(settings.kube)
     conn = await stack.enter_async_context(connection.connect(settings.bus, name="worker"))
     await state.ensure_streams(conn, settings.bus)
     agents = await kv.open_bucket(

@@ -40,6 +40,7 @@ from bus.metrics import BusMetrics
 from bus.settings import BusSettings
 from gpustack_operator import buswide
 from gpustack_operator.buscli import WatchSettings, credentials_hint
+from kit import rendering
 
 __all__ = ["FORMATS", "Printer", "Stdout", "format_event", "main", "watch"]
 
@@ -77,11 +78,9 @@ def _render(data: bytes, event: events.Event, fmt: str) -> bytes:
             data = codec.encode(event)  # one event, one line
         return data + b"\n"
     if fmt == "yaml":
-        import yaml  # JSON output never pays for the YAML import
-
-        # The payload itself, so YAML shows exactly the wire form (camelCase, RFC 3339 strings).
-        doc = msgspec.json.decode(data)
-        return ("---\n" + yaml.safe_dump(doc, sort_keys=False, allow_unicode=True)).encode()
+        # The payload itself, so YAML shows exactly the wire form (camelCase, RFC 3339 strings),
+        # in the one YAML style every command prints.
+        return ("---\n" + rendering.yaml_text(msgspec.json.decode(data))).encode()
     if fmt == "wide":
         return buswide.wide_row(event).encode()
     raise ValueError(f"unknown format {fmt!r}; expected one of {', '.join(FORMATS)}")
@@ -95,8 +94,9 @@ class Printer:
             raise ValueError(f"unknown format {fmt!r}; expected one of {', '.join(FORMATS)}")
         self._out, self._fmt, self._tty = out, fmt, tty
         self._json = fmt == "json"
-        if fmt == "wide":
-            out.write(buswide.HEADER.encode())
+        self._header = buswide.HEADER.encode() if fmt == "wide" else b""
+        """A table's header, until the first row is written (an empty table has none)."""
+        self._said_none = False
 
     def stalled(self) -> bool:
         """The reader is not keeping up: the next event is dropped and counted instead
@@ -120,12 +120,22 @@ class Printer:
             write(data)  # the hot path: no copy, no encode, no str
             write(b"\n")
         else:
+            if self._header:
+                self._out.write(self._header)
+                self._header = b""
             self._out.write(_render(data, event, self._fmt))
         if self._tty:
             self._out.flush()
 
     def flush(self) -> None:
         self._out.flush()
+
+    def none_found(self) -> None:
+        """The retained state was empty: a table with no row yet says so on stderr, as
+        ``kubectl get`` does (a document stream stays empty, so ``| jq`` reads nothing)."""
+        if self._header and not self._said_none:
+            self._said_none = True  # once, not again after every reconnect
+            sys.stderr.write("No resources found.\n")
 
 
 async def watch(
@@ -179,6 +189,8 @@ async def _once(
     for valid in found:
         printer.print(valid, more=True)
     printer.flush()
+    if not found:
+        printer.none_found()
 
 
 async def _relay(
@@ -267,6 +279,8 @@ class _Relay:
                 for valid in found:
                     self._printer.print(valid, more=True)
                 self._printer.flush()
+                if not found:
+                    self._printer.none_found()
             except OSError as e:
                 self._fail(e)
             return

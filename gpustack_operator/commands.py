@@ -33,6 +33,8 @@ class Command:
     """``module:function``: a function of the settings returning the exit code."""
     usage: str = ""
     """Positional arguments, for the usage line; empty: the command takes none."""
+    examples: str = ""
+    """``--help``'s Examples: ``#`` comment lines and command lines, as cobra commands show."""
 
 
 def inert(*flags: Flag) -> tuple[Flag, ...]:
@@ -450,9 +452,10 @@ _MODEL_MANAGER = (
 _OUTPUT_WIDE = Flag(
     "output",
     "yaml",
-    "output format: YAML, JSON, or wide (a table, one accelerator per row)",
+    "output format: YAML, JSON, wide (a table, one accelerator per row) or name "
+    "(accelerator/<id>, one per line, as kubectl's -o name)",
     short="o",
-    choices=("yaml", "json", "wide"),
+    choices=("yaml", "json", "wide", "name"),
 )
 _SNAPSHOT = (
     Flag("allow-pattern", "", "only files matching these globs (repeatable, or a,b)", kind="list"),
@@ -465,6 +468,13 @@ _SNAPSHOT = (
     Flag("hf-endpoint", "", "the Hub (default $HF_ENDPOINT, else https://huggingface.co)"),
 )
 """Which snapshot of a repository, from which Hub (``mm manifest`` and ``mm pull``)."""
+_OUTPUT_TEXT = Flag(
+    "output",
+    "text",
+    "output format: text (the lines shown by default), or a JSON or YAML document for scripts",
+    short="o",
+    choices=("text", "json", "yaml"),
+)
 
 _ONE_SHOT = (_MANUFACTURER, _NO_PCI_CHECK, _NO_FAST_FAILED, _OUTPUT_WIDE, _SIMULATE_OR_LIST)
 
@@ -560,8 +570,9 @@ _STANDALONE = (
     Flag(
         "bind-address",
         "127.0.0.1",
-        "the address every HTTPS endpoint serves on; they need no token here, so any other "
-        "address exposes /metrics and the snapshots to whoever reaches it",
+        "the address every HTTPS endpoint serves on; /metrics and the snapshots need no token "
+        "here (the extension API still does), so any other address exposes them to whoever "
+        "reaches it",
     ),
     *(
         flag
@@ -590,6 +601,10 @@ COMMANDS = (
         _WORKER,
         settings="controlplane.settings:settings_from",
         service="controlplane.running:run",
+        examples=(
+            "# Run the control plane against the current kubeconfig's cluster\n"
+            "gpustack-operator worker --kubeconfig ~/.kube/config --secure-port 31443\n"
+        ),
     ),
     Command(
         ("worker-gateway",),
@@ -597,6 +612,10 @@ COMMANDS = (
         _WORKER_GATEWAY,
         settings="controlplane.gateway.settings:settings_from",
         service="controlplane.gateway.running:run",
+        examples=(
+            "# Serve a fleet's summaries on a socket, reaching member workers over the bus\n"
+            "gpustack-operator worker-gateway --worker-conn-mode loopback --nats-url nats://bus:4222\n"
+        ),
     ),
     Command(
         ("device-manager", "serve"),
@@ -604,6 +623,10 @@ COMMANDS = (
         _DM_SERVE,
         settings="agent.serve_settings:settings_from",
         service="agent.running:run",
+        examples=(
+            "# The device agent of a simulated 8 x H200 node, sampling every 5 s\n"
+            "gpustack-operator dm serve --simulate nvidia-h200x8 --monitor-period 5s\n"
+        ),
     ),
     Command(
         ("model-manager",),
@@ -611,6 +634,10 @@ COMMANDS = (
         _MODEL_MANAGER,
         settings="agent.models.settings:settings_from",
         service="agent.models.running:run",
+        examples=(
+            "# The node's model cache, as the DaemonSet runs it\n"
+            "gpustack-operator mm --node-name node-1 --cache-root /var/lib/gpustack/models\n"
+        ),
     ),
     Command(
         ("model-manager", "manifest"),
@@ -618,10 +645,18 @@ COMMANDS = (
         (
             Flag("revision", "main", "branch, tag or commit to resolve"),
             *_SNAPSHOT,
+            _OUTPUT_TEXT,
         ),
         settings="agent.models.manifest_cli:settings_from",
         oneshot="agent.models.manifest_cli:manifest_command",
         usage=" REPOSITORY",
+        examples=(
+            "# The manifest and digest a ModelArtifact would pin\n"
+            "gpustack-operator mm manifest Qwen/Qwen3-0.6B --revision main\n"
+            "\n"
+            "# Only the weights and the config, as JSON\n"
+            "gpustack-operator mm manifest Qwen/Qwen3-0.6B --allow-pattern '*.safetensors,*.json' -o json\n"
+        ),
     ),
     Command(
         ("model-manager", "pull"),
@@ -630,10 +665,18 @@ COMMANDS = (
             Flag("revision", "main", "branch, tag or commit to pull"),
             Flag("cache-root", "/var/lib/gpustack/models", "the node's cache directory"),
             *_SNAPSHOT,
+            _OUTPUT_TEXT,
         ),
         settings="agent.models.pull:settings_from",
         oneshot="agent.models.pull:pull_command",
         usage=" REPOSITORY",
+        examples=(
+            "# Pull a snapshot into a cache directory of your own\n"
+            "gpustack-operator mm pull Qwen/Qwen3-0.6B --cache-root /tmp/models\n"
+            "\n"
+            "# The result as JSON, for a script\n"
+            "gpustack-operator mm pull Qwen/Qwen3-0.6B --cache-root /tmp/models -o json\n"
+        ),
     ),
     Command(
         ("device-manager", "detect"),
@@ -641,6 +684,16 @@ COMMANDS = (
         _ONE_SHOT,
         settings="agent.settings:detect_settings_from",
         oneshot="agent.oneshots:detect_command",
+        examples=(
+            "# This node's accelerators, one per row\n"
+            "gpustack-operator dm detect -o wide\n"
+            "\n"
+            "# A simulated node, as YAML\n"
+            "gpustack-operator dm detect --simulate nvidia-h200x8\n"
+            "\n"
+            "# The packaged simulation profiles\n"
+            "gpustack-operator dm detect --simulate list\n"
+        ),
     ),
     Command(
         ("device-manager", "monitor"),
@@ -648,6 +701,13 @@ COMMANDS = (
         _ONE_SHOT,
         settings="agent.settings:detect_settings_from",
         oneshot="agent.oneshots:monitor_command",
+        examples=(
+            "# One utilization sample of this node's accelerators, one per row\n"
+            "gpustack-operator dm monitor -o wide\n"
+            "\n"
+            "# A simulated node's sample, as JSON\n"
+            "gpustack-operator dm monitor --simulate nvidia-h200x8 -o json\n"
+        ),
     ),
     Command(
         ("device-manager", "preflight"),
@@ -655,6 +715,13 @@ COMMANDS = (
         _PREFLIGHT,
         settings="agent.preflight.running:settings_from",
         oneshot="agent.preflight.running:preflight_command",
+        examples=(
+            "# Print the container steps the checks would take, taking none\n"
+            "gpustack-operator dm preflight --dry-run\n"
+            "\n"
+            "# Run the real checks against a simulated profile\n"
+            "gpustack-operator dm preflight --simulate nvidia-h200x8 -o json\n"
+        ),
     ),
     Command(
         ("standalone",),
@@ -662,6 +729,13 @@ COMMANDS = (
         _STANDALONE,
         settings="gpustack_operator.standalone:settings_from",
         service="gpustack_operator.standalone:main",
+        examples=(
+            "# Everything on this machine, until Ctrl-C; the page is on http://127.0.0.1:31080\n"
+            "gpustack-operator standalone --simulate nvidia-h200x8\n"
+            "\n"
+            "# On free ports, for ten minutes\n"
+            "gpustack-operator standalone --nats-port 0 --worker-port 0 --dashboard-port 0 --run-for 10m\n"
+        ),
     ),
     Command(
         ("bus", "watch"),
@@ -670,6 +744,13 @@ COMMANDS = (
         _BUS_WATCH,
         settings="gpustack_operator.buscli:watch_settings",
         service="gpustack_operator.buswatching:main",
+        examples=(
+            "# Every node's retained state as a table, then exit\n"
+            "gpustack-operator bus watch --once -o wide\n"
+            "\n"
+            "# One node's health events, live, as JSON lines\n"
+            "gpustack-operator bus watch --node node-1 --kind health\n"
+        ),
     ),
     Command(
         ("dashboard",),
@@ -677,6 +758,12 @@ COMMANDS = (
         _DASHBOARD,
         settings="gpustack_operator.dashboard.serving:settings_from",
         service="gpustack_operator.dashboard.serving:main",
+        examples=(
+            "# The page for a standalone run's bus, read with its dashboard token, on\n"
+            "# http://127.0.0.1:8080\n"
+            "gpustack-operator dashboard --nats-url nats://127.0.0.1:4222 --nats-token-file "
+            "~/.local/state/gpustack-operator/nats/auth/dashboard.token\n"
+        ),
     ),
     Command(
         ("bus", "schema"),
@@ -684,6 +771,10 @@ COMMANDS = (
         (),
         settings="gpustack_operator.buscli:schema_settings",
         oneshot="gpustack_operator.buscli:schema_command",
+        examples=(
+            "# The JSON Schema of every bus event, pretty-printed\n"
+            "gpustack-operator bus schema | jq .\n"
+        ),
     ),
 )
 

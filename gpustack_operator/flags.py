@@ -87,7 +87,10 @@ def convert(flag: Flag, text: str) -> object:
     try:
         parsers.bounded(text)
         if flag.choices and text not in flag.choices:
-            raise FlagError(f"must be one of {', '.join(flag.choices)}")
+            named = ", ".join(c for c in flag.choices if c)
+            raise FlagError(
+                f"must be one of {named}" + (" (or empty)" if "" in flag.choices else "")
+            )
         if flag.kind == "bool":
             return parsers.parse_bool(text)
         if flag.kind == "list":
@@ -194,15 +197,3 @@ def _quote(text: str) -> str:
     if text and re.fullmatch(r"[\w@%+=:,./-]+", text):
         return text
     return "'" + text.replace("'", "'\"'\"'") + "'"
-
-
-def render_help(usage: str, summary: str, flags: Sequence[Flag]) -> str:
-    """Help text: one line per flag with its default and environment variable."""
-    lines = [summary, "", f"Usage:\n  {usage}", "", "Flags:"]
-    for flag in flags:
-        long = f"-{flag.name}" if len(flag.name) == 1 else f"--{flag.name}"
-        names = f"-{flag.short}, {long}" if flag.short else f"    {long}"
-        default = f" (default {flag.default!r})" if flag.default not in ("", "false") else ""
-        inert = " (accepted for compatibility; has no effect yet)" if flag.inert else ""
-        lines.append(f"  {names:<36} {flag.help}{default}{inert} [${flag.env}]")
-    return "\n".join(lines) + "\n"

@@ -22,7 +22,7 @@ from typing import Any, Literal, NoReturn, cast
 
 from gpustack_operator import logs
 from gpustack_operator.commands import ALIASES, COMMANDS, GLOBAL_FLAGS, Command
-from gpustack_operator.flags import FlagError, Parsed, effective_cmdline, parse, render_help
+from gpustack_operator.flags import FlagError, Parsed, effective_cmdline, parse
 from kit.options import Options, SettingsError
 from kit.redaction import redact_urls
 
@@ -31,21 +31,48 @@ log = logging.getLogger(__name__)
 EXIT_USAGE = 2
 
 
+class NeedsSubcommand(LookupError):
+    """The words name a group (``device-manager``) but none of its subcommands."""
+
+    def __init__(self, group: str, subs: Sequence[str]) -> None:
+        super().__init__(f"{group} needs one of: {', '.join(subs)}")
+        self.group = group
+
+
 def _nothing() -> None:
     pass
 
 
 def main(argv: Sequence[str] | None = None, *, loaded: Callable[[], None] = _nothing) -> int:
     """Run the command ``argv`` names; returns the exit code. ``loaded`` is called once the
-    command's modules are imported and its settings built, just before it runs."""
+    command's modules are imported and its settings built, just before it runs.
+
+    As kubectl: no command at all, ``--help``, ``-h`` and ``help`` print the overview on stdout
+    and exit 0; ``help COMMAND`` and ``COMMAND --help`` print the command's help and exit 0; a
+    group without its subcommand (``dm``) is a usage error whose message is the group's help.
+    """
     args = list(sys.argv[1:] if argv is None else argv)
+    words = [a for a in args if not a.startswith("-")]
+    if words and words[0] in ("help", "completion"):
+        return _builtin(words[0], words[1:], wants_help=_wants_help(args))
     try:
         command, rest = find_command(args)
+    except NeedsSubcommand as e:
+        wanted = _wants_help(args)
+        from gpustack_operator import helptext  # only a help path imports it
+
+        print(helptext.group_help(e.group, os.environ), end="", file=None if wanted else sys.stderr)
+        return 0 if wanted else EXIT_USAGE
     except LookupError as e:
         if _wants_version(args):
             print(f"gpustack-operator {_version()}")
             return 0
-        print(f"gpustack-operator: {e}\n\n{overview()}", file=sys.stderr, end="")
+        if not words and (not args or _wants_help(args)):
+            from gpustack_operator import helptext  # only a help path imports it
+
+            print(helptext.overview(os.environ), end="")
+            return 0
+        print(f"gpustack-operator: {e}\n{_HINT}", file=sys.stderr)
         return EXIT_USAGE
     flags = (*command.flags, *GLOBAL_FLAGS)
     try:
@@ -54,13 +81,51 @@ def main(argv: Sequence[str] | None = None, *, loaded: Callable[[], None] = _not
         print(f"gpustack-operator {' '.join(command.path)}: {e}", file=sys.stderr)
         return EXIT_USAGE
     if parsed.help:
-        usage = f"gpustack-operator {' '.join(command.path)} [flags]{command.usage}"
-        print(render_help(usage, command.summary, flags), end="")
+        from gpustack_operator import helptext  # only a help path imports it
+
+        print(helptext.command_help(command, os.environ), end="")
         return 0
     if parsed.values["version"]:
         print(f"gpustack-operator {_version()}")
         return 0
     return run(command, parsed, loaded)
+
+
+_HINT = "Run 'gpustack-operator --help' for the commands."
+
+
+def _wants_help(args: Sequence[str]) -> bool:
+    return any(a in ("-h", "--help", "-help") for a in args)
+
+
+def _builtin(name: str, words: Sequence[str], *, wants_help: bool) -> int:
+    """``help [COMMAND [SUB]]`` and ``completion SHELL``: the launcher's own commands."""
+    from gpustack_operator import helptext  # only a help path imports it
+
+    if name == "completion":
+        from gpustack_operator import completion
+
+        return completion.command(words, wants_help=wants_help)
+    if not words:
+        print(helptext.overview(os.environ), end="")
+        return 0
+    if words[0] in ("help", "completion"):
+        return _builtin(words[0], words[1:], wants_help=True)
+    try:
+        command, rest = find_command(list(words))
+    except NeedsSubcommand as e:
+        if len(words) == 1:
+            print(helptext.group_help(e.group, os.environ), end="")
+            return 0
+        command, rest = None, list(words)
+    except LookupError:
+        command, rest = None, list(words)
+    if command is None or rest:
+        topic = " ".join(words)
+        print(f"gpustack-operator help: unknown help topic {topic!r}\n{_HINT}", file=sys.stderr)
+        return EXIT_USAGE
+    print(helptext.command_help(command, os.environ), end="")
+    return 0
 
 
 def console() -> NoReturn:
@@ -190,21 +255,7 @@ def find_command(args: list[str]) -> tuple[Command, list[str]]:
     for command in candidates:
         if len(command.path) == 1:  # ``model-manager`` itself, beside ``model-manager manifest``
             return command, args[:first] + args[first + 1 :]
-    subs = ", ".join(c.path[1] for c in candidates)
-    raise LookupError(f"{head} needs one of: {subs}")
-
-
-def overview() -> str:
-    lines = ["Usage: gpustack-operator COMMAND [flags]", "", "Commands:"]
-    reverse = {v: k for k, v in ALIASES.items()}
-    for command in COMMANDS:
-        alias = reverse.get(command.path[0])
-        shown = " ".join(command.path)
-        if alias:
-            shown += f" ({' '.join((alias, *command.path[1:]))})"
-        lines.append(f"  {shown:<40} {command.summary}")
-    lines.append("\nRun 'gpustack-operator COMMAND --help' for a command's flags.")
-    return "\n".join(lines) + "\n"
+    raise NeedsSubcommand(head, [c.path[1] for c in candidates])
 
 
 def log_settings(values: dict[str, object]) -> logs.LogSettings:

@@ -5,8 +5,9 @@ agent (real hardware, or ``--simulate PROFILE``), the model agent (its CSI socke
 the state directory: with no kubelet nothing mounts, but its cache state reaches the worker), and
 the worker keeping its ledger in the bus's
 retained state (JetStream KV) instead of a Kubernetes API: the same reconcile code with a
-different sink. With no API to review tokens, the HTTPS endpoints need none and bind
-``127.0.0.1`` unless ``--bind-address`` says otherwise. The worker serves the Pod admission
+different sink. With no API to review tokens, ``/metrics`` and the snapshots need none (the
+extension API still answers 401 without one), and every endpoint binds ``127.0.0.1`` unless
+``--bind-address`` says otherwise. The worker serves the Pod admission
 webhooks too, answering from that ledger, so an AdmissionReview can be tried against the
 simulated cards without a cluster. The dashboard page (:mod:`gpustack_operator.dashboard`)
 serves on ``--dashboard-port``, reading the bus as the read-only ``dashboard`` identity. It

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import logging
 import sys
+from pathlib import Path
+from typing import Literal, cast
 
 import anyio
 import msgspec
@@ -19,17 +21,90 @@ from hub import client as hub_client
 from hub import endpoints, resolving
 from hub.errors import HubError
 from hub.manifest import Manifest
+from kit import rendering
 from kit.options import Options, SettingsError
 
-__all__ = ["ManifestSettings", "manifest_command", "render", "settings_from"]
+__all__ = [
+    "FORMATS",
+    "ManifestSettings",
+    "manifest_command",
+    "pulled_document",
+    "render",
+    "settings_from",
+]
 
 log = logging.getLogger(__name__)
 EXIT_FAILED = 1
+Output = Literal["text", "json", "yaml"]
+FORMATS: tuple[Output, ...] = ("text", "json", "yaml")
+"""``-o``: the canonical text (the digest is taken of it), or a document for a script."""
 
 
-def render(manifest: Manifest) -> str:
-    """The one-shot's document: commit, manifest text, digest."""
-    return f"commit: {manifest.commit}\n{manifest.text()}digest: {manifest.digest}\n"
+class FileEntry(msgspec.Struct, frozen=True, kw_only=True):
+    path: str
+    size: int
+    algorithm: str
+    oid: str
+
+
+class ManifestDocument(msgspec.Struct, frozen=True, kw_only=True):
+    """``mm manifest -o json|yaml``: what a ModelArtifact would pin, and the files behind it."""
+
+    repository: str
+    revision: str
+    commit: str | None
+    digest: str
+    size: int
+    files: tuple[FileEntry, ...]
+
+
+class PulledDocument(msgspec.Struct, frozen=True, kw_only=True):
+    """``mm pull -o json|yaml``: the snapshot that was pulled, and where its tree is."""
+
+    repository: str
+    revision: str
+    commit: str | None
+    digest: str
+    size: int
+    path: str
+
+
+def render(
+    manifest: Manifest, output: Output = "text", *, repository: str = "", revision: str = ""
+) -> str:
+    """The one-shot's document: commit, manifest text and digest; or the same as a document."""
+    if output == "text":
+        return f"commit: {manifest.commit}\n{manifest.text()}digest: {manifest.digest}\n"
+    files = tuple(
+        FileEntry(path=e.path, size=e.size, algorithm=e.algorithm, oid=e.oid)
+        for e in manifest.entries
+    )
+    document = ManifestDocument(
+        repository=repository,
+        revision=revision,
+        commit=manifest.commit,
+        digest=manifest.digest,
+        size=manifest.size,
+        files=files,
+    )
+    return rendering.render(document, output)
+
+
+def pulled_document(
+    manifest: Manifest, tree: Path, output: Output, *, repository: str, revision: str
+) -> str:
+    """What ``mm pull`` prints: ``commit``/``digest``/``path`` lines, or a document."""
+    if output == "text":
+        return f"commit: {manifest.commit}\ndigest: {manifest.digest}\npath: {tree}\n"
+    document = PulledDocument(
+        repository=repository,
+        revision=revision,
+        commit=manifest.commit,
+        digest=manifest.digest,
+        size=manifest.size,
+        path=str(tree),
+    )
+    return rendering.render(document, output)
 
 
 class ManifestSettings(msgspec.Struct, frozen=True, kw_only=True):
@@ -40,6 +115,7 @@ class ManifestSettings(msgspec.Struct, frozen=True, kw_only=True):
     allow: tuple[str, ...]
     ignore: tuple[str, ...]
     hub_env: endpoints.HubEnvironment = endpoints.HubEnvironment()
+    output: Output = "text"
 
     @property
     def hub(self) -> hub_client.HubSettings:
@@ -60,6 +136,7 @@ def settings_from(options: Options) -> ManifestSettings:
             allow=options.items("allow-pattern"),
             ignore=options.items("ignore-pattern"),
             hub_env=env,
+            output=cast(Output, options.text("output")),
         )
     except endpoints.InvalidName as e:
         raise SettingsError(str(e)) from e
@@ -82,5 +159,8 @@ def manifest_command(settings: ManifestSettings) -> int:
     except HubError as e:
         log.error("%s: %s", e.reason, e)
         return EXIT_FAILED
-    sys.stdout.write(render(manifest))
+    shown = render(
+        manifest, settings.output, repository=settings.repository, revision=settings.revision
+    )
+    sys.stdout.write(shown)
     return 0

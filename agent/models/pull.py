@@ -25,7 +25,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import TextIO
+from typing import Literal, TextIO, cast
 
 import anyio
 import anyio.to_thread
@@ -59,6 +59,7 @@ class PullSettings(msgspec.Struct, frozen=True, kw_only=True):
     ignore: tuple[str, ...] = ()
     hub_env: endpoints.HubEnvironment = endpoints.HubEnvironment()
     tuning: Tuning = Tuning(waiter_window_s=float("inf"))
+    output: Literal["text", "json", "yaml"] = "text"
 
     @property
     def hub(self) -> hub_client.HubSettings:
@@ -83,6 +84,7 @@ def settings_from(options: Options) -> PullSettings:
             allow=options.items("allow-pattern"),
             ignore=options.items("ignore-pattern"),
             hub_env=env,
+            output=cast(Literal["text", "json", "yaml"], options.text("output")),
         )
     except endpoints.InvalidName as e:
         raise SettingsError(str(e)) from e
@@ -128,7 +130,17 @@ def pull_command(settings: PullSettings) -> int:
         log.error("%s%s", f"{reason}: " if reason else "", e)
         return EXIT_FAILED
     [(manifest, tree)] = pulled
-    sys.stdout.write(f"commit: {manifest.commit}\ndigest: {manifest.digest}\npath: {tree}\n")
+    from agent.models import manifest_cli
+
+    sys.stdout.write(
+        manifest_cli.pulled_document(
+            manifest,
+            tree,
+            settings.output,
+            repository=settings.repository,
+            revision=settings.revision,
+        )
+    )
     return 0
 
 

@@ -109,20 +109,6 @@ def exit_code(document: Document) -> int:
 
 
 def render(document: Document, fmt: Literal["yaml", "json"]) -> str:
-    """The document as YAML (multi-line evidence as ``|`` blocks, so it reads verbatim) or JSON."""
-    if fmt == "json":
-        return rendering.render(document, "json")
-    import yaml
-
-    class Dumper(yaml.SafeDumper):
-        def increase_indent(self, flow: bool = False, indentless: bool = False) -> None:
-            super().increase_indent(flow, False)
-
-    def text(dumper: yaml.SafeDumper, value: str) -> yaml.Node:
-        style = "|" if "\n" in value else None
-        return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
-
-    Dumper.add_representer(str, text)
-    builtins = msgspec.json.decode(msgspec.json.encode(document))
-    out: str = yaml.dump(builtins, Dumper=Dumper, sort_keys=False, allow_unicode=True, width=1000)
-    return out
+    """The document as YAML (multi-line evidence as ``|`` blocks, so it reads verbatim) or
+    JSON: the one renderer every command prints with."""
+    return rendering.render(document, fmt)

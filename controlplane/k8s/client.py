@@ -245,7 +245,7 @@ class KubeClient:
             raise errors.for_status(status, _message(e.body) or str(e.reason or "")) from e
         except (TimeoutError, aiohttp.ClientError, OSError, ValueError) as e:
             self._observe("watch", "error")
-            raise errors.ServerError(0, f"watch {path}: {type(e).__name__}: {e}") from e
+            raise self._unreached(e, f"watch {path}") from e
 
     def _resume_from(self, path: str, resource_version: str | None) -> str | None:
         """``resource_version``, or None once ``relist_s`` passed since the last full list of
@@ -317,9 +317,16 @@ class KubeClient:
             ) from e
         except (TimeoutError, aiohttp.ClientError, OSError) as e:
             self._observe(verb, "error")
-            raise errors.ServerError(0, f"{type(e).__name__}: {e}") from e
+            raise self._unreached(e, f"{method} {path}") from e
         self._observe(verb, "ok")
         return result
+
+    def _unreached(self, error: BaseException, what: str) -> errors.ServerError:
+        """Status 0: the server was not reached. The message says which server, where it came
+        from and what a person can do, before the cause (an ApiError keeps 300 characters)."""
+        return errors.ServerError(
+            0, unreached_message(self._api.configuration.host, self._settings, error, what)
+        )
 
 
 def _verb(method: str, path: str) -> str:
@@ -365,11 +372,39 @@ async def _configuration(settings: KubeSettings) -> k8s.Configuration:
             else "in-cluster service account, then ~/.kube/config"
         )
         raise errors.SinkUnavailable(
-            f"no usable Kubernetes configuration ({tried}: {e}); set --kubeconfig or "
-            "KUBECONFIG, or run with --kubeconfig=none --metrics-auth=none to keep the ledger "
-            "in the bus"
+            f"no usable Kubernetes configuration ({tried}: {e}); this needs a cluster: point "
+            "--kubeconfig or $KUBECONFIG at a kubeconfig, or run in a Pod (in-cluster config); "
+            "or run without one: --kubeconfig=none --metrics-auth=none (the worker then keeps "
+            "its ledger in the bus; 'gpustack-operator standalone' runs everything on one machine)"
         ) from e
     return conf
+
+
+async def check_configuration(settings: KubeSettings) -> None:
+    """Resolve the configuration :func:`open_client` will use, and only that: a process calls
+    it before anything that retries (the bus), so a missing kubeconfig is told at once.
+
+    :raises SinkUnavailable: no kubeconfig, no in-cluster service account, no ``host``.
+    """
+    await _configuration(settings)
+
+
+def unreached_message(
+    host: str | None, settings: KubeSettings, error: BaseException, what: str
+) -> str:
+    """Why a request never reached the API server, and what to do about it (pure)."""
+    source = (
+        "--host"
+        if settings.host
+        else f"the kubeconfig {settings.kubeconfig}"
+        if settings.kubeconfig
+        else "the in-cluster config or ~/.kube/config"
+    )
+    return (
+        f"cannot reach the Kubernetes API server {host} (from {source}); is the cluster up and "
+        "reachable from here? --kubeconfig or $KUBECONFIG chooses another; --kubeconfig=none "
+        f"runs without a cluster ({what}: {type(error).__name__}: {error})"
+    )
 
 
 _READ_BUFSIZE: Final = 2**21

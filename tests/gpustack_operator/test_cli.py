@@ -66,12 +66,24 @@ def test_detect_and_monitor_wide_are_kubectl_tables() -> None:
     monitor = run("dm", "monitor", "-o", "wide", "--simulate", "amd-rx7800xt-x2")
     assert monitor.returncode == 0, monitor.stderr
     header, first, second = monitor.stdout.splitlines()
-    assert header.split()[:4] == ["ID", "MANUFACTURER", "MEMORY", "USED"]
+    assert header.split()[:5] == ["INDEX", "ID", "MANUFACTURER", "MEMORY", "USED"]
     assert first.split() == [
-        "GPU-5c88007d760374f3", "amd", "16.0", "GiB", "174.0", "MiB", "0%", "1%", "44C", "8W",
+        "0", "GPU-5c88007d760374f3", "amd", "16.0", "GiB", "174.0", "MiB", "0%", "1%", "44C", "8W",
         "Healthy",
     ]  # fmt: skip
-    assert second.split()[0] == "GPU-d99e7fe92c7bdf75"
+    assert second.split()[:2] == ["1", "GPU-d99e7fe92c7bdf75"]
+
+
+def test_monitor_wide_indexes_are_detect_wides() -> None:
+    """The INDEX column of ``dm monitor -o wide`` names each card as ``dm detect -o wide`` does."""
+    found = {}
+    for command in ("detect", "monitor"):
+        result = run("dm", command, "-o", "wide", "--simulate", "nvidia-h200x8")
+        assert result.returncode == 0, result.stderr
+        header, *rows = result.stdout.splitlines()
+        assert header.split()[:2] == ["INDEX", "ID"]
+        found[command] = [tuple(r.split()[:2]) for r in rows]
+    assert found["monitor"] == found["detect"] and len(found["detect"]) == 8
 
 
 def test_wide_with_nothing_found_says_so_on_stderr(tmp_path: Path) -> None:
@@ -218,7 +230,7 @@ def test_flags_from_the_environment_and_print_cmdline(tmp_path: Path) -> None:
 def test_version_and_help() -> None:
     assert run("--version").stdout.startswith("gpustack-operator ")
     help_text = run("dm", "serve", "--help").stdout
-    assert "--monitor-period" in help_text and "(default '15s')" in help_text
+    assert "--monitor-period" in help_text and "(default 15s)" in help_text
     assert "--kube-socket" in help_text and "GPUSTACK_KUBE_SOCKET" in help_text
 
 
@@ -354,3 +366,21 @@ def test_a_refused_url_is_quoted_without_its_password(argv: list[str], env: dict
     result = run(*argv, env=env)
     assert result.returncode == 2, result.stderr
     assert "s3cret" not in result.stderr and "u:REDACTED@" in result.stderr, result.stderr
+
+
+def test_output_name_prints_kind_slash_id_per_accelerator(tmp_path: Path) -> None:
+    """As ``kubectl get -o name``: one ``kind/name`` per line; none: the line on stderr."""
+    detect = run("dm", "detect", "-o", "name", "--simulate", "nvidia-h200x8")
+    as_json = run("dm", "detect", "-o", "json", "--simulate", "nvidia-h200x8")
+    assert detect.returncode == 0 and as_json.returncode == 0, detect.stderr
+    ids = [a["id"] for g in json.loads(as_json.stdout) for a in g["accelerators"]]
+    assert detect.stdout.splitlines() == [f"accelerator/{i}" for i in ids] and len(ids) == 8
+    monitor = run("dm", "monitor", "-o", "name", "--simulate", "amd-rx7800xt-x2")
+    assert monitor.stdout.splitlines() == [
+        "accelerator/GPU-5c88007d760374f3", "accelerator/GPU-d99e7fe92c7bdf75"
+    ]  # fmt: skip
+    empty = run(
+        "dm", "detect", "-o", "name", "--no-fast-failed", env={"GPUSTACK_HOST_ROOT": str(tmp_path)}
+    )
+    assert empty.returncode == 0 and empty.stdout == ""
+    assert "No resources found." in empty.stderr

@@ -7,6 +7,7 @@ cut at the first pipe, redirection or ``&&`` (what follows is another program). 
   host has no accelerator: they find nothing, which is still a complete run);
 - ``bus watch``: against a test nats-server holding example state, with ``--once`` added (it
   otherwise follows the bus forever) and any ``--nats-url`` pointed at that server;
+- ``help`` and ``completion``: as written (a page; a script bash must parse);
 - ``standalone``: with ``--run-for`` and free ports added (it otherwise runs until Ctrl-C on
   fixed ports), and a private state directory.
 
@@ -28,8 +29,12 @@ import json
 import os
 import re
 import shlex
+import ssl
 import subprocess
 import sys
+import threading
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import anyio
@@ -132,6 +137,9 @@ def test_documented_command_runs(where: str, argv: list[str], tmp_path: Path) ->
         argv = [*argv, "--run-for=1s", "--nats-port=0", "--worker-port=0",
                 "--device-manager-port=0", "--model-manager-port=0",
                 f"--state-dir={tmp_path / 'state'}"]  # fmt: skip
+    elif path in (("help",), ("completion",)):
+        _builtin(where, argv, tmp_path)
+        return
     elif path not in (
         ("device-manager", "detect"),
         ("device-manager", "monitor"),
@@ -148,6 +156,18 @@ def test_documented_command_runs(where: str, argv: list[str], tmp_path: Path) ->
         assert "$defs" in json.loads(result.stdout)
     elif path[0] == "device-manager":
         assert isinstance(yaml.safe_load(result.stdout), (list, dict))
+
+
+def _builtin(where: str, argv: list[str], tmp_path: Path) -> None:
+    """``help``: its page on stdout; ``completion bash``: a script bash parses."""
+    result = _run(argv, tmp_path)
+    assert result.returncode == 0 and result.stderr == "", f"{where}\n{result.stderr}"
+    if argv[:2] == ["completion", "bash"]:
+        script = tmp_path / "completion.bash"
+        script.write_text(result.stdout)
+        subprocess.run(["bash", "-n", str(script)], check=True)
+    else:
+        assert "Usage:" in result.stdout
 
 
 async def _watch_once(argv: list[str], tmp_path: Path) -> list[str]:
@@ -171,3 +191,82 @@ async def _watch_once(argv: list[str], tmp_path: Path) -> list[str]:
     assert result.returncode == 0, result.stderr
     assert "Traceback" not in result.stderr
     return result.stdout.splitlines()
+
+
+# The docs' claims a run can check, beside their commands.
+
+_NUMBERS = {"three": 3, "four": 4, "five": 5, "six": 6, "seven": 7, "eight": 8}
+
+
+def _docs() -> dict[str, str]:
+    return {p.name: p.read_text() for p in [ROOT / "README.md", *(ROOT / "docs").glob("*.md")]}
+
+
+def test_the_crd_count_in_the_docs_is_deploy_crds() -> None:
+    kustomization = yaml.safe_load((ROOT / "deploy" / "crds" / "kustomization.yaml").read_text())
+    names = [
+        yaml.safe_load((ROOT / "deploy" / "crds" / f).read_text())["metadata"]["name"]
+        for f in kustomization["resources"]
+    ]
+    claims = [
+        (where, word)
+        for where, text in _docs().items()
+        for word in re.findall(r"\b(\w+) CRDs\b", text)
+        if word.lower() in _NUMBERS
+    ]
+    assert claims, "no CRD count left to check: drop this test or the claim"
+    wrong = [(w, word) for w, word in claims if _NUMBERS[word.lower()] != len(names)]
+    assert wrong == [], f"deploy/crds has {len(names)} CRDs"
+    deploy = _docs()["deploy.md"]
+    assert all(f"`{name}`" in deploy for name in names), "the worker's resourceNames list"
+
+
+def test_standalone_serves_as_the_docs_say(tmp_path: Path) -> None:
+    """docs/metrics.md: standalone's /metrics needs no token, its extension API answers 401;
+    every counter a real scrape shows is documented under that name, ``_total`` included."""
+    metrics_doc = (ROOT / "docs" / "metrics.md").read_text()
+    assert "still answers 401" in " ".join(metrics_doc.split())
+    argv = [CLI, "standalone", "--run-for=120s", "--simulate=nvidia-h200x8", "--nats-port=0",
+            "--worker-port=0", "--device-manager-port=0", "--model-manager-port=0",
+            "--dashboard-port=0", f"--state-dir={tmp_path / 'state'}"]  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GPUSTACK_", "NATS_"))}
+    with subprocess.Popen(argv, stderr=subprocess.PIPE, text=True, env=env) as proc:
+        try:
+            urls = _banner_urls(proc)
+            assert proc.stderr is not None  # drained from now on: a full pipe would stall it
+            threading.Thread(target=proc.stderr.read, daemon=True).start()
+            worker, device = urls["worker metrics"], urls["device metrics"]
+            assert _get(worker)[0] == 200 and _get(device)[0] == 200
+            base = worker.removesuffix("/metrics")
+            assert _get(f"{base}/apis/gpustack.ai/v1")[0] == 401
+            scraped = _get(worker)[1] + _get(device)[1]
+        finally:
+            proc.terminate()
+            proc.communicate(timeout=60)
+    counters = set(re.findall(r"^# TYPE (gpustack_\w+) counter$", scraped, re.MULTILINE))
+    assert len(counters) > 5
+    documented = set(re.findall(r"`(gpustack_\w+)`", metrics_doc))
+    assert counters - documented == set()
+
+
+def _banner_urls(proc: subprocess.Popen[str]) -> dict[str, str]:
+    """The banner's ``name: https://…`` lines, read until its ``stop:`` line."""
+    assert proc.stderr is not None
+    urls: dict[str, str] = {}
+    for line in proc.stderr:
+        found = re.match(r"\s+([\w ]+):\s+(https?://\S+)", line)
+        if found:
+            urls[found.group(1)] = found.group(2)
+        if line.strip().startswith("stop:"):
+            return urls
+    raise AssertionError("standalone ended before its banner")
+
+
+def _get(url: str) -> tuple[int, str]:
+    context = ssl.create_default_context()
+    context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+    try:
+        with urllib.request.urlopen(url, context=context, timeout=30) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, ""

@@ -10,8 +10,8 @@ from gpustack_operator.flags import (
     effective_cmdline,
     parse,
     parse_duration,
-    render_help,
 )
+from gpustack_operator.helptext import flags_block
 
 FLAGS = (
     Flag("manufacturer", "", "which"),
@@ -169,8 +169,8 @@ def test_a_refused_secret_is_not_echoed() -> None:
 
 
 def test_help_lists_defaults_and_environment_names() -> None:
-    text = render_help("usage", "summary", FLAGS)
-    assert "--monitor-period" in text and "(default '15s')" in text
+    text = "\n".join(flags_block(FLAGS, 200))
+    assert "--monitor-period duration" in text and "(default 15s)" in text
     assert "$GPUSTACK_MONITOR_PERIOD" in text
     assert "-o, --output" in text
     assert "    -v " in text

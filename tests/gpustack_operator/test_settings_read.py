@@ -58,7 +58,10 @@ def test_every_command_is_built() -> None:
         assert runs == 1, command.path
 
 
-def test_inert_flags_say_so_in_help(capsys: pytest.CaptureFixture[str]) -> None:
+def test_inert_flags_say_so_in_help(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COLUMNS", "1000")  # one line per flag
     assert main(["device-manager", "serve", "--help"]) == 0
     lines = [ln for ln in capsys.readouterr().out.splitlines() if "--kube-conn-qps" in ln]
     assert len(lines) == 1 and "has no effect" in lines[0]
