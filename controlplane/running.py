@@ -66,7 +66,7 @@ from controlplane.resources import NODES
 from controlplane.settings import WorkerSettings
 from controlplane.settingsource import KvBackend, SecretBackend, SettingsSource
 from controlplane.sinks import KubeSink, KvSink, Sink
-from kit import heap
+from kit import backoff, heap
 from kit.tasks import start_forever
 
 __all__ = ["Worker", "WorkerSettings", "run"]
@@ -427,7 +427,9 @@ async def _ensure_bus(conn: connection.Connection, settings: WorkerSettings) -> 
             return False
         except BusError as e:  # JetStream still starting after a server restart
             log.warning("cannot re-ensure the bus state after a reconnect, retrying: %s", e)
-            await anyio.sleep(min(settings.bus.reconnect_wait_s * 2**attempt, 5.0))
+            await anyio.sleep(
+                backoff.delay(attempt + 1, first_s=settings.bus.reconnect_wait_s, max_s=5.0)
+            )
     raise AssertionError("unreachable")  # pragma: no cover
 
 

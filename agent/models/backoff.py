@@ -27,6 +27,7 @@ import msgspec
 from agent.models.errors import BackingOff, NoSpace
 from agent.models.layout import Backoff, DigestRecord
 from hub.errors import HubError
+from kit import backoff as kit_backoff
 
 __all__ = [
     "ANY",
@@ -94,10 +95,9 @@ def source_key(repository: str, commit: str, token: str | None) -> str:
 
 
 def backoff_delay(failures: int, *, first_s: float, max_s: float) -> float:
-    """Seconds to wait after ``failures`` consecutive failures: first_s, doubling, capped."""
-    if failures <= 0:
-        return 0.0
-    return float(min(first_s * 2 ** min(failures - 1, 32), max_s))
+    """Seconds to wait after ``failures`` consecutive failures: first_s, doubling, capped
+    (:func:`kit.backoff.delay`; not jittered: the delay is recorded and reported as is)."""
+    return kit_backoff.delay(failures, first_s=first_s, max_s=max_s)
 
 
 def blocking(record: DigestRecord, key: str, now: float) -> Backoff | None:
