@@ -22,7 +22,7 @@ from bus.metrics import BusMetrics
 from bus.presence import Presence
 from bus.settings import BusSettings
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(150)]  # the waits are generous
 
 NODE = "n1.example"
 
