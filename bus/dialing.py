@@ -129,7 +129,7 @@ async def close_client(nc: Client) -> None:
         log.debug("close failed half-way (%r); stopping the client's tasks", e)
         _abandon(nc)
     else:
-        _abandon(nc)  # a no-op after a complete close
+        _abandon(nc, transport=False)  # a no-op after a complete close
 
 
 class _Client(Client):
@@ -151,8 +151,9 @@ class _Client(Client):
             _abandon(self)
 
 
-def _abandon(nc: Client) -> None:
-    """Cancel what an aborted close left: the client's loops and every subscription's task."""
+def _abandon(nc: Client, *, transport: bool = True) -> None:
+    """Stop what an aborted close left: the client's loops, every subscription's task, and
+    (``transport``) its transport, left open when the close failed writing to it."""
     for sub in list(getattr(nc, "_subs", {}).values()):
         _cancel(getattr(sub, "_wait_for_msgs_task", None))
         iterator = getattr(sub, "_message_iterator", None)
@@ -160,6 +161,12 @@ def _abandon(nc: Client) -> None:
             iterator._cancel()
     for name in _CLIENT_TASKS:
         _cancel(getattr(nc, name, None))
+    opened = getattr(nc, "_transport", None) if transport else None
+    if opened is not None:
+        try:
+            opened.close()
+        except (OSError, RuntimeError) as e:  # already closed under it
+            log.debug("ignored while closing a transport: %r", e)
 
 
 def _cancel(task: object) -> None:

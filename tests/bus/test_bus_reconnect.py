@@ -111,3 +111,20 @@ async def test_a_client_the_callout_refused_is_replaced_and_its_outbox_delivered
             await testing.eventually(lambda: _true(admin.is_connected), timeout_s=30)
             (stored,) = await state.snapshot(admin, bus.worker, node=NODE, kind="devices")
             assert stored[1] == codec.encode(devices)
+
+
+async def test_leaving_while_the_client_is_being_replaced_leaves_nothing_running(
+    tmp_path: Path,
+) -> None:
+    """The server is gone and the keeper is dialing: leaving the connection cancels it, closes
+    whichever client it holds, and no task of any client outlives the block (the leaked-task
+    check of every test); a subscription opened while off the bus is given up quietly."""
+    async with testing.nats_server(tmp_path) as server:
+        settings = testing.settings_for(server)
+        with anyio.fail_after(20):
+            async with connection.connect(settings, retry=False) as conn:
+                await server.stop()
+                await testing.eventually(lambda: _true(not conn.presence.online))
+                async with conn.subscribe("gpustack.v1.node.>", lambda s, d: None):
+                    await anyio.sleep(0.3)  # a few dialing rounds, all refused
+                assert not conn.is_connected
