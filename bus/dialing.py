@@ -133,7 +133,8 @@ async def close_client(nc: Client) -> None:
 
 
 class _Client(Client):
-    """nats-py's client, whose own close never fails on a transport that died under it.
+    """nats-py's client, whose own close never fails on a transport that died under it, and
+    whose connection survives a flush that timed out.
 
     nats-py closes a client from a task of its own when the server ends the connection with an
     error ("Authorization Violation"); that close writes what was pending to the transport
@@ -142,6 +143,18 @@ class _Client(Client):
     same (its status says so first): what the close did not get to is cancelled here, and
     the connection's keeper, which also looks for itself, replaces the client.
     """
+
+    async def _process_pong(self) -> None:
+        """As nats-py's, but the PONG of a flush that timed out (its future cancelled by the
+        timeout) is taken as it is: nats-py set its result anyway, and the reader's
+        ``InvalidStateError`` ended the connection, so a slow server made every flush with a
+        timeout cost a connection."""
+        if self._pongs:
+            future = self._pongs.pop(0)
+            if not future.done():
+                future.set_result(True)
+            self._pongs_received += 1
+            self._pings_outstanding = 0
 
     async def _close(self, status: int, do_cbs: bool = True) -> None:
         try:

@@ -9,6 +9,7 @@ again and delivers what waited in the outbox.
 
 from __future__ import annotations
 
+import contextlib
 import random
 from pathlib import Path
 
@@ -128,3 +129,18 @@ async def test_leaving_while_the_client_is_being_replaced_leaves_nothing_running
                 async with conn.subscribe("gpustack.v1.node.>", lambda s, d: None):
                     await anyio.sleep(0.3)  # a few dialing rounds, all refused
                 assert not conn.is_connected
+
+
+async def test_a_flush_that_timed_out_does_not_end_the_connection(tmp_path: Path) -> None:
+    """nats-py's flush cancels its PONG future on timeout, then set the late PONG's result on
+    it anyway: the reader raised InvalidStateError and the connection ended (a replacement
+    each time a loaded server answered a flush late)."""
+    async with testing.nats_server(tmp_path) as server:
+        settings = testing.settings_for(server)
+        async with connection.connect(settings, retry=False) as conn:
+            client = conn._nc  # the adapter's client: this is nats-py's own flush, timed out
+            for _ in range(20):
+                with contextlib.suppress(Exception):
+                    await client.flush(timeout=1e-9)
+            await conn.flush()  # the late PONGs have all come back by now
+            assert conn.is_connected and conn._nc is client and conn.reconnects == 0
