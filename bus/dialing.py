@@ -129,7 +129,9 @@ async def close_client(nc: Client) -> None:
         log.debug("close failed half-way (%r); stopping the client's tasks", e)
         _abandon(nc)
     else:
-        _abandon(nc, transport=False)  # a no-op after a complete close
+        # A no-op after a complete close; but nats-py may have been closing the client in its
+        # reader task (a lost connection), which this cancels before it closed the transport.
+        _abandon(nc)
 
 
 class _Client(Client):
@@ -164,9 +166,9 @@ class _Client(Client):
             _abandon(self)
 
 
-def _abandon(nc: Client, *, transport: bool = True) -> None:
+def _abandon(nc: Client) -> None:
     """Stop what an aborted close left: the client's loops, every subscription's task, and
-    (``transport``) its transport, left open when the close failed writing to it."""
+    its transport (left open when the close failed writing to it, or was cancelled)."""
     for sub in list(getattr(nc, "_subs", {}).values()):
         _cancel(getattr(sub, "_wait_for_msgs_task", None))
         iterator = getattr(sub, "_message_iterator", None)
@@ -174,12 +176,22 @@ def _abandon(nc: Client, *, transport: bool = True) -> None:
             iterator._cancel()
     for name in _CLIENT_TASKS:
         _cancel(getattr(nc, name, None))
-    opened = getattr(nc, "_transport", None) if transport else None
-    if opened is not None:
+    opened = getattr(nc, "_transport", None)
+    if opened is not None and _still_open(opened):
         try:
             opened.close()
         except (OSError, RuntimeError) as e:  # already closed under it
             log.debug("ignored while closing a transport: %r", e)
+
+
+def _still_open(transport: object) -> bool:
+    """Whether nats-py's TCP (a stream writer) or WebSocket transport is not closed yet; a
+    WebSocket close starts a task, so it is never started twice."""
+    writer = getattr(transport, "_io_writer", None)
+    if writer is not None:
+        return not writer.is_closing()
+    ws = getattr(transport, "_ws", None)
+    return ws is not None and not ws.closed and getattr(transport, "_close_task", None) is None
 
 
 def _cancel(task: object) -> None:
