@@ -277,8 +277,7 @@ class Connection:
     async def _keep(self, name: str | None) -> None:
         """Replace the client whenever it is lost, until cancelled (the keeper task)."""
         while True:
-            while not self._nc.is_closed:
-                await self._closed.wait(_CHECK_S)
+            await self._until_lost()
             self.presence.lost(anyio.current_time())
             log.warning("bus connection lost (%r); connecting again", self._nc.last_error)
             with anyio.CancelScope(shield=True):
@@ -289,6 +288,21 @@ class Connection:
             self.presence.connected()
             log.info("bus connected again (%s)", self.connected_url)
             self._reconnects.fire()
+
+    async def _until_lost(self) -> None:
+        """Until the client is closed, or has been neither connected nor closed for longer
+        than ``connect_timeout_s`` (a state nats-py can leave a client in once its own
+        reconnect is off): either way it is lost, and replaced."""
+        adrift_since: float | None = None
+        while not self._nc.is_closed:
+            now = anyio.current_time()
+            if self._nc.is_connected:
+                adrift_since = None
+            elif adrift_since is None:
+                adrift_since = now
+            elif now - adrift_since > self._settings.connect_timeout_s:
+                return
+            await self._closed.wait(_CHECK_S)
 
     async def _replace(self, name: str | None) -> None:
         """A new client in place of the closed one: subscribed again, JetStream rebound."""
@@ -309,7 +323,7 @@ class Connection:
                 # no reason to drop a connected client: it processes them in order anyway).
                 with contextlib.suppress(BusError):
                     await self.flush()
-                if not nc.is_closed:
+                if nc.is_connected:
                     return
             with anyio.CancelScope(shield=True):
                 await close_client(nc)

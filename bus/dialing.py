@@ -109,6 +109,7 @@ async def quietly(aw: Awaitable[object]) -> None:
         log.debug("ignored during cleanup: %r", e)
 
 
+_CLOSE_TIMEOUT_S: Final = 5.0
 _CLIENT_TASKS = ("_reconnection_task", "_reading_task", "_ping_interval_task", "_flusher_task")
 """nats-py's own background tasks (private names, read only here, in the one adapter)."""
 
@@ -124,8 +125,11 @@ async def close_client(nc: Client) -> None:
         _abandon(nc)  # never connected: nats-py's close() asserts it was
         return
     try:
-        await nc.close()
-    except (nats.errors.Error, OSError, RuntimeError) as e:
+        # Bounded: the close writes what is pending first, and a server that does not read
+        # (one still waiting for its auth callout) would hold it until its own timeout.
+        with anyio.fail_after(_CLOSE_TIMEOUT_S):
+            await nc.close()
+    except (nats.errors.Error, OSError, RuntimeError, TimeoutError) as e:
         log.debug("close failed half-way (%r); stopping the client's tasks", e)
         _abandon(nc)
     else:
