@@ -12,6 +12,7 @@ time-bounded by its owner):
    this node's pending containers (:mod:`agent.kvpending`) whenever the connection comes up);
 4. HTTPS (``/metrics``, ``/readyz``, ``/livez``, ``/monitor/snapshot``); with
    ``--metrics-auth=review``, the non-probe routes ask the worker (503 while they cannot);
+   ``/livez`` fails once the agent has been off the bus past the bound (:class:`Probes`);
 5. the device plugins (bound and registered on the first :meth:`Plugins.update`), their ledger
    rebuilt from the bus's retained history, or from the copy kept on the node
    (:mod:`agent.ledgerfile`) when the bus cannot be read at start;
@@ -53,6 +54,7 @@ from agent.serve_settings import ServeSettings
 from bus import events
 from bus.errors import BusError
 from bus.metrics import BusMetrics
+from bus.presence import Presence
 from bus.publishing import Publisher, link, publisher
 from bus.reviewing import BusReviewer
 from kit import serving
@@ -95,14 +97,17 @@ async def run(
         metrics.register_view(registry, observer.metric_sources(outbox_depth=lambda: pub.pending))
         reviewer = BusReviewer(settings.node_name)
         pending = kvpending.PendingView()
+        presence = Presence(since=anyio.current_time())
         tg.start_soon(
             functools.partial(
                 link, pub, settings.bus, name=f"agent/{settings.node_name}",
                 also=(reviewer.attach, kvpending.attach(pending, settings.node_name)),
+                presence=presence,
             ),
             name="bus-link",
         )  # fmt: skip
-        server = await tg.start(serve_https, settings, registry, observer, reviewer, name="https")
+        probes = Probes(observer, presence, settings.bus.max_offline_s)
+        server = await tg.start(serve_https, settings, registry, probes, reviewer, name="https")
         plugins = await start_plugins(
             tg, settings, publish, mig_control(backends), pending, driver_controls(backends)
         )
@@ -168,10 +173,33 @@ def publish_logged(pub: Publisher, event: events.Event) -> None:
         log.error("cannot publish %s event: %s", events.kind_of(event), e)
 
 
+@dataclass(frozen=True)
+class Probes:
+    """What kubelet's probes are told.
+
+    ``/readyz``: a pass is published and kubelet holds every plugin: what the node needs from
+    this agent, which serves kubelet with or without the bus (its events wait in the outbox).
+    ``/livez``: the agent has not been off the bus for longer than ``max_offline_s`` (the bus
+    settings' documented bound): the connection is replaced for ever after any loss, so one
+    still off by then is stuck in a way only a restart may cure (kubelet's, after its
+    failure threshold).
+    """
+
+    observer: Observer
+    presence: Presence
+    max_offline_s: float
+
+    def ready(self) -> bool:
+        return self.observer.is_ready()
+
+    def live(self) -> bool:
+        return self.presence.alive(anyio.current_time(), self.max_offline_s)
+
+
 async def serve_https(
     settings: ServeSettings,
     registry: CollectorRegistry,
-    observer: Observer,
+    probes: Probes,
     reviewer: BusReviewer,
     *,
     task_status: anyio.abc.TaskStatus[serving.Server],
@@ -180,8 +208,9 @@ async def serve_https(
         serving.https_server(
             settings.https,
             registry=registry,
-            ready=observer.is_ready,
-            routes={"/monitor/snapshot": observer.snapshot},
+            ready=probes.ready,
+            live=probes.live,
+            routes={"/monitor/snapshot": probes.observer.snapshot},
             authorizer=reviewer,
         ) as server,
         _plain_metrics(settings, registry) as plain,

@@ -2,6 +2,7 @@
 
 :func:`embedded_server` starts one server and :func:`embedded_cluster` starts N servers joined
 by routes on loopback; both are async context managers that stop the processes on exit.
+:func:`keep_running` restarts a server whose process died (``standalone`` runs it).
 
 Port 0 means "any free port": the server is told ``-1`` (its own spelling of "random") and
 writes the ports it bound to a ports file, which we read back. Cluster route ports are picked
@@ -38,6 +39,7 @@ from typing import Final
 import anyio
 
 from bus.errors import ServerFailed
+from kit import backoff
 
 __all__ = [
     "ServerProcess",
@@ -46,12 +48,16 @@ __all__ = [
     "embedded_server",
     "find_binary",
     "free_port",
+    "keep_running",
 ]
 
 log = logging.getLogger(__name__)
 
 _PR_SET_PDEATHSIG: Final = 1
 _POLL_S: Final = 0.02
+_CHECK_S: Final = 0.5
+"""How often :func:`keep_running` looks whether its server still runs."""
+_MAX_RESTART_WAIT_S: Final = 30.0
 
 
 def find_binary() -> str:
@@ -250,6 +256,11 @@ class ServerProcess:
         await self.stop()
         await self.start()
 
+    @property
+    def pid(self) -> int | None:
+        """The process id of the server started last (also once it exited), if any."""
+        return None if self._proc is None else self._proc.pid
+
     def _tail(self) -> str:
         try:
             return (self.store_dir / "server.log").read_text(errors="replace")[-2000:]
@@ -282,6 +293,46 @@ async def embedded_server(
         yield server
     finally:
         await server.stop()
+
+
+async def keep_running(server: ServerProcess, *, check_s: float = _CHECK_S) -> None:
+    """Start ``server`` again whenever its process exits, until cancelled (``standalone``).
+
+    Same store, same port, same configuration (:meth:`ServerProcess.start` writes the one it
+    was made with, and the port is the one it bound first). Looking reaps: an exited server
+    is waited for at once, so none stays ``<defunct>``. A start that fails (the port taken
+    meanwhile) is tried again with a capped, jittered backoff, for ever: clients redial on
+    their own, so whenever the server is back, so is everyone.
+    """
+    failures = 0
+    while True:
+        await _exited(server, check_s)
+        log.error(
+            "nats-server %s (pid %s) exited; starting it again on port %d, store %s",
+            server.name, server.pid, server.port, server.store_dir,
+        )  # fmt: skip
+        try:
+            await server.start()
+        except ServerFailed as e:
+            failures += 1
+            wait = backoff.jittered(failures, first_s=check_s, max_s=_MAX_RESTART_WAIT_S)
+            log.error(
+                "nats-server %s did not start again (%s); retrying in %.1fs", server.name, e, wait
+            )
+            await anyio.sleep(wait)
+        else:
+            failures = 0
+            log.warning("nats-server %s is running again (pid %s)", server.name, server.pid)
+
+
+async def _exited(server: ServerProcess, check_s: float) -> None:
+    """Until the server's process has exited, and is reaped (``Popen.poll()`` waits for an
+    exited child). Polled: anyio offers no event for a child's exit, and a thread blocked in
+    ``wait()`` could not be cancelled."""
+    while True:
+        if not server.running:
+            return
+        await anyio.sleep(check_s)
 
 
 @asynccontextmanager

@@ -5,8 +5,9 @@ One of the three modules that import ``nats`` (with :mod:`bus.connection` and
 (``conn.streams``) and one :class:`Buckets` (``conn.buckets``) over its client's JetStream
 context; the typed APIs above them are :mod:`bus.state` and :mod:`bus.kv`.
 
-A reconnect may reach a server that lost its store (restarted empty): a bucket found gone is
-created again on the spot (:meth:`Buckets.ensure` remembers how). Every ``nats`` exception is
+A reconnect (a new client, :meth:`Streams.rebind`, :meth:`Buckets.rebind`) may reach a server
+that lost its store (restarted empty): a bucket found gone is created again on the spot
+(:meth:`Buckets.ensure` remembers how). Every ``nats`` exception is
 mapped to a :mod:`bus.errors` type here, chained with ``from e``; callers see bytes only.
 """
 
@@ -41,6 +42,10 @@ class Streams:
     def __init__(self, js: JetStreamContext, settings: BusSettings) -> None:
         self._js = js
         self._settings = settings
+
+    def rebind(self, js: JetStreamContext) -> None:
+        """Go through ``js`` from now on: the connection's new client (see :mod:`bus.connection`)."""
+        self._js = js
 
     async def ensure(
         self,
@@ -124,6 +129,16 @@ class Buckets:
         self._settings = settings
         self._kv: dict[str, Any] = {}
         self._config: dict[str, tuple[int, int]] = {}
+
+    def rebind(self, js: JetStreamContext) -> None:
+        """Go through ``js`` from now on: the connection's new client (see :mod:`bus.connection`).
+
+        The buckets opened stay open: a nats-py bucket handle is its name and subjects plus
+        the JetStream context it sends through (its ``_js``, set here, in the one adapter).
+        """
+        self._js = js
+        for kv in self._kv.values():
+            kv._js = js
 
     async def ensure(
         self, bucket: str, *, history: int = 1, replicas: int = 1, create: bool = True

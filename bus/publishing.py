@@ -56,7 +56,9 @@ from bus.connection import Connection, connect
 from bus.errors import BusError, NotConnected, PublisherClosed, PublishFailed, StateUnavailable
 from bus.metrics import BusMetrics
 from bus.outbox import Key, Outbox, Pending
+from bus.presence import Presence
 from bus.settings import BusSettings
+from kit import backoff
 
 __all__ = ["Publisher", "link", "publisher"]
 
@@ -209,7 +211,8 @@ class Publisher:
         self._idle.set()
 
     async def _backoff(self, failures: int) -> None:
-        await anyio.sleep(min(self._settings.reconnect_wait_s * failures, _MAX_RETRY_S))
+        first = self._settings.reconnect_wait_s
+        await anyio.sleep(backoff.delay(failures, first_s=first, max_s=_MAX_RETRY_S))
 
     async def _send_all(self, conn: Connection, acks: AckWindow) -> bool:
         """Send what is queued: state events first. Returns False on the first failure."""
@@ -302,16 +305,22 @@ async def link(
     *,
     name: str | None = None,
     also: Sequence[Callable[[Connection], AbstractAsyncContextManager[object]]] = (),
+    presence: Presence | None = None,
 ) -> None:
     """Connect (retrying forever), then keep ``pub`` attached until cancelled.
 
     Run it as a task beside the parts that publish: they never wait for it. Cancelling it
     flushes the outbox within ``drain_timeout_s`` (:meth:`Publisher.attach`), then drains and
-    closes the connection. Once connected, the client itself reconnects after a loss, and the
-    outbox holds everything meanwhile. ``also`` attaches other users of the same connection
-    (e.g. :meth:`bus.reviewing.BusReviewer.attach`) for as long.
+    closes the connection. Once connected, a lost connection is replaced (for ever, see
+    :mod:`bus.connection`), and the outbox holds everything meanwhile. ``also`` attaches other
+    users of the same connection (e.g. :meth:`bus.reviewing.BusReviewer.attach`) for as long.
+    ``presence`` is told when the connection is up and lost (the process's ``/livez``).
     """
-    async with connect(settings, name=name) as conn, pub.attach(conn), AsyncExitStack() as stack:
+    async with (
+        connect(settings, name=name, presence=presence) as conn,
+        pub.attach(conn),
+        AsyncExitStack() as stack,
+    ):
         for attach in also:
             await stack.enter_async_context(attach(conn))
         await anyio.sleep_forever()

@@ -59,7 +59,13 @@ class BusSettings(msgspec.Struct, frozen=True, kw_only=True):
     connect_timeout_s: float = 5.0
     """Per-attempt TCP/TLS/handshake timeout."""
     reconnect_wait_s: float = 2.0
-    """Pause between reconnect attempts to the same server; reconnects never give up."""
+    """First pause before dialing again after a failed round or a lost connection; it doubles
+    up to 30 s (:data:`bus.dialing.MAX_BACKOFF_S`), jittered. Reconnects never give up."""
+    max_offline_s: float = 300.0
+    """The liveness bound: a long-running component off the bus for longer than this (never
+    connected since its start, or its connection lost and not back) fails ``/livez``, so
+    kubelet restarts it. Well above the worst reconnect (30 s backoff, a connect timeout and
+    a stale connection found within 90 s), so only a component that cannot get back fails."""
     drain_timeout_s: float = 5.0
     """Bound on flushing the outbox and draining subscriptions at shutdown."""
     request_timeout_s: float = 2.0

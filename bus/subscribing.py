@@ -38,6 +38,7 @@ from bus.errors import InvalidSubject, NotConnected, StateUnavailable
 from bus.jetstream import RawMessage
 from bus.metrics import BusMetrics
 from bus.settings import BusSettings
+from kit import backoff
 
 __all__ = ["Subscription", "parse_filter", "subscribe"]
 
@@ -99,9 +100,11 @@ class _StateSource:
         when some component re-creates them (agents and the worker do on reconnect)."""
         if not self.failures:
             log.info("retained state not readable after reconnecting, retrying: %s", e)
-        delay = self.settings.reconnect_wait_s * 2**self.failures
         self.failures += 1
-        self.retry_at = anyio.current_time() + min(delay, _MAX_STATE_RETRY_S)
+        first, cap = self.settings.reconnect_wait_s, _MAX_STATE_RETRY_S
+        self.retry_at = anyio.current_time() + backoff.delay(
+            self.failures, first_s=first, max_s=cap
+        )
 
 
 class Subscription:

@@ -1,4 +1,6 @@
-"""The worker's HTTPS endpoint: ``/metrics``, ``/readyz`` and ``/livez``, the Pod admission
+"""The worker's HTTPS endpoint: ``/metrics``, ``/readyz`` (connected to the bus) and ``/livez``
+(not off the bus for longer than ``max_offline_s``: its connection is replaced for ever, so a
+worker still off by then is stuck and kubelet restarts it), the Pod admission
 webhooks and the Workload fit pin, the status guards, the extension API, and (with an API) the
 access reviews it and, on the bus, the agents use.
 
@@ -12,6 +14,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 
+import anyio
 from prometheus_client import CollectorRegistry
 
 from bus import connection, events
@@ -86,6 +89,7 @@ async def serve(  # noqa: PLR0913 - the parts of one endpoint, each passed by th
         server = await stack.enter_async_context(
             serving.https_server(
                 https, registry=registry, ready=lambda: conn.is_connected,
+                live=lambda: conn.presence.alive(anyio.current_time(), settings.bus.max_offline_s),
                 authorizer=reviewer, posts=posts,
                 handlers=handlers, client_ca=proxy.client_ca if proxy else None,
                 middlewares=middlewares,

@@ -13,7 +13,9 @@ simulated cards without a cluster. The dashboard page (:mod:`gpustack_operator.d
 serves on ``--dashboard-port``, reading the bus as the read-only ``dashboard`` identity. It
 prints how to watch, and stops cleanly on Ctrl-C or
 SIGTERM, leaving no
-process behind (the embedded server dies with its parent).
+process behind (the embedded server dies with its parent). Should the server die first, it is
+reaped and started again on the same port with the same store and configuration
+(:func:`bus.embedded.keep_running`); every component redials by itself (:mod:`bus.connection`).
 
 The embedded server enforces the same per-identity permissions as a cluster's
 (:mod:`bus.identity`): the worker serves the auth callout, and every other component connects
@@ -172,6 +174,10 @@ async def run(
         as server,
         anyio.create_task_group() as tg,
     ):  # fmt: skip
+        # A server that dies is started again, same port and store; every client redials.
+        tg.start_soon(embedded.keep_running, server, name="nats-server-keeper")
+        # A server that dies is started again, same port and store; every client redials.
+        tg.start_soon(embedded.keep_running, server, name="nats-server-keeper")
         buses = {role: creds.bus(settings.agent.bus, server.url, role) for role in _ROLES}
         worker_settings = msgspec.structs.replace(
             settings.worker,

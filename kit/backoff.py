@@ -14,17 +14,26 @@ however large: a loop that has failed for days still gets ``cap_s`` rather than 
             await schedule.wait(attempt)
 
 A loop keeps its own attempt count (reset on success) and its own choice of which errors to
-retry; this module knows neither.
+retry; this module knows neither. Loops that count *failures* (0: none yet, no wait) use
+:func:`delay`, the same schedule.
+
+Jitter matters where many processes fail *together*: after a NATS restart every node agent of
+a cluster loses its connection in the same millisecond, and without jitter they would all come
+back in lock-step, so the server's auth callout meets the whole fleet at once on every round.
+:func:`jittered` draws uniformly from the upper half of the delay ("equal jitter"): a retry never
+comes much sooner than the plain schedule says, but the herd is spread over half of it.
 """
 
 from __future__ import annotations
 
 import math
+import random
 from dataclasses import dataclass
+from typing import Final
 
 import anyio
 
-__all__ = ["Backoff"]
+__all__ = ["Backoff", "delay", "jittered"]
 
 _MAX_EXPONENT = 64
 """Past this many doublings every useful schedule is at its cap; bounding the exponent keeps
@@ -66,3 +75,26 @@ class Backoff:
         delay = self.delay_s(attempt, at_least_s=at_least_s)
         await anyio.sleep(delay)
         return delay
+
+
+def delay(failures: int, *, first_s: float, max_s: float) -> float:
+    """Seconds to wait after ``failures`` consecutive failures: 0 before the first, then
+    ``first_s``, doubling, never more than ``max_s`` (a ``first_s`` above ``max_s`` waits
+    ``max_s``): :class:`Backoff` counted by failures."""
+    if failures <= 0:
+        return 0.0
+    return Backoff(min(first_s, max_s), max_s).delay_s(failures - 1)
+
+
+def jittered(
+    failures: int, *, first_s: float, max_s: float, rng: random.Random | None = None
+) -> float:
+    """:func:`delay`, drawn uniformly from its upper half (``[d/2, d]``).
+
+    ``rng`` makes the draw reproducible in tests; by default the module's shared generator.
+    """
+    full = delay(failures, first_s=first_s, max_s=max_s)
+    return (rng or _RNG).uniform(full / 2, full)
+
+
+_RNG: Final = random.Random()

@@ -27,7 +27,7 @@ import msgspec
 from agent.models.errors import BackingOff, NoSpace
 from agent.models.layout import Backoff, DigestRecord
 from hub.errors import HubError
-from kit.backoff import Backoff as Schedule
+from kit import backoff as kit_backoff
 
 __all__ = [
     "ANY",
@@ -96,10 +96,8 @@ def source_key(repository: str, commit: str, token: str | None) -> str:
 
 def backoff_delay(failures: int, *, first_s: float, max_s: float) -> float:
     """Seconds to wait after ``failures`` consecutive failures: first_s, doubling, capped
-    (:class:`kit.backoff.Backoff`; a ``first_s`` above ``max_s`` waits ``max_s``)."""
-    if failures <= 0:
-        return 0.0
-    return Schedule(min(first_s, max_s), max_s).delay_s(failures - 1)
+    (:func:`kit.backoff.delay`; not jittered: the delay is recorded and reported as is)."""
+    return kit_backoff.delay(failures, first_s=first_s, max_s=max_s)
 
 
 def blocking(record: DigestRecord, key: str, now: float) -> Backoff | None:

@@ -45,11 +45,12 @@ from agent.models.volumes import Volumes
 from bus import connection, kv, publishing
 from bus.errors import BusError
 from bus.metrics import BusMetrics
+from bus.presence import Presence
 from bus.records import StoreSpec
 from bus.reviewing import BusReviewer
 from bus.settings import BusSettings
 from hub import client as hub_client
-from kit import serving
+from kit import backoff, serving
 from kit.options import SettingsError
 
 __all__ = ["Plugin", "plugin", "run", "serve"]
@@ -201,8 +202,9 @@ async def serve(settings: ModelManagerSettings, policy: MemoryPolicy) -> None:
     if settings.bus is None:
         if settings.https.auth == "review":
             log.warning("no bus: /metrics and /model/downloads answer 503 (--metrics-auth=review)")
-        await _serve_plugin(settings, policy, None, registry, reviewer)
+        await _serve_plugin(settings, policy, None, registry, reviewer, None)
         return
+    presence = Presence(since=anyio.current_time())
     async with (
         # The worker creates the streams and buckets; an agent may not (bus.identity).
         publishing.publisher(
@@ -212,9 +214,9 @@ async def serve(settings: ModelManagerSettings, policy: MemoryPolicy) -> None:
     ):
         tg.start_soon(
             _follow_bus, settings.bus, settings.node_name, pub, policy, reviewer,
-            settings.cache_root, name="bus",
+            settings.cache_root, presence, name="bus",
         )  # fmt: skip
-        await _serve_plugin(settings, policy, pub, registry, reviewer)
+        await _serve_plugin(settings, policy, pub, registry, reviewer, presence)
 
 
 async def _follow_bus(
@@ -224,13 +226,15 @@ async def _follow_bus(
     policy: MemoryPolicy,
     reviewer: BusReviewer,
     cache_root: Path,
+    presence: Presence,
 ) -> None:
     """Connect (retrying forever), then publish, review and follow the policy through it.
 
     Runs until cancelled; leaving flushes the outbox within ``drain_timeout_s``, then closes.
+    A lost connection is replaced for ever (:mod:`bus.connection`), told to ``presence``.
     """
     async with (
-        connection.connect(bus, name=f"model-manager/{node}") as conn,
+        connection.connect(bus, name=f"model-manager/{node}", presence=presence) as conn,
         pub.attach(conn),
         reviewer.attach(conn),
         anyio.create_task_group() as tg,
@@ -261,14 +265,14 @@ async def _assume_kept_policy(settings: ModelManagerSettings, policy: MemoryPoli
 
 async def _bind_agents_bucket(conn: connection.Connection, bus: BusSettings) -> kv.Bucket:
     """The worker's bucket, once it exists: agents only bind it (the worker creates it)."""
-    attempt = 0
+    failures = 0
     while True:
         try:
             return await kv.open_bucket(conn, kv.AGENTS_BUCKET, create=False)
         except BusError as e:
-            delay = min(bus.reconnect_wait_s * 2**attempt, _BIND_RETRY_CAP_S)
+            failures += 1
+            delay = backoff.delay(failures, first_s=bus.reconnect_wait_s, max_s=_BIND_RETRY_CAP_S)
             log.warning("cannot bind the agents' bucket (%s); retrying in %.1fs", e, delay)
-            attempt += 1
             await anyio.sleep(delay)
 
 
@@ -278,7 +282,21 @@ async def _serve_plugin(
     pub: publishing.Publisher | None,
     registry: CollectorRegistry,
     reviewer: BusReviewer,
+    presence: Presence | None,
 ) -> None:
+    """CSI and HTTPS. With a bus (``presence``), ``/readyz`` also needs it connected and
+    ``/livez`` fails once off it for longer than ``max_offline_s`` (a connection that never
+    gives up and still is not back is stuck in a way only a restart may cure)."""
+    bus = settings.bus
+
+    def on_bus() -> bool:
+        return presence is None or presence.online
+
+    def live() -> bool:
+        if presence is None or bus is None:
+            return True
+        return presence.alive(anyio.current_time(), bus.max_offline_s)
+
     async with plugin(settings, policy=policy, sink=pub, registry=registry) as running:
         if pub is not None:
             pub.on_reconnect(running.reporter.republish)  # a server that lost it gets it back
@@ -290,7 +308,8 @@ async def _serve_plugin(
         async with serving.https_server(
             settings.https,
             registry=registry,
-            ready=lambda: running.volumes.ready and policy.synced(),
+            ready=lambda: running.volumes.ready and policy.synced() and on_bus(),
+            live=live,
             routes={"/model/downloads": downloads},
             authorizer=reviewer,
         ) as endpoint:

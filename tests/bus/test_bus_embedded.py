@@ -98,3 +98,41 @@ async def test_no_orphan_when_the_parent_is_killed(tmp_path: Path) -> None:
         parent.wait()
         assert parent.stdout is not None
         parent.stdout.close()
+
+
+async def test_a_kept_server_that_dies_is_reaped_and_back_on_its_port_with_its_store(
+    tmp_path: Path,
+) -> None:
+    """``keep_running`` (``standalone``'s supervisor): a SIGKILLed server leaves no zombie, and
+    a server answers again on the same port with what the dead one had stored."""
+    async with (
+        embedded.embedded_server(tmp_path / "s", port=0) as server,
+        anyio.create_task_group() as tg,
+    ):
+        settings = testing.settings_for(server)
+        async with connection.connect(settings, retry=False) as conn:
+            await conn.streams.ensure(
+                "KEPT", ["kept.>"], max_msgs_per_subject=1, max_age_s=None, replicas=1
+            )
+            await conn.publish_acked("kept.one", b"stored")
+        port, first = server.port, server.pid
+        assert first is not None
+        tg.start_soon(embedded.keep_running, server)
+        os.kill(first, signal.SIGKILL)
+        await testing.eventually(lambda: _settled(not _exists(first)), timeout_s=10)
+        await testing.eventually(lambda: _settled(server.running and server.pid != first))
+        assert server.port == port
+        async with connection.connect(settings, retry=True) as conn:
+            assert await conn.streams.last_per_subject("KEPT", "kept.>") == [
+                ("kept.one", b"stored")
+            ]
+        tg.cancel_scope.cancel()
+
+
+def _exists(pid: int) -> bool:
+    """A pid with a ``/proc`` entry: running, or a ``<defunct>`` child nobody waited for."""
+    return Path(f"/proc/{pid}").exists()
+
+
+async def _settled(value: bool) -> bool:
+    return value

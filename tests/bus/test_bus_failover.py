@@ -170,4 +170,4 @@ async def test_a_client_whose_tls_file_vanished_fails_to_connect_in_one_error(
     ca.unlink()  # removed after the process checked its flags
 
     with pytest.raises(NotConnected, match="FileNotFoundError"):
-        await dialing.open_client(settings, "t", retry=False, reconnects=dialing.Reconnects())
+        await dialing.open_client(settings, "t", retry=False, closed=lambda: None)

@@ -12,6 +12,7 @@ import signal
 import stat
 import subprocess
 import sys
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import aiohttp
@@ -233,3 +234,51 @@ def test_the_model_agent_in_standalone_follows_the_hugging_face_environment(
     built = standalone.settings_from(options_for(("standalone",), [f"--state-dir={tmp_path}"], env))
     assert built.models.hub_token == "hf_legacy"
     assert built.models.hub_env.offline and built.models.hub_env.no_proxy == ("hub.lan",)
+
+
+def _server_pids(store: Path) -> list[int]:
+    """The pids of every nats-server that ran on ``store`` (each leaves ``<name>_<pid>.ports``)."""
+    return sorted(int(p.stem.rsplit("_", 1)[1]) for p in store.glob("*_*.ports"))
+
+
+def _reaped(pid: int) -> bool:
+    """Gone from the process table: a ``<defunct>`` child keeps its ``/proc`` entry."""
+    return not Path(f"/proc/{pid}").exists()
+
+
+async def test_a_dead_nats_server_is_reaped_and_started_again_on_its_port(tmp_path: Path) -> None:
+    """The embedded server is killed: standalone reaps it (no ``<defunct>`` left), starts it
+    again on the same port with the same store, and the device agent publishes there again."""
+    settings = _settings(tmp_path)
+    store = tmp_path / "state" / "nats"
+    async with anyio.create_task_group() as tg:
+        url = await tg.start(standalone.run, settings)
+        admin = BusSettings.for_tests(
+            url, nkey_seed_file=str(store / "auth" / "worker.nk"), inbox_prefix="_INBOX.worker"
+        )
+        async with connection.connect(admin, retry=False) as conn:
+
+            async def samples() -> set[bytes]:
+                found = await state.snapshot(conn, admin, node="laptop.example", kind="samples")
+                return {data for _, data in found}
+
+            await testing.eventually(lambda: _true(bool(_server_pids(store))))
+            await testing.eventually(functools.partial(_sampled, samples, set()), timeout_s=20)
+            before = await samples()
+            (first,) = _server_pids(store)
+            os.kill(first, signal.SIGKILL)
+            await testing.eventually(lambda: _true(_reaped(first)), timeout_s=20)
+            await testing.eventually(lambda: _true(len(_server_pids(store)) == 2), timeout_s=30)
+            # The store survived (the devices retained before the kill are there), and a sample
+            # the device agent took after the restart reaches the server on the same URL.
+            await testing.eventually(functools.partial(_sampled, samples, before), timeout_s=60)
+            assert await state.snapshot(conn, admin, node="laptop.example", kind="devices")
+        tg.cancel_scope.cancel()
+
+
+async def _sampled(samples: Callable[[], Awaitable[set[bytes]]], before: set[bytes]) -> bool:
+    """A retained sample not in ``before`` (none while the server does not answer)."""
+    try:
+        return bool(await samples() - before)
+    except errors.BusError:
+        return False
