@@ -92,11 +92,9 @@ class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
 def settings_from(options: Options) -> WorkerSettings:
     """Build the settings from parsed flags (``--kubeconfig=none``: no cluster, bus KV ledger)."""
     env = options.env
-    kubeconfig = options.optional_text("kubeconfig") or env.get("KUBECONFIG") or None
+    kubeconfig = client.kubeconfig_from(options)
     kube = None
     relist_s = options.seconds("informer-cache-resync-period")
-    if kubeconfig not in (None, "none"):
-        _check_kubeconfig(kubeconfig)
     if kubeconfig != "none":
         kube = client.KubeSettings(
             kubeconfig=kubeconfig,
@@ -281,15 +279,3 @@ def _socket_path(options: Options, flag: str) -> str | None:
         except files.InputRefused as e:
             raise SettingsError(f"--{flag}: {e}") from e
     return path
-
-
-def _check_kubeconfig(path: str) -> None:
-    """A kubeconfig that is no regular file, or larger than any kubeconfig (the loader would
-    read it whole), exits 2 at start-up.
-
-    :raises SettingsError: naming ``--kubeconfig`` and the reason.
-    """
-    try:
-        files.read_capped(path)
-    except files.InputRefused as e:
-        raise SettingsError(f"--kubeconfig (or KUBECONFIG): {e}") from e

@@ -27,11 +27,18 @@ log = logging.getLogger(__name__)
 APISERVICE_NAME: Final = f"{objects.VERSION}.{objects.GROUP}"
 
 
-def apiservice(service: WebhookSettings, ca: bytes | None) -> dict[str, Any]:
-    """The APIService routing ``gpustack.ai/v1`` to the worker's Service."""
+def apiservice(
+    service: WebhookSettings,
+    ca: bytes | None,
+    *,
+    group: str = objects.GROUP,
+    version: str = objects.VERSION,
+) -> dict[str, Any]:
+    """The APIService routing ``group/version`` (``gpustack.ai/v1`` unless told) to the worker's
+    Service; every group the worker serves is registered through this one shape."""
     spec: dict[str, Any] = {
-        "group": objects.GROUP,
-        "version": objects.VERSION,
+        "group": group,
+        "version": version,
         "service": {"namespace": service.namespace, "name": service.service, "port": service.port},
         "groupPriorityMinimum": 1000,
         "versionPriority": 15,
@@ -42,7 +49,7 @@ def apiservice(service: WebhookSettings, ca: bytes | None) -> dict[str, Any]:
         "apiVersion": "apiregistration.k8s.io/v1",
         "kind": "APIService",
         "metadata": {
-            "name": APISERVICE_NAME,
+            "name": f"{version}.{group}",
             "labels": {
                 "app.kubernetes.io/component": "worker",
                 "app.kubernetes.io/part-of": "gpustack-operator",
@@ -52,10 +59,19 @@ def apiservice(service: WebhookSettings, ca: bytes | None) -> dict[str, Any]:
     }
 
 
-async def ensure(api: KubeClient, service: WebhookSettings, ca: bytes) -> None:
+async def ensure(
+    api: KubeClient,
+    service: WebhookSettings,
+    ca: bytes,
+    *,
+    group: str = objects.GROUP,
+    version: str = objects.VERSION,
+) -> None:
     """Apply the APIService (server-side apply; idempotent, the CA replaces any other)."""
-    await api.apply(Ref(resource=APISERVICES, name=APISERVICE_NAME), apiservice(service, ca))
-    log.info("APIService %s applied", APISERVICE_NAME)
+    body = apiservice(service, ca, group=group, version=version)
+    name = body["metadata"]["name"]
+    await api.apply(Ref(resource=APISERVICES, name=name), body)
+    log.info("APIService %s applied", name)
 
 
 class LatestSamples:

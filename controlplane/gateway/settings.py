@@ -70,10 +70,8 @@ def settings_from(options: Options) -> GatewaySettings:
             f"--worker-readiness-check-timeout ({timeout:g}s) must not exceed "
             f"--kube-conn-timeout ({kube_timeout:g}s)"
         )
-    kubeconfig = options.optional_text("kubeconfig") or options.env.get("KUBECONFIG") or None
+    kubeconfig = client.kubeconfig_from(options)
     kube = None
-    if kubeconfig not in (None, "none"):
-        _check_kubeconfig(kubeconfig)
     if kubeconfig != "none":
         kube = client.KubeSettings(
             kubeconfig=kubeconfig,
@@ -124,15 +122,3 @@ def _scheme(options: Options) -> str:
     if scheme not in ("http", "https"):
         raise SettingsError(f"--worker-conn-gpustack-api-scheme {scheme!r}: http or https")
     return scheme
-
-
-def _check_kubeconfig(path: str) -> None:
-    """A kubeconfig that is no regular file, or larger than any kubeconfig (the loader would
-    read it whole), exits 2 at start-up.
-
-    :raises SettingsError: naming ``--kubeconfig`` and the reason.
-    """
-    try:
-        files.read_capped(path)
-    except files.InputRefused as e:
-        raise SettingsError(f"--kubeconfig (or KUBECONFIG): {e}") from e

@@ -50,7 +50,9 @@ from yarl import URL
 from controlplane import errors
 from controlplane.k8s.limiting import TokenBucket
 from controlplane.resources import FIELD_MANAGER, Ref, Resource
+from kit import files
 from kit.backoff import Backoff
+from kit.options import Options, SettingsError
 
 __all__ = ["KubeClient", "KubeSettings", "Listing", "WatchEvent", "open_client"]
 
@@ -63,6 +65,22 @@ PAGE: Final = 500
 """Items per list page (client-go's pager default)."""
 _LIST_RESTARTS: Final = 3
 """How often a list whose continue token expired starts over before the 410 is raised."""
+
+
+def kubeconfig_from(options: Options) -> str | None:
+    """``--kubeconfig`` (else ``$KUBECONFIG``): ``None`` for in-cluster or the default file,
+    ``"none"`` for no cluster, else a path that must be a regular file no larger than any
+    kubeconfig (the loader reads it whole), checked here so a bad one exits 2 at start-up.
+
+    :raises SettingsError: naming ``--kubeconfig`` and the reason.
+    """
+    kubeconfig = options.optional_text("kubeconfig") or options.env.get("KUBECONFIG") or None
+    if kubeconfig not in (None, "none"):
+        try:
+            files.read_capped(kubeconfig)
+        except files.InputRefused as e:
+            raise SettingsError(f"--kubeconfig (or KUBECONFIG): {e}") from e
+    return kubeconfig
 
 
 class KubeSettings(msgspec.Struct, frozen=True, kw_only=True):

@@ -200,8 +200,7 @@ def test_a_cache_root_that_cannot_be_made_is_the_flags_fault(
     [
         ("worker", "--kubeconfig=none", "--metrics-auth=none", "--secure-port=0",
          "--nats-url=nats://127.0.0.1:1", "--worker-gateway-unix-path=/proc/nonexistent/s"),
-        ("wg", "--worker-conn-mode=loopback", "--kubeconfig=none",
-         "--bind-unix-path=/proc/nonexistent/s"),
+        ("wg", "--bind-unix-path=/proc/nonexistent/s"),  # the default gpustack-api mode
     ],
 )  # fmt: skip
 def test_a_socket_in_a_missing_directory_is_refused_at_start(

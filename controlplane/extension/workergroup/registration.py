@@ -18,48 +18,23 @@ ModelArtifacts have not: made preferred, ``v1`` would stall both. Clients that w
 
 from __future__ import annotations
 
-import base64
-import logging
 from typing import Any, Final
 
 from controlplane.admission.webhooks import WebhookSettings
+from controlplane.extension import registration
 from controlplane.extension.workergroup import catalog
 from controlplane.k8s.client import KubeClient
-from controlplane.resources import APISERVICES, Ref
 
 __all__ = ["APISERVICE_NAME", "apiservice", "ensure"]
-
-log = logging.getLogger(__name__)
 
 APISERVICE_NAME: Final = f"{catalog.VERSION}.{catalog.GROUP}"
 
 
 def apiservice(service: WebhookSettings, ca: bytes | None) -> dict[str, Any]:
     """The APIService routing ``worker.gpustack.ai/v1`` to the worker's Service."""
-    spec: dict[str, Any] = {
-        "group": catalog.GROUP,
-        "version": catalog.VERSION,
-        "service": {"namespace": service.namespace, "name": service.service, "port": service.port},
-        "groupPriorityMinimum": 1000,
-        "versionPriority": 15,
-    }
-    if ca:
-        spec["caBundle"] = base64.b64encode(ca).decode()
-    return {
-        "apiVersion": "apiregistration.k8s.io/v1",
-        "kind": "APIService",
-        "metadata": {
-            "name": APISERVICE_NAME,
-            "labels": {
-                "app.kubernetes.io/component": "worker",
-                "app.kubernetes.io/part-of": "gpustack-operator",
-            },
-        },
-        "spec": spec,
-    }
+    return registration.apiservice(service, ca, group=catalog.GROUP, version=catalog.VERSION)
 
 
 async def ensure(api: KubeClient, service: WebhookSettings, ca: bytes) -> None:
     """Apply the APIService (server-side apply; idempotent, the CA replaces any other)."""
-    await api.apply(Ref(resource=APISERVICES, name=APISERVICE_NAME), apiservice(service, ca))
-    log.info("APIService %s applied", APISERVICE_NAME)
+    await registration.ensure(api, service, ca, group=catalog.GROUP, version=catalog.VERSION)
