@@ -106,7 +106,10 @@ def _workers(manager: Manager) -> Handler:
     async def workers(request: web.Request) -> web.StreamResponse:
         if request.method not in ("POST", "DELETE"):
             return _error(405, "MethodNotAllowed", "POST or DELETE")
-        raw = await request.content.read(MAX_BODY + 1)
+        # read(), not content.read(): the servers' body middleware (kit.serving.runner_for) has
+        # already read the body whole (within its timeout and client_max_size), and the stream
+        # it read is empty; read() hands back those bytes
+        raw = await request.read()
         if len(raw) > MAX_BODY:
             return _error(413, "RequestEntityTooLarge", f"the body exceeds {MAX_BODY} bytes")
         try:
