@@ -20,6 +20,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+import anyio
 from aiohttp import web
 
 WORKER_GROUP = "apis/worker.gpustack.ai/v1/"
@@ -202,4 +203,7 @@ class FakeGPUStack:
         try:
             yield self
         finally:
-            await runner.cleanup()
+            # bounded: a gateway left running by a failed test keeps its watch open, and an
+            # unbounded cleanup then hung the whole run instead of failing one test
+            with anyio.CancelScope(shield=True), anyio.move_on_after(10):
+                await runner.cleanup()

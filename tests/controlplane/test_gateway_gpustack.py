@@ -111,7 +111,10 @@ async def gateway(tmp: Path, port: int, *extra: str) -> AsyncIterator[Gateway]:
     finally:
         if proc.returncode is None:
             proc.terminate()
-            await proc.wait()
+            with anyio.CancelScope(shield=True), anyio.move_on_after(10) as waited:
+                await proc.wait()
+            if waited.cancelled_caught:
+                proc.kill()
         log.close()
 
 
