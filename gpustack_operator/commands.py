@@ -613,8 +613,10 @@ COMMANDS = (
         settings="controlplane.gateway.settings:settings_from",
         service="controlplane.gateway.running:run",
         examples=(
-            "# Serve a fleet's summaries on a socket, reaching member workers over the bus\n"
-            "gpustack-operator worker-gateway --worker-conn-mode loopback --nats-url nats://bus:4222\n"
+            "# What a GPUStack server runs (it spawns the gateway itself; the default mode)\n"
+            "gpustack-operator wg --worker-conn-gpustack-api-port 30080 --bind-unix-path /tmp/g.sock\n"
+            "# Serve this cluster's resources from the kubeconfig, as the worker's sidecar\n"
+            "gpustack-operator wg --worker-conn-mode loopback --kubeconfig ~/.kube/config\n"
         ),
     ),
     Command(
