@@ -33,6 +33,8 @@ from kit.redaction import redact_urls
 __all__ = [
     "BY_NAME",
     "CATALOG",
+    "CHAIN_SETTINGS",
+    "DEFAULTS",
     "MASK",
     "SECRET_NAME",
     "Entry",
@@ -232,25 +234,28 @@ BY_NAME: Final[Mapping[str, Entry]] = {e.name: e for e in CATALOG}
 
 
 class Values(msgspec.Struct, frozen=True, kw_only=True):
-    """Every setting, typed: the one object reconcilers and webhooks read (swapped on change)."""
+    """Every setting, typed: the one object reconcilers and webhooks read (swapped on change).
 
-    model_artifact_delivery_mode: str = "Engine"
-    model_artifact_huggingface_endpoint: str = "https://huggingface.co"
-    model_artifact_modelscope_endpoint: str = "https://www.modelscope.cn"
-    model_artifact_https_proxy: str = ""
-    model_artifact_no_proxy: str = ""
-    model_artifact_ca_bundle: str = ""
-    model_artifact_revalidate_interval: float = 86400.0
-    model_store_high_watermark: int = 80
-    model_store_low_watermark: int = 70
-    model_store_download_concurrency: int = 8
-    model_store_download_bandwidth: int = 0
-    workload_fit_affinity: bool = True
-    node_management_manual: bool = False
-    instance_type_mixed_on_node: bool = True
-    instance_type_derived_from_node: bool = True
-    instance_type_drain_when_no_flavors: bool = True
-    instance_type_aware_cpu_manufacturer: bool = False
+    No field has a default of its own: the catalog's text is the one default (:data:`DEFAULTS`
+    is the catalog parsed)."""
+
+    model_artifact_delivery_mode: str
+    model_artifact_huggingface_endpoint: str
+    model_artifact_modelscope_endpoint: str
+    model_artifact_https_proxy: str
+    model_artifact_no_proxy: str
+    model_artifact_ca_bundle: str
+    model_artifact_revalidate_interval: float
+    model_store_high_watermark: int
+    model_store_low_watermark: int
+    model_store_download_concurrency: int
+    model_store_download_bandwidth: int
+    workload_fit_affinity: bool
+    node_management_manual: bool
+    instance_type_mixed_on_node: bool
+    instance_type_derived_from_node: bool
+    instance_type_drain_when_no_flavors: bool
+    instance_type_aware_cpu_manufacturer: bool
 
 
 def check(name: str, text: str) -> object:
@@ -298,7 +303,9 @@ def parse(data: Mapping[str, str]) -> tuple[Values, list[str]]:
     except InvalidSetting as e:
         problems.append(f"{e}; using the default watermarks")
         values = msgspec.structs.replace(
-            values, model_store_high_watermark=80, model_store_low_watermark=70
+            values,
+            model_store_high_watermark=DEFAULTS.model_store_high_watermark,
+            model_store_low_watermark=DEFAULTS.model_store_low_watermark,
         )
     return values, problems
 
@@ -312,6 +319,10 @@ def validate_all(data: Mapping[str, str]) -> Values:
     values = Values(**typed)  # type: ignore[arg-type]
     _cross_check(values)
     return values
+
+
+DEFAULTS: Final[Values] = validate_all({})
+"""Every setting at its catalog default."""
 
 
 def seed(env: Mapping[str, str]) -> dict[str, str]:
@@ -334,12 +345,19 @@ def shown(entry: Entry, text: str) -> str:
     return MASK if entry.sensitive and text else text
 
 
+CHAIN_SETTINGS: Final = (
+    "workload-fit-affinity",
+    "node-management-manual",
+    "instance-type-mixed-on-node",
+    "instance-type-derived-from-node",
+    "instance-type-drain-when-no-flavors",
+    "instance-type-aware-cpu-manufacturer",
+)
+"""The settings the Kueue chain reads (docs/settings.md says "the Kueue chain" of exactly these)."""
+
+
 def chain_fields(values: Values, *, manage_kueue: bool) -> dict[str, bool]:
     """The Kueue chain's settings by their struct field names (``manage_kueue`` comes from
     ``--disable-applications``, not from a setting)."""
-    return {
-        "workload_fit_affinity": values.workload_fit_affinity,
-        "instance_type_derived_from_node": values.instance_type_derived_from_node,
-        "node_management_manual": values.node_management_manual,
-        "manage_kueue": manage_kueue,
-    }
+    fields = {BY_NAME[name].field: getattr(values, BY_NAME[name].field) for name in CHAIN_SETTINGS}
+    return {**fields, "manage_kueue": manage_kueue}

@@ -3,8 +3,10 @@
 :func:`plan_chain` is the whole decision; the reconciler only diffs it against what it lists.
 
 - **ResourceFlavor**: one per ``(gKey, aKey, os, arch, cards per node, topology profile)`` of the
-  managed nodes, and one per ``(gKey, os, arch, CPU cores, profile)`` for CPU work (every managed
-  node takes CPU work: mixed on node). ``spec.nodeLabels`` select exactly its nodes (the feature
+  managed nodes, and one per ``(gKey, os, arch, CPU cores, profile)`` for CPU work: every managed
+  node takes CPU work while ``instance-type-mixed-on-node`` is true; when false only nodes with
+  no accelerator do, and their CPU flavors also select ``feature.gpustack.ai/cpu-only=true``
+  (which the worker sets on exactly those nodes). ``spec.nodeLabels`` select exactly its nodes (the feature
   key, the card count, the general key, os, arch, profile), every taint is tolerated
   (``{operator: Exists}``: the chain decides placement, not taints) and ``topologyName`` names
   the profile's Topology. A flavor no node contributes to is not desired (deleted).
@@ -20,7 +22,8 @@
   the ClusterQueue its LocalQueue points at, and borrowing in a cohort is only of flavors the
   borrower lists itself. ``stopPolicy``: ``Hold`` with the marker annotation
   ``topology.gpustack.ai/empty-plan-hold`` while a new queue has no flavor yet; ``HoldAndDrain``
-  when a queue that had flavors has none left; otherwise ``Hold`` when the InstanceType is
+  when a queue that had flavors has none left (``Hold`` when ``instance-type-drain-when-no-flavors``
+  is false: what it admitted keeps running); otherwise ``Hold`` when the InstanceType is
   ``spec.inactive`` and ``None`` when not. A check is listed in ``admissionChecksStrategy`` only
   once the AdmissionCheck is Active (an inactive check would stop the queue):
   ``gpustack-node-devices`` on accelerated queues (when InstanceTypes derive from nodes),
@@ -30,7 +33,8 @@
 - **AdmissionCheck** ``gpustack-node-devices`` and ``gpustack-model-deployment-joint``.
 - **Topology** ``gpustack--<profile>`` per profile in use, one level: the node.
 - **InstanceType** (our CRD; create-only when derived from nodes) per ``(aKey, os, arch)`` and a
-  CPU one per ``(os, arch)``, labelled ``schedule.gpustack.ai/queue-entrance=<LocalQueue>``; its
+  CPU one per ``(os, arch)``, each also per ``gKey`` when ``instance-type-aware-cpu-manufacturer``
+  is true (``spec.generalGroup`` then names it, else ``generic``), labelled ``schedule.gpustack.ai/queue-entrance=<LocalQueue>``; its
   status is the four views (:mod:`controlplane.chain.views`). **InstanceTypeFlavor** (catalog):
   one per ResourceFlavor, describing its hardware.
 """
@@ -54,7 +58,8 @@ from controlplane.reconciling.planning import Desired
 from controlplane.resources import Ref
 
 __all__ = [
-    "ChainPlan", "FlavorKey", "QueueKey", "degraded", "plan_chain", "stamp_conditions", "stop_policy",
+    "ChainPlan", "FlavorKey", "QueueKey", "degraded", "node_labels", "plan_chain", "stamp_conditions",
+    "stop_policy", "takes_cpu_work",
 ]  # fmt: skip
 
 SYSTEM_PREFIXES: Final = ("kube-",)
@@ -63,15 +68,22 @@ _NAMED: Final = 20
 
 
 class QueueKey(msgspec.Struct, frozen=True, order=True):
-    """An InstanceType's identity: accelerator group (None: CPU), os, arch."""
+    """An InstanceType's identity: accelerator group (None: CPU), os, arch, and the general
+    (CPU) key when ``instance-type-aware-cpu-manufacturer`` tells CPUs apart (else None)."""
 
     a_key: str | None
     os: str
     arch: str
+    g_key: str | None = None
 
     @property
     def name(self) -> str:
-        return naming.cluster_queue(self.a_key, self.os, self.arch)
+        return naming.cluster_queue(self.a_key, self.os, self.arch, self.g_key)
+
+    def takes(self, node: NodeFacts) -> bool:
+        """Whether ``node`` sits where this InstanceType's nodes sit (os, arch, general key)."""
+        same_cpu = self.g_key is None or node.general == self.g_key
+        return (node.os, node.arch) == (self.os, self.arch) and same_cpu
 
 
 class FlavorKey(msgspec.Struct, frozen=True, order=True):
@@ -86,9 +98,9 @@ class FlavorKey(msgspec.Struct, frozen=True, order=True):
     def name(self) -> str:
         return naming.flavor(self.g_key, self.a_key, self.os, self.arch, self.count, self.profile)
 
-    @property
-    def queue(self) -> QueueKey:
-        return QueueKey(self.a_key, self.os, self.arch)
+    def queue(self, aware: bool) -> QueueKey:
+        """The InstanceType it serves (``aware``: ``instance-type-aware-cpu-manufacturer``)."""
+        return QueueKey(self.a_key, self.os, self.arch, self.g_key if aware else None)
 
 
 class ChainPlan(msgspec.Struct, frozen=True, kw_only=True):
@@ -106,14 +118,16 @@ class ChainPlan(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def stop_policy(
-    observed: Mapping[str, Any] | None, has_flavors: bool, inactive: bool
+    observed: Mapping[str, Any] | None, has_flavors: bool, inactive: bool, drain: bool = True
 ) -> tuple[str, bool]:
-    """``(stopPolicy, empty-plan marker)`` of a ClusterQueue (see the module docstring)."""
+    """``(stopPolicy, empty-plan marker)`` of a ClusterQueue (see the module docstring);
+    ``drain`` is ``instance-type-drain-when-no-flavors``: False holds an emptied queue
+    without evicting what it admitted."""
     if not has_flavors:
         annotations = ((observed or {}).get("metadata") or {}).get("annotations") or {}
         if observed is None or naming.EMPTY_PLAN_HOLD in annotations:
             return "Hold", True
-        return "HoldAndDrain", False
+        return ("HoldAndDrain" if drain else "Hold"), False
     return ("Hold" if inactive else "None"), False
 
 
@@ -122,10 +136,27 @@ def _meta(**extra: Any) -> dict[str, Any]:
     return {"labels": labels, **extra}
 
 
-def _flavors(nodes: Sequence[NodeFacts]) -> dict[FlavorKey, list[NodeFacts]]:
+def takes_cpu_work(node: NodeFacts, settings: ChainSettings) -> bool:
+    """Every node takes CPU work when instance types mix on a node; otherwise only a node with
+    no accelerator does (``instance-type-mixed-on-node``)."""
+    return settings.instance_type_mixed_on_node or not node.groups
+
+
+def node_labels(node: NodeFacts, settings: ChainSettings) -> dict[str, str]:
+    """The chain's placement labels of a managed node beside its general key: ``cpu-only`` on
+    the nodes the CPU flavors select when instance types do not mix on a node."""
+    if settings.instance_type_mixed_on_node or node.groups:
+        return {}
+    return {naming.CPU_ONLY: "true"}
+
+
+def _flavors(
+    nodes: Sequence[NodeFacts], settings: ChainSettings
+) -> dict[FlavorKey, list[NodeFacts]]:
     out: dict[FlavorKey, list[NodeFacts]] = defaultdict(list)
     for n in nodes:
-        out[FlavorKey(n.general, None, n.os, n.arch, n.cpu, n.profile)].append(n)
+        if takes_cpu_work(n, settings):
+            out[FlavorKey(n.general, None, n.os, n.arch, n.cpu, n.profile)].append(n)
         counts: dict[str, int] = defaultdict(int)
         for g in n.groups:
             counts[product_key(g)] += len(g.accelerators)
@@ -134,13 +165,15 @@ def _flavors(nodes: Sequence[NodeFacts]) -> dict[FlavorKey, list[NodeFacts]]:
     return dict(sorted(out.items(), key=lambda kv: kv[0].name))
 
 
-def _flavor_body(key: FlavorKey, nodes: Sequence[NodeFacts]) -> Desired:
-    labels = {
+def _flavor_body(key: FlavorKey, nodes: Sequence[NodeFacts], cpu_only: bool) -> Desired:
+    labels: dict[str, str | None] = {
         f"{naming.GENERAL_PREFIX}{key.g_key}": "true",
         naming.OS: key.os,
         naming.ARCH: key.arch,
         naming.PROFILE: key.profile,
     }
+    if key.a_key is None:  # None: removed from a flavor made while instance types mixed
+        labels[naming.CPU_ONLY] = "true" if cpu_only else None
     capacity = key.count * len(nodes)
     if key.a_key is not None:
         labels[f"{naming.ACCELERATED_PREFIX}{key.a_key}"] = "true"
@@ -247,7 +280,7 @@ def _quota(flavor: FlavorKey, nodes: int) -> str:
 def _instance_type(key: QueueKey, nodes: Sequence[NodeFacts]) -> Desired:
     group = _told(key.a_key, nodes)
     spec: dict[str, Any] = {
-        "generalGroup": "generic", "os": key.os, "arch": key.arch, "unit": UNITS,
+        "generalGroup": key.g_key or "generic", "os": key.os, "arch": key.arch, "unit": UNITS,
         "inactive": False,
     }  # fmt: skip
     if group is not None:
@@ -271,9 +304,27 @@ def _told(a_key: str | None, nodes: Sequence[NodeFacts]) -> DeviceGroup | None:
     )
 
 
-def _key_of(body: Mapping[str, Any]) -> QueueKey:
+def _key_of(body: Mapping[str, Any], aware: bool) -> QueueKey:
     spec = body.get("spec") or {}
-    return QueueKey(spec.get("acceleratorGroup") or None, spec.get("os", ""), spec.get("arch", ""))
+    g_key = (spec.get("generalGroup") or "generic") if aware else None
+    return QueueKey(
+        spec.get("acceleratorGroup") or None, spec.get("os", ""), spec.get("arch", ""), g_key
+    )
+
+
+def _derived(
+    nodes: Sequence[NodeFacts], settings: ChainSettings
+) -> dict[QueueKey, list[NodeFacts]]:
+    """The InstanceTypes the nodes make, with the nodes each is made of."""
+    aware = settings.instance_type_aware_cpu_manufacturer
+    derived: dict[QueueKey, list[NodeFacts]] = defaultdict(list)
+    for n in nodes:
+        g_key = n.general if aware else None
+        if takes_cpu_work(n, settings):
+            derived[QueueKey(None, n.os, n.arch, g_key)].append(n)
+        for a_key in dict.fromkeys(product_key(g) for g in n.groups):
+            derived[QueueKey(a_key, n.os, n.arch, g_key)].append(n)
+    return derived
 
 
 def plan_chain(
@@ -288,22 +339,19 @@ def plan_chain(
 ) -> ChainPlan:
     """The desired chain for the managed ``nodes`` and the observed objects it depends on."""
     active = set(active_checks)
-    flavors = _flavors(nodes)
-    derived: dict[QueueKey, list[NodeFacts]] = defaultdict(list)
-    for n in nodes:
-        derived[QueueKey(None, n.os, n.arch)].append(n)
-        for a_key in dict.fromkeys(product_key(g) for g in n.groups):
-            derived[QueueKey(a_key, n.os, n.arch)].append(n)
+    aware = settings.instance_type_aware_cpu_manufacturer
+    flavors = _flavors(nodes, settings)
+    derived = _derived(nodes, settings)
     queues: dict[str, QueueKey] = (
         {k.name: k for k in derived} if settings.instance_type_derived_from_node else {}
     )
-    queues.update({name: _key_of(body) for name, body in instance_types.items()})
+    queues.update({name: _key_of(body, aware) for name, body in instance_types.items()})
     create = {
         k.name: _instance_type(k, derived[k])
         for k in sorted(derived, key=lambda k: k.name)
         if settings.instance_type_derived_from_node and k.name not in instance_types
     }
-    statuses = _statuses(nodes, flavors, queues, allocations, settings.manage_kueue)
+    statuses = _statuses(nodes, flavors, queues, allocations, settings)
     kueue = (
         _kueue(nodes, flavors, queues, instance_types, cluster_queues, active, namespaces, settings)
         if settings.manage_kueue
@@ -322,26 +370,35 @@ def _statuses(
     flavors: Mapping[FlavorKey, list[NodeFacts]],
     queues: Mapping[str, QueueKey],
     allocations: Mapping[str, Iterable[events.AllocationEvent]],
-    manage_kueue: bool,
+    settings: ChainSettings,
 ) -> dict[str, dict[str, Any]]:
     """Every InstanceType's status: its views and entrance, and ``Degraded`` while its queue
     leaves flavors out (only when the chain manages Kueue: otherwise nothing is left out)."""
-    by_queue: dict[str, list[tuple[FlavorKey, list[NodeFacts]]]] = defaultdict(list)
-    for fkey, members in flavors.items():
-        by_queue[fkey.queue.name].append((fkey, members))
+    by_queue = _by_queue(flavors, settings)
     statuses: dict[str, dict[str, Any]] = {}
     for name, key in sorted(queues.items()):
         lq = naming.local_queue(name)
-        local = [n for n in nodes if (n.os, n.arch) == (key.os, key.arch)]
+        local = [n for n in nodes if key.takes(n)]
         if key.a_key is None:
             statuses[name] = {"entrance": lq}
         else:
             local = [n for n in local if n.group_cards(key.a_key)]
             statuses[name] = views.instance_type_status(key.a_key, local, allocations, lq)
-        capped = degraded(by_queue.get(name, [])) if manage_kueue else None
+        capped = degraded(by_queue.get(name, [])) if settings.manage_kueue else None
         if capped:
             statuses[name]["conditions"] = capped
     return statuses
+
+
+def _by_queue(
+    flavors: Mapping[FlavorKey, list[NodeFacts]], settings: ChainSettings
+) -> dict[str, list[tuple[FlavorKey, list[NodeFacts]]]]:
+    """Each ClusterQueue's flavors, by its name."""
+    aware = settings.instance_type_aware_cpu_manufacturer
+    by_queue: dict[str, list[tuple[FlavorKey, list[NodeFacts]]]] = defaultdict(list)
+    for key, members in flavors.items():
+        by_queue[key.queue(aware).name].append((key, members))
+    return by_queue
 
 
 def _kueue(
@@ -366,12 +423,12 @@ def _kueue(
     ):
         ref = Ref(resource=naming.ADMISSIONCHECKS, name=check)
         out[ref] = Desired(metadata=_meta(), spec={"controllerName": controller})
+    cpu_only = not settings.instance_type_mixed_on_node
+    by_queue = _by_queue(flavors, settings)
     for key, members in flavors.items():
-        if key.queue.name in queues:
-            out[Ref(resource=naming.RESOURCEFLAVORS, name=key.name)] = _flavor_body(key, members)
-    by_queue: dict[str, list[tuple[FlavorKey, list[NodeFacts]]]] = defaultdict(list)
-    for key, members in flavors.items():
-        by_queue[key.queue.name].append((key, members))
+        if key.queue(settings.instance_type_aware_cpu_manufacturer).name in queues:
+            ref = Ref(resource=naming.RESOURCEFLAVORS, name=key.name)
+            out[ref] = _flavor_body(key, members, cpu_only)
     manufacturers = {product_key(g): g.manufacturer for n in nodes for g in n.groups}
     for name, qkey in sorted(queues.items()):
         out[Ref(resource=naming.CLUSTERQUEUES, name=name)] = _cluster_queue(
@@ -402,7 +459,8 @@ def _cluster_queue(
     it_spec = (instance_type or {}).get("spec") or {}
     manufacturer = it_spec.get("manufacturer") or manufacturers.get(key.a_key or "", "")
     inactive = bool(it_spec.get("inactive"))
-    policy, marker = stop_policy(observed, bool(flavors), inactive)
+    drain = settings.instance_type_drain_when_no_flavors
+    policy, marker = stop_policy(observed, bool(flavors), inactive, drain)
     checks = []
     if (
         key.a_key

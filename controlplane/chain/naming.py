@@ -7,6 +7,8 @@ the general (CPU) key (``amd-epyc-7763``, else ``generic``):
   ``gpustack--<gKey>-<os>-<arch>-<c>c`` (c CPU cores), with ``-p<profile>`` when the node's
   topology profile is not ``default``;
 - ClusterQueue and InstanceType ``gpustack--<aKey>-<os>-<arch>`` or ``gpustack--generic-<os>-<arch>``;
+  when CPUs are told apart (``instance-type-aware-cpu-manufacturer``)
+  ``gpustack--<gKey>--<aKey>-<os>-<arch>`` or ``gpustack--<gKey>-<os>-<arch>``;
 - LocalQueue ``gpustack-fnv64-<16 hex of FNV-1a 64 of the ClusterQueue name>`` (31 characters);
 - Topology ``gpustack--<profile>``.
 
@@ -88,6 +90,9 @@ CONTROLLER_JOINT: Final = "gpustack.ai/model-deployment-joint"
 
 MANAGED: Final = "gpustack.ai/managed"
 GENERAL_PREFIX: Final = "general.feature.gpustack.ai/"
+CPU_ONLY: Final = "feature.gpustack.ai/cpu-only"
+"""On managed nodes with no accelerator when ``instance-type-mixed-on-node`` is false: the CPU
+flavors select it, so accelerated nodes take no CPU work."""
 ACCELERATED_PREFIX: Final = "acceleratable.feature.gpustack.ai/"
 PROFILE: Final = "topology.gpustack.ai/profile"
 DEFAULT_PROFILE: Final = "default"
@@ -153,8 +158,14 @@ def card_credits(cards: int) -> str:
     return quantity(cards * UNITS)
 
 
-def cluster_queue(a_key: str | None, os: str, arch: str) -> str:
-    name = f"gpustack--{a_key or 'generic'}-{slug(os)}-{slug(arch)}"
+def cluster_queue(a_key: str | None, os: str, arch: str, g_key: str | None = None) -> str:
+    """``g_key`` given (``instance-type-aware-cpu-manufacturer``): the general key leads."""
+    if g_key is None:
+        name = f"gpustack--{a_key or 'generic'}-{slug(os)}-{slug(arch)}"
+    elif a_key is None:
+        name = f"gpustack--{g_key}-{slug(os)}-{slug(arch)}"
+    else:
+        name = f"gpustack--{g_key}--{a_key}-{slug(os)}-{slug(arch)}"
     return k8snames.bounded(name, k8snames.DNS_SUBDOMAIN_MAX)
 
 

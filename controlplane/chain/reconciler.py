@@ -310,6 +310,8 @@ class ChainReconciler:
             repr((body.get("status") or {}).get("allocatable") or body.get("status")),
             state.groups if state else None,
             tuple(state.allocations.values()) if state else None,
+            # the settings the labels follow: a change re-labels every node
+            (self.settings.node_management_manual, self.settings.instance_type_mixed_on_node),
         )
 
     async def _label_node(self, body: dict[str, Any]) -> bool:
@@ -329,11 +331,16 @@ class ChainReconciler:
         if want.get(naming.MANAGED, labels.get(naming.MANAGED)) == "true":
             facts = facts_of(body, self._ledger.get(name))
             want[f"{naming.GENERAL_PREFIX}{facts.general}"] = "true"
+            want.update(kueue.node_labels(facts, self.settings))
             if naming.PROFILE not in labels:
                 want[naming.PROFILE] = naming.DEFAULT_PROFILE
             want.update(fit.fit_labels(facts))
         for key in labels:
-            owned = fit.is_fit_label(key) or key.startswith(naming.GENERAL_PREFIX)
+            owned = (
+                fit.is_fit_label(key)
+                or key.startswith(naming.GENERAL_PREFIX)
+                or key == naming.CPU_ONLY
+            )
             if owned and key not in want:
                 want[key] = None
         patch = {k: v for k, v in want.items() if labels.get(k) != v}
@@ -478,6 +485,8 @@ def _selects(flavor: Desired, node: NodeFacts) -> bool:
     if labels.get(naming.PROFILE) != node.profile:
         return False
     if labels.get(f"{naming.GENERAL_PREFIX}{node.general}") != "true":
+        return False
+    if labels.get(naming.CPU_ONLY) == "true" and node.groups:
         return False
     counts = {
         k.removeprefix(naming.ACCELERATED_PREFIX).removesuffix(".count"): v

@@ -414,3 +414,79 @@ def test_check_assignments_from_topology_or_the_flavor() -> None:
     assert checking.assignments(wl, {})[0][2] == [("r1", 2)]
     wl["status"]["conditions"].append({"type": "Evicted", "status": "True"})
     assert not checking.pending_check(wl)  # evicted workloads are skipped
+
+
+def test_mixed_on_node_off_keeps_cpu_work_off_accelerated_nodes() -> None:
+    """``instance-type-mixed-on-node=false``: the CPU InstanceType is made of the nodes with no
+    accelerator only, its flavors select the ``cpu-only`` label, and the worker sets that label
+    on exactly those nodes; on (the default) every node takes CPU work and none is labelled."""
+    nodes = [facts("h", H200), facts("c", (), cpu="32")]
+    cpu = "gpustack--generic-linux-amd64"
+    mixed = chain(nodes)
+    assert set(by_kind(mixed, "ResourceFlavor")) >= {
+        "gpustack--generic-linux-amd64-96c", "gpustack--generic-linux-amd64-32c",
+    }  # fmt: skip
+    assert all(kueue.node_labels(n, ChainSettings()) == {} for n in nodes)
+
+    apart = ChainSettings(instance_type_mixed_on_node=False)
+    plan = chain(nodes, settings=apart)
+    flavors = by_kind(plan, "ResourceFlavor")
+    assert "gpustack--generic-linux-amd64-96c" not in flavors  # the H200 node's CPU
+    cpu_flavor = flavors["gpustack--generic-linux-amd64-32c"].spec["nodeLabels"]
+    assert cpu_flavor[naming.CPU_ONLY] == "true"
+    h200_flavor = flavors["gpustack--generic--nvidia-h200-linux-amd64-8d"].spec["nodeLabels"]
+    assert naming.CPU_ONLY not in h200_flavor
+    q = by_kind(plan, "ClusterQueue")[cpu].spec["resourceGroups"][0]
+    assert [f["name"] for f in q["flavors"]] == ["gpustack--generic-linux-amd64-32c"]
+    assert kueue.node_labels(nodes[0], apart) == {}
+    assert kueue.node_labels(nodes[1], apart) == {naming.CPU_ONLY: "true"}
+    # Accelerated nodes only: no CPU InstanceType is derived at all.
+    assert cpu not in chain([facts("h", H200)], settings=apart).instance_types
+
+
+def test_drain_when_no_flavors_off_holds_an_emptied_queue_without_draining() -> None:
+    """``instance-type-drain-when-no-flavors=false``: a queue whose flavors are all gone is
+    held (``Hold``: what it admitted keeps running) instead of ``HoldAndDrain``."""
+    assert kueue.stop_policy({"metadata": {}}, False, False, drain=False) == ("Hold", False)
+    assert kueue.stop_policy(None, False, False, drain=False) == ("Hold", True)
+    h200 = "gpustack--nvidia-h200-linux-amd64"
+    it = {"metadata": {"name": h200}, "spec": chain([facts("h", H200)]).instance_types[h200].spec}
+    observed = {h200: {"metadata": {}}}
+    drained = chain([], instance_types={h200: it}, cluster_queues=observed)
+    assert by_kind(drained, "ClusterQueue")[h200].spec["stopPolicy"] == "HoldAndDrain"
+    keep = ChainSettings(instance_type_drain_when_no_flavors=False)
+    held = chain([], instance_types={h200: it}, cluster_queues=observed, settings=keep)
+    q = by_kind(held, "ClusterQueue")[h200]
+    assert q.spec["stopPolicy"] == "Hold" and q.spec["resourceGroups"] == []
+    assert q.metadata["annotations"] == {naming.EMPTY_PLAN_HOLD: None}  # not a new queue's hold
+
+
+def test_aware_cpu_manufacturer_makes_the_general_key_part_of_the_identity() -> None:
+    """``instance-type-aware-cpu-manufacturer=true``: nodes with the same cards and different
+    CPUs make different InstanceTypes and ClusterQueues, named with the general key first."""
+    epyc = msgspec.structs.replace(facts("a", H200), general="amd-epyc-7763")
+    xeon = msgspec.structs.replace(facts("b", H200, cpu="64"), general="intel-xeon-8480")
+    blind = chain([epyc, xeon])
+    assert set(blind.instance_types) == {
+        "gpustack--nvidia-h200-linux-amd64", "gpustack--generic-linux-amd64",
+    }  # fmt: skip
+    aware = ChainSettings(instance_type_aware_cpu_manufacturer=True)
+    plan = chain([epyc, xeon], settings=aware)
+    names = {
+        "gpustack--amd-epyc-7763--nvidia-h200-linux-amd64",
+        "gpustack--intel-xeon-8480--nvidia-h200-linux-amd64",
+        "gpustack--amd-epyc-7763-linux-amd64", "gpustack--intel-xeon-8480-linux-amd64",
+    }  # fmt: skip
+    assert set(plan.instance_types) == names == set(by_kind(plan, "ClusterQueue"))
+    it = plan.instance_types["gpustack--amd-epyc-7763--nvidia-h200-linux-amd64"].spec
+    assert it is not None and it["generalGroup"] == "amd-epyc-7763"
+    q = by_kind(plan, "ClusterQueue")["gpustack--intel-xeon-8480--nvidia-h200-linux-amd64"]
+    assert [f["name"] for f in q.spec["resourceGroups"][0]["flavors"]] == [
+        "gpustack--intel-xeon-8480--nvidia-h200-linux-amd64-8d"
+    ]
+    status = plan.statuses["gpustack--amd-epyc-7763--nvidia-h200-linux-amd64"]
+    assert status["accelerator"]["capacity"] == 8  # its own node's cards, not both nodes'
+    # An authored InstanceType keeps its general group as its identity.
+    authored = {"metadata": {}, "spec": {**it, "generalGroup": "amd-epyc-7763"}}
+    again = chain([epyc], settings=aware, instance_types={"x": authored})
+    assert again.statuses["x"]["accelerator"]["capacity"] == 8

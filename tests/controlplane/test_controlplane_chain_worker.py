@@ -22,7 +22,7 @@ from test_controlplane_worker import publish, worker_settings
 from bus import events
 from bus.devices import DeviceGroup
 from bus.testing import eventually, nats_server, settings_for
-from controlplane import running
+from controlplane import running, settingscatalog
 from controlplane.chain import naming
 from controlplane.chain.inventory import general_key
 from controlplane.chain.settings import ChainSettings
@@ -60,7 +60,7 @@ def a_node(name: str, cpu: str) -> dict[str, Any]:
 
 @asynccontextmanager
 async def cluster(
-    tmp_path: Path, *, resync_s: float = 0.3, **chain: Any
+    tmp_path: Path, *, resync_s: float = 0.3, seed: dict[str, str] | None = None, **chain: Any
 ) -> AsyncIterator[tuple[FakeApi, running.Worker, object]]:
     async with nats_server(tmp_path) as server, fake_api() as (fake, url):
         for plural in ("resourceflavors", "clusterqueues", "localqueues", "admissionchecks",
@@ -74,8 +74,9 @@ async def cluster(
         fake.put_object("api/v1/nodes", a_node("rx", "16"))
         bus = settings_for(server)
         settings = worker_settings(
-            bus, url, chain=msgspec.structs.replace(CHAIN, **chain), resync_s=resync_s
-        )
+            bus, url, chain=msgspec.structs.replace(CHAIN, **chain), resync_s=resync_s,
+            settings_seed=settingscatalog.seed(seed or {}), settings_period_s=0.2,
+        )  # fmt: skip
         async with anyio.create_task_group() as tg:
             worker: running.Worker = await tg.start(running.run, settings)
             await publish(bus, [
@@ -504,3 +505,44 @@ async def test_after_the_informer_lists_again_the_chain_looks_at_every_node(tmp_
         assert fake.lists["api/v1/nodes"] == lists + 1
         assert {"h200", "rx"} <= set(looked)
         assert writes(fake) == before  # nothing differed: nothing written
+
+
+async def test_mixed_on_node_follows_the_setting_live(tmp_path: Path) -> None:
+    """``instance-type-mixed-on-node=false`` (seeded): only the node with no accelerator takes
+    CPU work, labelled ``cpu-only``; set back to true, the label goes and every node's CPU
+    joins the CPU queue again, without a restart."""
+    seed = {"GPUSTACK_INSTANCE_TYPE_MIXED_ON_NODE": "false"}
+    async with cluster(tmp_path, seed=seed) as (fake, worker, _):
+        fake.put_object("api/v1/nodes", a_node("cpu1", "8"))
+
+        def cpu_flavors() -> list[str]:
+            cq = kueue(fake, "clusterqueues").get(IT_CPU) or {"spec": {}}
+            groups = cq["spec"].get("resourceGroups") or [{"flavors": []}]
+            return [f["name"] for f in groups[0]["flavors"]]
+
+        async def apart() -> bool:
+            return labels(fake, "cpu1").get(naming.CPU_ONLY) == "true" and cpu_flavors() == [
+                "gpustack--generic-linux-amd64-8c"
+            ]
+
+        await eventually(apart, timeout_s=30)
+        flavor = kueue(fake, "resourceflavors")["gpustack--generic-linux-amd64-8c"]
+        assert flavor["spec"]["nodeLabels"][naming.CPU_ONLY] == "true"
+        assert naming.CPU_ONLY not in labels(fake, "h200")
+        assert worker.chain is not None and worker.chain.flavor_nodes[
+            "gpustack--generic-linux-amd64-8c"
+        ] == ["cpu1"]
+
+        assert worker.settings is not None
+        await worker.settings.write("instance-type-mixed-on-node", "true")
+
+        async def mixed() -> bool:
+            return naming.CPU_ONLY not in labels(fake, "cpu1") and cpu_flavors() == [
+                "gpustack--generic-linux-amd64-8c",
+                "gpustack--generic-linux-amd64-16c",
+                "gpustack--generic-linux-amd64-96c",
+            ]
+
+        await eventually(mixed, timeout_s=30)
+        flavor = kueue(fake, "resourceflavors")["gpustack--generic-linux-amd64-8c"]
+        assert naming.CPU_ONLY not in flavor["spec"]["nodeLabels"]

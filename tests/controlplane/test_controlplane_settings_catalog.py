@@ -130,13 +130,26 @@ def test_sensitive_values_are_masked_when_set() -> None:
 
 
 def test_chain_fields_name_the_chain_settings_struct() -> None:
+    """Every setting the chain reads reaches a field of its struct, whose default is the
+    catalog's (one default, written once)."""
+    from controlplane.chain.settings import ChainSettings
+
     values = settingscatalog.parse({"workload-fit-affinity": "false"})[0]
-    assert settingscatalog.chain_fields(values, manage_kueue=False) == {
+    fields = settingscatalog.chain_fields(values, manage_kueue=False)
+    assert fields == {
         "workload_fit_affinity": False,
-        "instance_type_derived_from_node": True,
         "node_management_manual": False,
+        "instance_type_mixed_on_node": True,
+        "instance_type_derived_from_node": True,
+        "instance_type_drain_when_no_flavors": True,
+        "instance_type_aware_cpu_manufacturer": False,
         "manage_kueue": False,
     }
+    defaults = ChainSettings()
+    for name in settingscatalog.CHAIN_SETTINGS:
+        field = BY_NAME[name].field
+        assert getattr(defaults, field) == getattr(settingscatalog.DEFAULTS, field), name
+    assert not any(BY_NAME[name].inert for name in settingscatalog.CHAIN_SETTINGS)
 
 
 def _secret_data(fake: FakeApi) -> dict[str, str]:
@@ -270,6 +283,9 @@ def test_the_settings_table_in_the_docs_is_the_catalog() -> None:
     assert {n for n, cells in rows.items() if cells[3] == "—"} == {
         e.name for e in CATALOG if e.inert
     }
+    assert {n for n, cells in rows.items() if cells[3] == "the Kueue chain"} == set(
+        settingscatalog.CHAIN_SETTINGS
+    )
     for entry in CATALOG:
         shown = rows[entry.name][1].strip("`")
         assert shown == (entry.default or "empty"), entry.name
