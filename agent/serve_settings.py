@@ -14,12 +14,12 @@ import msgspec
 
 from agent.deviceplugin.cdi import STRATEGIES, Strategy
 from agent.deviceplugin.settings import DevicePluginSettings
-from agent.settings import DetectSettings, detect_settings_from, node_name_from
+from agent.settings import DetectSettings, detection_from, node_name_from
 from bus import identity
 from bus import settings as bus_settings
 from bus.settings import BusSettings
-from kit.options import Options, SettingsError
-from kit.serving import HttpsSettings, https_from
+from kit.options import Flags, Options, SettingsError
+from kit.serving import HttpsSettings, ServingFlags, https_from
 from kit.version import package_version
 
 
@@ -88,20 +88,41 @@ class ServeSettings(msgspec.Struct, frozen=True, kw_only=True):
         return msgspec.structs.replace(base, **kw)
 
 
+class ServeFlags(Flags, frozen=True, kw_only=True):
+    """The device agent's own flags (``dm serve``, and ``standalone`` for its device agent)."""
+
+    no_shared: bool
+    no_sliced: bool
+    no_partitioned: bool
+    monitor_period: float
+    resync_period: float
+    heartbeat_period: float
+    health_quarantine: float
+    metrics_port: int
+    metrics_names: str
+    nvidia_device_injection_strategy: str
+
+
+class PlacementFlags(Flags, frozen=True, kw_only=True):
+    """Where ``dm serve`` keeps its socket and state (``standalone`` decides them itself)."""
+
+    kube_socket: str
+    state_dir: str
+
+
 def settings_from(options: Options) -> ServeSettings:
     """Build the settings of ``dm serve`` from its flags and the environment.
 
     :raises SettingsError: a bad ``--manufacturer`` or node name, a relative ``--state-dir``.
     """
-    kube_socket = options.text("kube-socket")
-    state_dir = options.text("state-dir")
-    if not state_dir.startswith("/"):
-        raise SettingsError(f"--state-dir must be an absolute path, not {state_dir!r}")
+    place = options.read_flags(PlacementFlags)
+    if not place.state_dir.startswith("/"):
+        raise SettingsError(f"--state-dir must be an absolute path, not {place.state_dir!r}")
     return assemble(
         options,
-        kube_socket=kube_socket,
-        state_dir=state_dir,
-        https=https_from(options),
+        kube_socket=place.kube_socket,
+        state_dir=place.state_dir,
+        https=https_from(options.read_flags(ServingFlags)),
         bus=bus_settings.from_options(options),
     )
 
@@ -115,37 +136,37 @@ def assemble(
 
     :raises SettingsError: a republish period the retained state would expire between.
     """
+    flags = options.read_flags(ServeFlags)
     node = node_name_from(options)
-    for flag in ("resync-period", "heartbeat-period"):
-        bus_settings.check_republish(flag, options.seconds(flag), bus)
+    bus_settings.check_republish("resync-period", flags.resync_period, bus)
+    bus_settings.check_republish("heartbeat-period", flags.heartbeat_period, bus)
     me = identity.Identity(role="device-manager", node=node)
     return ServeSettings(
         node_name=node,
         version=package_version(),
-        detect=detect_settings_from(options),
+        detect=detection_from(options),
         bus=msgspec.structs.replace(bus, inbox_prefix=identity.inbox_prefix(me)),
         https=https,
         deviceplugin=DevicePluginSettings(
             kube_socket=kube_socket,
             node_name=node,
-            no_shared=options.switch("no-shared"),
-            no_sliced=options.switch("no-sliced"),
-            no_partitioned=options.switch("no-partitioned"),
-            nvidia_injection=injection_strategy(options),
+            no_shared=flags.no_shared,
+            no_sliced=flags.no_sliced,
+            no_partitioned=flags.no_partitioned,
+            nvidia_injection=injection_strategy(flags.nvidia_device_injection_strategy),
         ),
-        monitor_period_s=options.seconds("monitor-period"),
-        resync_period_s=options.seconds("resync-period"),
-        heartbeat_s=options.seconds("heartbeat-period"),
-        health_quarantine_s=options.seconds("health-quarantine"),
+        monitor_period_s=flags.monitor_period,
+        resync_period_s=flags.resync_period,
+        heartbeat_s=flags.heartbeat_period,
+        health_quarantine_s=flags.health_quarantine,
         state_dir=state_dir,
-        metrics_http_port=options.integer("metrics-port"),
-        metrics_names=options.text("metrics-names"),
+        metrics_http_port=flags.metrics_port,
+        metrics_names=flags.metrics_names,
     )
 
 
-def injection_strategy(options: Options) -> Strategy:
+def injection_strategy(value: str) -> Strategy:
     """``--nvidia-device-injection-strategy`` (the parser already refused other values)."""
-    value = options.text("nvidia-device-injection-strategy")
     for strategy in STRATEGIES:
         if strategy == value:
             return strategy

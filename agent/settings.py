@@ -13,7 +13,7 @@ from typing import Literal, cast
 import msgspec
 
 from agent.devices.manufacturers import UnknownManufacturer, parse_manufacturers
-from kit.options import Options, SettingsError
+from kit.options import Flags, Options, SettingsError
 
 _LABEL = r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?"
 _DNS_SUBDOMAIN = re.compile(rf"{_LABEL}(\.{_LABEL})*")
@@ -38,6 +38,23 @@ class DetectSettings(msgspec.Struct, frozen=True, kw_only=True):
     output: Literal["yaml", "json", "wide", "name"] = "yaml"
 
 
+class NodeFlags(Flags, frozen=True, kw_only=True):
+    node_name: str
+
+
+class DetectFlags(Flags, frozen=True, kw_only=True):
+    """The detection flags ``dm detect``, ``dm monitor`` and ``dm serve`` share."""
+
+    manufacturer: str
+    no_pci_check: bool
+    no_fast_failed: bool
+    simulate: str
+
+
+class OutputFlags(Flags, frozen=True, kw_only=True):
+    output: str
+
+
 def node_name_from(options: Options) -> str:
     """The node an agent runs on: ``--node-name``, else ``KUBERNETES_NODE_NAME``, else the host.
 
@@ -47,7 +64,7 @@ def node_name_from(options: Options) -> str:
     nothing such as ``a*b`` ever reaches a bus subject.
     """
     name = (
-        options.optional_text("node-name")
+        options.read_flags(NodeFlags).node_name
         or options.env.get("KUBERNETES_NODE_NAME")
         or socket.gethostname().lower()
     )
@@ -59,24 +76,22 @@ def node_name_from(options: Options) -> str:
     return name
 
 
-def manufacturers_from(options: Options) -> tuple[tuple[str, ...], bool]:
+def manufacturers_from(text: str) -> tuple[tuple[str, ...], bool]:
     """``--manufacturer`` as sorted keys, and whether it named any (else: all of them)."""
-    text = options.text("manufacturer")
     try:
         return tuple(parse_manufacturers(text)), bool(text.strip())
     except UnknownManufacturer as e:
         raise SettingsError(f"--manufacturer: {e}") from e
 
 
-def simulate_from(options: Options) -> str | None:
+def simulate_from(simulate: str) -> str | None:
     """``--simulate``, its profile loaded once here so a missing, oversized or invalid one is
     one line and exit 2 for every command, services included (``list`` is the one-shots').
 
     :raises SettingsError: naming ``--simulate`` and why the profile cannot be used.
     """
-    simulate = options.optional_text("simulate")
-    if simulate is None or simulate == "list":
-        return simulate
+    if not simulate or simulate == "list":
+        return simulate or None
     from agent.devices.simulation import profiles  # only a simulating process loads it
     from agent.errors import ProfileError
 
@@ -88,15 +103,21 @@ def simulate_from(options: Options) -> str | None:
 
 
 def detect_settings_from(options: Options) -> DetectSettings:
-    """``dm detect`` and ``dm monitor`` (and the detection part of ``dm serve``)."""
-    manufacturers, explicit = manufacturers_from(options)
-    output = options.text("output") if "output" in options else "yaml"
+    """``dm detect`` and ``dm monitor``: the detection flags and ``--output``."""
+    output = options.read_flags(OutputFlags).output
+    detect = detection_from(options)
+    return msgspec.structs.replace(detect, output=cast(Literal["yaml", "json", "wide"], output))
+
+
+def detection_from(options: Options) -> DetectSettings:
+    """The detection part of ``dm detect``, ``dm monitor`` and ``dm serve``."""
+    flags = options.read_flags(DetectFlags)
+    manufacturers, explicit = manufacturers_from(flags.manufacturer)
     return DetectSettings(
         manufacturers=manufacturers,
         explicit_manufacturers=explicit,
-        pci_check=not options.switch("no-pci-check"),
-        fast_failed=not options.switch("no-fast-failed"),
+        pci_check=not flags.no_pci_check,
+        fast_failed=not flags.no_fast_failed,
         host_root=options.env.get("GPUSTACK_HOST_ROOT") or "/",
-        simulate=simulate_from(options),
-        output=cast(Literal["yaml", "json", "wide"], output),
+        simulate=simulate_from(flags.simulate),
     )

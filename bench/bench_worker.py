@@ -221,14 +221,16 @@ def worker_child(args: argparse.Namespace) -> None:
     """The worker (KV sink, or the fake API at ``--api``) until SIGTERM."""
     from controlplane import running
     from controlplane.k8s.client import KubeSettings
-    from controlplane.settings import reconcile_concurrency
+    from controlplane.settings import WorkerFlags, reconcile_concurrency
     from gpustack_operator.main import options_for
 
     instrument(args.all_port)
 
     settings = running.WorkerSettings(
         # As the command runs it: --gopool-worker-factor (its default) reconciles per core.
-        concurrency=reconcile_concurrency(options_for(("worker",))),
+        concurrency=reconcile_concurrency(
+            options_for(("worker",)).read_flags(WorkerFlags).gopool_worker_factor
+        ),
         # Short reconnect waits, but the default bound on a request, as the worker runs.
         bus=BusSettings.for_tests(args.url, request_timeout_s=BusSettings().request_timeout_s),
         kube=KubeSettings(host=args.api, qps=args.kube_qps, burst=args.kube_burst)
@@ -770,13 +772,14 @@ def settings_in_use(args: argparse.Namespace) -> dict[str, Any]:
     """Fill the worker's QPS, burst and resync from the command's own defaults where no flag
     set them, and say which: a figure is only comparable under the settings it ran with."""
     from controlplane.running import WorkerSettings
+    from controlplane.settings import WorkerFlags
     from gpustack_operator.main import options_for
 
-    deployed = options_for(("worker",))
+    deployed = options_for(("worker",)).read_flags(WorkerFlags)
     given = {"kube_qps": args.kube_qps, "kube_burst": args.kube_burst, "resync_s": args.resync_s}
     defaults = {
-        "kube_qps": deployed.number("kube-conn-qps"),
-        "kube_burst": deployed.integer("kube-conn-burst"),
+        "kube_qps": deployed.kube_conn_qps,
+        "kube_burst": deployed.kube_conn_burst,
         # The struct's default, which the command keeps (no flag sets it).
         "resync_s": WorkerSettings.__struct_defaults__[
             WorkerSettings.__struct_fields__.index("resync_s")

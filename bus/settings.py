@@ -8,13 +8,14 @@ seconds (``_s``) and sizes bytes, so the units are in the names.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Final
 from urllib.parse import urlsplit
 
 import msgspec
 
 from kit import files
-from kit.options import Options, SettingsError
+from kit.options import Flags, Options, SettingsError
 from kit.redaction import redact_urls
 
 if TYPE_CHECKING:
@@ -24,7 +25,9 @@ __all__ = [
     "DEFAULT_URL",
     "REPUBLISHES_PER_MAX_AGE",
     "BusSettings",
+    "NatsFlags",
     "check_republish",
+    "from_flags",
     "from_options",
     "tls_context",
 ]
@@ -143,25 +146,45 @@ def server_urls(text: str) -> str:
     return text
 
 
-def from_options(options: Options, *, state: bool = True) -> BusSettings:
-    """Build the bus settings from the ``--nats-*`` flags: every NATS-speaking process's edge.
+class NatsFlags(Flags, frozen=True, kw_only=True):
+    """The ``--nats-*`` flags of every NATS-speaking command."""
 
-    ``NATS_URL`` fills an unset URL, as the nats tools do. ``state=False``: a client that keeps
-    no retained state (the gateway); the ``--nats-state-*`` flags are then not read.
-    """
-    url = options.optional_text("nats-url") or options.env.get("NATS_URL") or DEFAULT_URL
-    files = {flag: _readable(options, flag) for flag in _FILE_FLAGS}
+    nats_url: str
+    nats_user: str
+    nats_password: str
+    nats_token: str
+    nats_token_file: str
+    nats_nkey_seed: str
+    nats_creds: str
+    nats_tls_ca: str
+    nats_tls_cert: str
+    nats_tls_key: str
+    nats_state_replicas: int
+    nats_state_max_age: float
+
+
+def from_options(options: Options) -> BusSettings:
+    """Build the bus settings from the ``--nats-*`` flags: every NATS-speaking process's edge."""
+    return from_flags(options.read_flags(NatsFlags), options.env)
+
+
+def from_flags(flags: NatsFlags, env: Mapping[str, str]) -> BusSettings:
+    """The bus settings of flags already read (``NATS_URL`` fills an unset URL, as the nats
+    tools do)."""
+    url = flags.nats_url or env.get("NATS_URL") or DEFAULT_URL
     client = BusSettings(
         url=server_urls(url),
-        user=options.optional_text("nats-user"),
-        password=options.optional_text("nats-password"),
-        token=options.optional_text("nats-token"),
-        token_file=files["nats-token-file"],
-        nkey_seed_file=_nkey_seed(files["nats-nkey-seed"]),
-        creds_file=files["nats-creds"],
-        tls_ca_file=files["nats-tls-ca"],
-        tls_cert_file=files["nats-tls-cert"],
-        tls_key_file=files["nats-tls-key"],
+        user=flags.nats_user or None,
+        password=flags.nats_password or None,
+        token=flags.nats_token or None,
+        token_file=_readable("nats-token-file", flags.nats_token_file),
+        nkey_seed_file=_nkey_seed(_readable("nats-nkey-seed", flags.nats_nkey_seed)),
+        creds_file=_readable("nats-creds", flags.nats_creds),
+        tls_ca_file=_readable("nats-tls-ca", flags.nats_tls_ca),
+        tls_cert_file=_readable("nats-tls-cert", flags.nats_tls_cert),
+        tls_key_file=_readable("nats-tls-key", flags.nats_tls_key),
+        state_replicas=flags.nats_state_replicas,
+        state_max_age_s=flags.nats_state_max_age,
     )
     if client.tls_key_file and not client.tls_cert_file:
         raise SettingsError("--nats-tls-key: needs --nats-tls-cert, the certificate it signs for")
@@ -169,32 +192,14 @@ def from_options(options: Options, *, state: bool = True) -> BusSettings:
         tls_context(client)  # loads as the client will at every connection, or exits 2 now
     except OSError as e:  # ssl.SSLError is an OSError
         raise SettingsError(f"--nats-tls-ca/-cert/-key: the TLS files do not load: {e}") from e
-    if not state:
-        return client
-    return msgspec.structs.replace(
-        client,
-        state_replicas=options.integer("nats-state-replicas"),
-        state_max_age_s=options.seconds("nats-state-max-age"),
-    )
+    return client
 
 
-_FILE_FLAGS: Final = (
-    "nats-token-file",
-    "nats-nkey-seed",
-    "nats-creds",
-    "nats-tls-ca",
-    "nats-tls-cert",
-    "nats-tls-key",
-)
-"""Flags naming a file the client reads when it connects: checked here, so a typo exits 2 at
-start instead of failing every connection attempt for ever."""
-
-
-def _readable(options: Options, flag: str) -> str | None:
+def _readable(flag: str, path: str) -> str | None:
     """``--flag``'s path when it is a readable regular file within the input cap (a token, a
-    seed, credentials or certificates: kilobytes; the client reads them whole)."""
-    path = options.optional_text(flag)
-    if path is None:
+    seed, credentials or certificates: kilobytes; the client reads them whole): checked here, so
+    a typo exits 2 at start instead of failing every connection attempt for ever."""
+    if not path:
         return None
     if not (os.path.isfile(path) and os.access(path, os.R_OK)):
         raise SettingsError(f"--{flag}: {path!r} is not a readable file")

@@ -26,8 +26,8 @@ from controlplane.k8s import client
 from controlplane.reconciling.labeling import BASES
 from hub import endpoints
 from kit import files
-from kit.options import Options, SettingsError
-from kit.serving import HttpsSettings, https_from
+from kit.options import Flags, Options, SettingsError
+from kit.serving import HttpsSettings, ServingFlags, https_from
 
 __all__ = ["WorkerSettings", "reconcile_concurrency", "settings_from"]
 
@@ -89,29 +89,60 @@ class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
     """How often the stored settings are re-read (a change reaches everyone within 30 s)."""
 
 
+class WorkerFlags(Flags, frozen=True, kw_only=True):
+    """The flags of ``worker`` (its HTTPS endpoint's are :class:`ServingFlags`, its bus's
+    :class:`~bus.settings.NatsFlags`)."""
+
+    manufacturer: str
+    kubeconfig: str
+    disable_applications: tuple[str, ...]
+    applications_mirror: str
+    worker_gateway_unix_path: str
+    webhook_service: str
+    disable_auths: bool
+    kube_leader_election: bool
+    kube_leader_election_id: str
+    kube_leader_lease: float
+    kube_leader_renew_timeout: float
+    audit_log_path: str
+    audit_policy_file: str
+    audit_webhook_config_file: str
+    cors_allowed_origins: tuple[str, ...]
+    model_manager_service_account: str
+    hf_endpoint: str
+    nats_callout_issuer_seed: str
+    nats_auth_secret: str
+    nats_callout_audience: str
+    kube_conn_qps: float
+    kube_conn_burst: int
+    kube_conn_timeout: float
+    informer_cache_resync_period: float
+    gopool_worker_factor: int
+
+
 def settings_from(options: Options) -> WorkerSettings:
     """Build the settings from parsed flags (``--kubeconfig=none``: no cluster, bus KV ledger)."""
     env = options.env
-    kubeconfig = client.kubeconfig_from(options)
+    flags = options.read_flags(WorkerFlags)
+    kubeconfig = client.kubeconfig_from(flags.kubeconfig, env)
     kube = None
-    relist_s = options.seconds("informer-cache-resync-period")
     if kubeconfig != "none":
         kube = client.KubeSettings(
             kubeconfig=kubeconfig,
-            qps=options.number("kube-conn-qps"),
-            burst=options.integer("kube-conn-burst"),
-            timeout_s=options.seconds("kube-conn-timeout"),
-            relist_s=relist_s,
+            qps=flags.kube_conn_qps,
+            burst=flags.kube_conn_burst,
+            timeout_s=flags.kube_conn_timeout,
+            relist_s=flags.informer_cache_resync_period,
         )
     try:
-        hub_endpoint = endpoints.endpoint_from(options.optional_text("hf-endpoint"), env)
+        hub_endpoint = endpoints.endpoint_from(flags.hf_endpoint or None, env)
     except endpoints.InvalidName as e:
         raise SettingsError(f"--hf-endpoint: {e}") from e
     namespace = env.get("KUBERNETES_POD_NAMESPACE", "gpustack-system")
     bus = bus_settings.from_options(options)
-    https = _https(options, kube)
-    https = msgspec.structs.replace(https, cors_allowed_origins=_cors(options))
-    service = options.optional_text("webhook-service")
+    https = _https(options.read_flags(ServingFlags), kube)
+    https = msgspec.structs.replace(https, cors_allowed_origins=_cors(flags))
+    service = flags.webhook_service or None
     if service is not None and not _DNS_LABEL.fullmatch(service):
         raise SettingsError(f"--webhook-service {service!r} is not a Service name (DNS-1035 label)")
     webhooks = WebhookSettings(service=service, namespace=namespace, port=https.port)
@@ -120,39 +151,39 @@ def settings_from(options: Options) -> WorkerSettings:
     except settingscatalog.InvalidSetting as e:
         raise SettingsError(f"GPUSTACK_* setting seed: {e}") from e
     return WorkerSettings(
-        disable_auths=_disable_auths(options, https),
-        audit=_audit(options),
-        manufacturers=_manufacturers(options),
-        applications=_applications(options),
-        applications_mirror=options.optional_text("applications-mirror") or None,
-        nats_auth_secret=options.optional_text("nats-auth-secret") or None,
-        concurrency=reconcile_concurrency(options),
-        model_manager_service_account=_service_account(options),
+        disable_auths=_disable_auths(flags, https),
+        audit=_audit(flags),
+        manufacturers=_manufacturers(flags),
+        applications=_applications(flags),
+        applications_mirror=flags.applications_mirror or None,
+        nats_auth_secret=flags.nats_auth_secret or None,
+        concurrency=reconcile_concurrency(flags.gopool_worker_factor),
+        model_manager_service_account=_service_account(flags),
         namespace=namespace,
         settings_seed=seed,
         bus=msgspec.structs.replace(
             bus, inbox_prefix=identity.inbox_prefix(identity.Identity(role="worker"))
         ),
-        bus_auth=_bus_auth(options, kube, namespace),
+        bus_auth=_bus_auth(flags, kube, namespace),
         kube=kube,
         https=https,
-        leader_election=options.switch("kube-leader-election"),
+        leader_election=flags.kube_leader_election,
         leader=leading.LeaderSettings(
-            name=options.text("kube-leader-election-id"),
+            name=flags.kube_leader_election_id,
             namespace=namespace,
-            lease_s=options.seconds("kube-leader-lease"),
-            renew_timeout_s=options.seconds("kube-leader-renew-timeout"),
+            lease_s=flags.kube_leader_lease,
+            renew_timeout_s=flags.kube_leader_renew_timeout,
         ),
         identity=env.get("POD_NAME") or f"{socket.gethostname()}_{os.getpid()}",
         hub_endpoint=hub_endpoint,
         webhooks=webhooks,
-        gateway_unix_path=_socket_path(options, "worker-gateway-unix-path"),
+        gateway_unix_path=_socket_path("worker-gateway-unix-path", flags.worker_gateway_unix_path),
     )
 
 
-def _https(options: Options, kube: client.KubeSettings | None) -> HttpsSettings:
+def _https(serving: ServingFlags, kube: client.KubeSettings | None) -> HttpsSettings:
     """The endpoint's settings; reviewing tokens needs an API to review them with."""
-    https = https_from(options)
+    https = https_from(serving)
     if kube is None and https.auth == "review":
         raise SettingsError(
             "--metrics-auth=review needs the Kubernetes API (TokenReview, SubjectAccessReview); "
@@ -161,9 +192,9 @@ def _https(options: Options, kube: client.KubeSettings | None) -> HttpsSettings:
     return https
 
 
-def _cors(options: Options) -> tuple[str, ...]:
+def _cors(flags: WorkerFlags) -> tuple[str, ...]:
     """Anchored origin patterns; none given: every origin (``.*``)."""
-    patterns = options.items("cors-allowed-origins") or (".*",)
+    patterns = flags.cors_allowed_origins or (".*",)
     for pattern in patterns:
         try:
             re.compile(pattern)
@@ -172,18 +203,18 @@ def _cors(options: Options) -> tuple[str, ...]:
     return patterns
 
 
-def _audit(options: Options) -> audit.AuditSettings:
-    policy, hook = options.optional_text("audit-policy-file"), None
+def _audit(flags: WorkerFlags) -> audit.AuditSettings:
+    policy, hook = flags.audit_policy_file, None
     try:
         rules = audit.policy_from(policy) if policy else None
     except ValueError as e:
         raise SettingsError(f"--audit-policy-file: {e}") from e
-    webhook = options.optional_text("audit-webhook-config-file")
+    webhook = flags.audit_webhook_config_file
     try:
         hook = audit.webhook_from(webhook) if webhook else None
     except ValueError as e:
         raise SettingsError(f"--audit-webhook-config-file: {e}") from e
-    log_path = options.optional_text("audit-log-path")
+    log_path = flags.audit_log_path or None
     if log_path is not None and log_path != "-":
         try:
             files.writable_file(log_path)  # refused now, not at the first audited request
@@ -192,8 +223,8 @@ def _audit(options: Options) -> audit.AuditSettings:
     return audit.AuditSettings(log_path=log_path, rules=rules, webhook=hook)
 
 
-def _manufacturers(options: Options) -> tuple[str, ...]:
-    names = [n.strip().lower() for n in options.text("manufacturer").split(",") if n.strip()]
+def _manufacturers(flags: WorkerFlags) -> tuple[str, ...]:
+    names = [n.strip().lower() for n in flags.manufacturer.split(",") if n.strip()]
     if any(n in ("all", "*") for n in names):
         return ()
     unknown = sorted(set(names) - set(BASES))
@@ -204,9 +235,9 @@ def _manufacturers(options: Options) -> tuple[str, ...]:
     return tuple(sorted(set(names)))
 
 
-def _applications(options: Options) -> frozenset[str]:
+def _applications(flags: WorkerFlags) -> frozenset[str]:
     try:
-        return applications.enabled(options.items("disable-applications"))
+        return applications.enabled(flags.disable_applications)
     except ValueError as e:
         raise SettingsError(f"--disable-applications: {e}") from e
 
@@ -214,14 +245,14 @@ def _applications(options: Options) -> frozenset[str]:
 MAX_CONCURRENCY = 1024
 
 
-def reconcile_concurrency(options: Options) -> int:
+def reconcile_concurrency(factor: int) -> int:
     """``--gopool-worker-factor`` reconciles per CPU core this process may use."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return max(1, min(MAX_CONCURRENCY, options.integer("gopool-worker-factor") * (cores or 1)))
+    return max(1, min(MAX_CONCURRENCY, factor * (cores or 1)))
 
 
-def _service_account(options: Options) -> str:
-    name = options.text("model-manager-service-account")
+def _service_account(flags: WorkerFlags) -> str:
+    name = flags.model_manager_service_account
     if not re.fullmatch(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?", name):
         raise SettingsError(
             f"--model-manager-service-account {name!r} is not a ServiceAccount name"
@@ -229,9 +260,9 @@ def _service_account(options: Options) -> str:
     return name
 
 
-def _disable_auths(options: Options, https: HttpsSettings) -> bool:
+def _disable_auths(flags: WorkerFlags, https: HttpsSettings) -> bool:
     """``--disable-auths``, refused unless the endpoint listens on a loopback address."""
-    if not options.switch("disable-auths"):
+    if not flags.disable_auths:
         return False
     if not ipaddress.ip_address(https.bind_address).is_loopback:
         raise SettingsError(
@@ -243,13 +274,13 @@ def _disable_auths(options: Options, https: HttpsSettings) -> bool:
 
 
 def _bus_auth(
-    options: Options, kube: client.KubeSettings | None, namespace: str
+    flags: WorkerFlags, kube: client.KubeSettings | None, namespace: str
 ) -> busauth.BusAuthSettings | None:
     """The callout settings, when ``--nats-callout-issuer-seed`` names the issuer's seed file or
     ``--nats-auth-secret`` the Secret holding it (the seed is then read at start)."""
-    audience = options.text("nats-callout-audience")
-    seed = options.optional_text("nats-callout-issuer-seed")
-    secret = options.optional_text("nats-auth-secret")
+    audience = flags.nats_callout_audience
+    seed = flags.nats_callout_issuer_seed or None
+    secret = flags.nats_auth_secret or None
     if seed is None and secret is None:
         return None
     if kube is None:
@@ -270,9 +301,9 @@ def _bus_auth(
     )
 
 
-def _socket_path(options: Options, flag: str) -> str | None:
+def _socket_path(flag: str, text: str) -> str | None:
     """``--flag``'s unix socket path, whose directory must exist (exit 2 otherwise)."""
-    path = options.optional_text(flag)
+    path = text or None
     if path is not None:
         try:
             files.socket_directory(path)

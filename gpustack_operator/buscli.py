@@ -16,9 +16,9 @@ import msgspec
 
 from bus import codec, identity, subjects, subscribing
 from bus.errors import BusError
-from bus.settings import BusSettings, from_options, server_urls
+from bus.settings import BusSettings, NatsFlags, from_flags, server_urls
 from gpustack_operator import natsenv
-from kit.options import Options, SettingsError
+from kit.options import Flags, Options, SettingsError
 
 __all__ = [
     "SchemaSettings",
@@ -50,6 +50,16 @@ class SchemaSettings(msgspec.Struct, frozen=True):
 _DASHBOARD_INBOX = identity.inbox_prefix(identity.Identity(role="dashboard"))
 
 
+class WatchFlags(Flags, frozen=True, kw_only=True):
+    """The flags of ``bus watch`` (its bus's are :class:`~bus.settings.NatsFlags`)."""
+
+    node: str
+    subject: str
+    kind: str
+    output: str
+    once: bool
+
+
 def watch_settings(options: Options) -> WatchSettings:
     """Every flag is checked here, before anything connects: a mistake is one line, exit 2.
 
@@ -57,9 +67,9 @@ def watch_settings(options: Options) -> WatchSettings:
         bus's subject space, or one that excludes ``--node`` or ``--kind``; a bad ``NATS_*``
         value or nats context.
     """
-    subject = options.optional_text("subject")
-    node = options.optional_text("node")
-    kind = cast(subjects.Kind | None, options.optional_text("kind"))
+    flags = options.read_flags(WatchFlags)
+    subject, node = flags.subject or None, flags.node or None
+    kind = cast(subjects.Kind | None, flags.kind or None)
     if node is not None:
         try:
             subjects.encode_node(node)
@@ -80,22 +90,9 @@ def watch_settings(options: Options) -> WatchSettings:
         node=node,
         subject=subject,
         kind=kind,
-        output=cast(Literal["json", "yaml", "wide"], options.text("output")),
-        once=options.switch("once"),
+        output=cast(Literal["json", "yaml", "wide"], flags.output),
+        once=flags.once,
     )
-
-
-_FIELD_FLAGS = {
-    "url": "nats-url",
-    "user": "nats-user",
-    "password": "nats-password",
-    "token": "nats-token",
-    "creds_file": "nats-creds",
-    "nkey_seed_file": "nats-nkey-seed",
-    "tls_cert_file": "nats-tls-cert",
-    "tls_key_file": "nats-tls-key",
-    "tls_ca_file": "nats-tls-ca",
-}
 
 
 def nats_cli_settings(options: Options) -> BusSettings:
@@ -104,9 +101,15 @@ def nats_cli_settings(options: Options) -> BusSettings:
 
     :raises SettingsError: a bad URL, a missing or unreadable context.
     """
-    base = from_options(options)
-    flags = {field: options.optional_text(flag) for field, flag in _FIELD_FLAGS.items()}
-    values = natsenv.layered(flags, options.env)
+    nats = options.read_flags(NatsFlags)
+    base = from_flags(nats, options.env)
+    given = {
+        "url": nats.nats_url, "user": nats.nats_user, "password": nats.nats_password,
+        "token": nats.nats_token, "creds_file": nats.nats_creds,
+        "nkey_seed_file": nats.nats_nkey_seed, "tls_cert_file": nats.nats_tls_cert,
+        "tls_key_file": nats.nats_tls_key, "tls_ca_file": nats.nats_tls_ca,
+    }  # fmt: skip
+    values = natsenv.layered({k: v or None for k, v in given.items()}, options.env)
     if "url" in values:
         values["url"] = server_urls(values["url"])
     return msgspec.structs.replace(base, **values)

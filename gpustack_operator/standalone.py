@@ -63,9 +63,9 @@ from gpustack_operator.dashboard import serving as dashboard_serving
 from gpustack_operator.dashboard.serving import DashboardSettings
 from hub import endpoints
 from kit import files
-from kit.options import Options, SettingsError
+from kit.options import Flags, Options, SettingsError
 from kit.redaction import redact_urls
-from kit.serving import HttpsSettings, https_from
+from kit.serving import HttpsSettings, https_at
 
 log = logging.getLogger(__name__)
 
@@ -86,28 +86,43 @@ class StandaloneSettings(msgspec.Struct, frozen=True, kw_only=True):
     """The page, reading the bus as the ``dashboard`` identity (its bus and token filled in by :func:`run`)."""
 
 
+class StandaloneFlags(Flags, frozen=True, kw_only=True):
+    """The flags of ``standalone`` beside the device agent's (:class:`ServeFlags`)."""
+
+    state_dir: str
+    nats_port: int
+    worker_port: int
+    device_manager_port: int
+    model_manager_port: int
+    run_for: float
+    dashboard_port: int
+    bind_address: str
+    cert_dir: str
+
+
 def settings_from(options: Options) -> StandaloneSettings:
     """Build every component's settings from the standalone flags (the process edge).
 
     The bus URL is a placeholder until the embedded server has a port; :func:`run` fills it.
     """
-    state_dir = options.text("state-dir") or _default_state_dir(options.env)
+    flags = options.read_flags(StandaloneFlags)
+    state_dir = flags.state_dir or _default_state_dir(options.env)
     try:
         files.writable_directory(state_dir)  # /proc/self, a read-only or full disk: exit 2 now
     except files.InputRefused as e:
         raise SettingsError(f"--state-dir: {e}") from e
     bus = BusSettings()
 
-    def https(port_flag: str) -> HttpsSettings:
+    def https(port: int) -> HttpsSettings:
         # No Kubernetes API to review tokens with: open, on loopback unless told otherwise.
-        return https_from(options, port_flag=port_flag, auth="none")
+        return https_at(flags.bind_address, port, flags.cert_dir, "none")
 
     kube_socket = os.path.join(state_dir, "device-plugins", "kubelet.sock")
     agent = serve_settings.assemble(
         options,
         kube_socket=kube_socket,
         state_dir=os.path.join(state_dir, "device-manager"),
-        https=https("device-manager-port"),
+        https=https(flags.device_manager_port),
         bus=bus,
     )
     hub_env = endpoints.environment(options.env)  # the Hub conventions, as the model agent's
@@ -116,7 +131,7 @@ def settings_from(options: Options) -> StandaloneSettings:
     except endpoints.InvalidName as e:
         raise SettingsError(f"HF_ENDPOINT: {e}") from e
     worker = WorkerSettings(
-        bus=bus, kube=None, https=https("worker-port"), leader_election=False,
+        bus=bus, kube=None, https=https(flags.worker_port), leader_election=False,
         hub_endpoint=hub_endpoint, concurrency=RECONCILES,
     )  # fmt: skip
     models = ModelManagerSettings(
@@ -124,7 +139,7 @@ def settings_from(options: Options) -> StandaloneSettings:
         kubelet_dir=Path(state_dir, "kubelet"),
         cache_root=Path(state_dir, "models"),
         csi_socket=Path(state_dir, "csi", "csi.sock"),
-        https=https("model-manager-port"),
+        https=https(flags.model_manager_port),
         bus=bus,
         hub_endpoint=hub_endpoint,
         hub_token=hub_env.token,
@@ -133,13 +148,13 @@ def settings_from(options: Options) -> StandaloneSettings:
     )
     return StandaloneSettings(
         state_dir=state_dir,
-        nats_port=options.integer("nats-port"),
+        nats_port=flags.nats_port,
         agent=agent,
         models=models,
         worker=worker,
-        run_for_s=options.seconds("run-for"),
+        run_for_s=flags.run_for,
         dashboard=DashboardSettings(
-            bus=bus, bind_address=agent.https.bind_address, port=options.integer("dashboard-port")
+            bus=bus, bind_address=agent.https.bind_address, port=flags.dashboard_port
         ),
     )
 

@@ -1,31 +1,50 @@
-"""A command's parsed flags as every settings builder reads them: by name, typed, accounted for.
+"""A command's parsed flags as every settings builder reads them: as typed structs, accounted for.
 
 The launcher parses the command line into plain values; each command's ``settings_from(options)``
-turns them into its one frozen settings object. :class:`Options` is the seam between the two: a
-read names the flag as the command table spells it (``"node-name"``), returns the flag's own
-type, and is recorded, so a test can prove that every flag a command accepts is read by it (a
-flag nothing reads is refused at parse time or says in ``--help`` that it has no effect).
+turns them into its one frozen settings object. :class:`Options` is the seam between the two,
+and it has no lookup by flag name: a builder declares the flags it reads as the fields of a
+frozen struct (a :class:`Flags` subclass; the field ``node_name`` is ``--node-name``) and reads
+them all at once with :meth:`Options.read_flags`. So a misspelt flag is an attribute error
+``mypy`` reports before anything runs, a value of the wrong type (a struct field ``int`` for a
+``bool`` flag) is refused at the one read, and every read is counted, so a test proves that
+every flag a command accepts is read exactly once (a flag nothing reads is refused at parse time
+or says in ``--help`` that it has no effect).
 
-Defaults live in the command table only: reading a flag the command does not have is a
-programming error (:class:`KeyError`), never a silent fallback to a second default.
+Defaults live in the command table only: a struct field has none, and a field the command does
+not have is a programming error (:class:`KeyError`), never a silent fallback to a second default.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import TypeVar
 
-__all__ = ["Options", "SettingsError"]
+import msgspec
 
-T = TypeVar("T")
+__all__ = ["Flags", "Options", "SettingsError"]
 
 
 class SettingsError(ValueError):
     """The flags are well formed but do not make a valid configuration (exit 2, one line)."""
 
 
+class Flags(msgspec.Struct, frozen=True, kw_only=True):
+    """Base of the structs that name the flags a builder reads: one field per flag, named as the
+    flag with ``_`` for ``-``, typed as the flag's kind reads (``bool``, ``str``, ``int``,
+    ``float`` for numbers and durations in seconds, ``tuple[str, ...]`` for lists); no defaults."""
+
+
+F = TypeVar("F", bound=Flags)
+
+
+def flag_name(field: str) -> str:
+    """The command-line spelling of a :class:`Flags` field (``node_name`` → ``node-name``)."""
+    return field.replace("_", "-")
+
+
 class Options:
-    """Typed reads of one command's parsed flags, its positionals and the environment."""
+    """One command's parsed flags, its positionals and the environment, read as typed structs."""
 
     def __init__(
         self,
@@ -37,48 +56,34 @@ class Options:
         self._values = dict(values)
         self.positionals: tuple[str, ...] = tuple(positionals)
         self.env: Mapping[str, str] = env if env is not None else {}
-        self.read: set[str] = set()
-        """Flag names (as spelled on the command line) read so far."""
+        self.reads: Counter[str] = Counter()
+        """Flag names (as spelled on the command line) → how many times they were read."""
 
-    def __contains__(self, name: str) -> bool:
-        return _key(name) in self._values
+    @property
+    def read(self) -> set[str]:
+        """The flags read so far."""
+        return set(self.reads)
 
-    def text(self, name: str) -> str:
-        return self._get(name, str)
+    def has(self, kind: type[Flags]) -> bool:
+        """Whether this command has every flag ``kind`` names (a builder shared by commands
+        with and without a group of flags)."""
+        return all(f in self._values for f in kind.__struct_fields__)
 
-    def optional_text(self, name: str) -> str | None:
-        """The flag's text, or None when it is empty."""
-        return self._get(name, str) or None
+    def read_flags(self, kind: type[F]) -> F:
+        """The flags ``kind`` names, typed; each read is counted.
 
-    def integer(self, name: str) -> int:
-        return self._get(name, int)
-
-    def number(self, name: str) -> float:
-        value: float = self._get(name, (int, float))
-        return float(value)
-
-    def seconds(self, name: str) -> float:
-        """A duration flag, in seconds."""
-        return self.number(name)
-
-    def switch(self, name: str) -> bool:
-        return self._get(name, bool)
-
-    def items(self, name: str) -> tuple[str, ...]:
-        """A list flag: its comma-separated (or repeated) items."""
-        value = self._get(name, tuple)
-        return tuple(str(v) for v in value)
-
-    def _get(self, name: str, kind: type[T] | tuple[type, ...]) -> T:
-        key = _key(name)
-        if key not in self._values:
-            raise KeyError(f"no flag --{name} on this command")
-        value = self._values[key]
-        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-            raise TypeError(f"--{name} holds {type(value).__name__}, not {kind}")
-        self.read.add(name)
-        return value  # type: ignore[return-value]
-
-
-def _key(name: str) -> str:
-    return name.replace("-", "_")
+        :raises KeyError: the command has no such flag (the struct names one it lacks).
+        :raises TypeError: a flag's value is not of the field's type.
+        """
+        fields = kind.__struct_fields__
+        missing = [flag_name(f) for f in fields if f not in self._values]
+        if missing:
+            raise KeyError(f"no flag --{', --'.join(missing)} on this command")
+        try:
+            flags = msgspec.convert({f: self._values[f] for f in fields}, kind, strict=True)
+        except msgspec.ValidationError as e:
+            raise TypeError(
+                f"{kind.__name__}: {e} (the flag's kind and the field's type differ)"
+            ) from e
+        self.reads.update(flag_name(f) for f in fields)
+        return flags

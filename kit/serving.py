@@ -54,7 +54,7 @@ from prometheus_client import (
 )
 
 from kit.access import Authorizer, CachedAuthorizer, Decision, bearer_token
-from kit.options import Options, SettingsError
+from kit.options import Flags, SettingsError
 
 # No ``<counter>_created`` series on any endpoint: DCGM exporter has none, scrapers rarely use
 # them, and they double the series of every counter and histogram (docs/metrics.md).
@@ -86,21 +86,32 @@ class HttpsSettings(msgspec.Struct, frozen=True, kw_only=True):
     None: no CORS handling at all (the agents)."""
 
 
-def https_from(
-    options: Options, *, port_flag: str = "secure-port", auth: Auth | None = None
-) -> HttpsSettings:
-    """``--bind-address``, the port flag, ``--cert-dir`` and ``--metrics-auth`` of a serving
-    command; ``auth`` given instead of the flag by a command without it (``standalone``).
+class ServingFlags(Flags, frozen=True, kw_only=True):
+    """The flags of a serving command's HTTPS endpoint."""
+
+    bind_address: str
+    secure_port: int
+    cert_dir: str
+    metrics_auth: str
+
+
+def https_from(flags: ServingFlags) -> HttpsSettings:
+    """``--bind-address``, ``--secure-port``, ``--cert-dir`` and ``--metrics-auth``.
 
     :raises SettingsError: the address is not an IP address, or the certificate directory
         lacks ``tls.crt`` or ``tls.key``, so the mistake is one line at start-up.
     """
-    if auth is None:
-        auth = "none" if options.text("metrics-auth") == "none" else "review"
+    auth: Auth = "none" if flags.metrics_auth == "none" else "review"
+    return https_at(flags.bind_address, flags.secure_port, flags.cert_dir, auth)
+
+
+def https_at(address: str, port: int, cert_dir_text: str, auth: Auth) -> HttpsSettings:
+    """The endpoint's settings from its parts (``standalone`` gives each component its port and
+    no ``--metrics-auth``). :raises SettingsError: as :func:`https_from`."""
     return HttpsSettings(
-        bind_address=bind_address(options.text("bind-address")),
-        port=options.integer(port_flag),
-        cert_dir=cert_dir(options.optional_text("cert-dir")),
+        bind_address=bind_address(address),
+        port=port,
+        cert_dir=cert_dir(cert_dir_text or None),
         auth=auth,
     )
 

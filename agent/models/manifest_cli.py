@@ -22,7 +22,7 @@ from hub import endpoints, resolving
 from hub.errors import HubError
 from hub.manifest import Manifest
 from kit import rendering
-from kit.options import Options, SettingsError
+from kit.options import Flags, Options, SettingsError
 
 __all__ = [
     "FORMATS",
@@ -122,21 +122,40 @@ class ManifestSettings(msgspec.Struct, frozen=True, kw_only=True):
         return hub_client.HubSettings.of(self.endpoint, self.hub_env)
 
 
+class SnapshotFlags(Flags, frozen=True, kw_only=True):
+    """Which snapshot of a repository, from which Hub, shown how (``mm manifest``, ``mm pull``)."""
+
+    revision: str
+    allow_pattern: tuple[str, ...]
+    ignore_pattern: tuple[str, ...]
+    hf_endpoint: str
+    output: str
+
+
+def snapshot_flags(options: Options) -> SnapshotFlags:
+    """:raises SettingsError: an empty ``--revision`` (its default is the command table's)."""
+    flags = options.read_flags(SnapshotFlags)
+    if not flags.revision:
+        raise SettingsError("--revision: empty; name a branch, tag or commit (default main)")
+    return flags
+
+
 def settings_from(options: Options) -> ManifestSettings:
     """:raises SettingsError: no single repository id, or an endpoint that is not a URL."""
     if len(options.positionals) != 1:
         raise SettingsError("needs exactly one REPOSITORY (owner/name)")
+    flags = snapshot_flags(options)
     env = endpoints.environment(options.env)
     try:
         return ManifestSettings(
             repository=endpoints.repository(options.positionals[0]),
-            revision=options.text("revision") or "main",
-            endpoint=endpoints.endpoint_from(options.optional_text("hf-endpoint"), options.env),
+            revision=flags.revision,
+            endpoint=endpoints.endpoint_from(flags.hf_endpoint or None, options.env),
             token=env.token,
-            allow=options.items("allow-pattern"),
-            ignore=options.items("ignore-pattern"),
+            allow=flags.allow_pattern,
+            ignore=flags.ignore_pattern,
             hub_env=env,
-            output=cast(Output, options.text("output")),
+            output=cast(Output, flags.output),
         )
     except endpoints.InvalidName as e:
         raise SettingsError(str(e)) from e

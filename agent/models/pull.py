@@ -33,12 +33,13 @@ import msgspec
 
 from agent.models import downloading, layout, materializing
 from agent.models.errors import CacheCorrupt, CacheUnusable, Materializing, NoSpace
+from agent.models.manifest_cli import snapshot_flags
 from agent.models.tuning import Tuning
 from hub import client as hub_client
 from hub import endpoints, resolving
 from hub.errors import HubError
 from hub.manifest import Manifest
-from kit.options import Options, SettingsError
+from kit.options import Flags, Options, SettingsError
 
 __all__ = ["PullSettings", "pull_command", "settings_from"]
 
@@ -66,25 +67,30 @@ class PullSettings(msgspec.Struct, frozen=True, kw_only=True):
         return hub_client.HubSettings.of(self.endpoint, self.hub_env)
 
 
+class CacheFlags(Flags, frozen=True, kw_only=True):
+    cache_root: str
+
+
 def settings_from(options: Options) -> PullSettings:
     """:raises SettingsError: no single repository id, a relative cache root, a bad endpoint."""
     if len(options.positionals) != 1:
         raise SettingsError("needs exactly one REPOSITORY (owner/name)")
-    root = options.text("cache-root")
+    root = options.read_flags(CacheFlags).cache_root
     if not root.startswith("/"):
         raise SettingsError(f"--cache-root must be an absolute path, not {root!r}")
+    flags = snapshot_flags(options)
     env = endpoints.environment(options.env)
     try:
         return PullSettings(
             repository=endpoints.repository(options.positionals[0]),
-            revision=options.text("revision") or "main",
+            revision=flags.revision,
             cache_root=Path(root),
-            endpoint=endpoints.endpoint_from(options.optional_text("hf-endpoint"), options.env),
+            endpoint=endpoints.endpoint_from(flags.hf_endpoint or None, options.env),
             token=env.token,
-            allow=options.items("allow-pattern"),
-            ignore=options.items("ignore-pattern"),
+            allow=flags.allow_pattern,
+            ignore=flags.ignore_pattern,
             hub_env=env,
-            output=cast(Literal["text", "json", "yaml"], options.text("output")),
+            output=cast(Literal["text", "json", "yaml"], flags.output),
         )
     except endpoints.InvalidName as e:
         raise SettingsError(str(e)) from e

@@ -16,8 +16,8 @@ from bus import identity
 from bus import settings as bus_settings
 from bus.settings import BusSettings
 from hub import endpoints
-from kit.options import Options, SettingsError
-from kit.serving import HttpsSettings, https_from
+from kit.options import Flags, Options, SettingsError
+from kit.serving import HttpsSettings, ServingFlags, https_from
 from kit.version import package_version
 
 __all__ = ["DRIVER", "ModelManagerSettings", "Tuning", "settings_from"]
@@ -55,18 +55,29 @@ class ModelManagerSettings(msgspec.Struct, frozen=True, kw_only=True):
         return self.kubelet_dir / "pods"
 
 
+class ModelManagerFlags(Flags, frozen=True, kw_only=True):
+    """The model agent's own flags."""
+
+    kubelet_dir: str
+    cache_root: str
+    csi_socket: str
+
+
 def settings_from(options: Options) -> ModelManagerSettings:
     """Build the settings of ``model-manager`` from its flags and the environment.
 
     Without ``--nats-url`` or ``NATS_URL`` the plugin runs with no bus (its status stays local).
     :raises SettingsError: a relative path, or a Hub endpoint that is not a URL.
     """
-    paths = {name: options.text(name) for name in ("kubelet-dir", "cache-root", "csi-socket")}
+    flags = options.read_flags(ModelManagerFlags)
+    paths = {"kubelet-dir": flags.kubelet_dir, "cache-root": flags.cache_root,
+             "csi-socket": flags.csi_socket}  # fmt: skip
     for name, value in paths.items():
         if value and not value.startswith("/"):
             raise SettingsError(f"--{name} must be an absolute path, not {value!r}")
-    has_bus = bool(options.text("nats-url") or options.env.get("NATS_URL"))
-    bus = bus_settings.from_options(options)
+    nats = options.read_flags(bus_settings.NatsFlags)
+    has_bus = bool(nats.nats_url or options.env.get("NATS_URL"))
+    bus = bus_settings.from_flags(nats, options.env)
     try:
         hub_endpoint = endpoints.endpoint_from(None, options.env)
     except endpoints.InvalidName as e:
@@ -77,10 +88,10 @@ def settings_from(options: Options) -> ModelManagerSettings:
     bus = msgspec.structs.replace(bus, inbox_prefix=identity.inbox_prefix(me))
     return ModelManagerSettings(
         node_name=node,
-        kubelet_dir=Path(paths["kubelet-dir"]),
-        cache_root=Path(paths["cache-root"]),
-        csi_socket=Path(paths["csi-socket"]) if paths["csi-socket"] else None,
-        https=https_from(options),
+        kubelet_dir=Path(flags.kubelet_dir),
+        cache_root=Path(flags.cache_root),
+        csi_socket=Path(flags.csi_socket) if flags.csi_socket else None,
+        https=https_from(options.read_flags(ServingFlags)),
         bus=bus if has_bus else None,
         hub_endpoint=hub_endpoint,
         hub_token=hub_env.token,

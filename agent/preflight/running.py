@@ -34,7 +34,7 @@ from agent.preflight.model import (
 from agent.preflight.settings import HOST_LIB_DIR, PreflightSettings
 from agent.settings import DetectSettings, manufacturers_from, simulate_from
 from bus import devices
-from kit.options import Options
+from kit.options import Flags, Options
 
 log = logging.getLogger(__name__)
 
@@ -55,22 +55,36 @@ _ORDER = (
 )
 
 
+class PreflightFlags(Flags, frozen=True, kw_only=True):
+    """The flags of ``dm preflight``."""
+
+    manufacturer: str
+    dry_run: bool
+    probe_image: str
+    host_root: str
+    runtime: str
+    no_pci_check: bool
+    output: str
+    simulate: str
+
+
 def settings_from(options: Options) -> PreflightSettings:
     """The settings of ``dm preflight``, from its flags (the process edge)."""
-    manufacturers, explicit = manufacturers_from(options)
+    flags = options.read_flags(PreflightFlags)
+    manufacturers, explicit = manufacturers_from(flags.manufacturer)
     optional: dict[str, Any] = {}
     if options.env.get("GPUSTACK_PREFLIGHT_LIB_SOURCE"):
         optional["lib_source"] = options.env["GPUSTACK_PREFLIGHT_LIB_SOURCE"]
     return PreflightSettings(
         manufacturers=manufacturers,
         explicit_manufacturers=explicit,
-        dry_run=options.switch("dry-run"),
-        probe_image=options.text("probe-image"),
-        host_root=options.text("host-root"),
-        runtime=cast(Any, options.text("runtime")),
-        pci_check=not options.switch("no-pci-check"),
-        simulate=simulate_from(options),
-        output=cast(Any, options.text("output")),
+        dry_run=flags.dry_run,
+        probe_image=flags.probe_image,
+        host_root=flags.host_root,
+        runtime=cast(Any, flags.runtime),
+        pci_check=not flags.no_pci_check,
+        simulate=simulate_from(flags.simulate),
+        output=cast(Any, flags.output),
         **optional,
     )
 

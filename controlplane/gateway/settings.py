@@ -21,8 +21,8 @@ import msgspec
 
 from controlplane.k8s import client
 from kit import files
-from kit.options import Options, SettingsError
-from kit.serving import HttpsSettings, https_from
+from kit.options import Flags, Options, SettingsError
+from kit.serving import HttpsSettings, ServingFlags, https_from
 
 __all__ = ["GatewaySettings", "Upstream", "settings_from"]
 
@@ -61,45 +61,60 @@ class GatewaySettings(msgspec.Struct, frozen=True, kw_only=True):
     """A subscribed kind is listed again this often (``--informer-cache-resync-period``)."""
 
 
+class GatewayFlags(Flags, frozen=True, kw_only=True):
+    """The flags of ``worker-gateway`` (its HTTPS endpoint's are :class:`ServingFlags`)."""
+
+    kubeconfig: str
+    kube_conn_qps: float
+    kube_conn_burst: int
+    kube_conn_timeout: float
+    informer_cache_resync_period: float
+    bind_unix_path: str
+    worker_conn_mode: str
+    worker_conn_gpustack_api_port: int
+    worker_conn_gpustack_api_scheme: str
+    worker_readiness_check_timeout: float
+
+
 def settings_from(options: Options) -> GatewaySettings:
     """Build the settings from parsed flags."""
-    timeout = options.seconds("worker-readiness-check-timeout")
-    kube_timeout = options.seconds("kube-conn-timeout")
+    flags = options.read_flags(GatewayFlags)
+    timeout, kube_timeout = flags.worker_readiness_check_timeout, flags.kube_conn_timeout
     if timeout > kube_timeout:
         raise SettingsError(
             f"--worker-readiness-check-timeout ({timeout:g}s) must not exceed "
             f"--kube-conn-timeout ({kube_timeout:g}s)"
         )
-    kubeconfig = client.kubeconfig_from(options)
+    kubeconfig = client.kubeconfig_from(flags.kubeconfig, options.env)
     kube = None
     if kubeconfig != "none":
         kube = client.KubeSettings(
             kubeconfig=kubeconfig,
-            qps=options.number("kube-conn-qps"),
-            burst=options.integer("kube-conn-burst"),
+            qps=flags.kube_conn_qps,
+            burst=flags.kube_conn_burst,
             timeout_s=kube_timeout,
         )
-    mode = options.text("worker-conn-mode")
+    mode = flags.worker_conn_mode
     if mode == "loopback" and kube is None:
         raise SettingsError(
             "--worker-conn-mode=loopback reads the cluster of --kubeconfig; it cannot be 'none'"
         )
     upstream = Upstream(
         mode="loopback" if mode == "loopback" else "gpustack-api",
-        scheme=_scheme(options),
-        port=options.integer("worker-conn-gpustack-api-port"),
+        scheme=_scheme(flags),
+        port=flags.worker_conn_gpustack_api_port,
         kube=kube if mode == "loopback" else None,
         timeout_s=kube_timeout,
-        qps=options.number("kube-conn-qps"),
-        burst=options.integer("kube-conn-burst"),
+        qps=flags.kube_conn_qps,
+        burst=flags.kube_conn_burst,
     )
-    unix_path = options.optional_text("bind-unix-path")
+    unix_path = flags.bind_unix_path or None
     if unix_path is not None:
         try:
             files.socket_directory(unix_path)
         except files.InputRefused as e:
             raise SettingsError(f"--bind-unix-path: {e}") from e
-    https = https_from(options)
+    https = https_from(options.read_flags(ServingFlags))
     if unix_path is None and kube is None and https.auth == "review":
         raise SettingsError(
             "--metrics-auth=review needs the Kubernetes API to review tokens; with "
@@ -111,14 +126,14 @@ def settings_from(options: Options) -> GatewaySettings:
         https=https,
         kube=kube,
         readiness_timeout_s=timeout,
-        relist_s=options.seconds("informer-cache-resync-period"),
+        relist_s=flags.informer_cache_resync_period,
     )
 
 
-def _scheme(options: Options) -> str:
-    scheme = options.optional_text("worker-conn-gpustack-api-scheme")
-    if scheme is None:
-        return "https" if options.integer("worker-conn-gpustack-api-port") == 443 else "http"
+def _scheme(flags: GatewayFlags) -> str:
+    scheme = flags.worker_conn_gpustack_api_scheme
+    if not scheme:
+        return "https" if flags.worker_conn_gpustack_api_port == 443 else "http"
     if scheme not in ("http", "https"):
         raise SettingsError(f"--worker-conn-gpustack-api-scheme {scheme!r}: http or https")
     return scheme

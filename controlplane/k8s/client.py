@@ -33,7 +33,7 @@ import itertools
 import json
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any, Final
 
@@ -52,7 +52,7 @@ from controlplane.k8s.limiting import TokenBucket
 from controlplane.resources import FIELD_MANAGER, Ref, Resource
 from kit import files
 from kit.backoff import Backoff
-from kit.options import Options, SettingsError
+from kit.options import SettingsError
 
 __all__ = ["KubeClient", "KubeSettings", "Listing", "WatchEvent", "open_client"]
 
@@ -67,14 +67,14 @@ _LIST_RESTARTS: Final = 3
 """How often a list whose continue token expired starts over before the 410 is raised."""
 
 
-def kubeconfig_from(options: Options) -> str | None:
+def kubeconfig_from(flag: str, env: Mapping[str, str]) -> str | None:
     """``--kubeconfig`` (else ``$KUBECONFIG``): ``None`` for in-cluster or the default file,
     ``"none"`` for no cluster, else a path that must be a regular file no larger than any
     kubeconfig (the loader reads it whole), checked here so a bad one exits 2 at start-up.
 
     :raises SettingsError: naming ``--kubeconfig`` and the reason.
     """
-    kubeconfig = options.optional_text("kubeconfig") or options.env.get("KUBECONFIG") or None
+    kubeconfig = flag or env.get("KUBECONFIG") or None
     if kubeconfig not in (None, "none"):
         try:
             files.read_capped(kubeconfig)

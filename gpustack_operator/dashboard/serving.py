@@ -44,7 +44,7 @@ from bus.errors import BusError
 from bus.metrics import BusMetrics
 from bus.settings import BusSettings, from_options
 from gpustack_operator.dashboard.feed import Feed
-from kit.options import Options
+from kit.options import Flags, Options
 from kit.serving import ServingFailed, bind_address, runner_for, serve_tcp
 
 __all__ = ["DashboardSettings", "Hub", "main", "serve", "settings_from"]
@@ -80,15 +80,21 @@ class DashboardSettings(msgspec.Struct, frozen=True, kw_only=True):
     shutdown_timeout_s: float = 2.0
 
 
+class DashboardFlags(Flags, frozen=True, kw_only=True):
+    bind_address: str
+    port: int
+
+
 def settings_from(options: Options) -> DashboardSettings:
     """The ``dashboard`` command's settings; the bus as a dashboard (``bus watch``'s edge).
 
     :raises SettingsError: ``--bind-address`` is not an IP address.
     """
+    flags = options.read_flags(DashboardFlags)
     return DashboardSettings(
         bus=msgspec.structs.replace(from_options(options), inbox_prefix=DASHBOARD_INBOX),
-        bind_address=bind_address(options.text("bind-address")),
-        port=options.integer("port"),
+        bind_address=bind_address(flags.bind_address),
+        port=flags.port,
     )
 
 

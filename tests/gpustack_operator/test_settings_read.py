@@ -1,11 +1,15 @@
-"""Every flag a command accepts is read by its settings builder, or says it has no effect.
+"""Every flag a command accepts is read once by its settings builder, or says it has no effect.
 
-The builders read flags through :class:`kit.options.Options`, which records each read; a flag
-that nothing reads and that ``--help`` does not mark as inert would be silently ignored.
+The builders read flags through :class:`kit.options.Options` as typed structs, which counts each
+read; a flag that nothing reads and that ``--help`` does not mark as inert would be silently
+ignored, and one read twice would have two places deciding what it means. Only the edge (the
+builders the command table names) sees ``Options`` at all, and nothing reads a flag by its name
+as a string (an AST check over the production packages).
 """
 
 from __future__ import annotations
 
+import ast
 import importlib
 from collections.abc import Callable
 from pathlib import Path
@@ -15,6 +19,7 @@ import pytest
 
 from gpustack_operator.commands import COMMANDS, GLOBAL_FLAGS, Command
 from gpustack_operator.main import main, options_for
+from kit.options import Flags, flag_name
 
 BUILT = list(COMMANDS)
 
@@ -44,6 +49,92 @@ def test_every_live_flag_is_read(command: Command, tmp_path: Path) -> None:
     assert live - options.read == set(), "flags nothing reads: mark them inert or read them"
     inert = {f.name for f in command.flags if f.inert}
     assert inert & options.read == set(), "a flag marked inert is read after all"
+    twice = {name: n for name, n in options.reads.items() if n != 1}
+    assert twice == {}, "each flag is read by one place of its builder, once"
+
+
+ROOT = Path(__file__).parents[2]
+PACKAGES = ("gpustack_operator", "agent", "controlplane", "hub", "kit", "bus", "proto")
+EDGE = {
+    *(c.settings.partition(":")[0] for c in COMMANDS),
+    "bus.settings",  # the --nats-* flags every NATS-speaking command shares
+    "kit.options",
+    "gpustack_operator.main",
+    "gpustack_operator.commands",
+}
+"""The modules that may see :class:`kit.options.Options`: the settings builders the command
+table names, the one shared group reader, the launcher. Everything below gets settings."""
+FLAG_NAMES = {f.name for c in COMMANDS for f in c.flags} | {f.name for f in GLOBAL_FLAGS}
+_OLD_READS = {"text", "optional_text", "integer", "number", "seconds", "switch", "items"}
+
+
+def _modules() -> list[tuple[str, ast.Module]]:
+    out = []
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            name = ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+            out.append((name, ast.parse(path.read_text(), str(path))))
+    return out
+
+
+def _string_lookups(tree: ast.Module) -> list[str]:
+    """Reads of a flag by its name: ``options.text("node-name")``, ``options.seconds(flag)``,
+    ``options.get("node-name")`` (a receiver named ``*options*``, a typed-read method or a
+    declared flag's name as its first argument)."""
+    found = []
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+            continue
+        if "options" not in ast.unparse(node.func.value).lower():
+            continue
+        first = node.args[0] if node.args else None
+        by_name = isinstance(first, ast.Constant) and first.value in FLAG_NAMES
+        if node.func.attr in _OLD_READS or by_name:
+            found.append(f"{ast.unparse(node)} (line {node.lineno})")
+    return found
+
+
+def test_no_flag_is_read_by_a_string_and_only_the_edge_sees_options() -> None:
+    lookups = {name: hits for name, tree in _modules() if (hits := _string_lookups(tree))}
+    assert lookups == {}
+    seeing = set()
+    for name, tree in _modules():
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.ImportFrom)
+                and node.module == "kit.options"
+                and any(alias.name == "Options" for alias in node.names)
+            ):
+                seeing.add(name)
+    assert seeing - EDGE == set(), "below the edge: take the settings (or a Flags struct) instead"
+
+
+def test_the_ast_check_finds_string_lookups() -> None:
+    """The check above can fail: the reads this module replaced are found."""
+    old = ast.parse(
+        'a = options.text("node-name")\n'
+        "b = options.seconds(flag)\n"
+        'c = options.get("node-name")\n'
+        'd = body.get("preconditions")\n'
+    )
+    assert len(_string_lookups(old)) == 3
+
+
+def test_every_flags_struct_field_is_a_flag() -> None:
+    """A :class:`kit.options.Flags` struct names flags as the command table spells them (a
+    field no command has would be a KeyError at its read)."""
+    structs = []
+    for name, _ in _modules():
+        if name in EDGE or name == "kit.serving":
+            module = importlib.import_module(name)
+            structs += [
+                v for v in vars(module).values()
+                if isinstance(v, type) and issubclass(v, Flags) and v is not Flags
+            ]  # fmt: skip
+    assert len(structs) >= 10
+    for struct in structs:
+        fields = {flag_name(f) for f in struct.__struct_fields__}
+        assert fields <= FLAG_NAMES, struct
 
 
 @pytest.mark.parametrize("command", BUILT, ids=lambda c: " ".join(c.path))

@@ -8,7 +8,7 @@ import anyio
 import anyio.lowlevel
 import pytest
 
-from kit.options import Options
+from kit.options import Flags, Options
 from kit.tasks import start_forever
 
 pytestmark = pytest.mark.anyio
@@ -37,21 +37,37 @@ async def test_a_cancelled_long_lived_task_is_not_reported(
     assert caplog.records == []
 
 
-def test_options_read_typed_values_and_record_them() -> None:
-    options = Options({"node_name": "n1", "secure_port": 443, "no_shared": True, "tags": ("a",)})
-    assert options.text("node-name") == "n1"
-    assert options.integer("secure-port") == 443
-    assert options.number("secure-port") == 443.0
-    assert options.switch("no-shared") is True
-    assert options.items("tags") == ("a",)
-    assert options.read == {"node-name", "secure-port", "no-shared", "tags"}
+class _Some(Flags, frozen=True, kw_only=True):
+    node_name: str
+    secure_port: int
+    no_shared: bool
+    tags: tuple[str, ...]
 
 
-def test_options_refuse_unknown_flags_and_wrong_types() -> None:
-    options = Options({"no_shared": True, "name": ""})
-    with pytest.raises(KeyError, match="--missing"):
-        options.text("missing")
-    with pytest.raises(TypeError, match="--no-shared"):
-        options.integer("no-shared")
-    assert options.optional_text("name") is None
-    assert options.read == {"name"}
+class _Period(Flags, frozen=True, kw_only=True):
+    resync_period: float
+
+
+def test_options_read_typed_structs_and_count_each_flag() -> None:
+    values = {"node_name": "n1", "secure_port": 443, "no_shared": True, "tags": ("a",)}
+    options = Options({**values, "resync_period": 5, "unread": ""})
+    flags = options.read_flags(_Some)
+    assert (flags.node_name, flags.secure_port, flags.no_shared, flags.tags) == (
+        "n1", 443, True, ("a",),
+    )  # fmt: skip
+    assert options.read_flags(_Period).resync_period == 5.0  # an integer is a number
+    options.read_flags(_Period)
+    assert options.reads == {
+        "node-name": 1, "secure-port": 1, "no-shared": 1, "tags": 1, "resync-period": 2,
+    }  # fmt: skip
+    assert options.read == {"node-name", "secure-port", "no-shared", "tags", "resync-period"}
+    assert options.has(_Period) and not Options({}).has(_Period)
+
+
+def test_options_refuse_missing_flags_and_wrong_types() -> None:
+    with pytest.raises(KeyError, match="--secure-port"):
+        Options({"node_name": "n", "no_shared": True, "tags": ()}).read_flags(_Some)
+    wrong = Options({"node_name": "n", "secure_port": True, "no_shared": True, "tags": ()})
+    with pytest.raises(TypeError, match="secure_port"):
+        wrong.read_flags(_Some)  # a bool is not an int
+    assert wrong.reads == {}  # a refused read counts nothing
