@@ -16,6 +16,11 @@ from dataclasses import dataclass
 from gpustack_operator.flags import Flag
 
 PORT = (0.0, 65535.0)
+WORKER_PORT = "31443"
+DEVICE_MANAGER_PORT = "32443"
+MODEL_MANAGER_PORT = "32444"
+"""Each agent's and the worker's HTTPS port: its command's ``--secure-port`` and the matching
+``standalone`` port flag (one default, written once)."""
 
 
 @dataclass(frozen=True)
@@ -103,10 +108,9 @@ _KUBE_CLIENT = (
     Flag("kube-conn-burst", "400", "Kubernetes API client burst", kind="int", bounds=(1, 1e6)),
     Flag("kube-conn-timeout", "5m", "Kubernetes API client timeout", kind="duration"),
 )
-_POOLS = (
-    Flag("informer-cache-resync-period", "1h", "informer resync period", kind="duration"),
-    Flag("gopool-worker-factor", "100", "worker pool size per CPU core", kind="int"),
-)
+_RESYNC = Flag("informer-cache-resync-period", "1h", "informer resync period", kind="duration")
+_POOL_FACTOR = Flag("gopool-worker-factor", "100", "worker pool size per CPU core", kind="int")
+_POOLS = (_RESYNC, _POOL_FACTOR)
 _SERVING = (*_HTTPS, *_KUBE_CLIENT, *_POOLS)
 _AGENT_SERVING = (*_HTTPS, *inert(*_KUBE_CLIENT, *_POOLS))
 """The agents hold no Kubernetes client: the client flags are accepted and have no effect."""
@@ -200,7 +204,7 @@ _WORKER = (
         "or an http(s) base URL holding <name>/<version>/<file>, or configmap:NAME (a ConfigMap "
         "of the system namespace, keys <name>_<version>_<file>); docs/deploy.md",
     ),
-    Flag("secure-port", "31443", "the HTTPS port", kind="int", bounds=PORT),
+    Flag("secure-port", WORKER_PORT, "the HTTPS port", kind="int", bounds=PORT),
     Flag(
         "worker-gateway-unix-path",
         "",
@@ -284,17 +288,12 @@ _WORKER = (
     ),
     *_HTTPS,
     *_KUBE_CLIENT,
-    Flag(
-        "informer-cache-resync-period",
-        "1h",
-        "how often every watch starts over with a full list (0: never)",
-        kind="duration",
+    dataclasses.replace(
+        _RESYNC, help="how often every watch starts over with a full list (0: never)"
     ),
-    Flag(
-        "gopool-worker-factor",
-        "100",
-        "reconcile concurrency per CPU core (at most 1024 in all)",
-        kind="int",
+    dataclasses.replace(
+        _POOL_FACTOR,
+        help="reconcile concurrency per CPU core (at most 1024 in all)",
         bounds=(1, 10_000),
     ),
     *NATS_FLAGS,
@@ -344,14 +343,12 @@ _WORKER_GATEWAY = (
     ),
     *_HTTPS,
     *_KUBE_CLIENT,
-    Flag(
-        "informer-cache-resync-period",
-        "1h",
-        "how often a kept kind of a subscribed cluster is listed again in full",
-        kind="duration",
+    dataclasses.replace(
+        _RESYNC,
+        help="how often a kept kind of a subscribed cluster is listed again in full",
         bounds=(300.0, 7 * 24 * 3600.0),
     ),
-    *inert(_POOLS[1]),
+    *inert(_POOL_FACTOR),
 )
 
 _DM_SERVE = (
@@ -372,7 +369,7 @@ _DM_SERVE = (
         "/var/lib/gpustack/device-manager",
         "the node's own state: the allocation ledger kept for a start without the bus",
     ),
-    Flag("secure-port", "32443", "the HTTPS port", kind="int", bounds=PORT),
+    Flag("secure-port", DEVICE_MANAGER_PORT, "the HTTPS port", kind="int", bounds=PORT),
     Flag(
         "metrics-port",
         "0",
@@ -424,6 +421,9 @@ _DM_SERVE = (
     ),
 )
 
+_CACHE_ROOT = Flag("cache-root", "/var/lib/gpustack/models", "the node's cache directory")
+_REVISION = Flag("revision", "main", "branch, tag or commit to resolve")
+
 _MODEL_MANAGER = (
     Flag(
         "node-name",
@@ -432,7 +432,7 @@ _MODEL_MANAGER = (
         "(default $KUBERNETES_NODE_NAME, else the host name)",
     ),
     Flag("kubelet-dir", "/var/lib/kubelet", "kubelet's root directory"),
-    Flag("cache-root", "/var/lib/gpustack/models", "the node's cache directory"),
+    _CACHE_ROOT,
     Flag(
         "csi-socket",
         "",
@@ -440,7 +440,7 @@ _MODEL_MANAGER = (
     ),
     Flag(
         "secure-port",
-        "32444",
+        MODEL_MANAGER_PORT,
         "the HTTPS port: metrics, readiness and liveness",
         kind="int",
         bounds=PORT,
@@ -540,21 +540,21 @@ _STANDALONE = (
     ),
     Flag(
         "worker-port",
-        "31443",
+        WORKER_PORT,
         "the worker's HTTPS port (0 picks a free one)",
         kind="int",
         bounds=PORT,
     ),
     Flag(
         "device-manager-port",
-        "32443",
+        DEVICE_MANAGER_PORT,
         "the device agent's HTTPS port (0 picks a free one)",
         kind="int",
         bounds=PORT,
     ),
     Flag(
         "model-manager-port",
-        "32444",
+        MODEL_MANAGER_PORT,
         "the model agent's HTTPS port (0 picks a free one)",
         kind="int",
         bounds=PORT,
@@ -645,7 +645,7 @@ COMMANDS = (
         ("model-manager", "manifest"),
         "Resolve a Hugging Face repository at a revision and print its manifest and digest.",
         (
-            Flag("revision", "main", "branch, tag or commit to resolve"),
+            _REVISION,
             *_SNAPSHOT,
             _OUTPUT_TEXT,
         ),
@@ -664,8 +664,8 @@ COMMANDS = (
         ("model-manager", "pull"),
         "Download and verify a Hugging Face snapshot into the node's model cache, as a mount would.",
         (
-            Flag("revision", "main", "branch, tag or commit to pull"),
-            Flag("cache-root", "/var/lib/gpustack/models", "the node's cache directory"),
+            dataclasses.replace(_REVISION, help="branch, tag or commit to pull"),
+            _CACHE_ROOT,
             *_SNAPSHOT,
             _OUTPUT_TEXT,
         ),

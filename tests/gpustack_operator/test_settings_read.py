@@ -176,6 +176,7 @@ def test_worker_help_has_no_flag_that_does_nothing(capsys: pytest.CaptureFixture
         (["worker", "--kube-conn-qps=nan"], "--kube-conn-qps"),
         (["mm", "manifest", "../../etc"], "repository"),
         (["mm", "manifest", "org/m", "--hf-endpoint=not-a-url"], "http(s) URL"),
+        (["mm", "pull", "org/m", "--revision="], "--revision"),
         (["dm", "serve", "stray"], "unexpected arguments"),
         (["dm", "detect", "--manufacturer=nvidai"], "--manufacturer"),
         (["mm", "--node-name=a*b"], "not a Kubernetes node name"),
@@ -225,3 +226,85 @@ def test_an_invalid_setting_seed_stops_the_worker(
     assert main(["worker"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "credentials" in err[0] and "secret" not in err[0]
+
+
+def _mirrors() -> list[tuple[tuple[str, ...], str, type, str]]:
+    from agent.deviceplugin.settings import DevicePluginSettings
+    from agent.serve_settings import ServeSettings
+    from bus.settings import BusSettings
+    from controlplane.gateway.settings import GatewaySettings, Upstream
+    from controlplane.k8s.client import KubeSettings
+    from controlplane.leading import LeaderSettings
+    from controlplane.settings import WorkerSettings
+    from kit.serving import HttpsSettings
+
+    worker, gateway, serve = ("worker",), ("worker-gateway",), ("device-manager", "serve")
+    return [
+        (worker, "kube-conn-qps", KubeSettings, "qps"),
+        (worker, "kube-conn-burst", KubeSettings, "burst"),
+        (worker, "kube-conn-timeout", KubeSettings, "timeout_s"),
+        (worker, "informer-cache-resync-period", KubeSettings, "relist_s"),
+        (worker, "kube-leader-election-id", LeaderSettings, "name"),
+        (worker, "kube-leader-lease", LeaderSettings, "lease_s"),
+        (worker, "kube-leader-renew-timeout", LeaderSettings, "renew_timeout_s"),
+        (worker, "model-manager-service-account", WorkerSettings, "model_manager_service_account"),
+        (worker, "nats-state-replicas", BusSettings, "state_replicas"),
+        (worker, "nats-state-max-age", BusSettings, "state_max_age_s"),
+        (worker, "bind-address", HttpsSettings, "bind_address"),
+        (gateway, "worker-conn-gpustack-api-port", Upstream, "port"),
+        (gateway, "kube-conn-timeout", Upstream, "timeout_s"),
+        (gateway, "kube-conn-qps", Upstream, "qps"),
+        (gateway, "kube-conn-burst", Upstream, "burst"),
+        (gateway, "worker-readiness-check-timeout", GatewaySettings, "readiness_timeout_s"),
+        (gateway, "informer-cache-resync-period", GatewaySettings, "relist_s"),
+        (serve, "no-shared", DevicePluginSettings, "no_shared"),
+        (serve, "no-sliced", DevicePluginSettings, "no_sliced"),
+        (serve, "no-partitioned", DevicePluginSettings, "no_partitioned"),
+        (serve, "state-dir", ServeSettings, "state_dir"),
+        (serve, "metrics-port", ServeSettings, "metrics_http_port"),
+        (serve, "metrics-names", ServeSettings, "metrics_names"),
+    ]
+
+
+def test_struct_defaults_that_mirror_a_flag_agree_with_its_default() -> None:
+    """Some settings structs keep a default for tests and composing commands (``standalone``)
+    where a flag feeds the field; the command table's default is the one that counts, so each
+    such struct default must say the same (drift fails here, not in a deployment)."""
+    import dataclasses
+
+    import msgspec
+
+    from gpustack_operator.flags import convert
+
+    for path, flag_name_, struct, field in _mirrors():
+        command = next(c for c in COMMANDS if c.path == path)
+        flag = next(f for f in command.flags if f.name == flag_name_)
+        if dataclasses.is_dataclass(struct):
+            default = next(f.default for f in dataclasses.fields(struct) if f.name == field)
+        else:
+            default = next(f.default for f in msgspec.structs.fields(struct) if f.name == field)
+        assert default == convert(flag, flag.default), (struct.__name__, field)
+
+
+def test_one_flag_name_has_one_default_across_commands() -> None:
+    """A flag several commands take means the same everywhere, default included; only each
+    command's own port, address, state directory and output format differ by design."""
+    by_name: dict[str, set[str]] = {}
+    for command in COMMANDS:
+        for flag in command.flags:
+            by_name.setdefault(flag.name, set()).add(flag.default)
+    differing = {name for name, defaults in by_name.items() if len(defaults) > 1}
+    assert differing == {"secure-port", "bind-address", "state-dir", "output"}
+
+
+def test_standalone_ports_are_the_commands_own() -> None:
+    def default(path: tuple[str, ...], name: str) -> str:
+        command = next(c for c in COMMANDS if c.path == path)
+        return next(f.default for f in command.flags if f.name == name)
+
+    standalone = ("standalone",)
+    assert default(standalone, "worker-port") == default(("worker",), "secure-port")
+    assert default(standalone, "device-manager-port") == default(
+        ("device-manager", "serve"), "secure-port"
+    )
+    assert default(standalone, "model-manager-port") == default(("model-manager",), "secure-port")
