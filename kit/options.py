@@ -64,11 +64,6 @@ class Options:
         """The flags read so far."""
         return set(self.reads)
 
-    def has(self, kind: type[Flags]) -> bool:
-        """Whether this command has every flag ``kind`` names (a builder shared by commands
-        with and without a group of flags)."""
-        return all(f in self._values for f in kind.__struct_fields__)
-
     def read_flags(self, kind: type[F]) -> F:
         """The flags ``kind`` names, typed; each read is counted.
 

@@ -61,7 +61,6 @@ def test_options_read_typed_structs_and_count_each_flag() -> None:
         "node-name": 1, "secure-port": 1, "no-shared": 1, "tags": 1, "resync-period": 2,
     }  # fmt: skip
     assert options.read == {"node-name", "secure-port", "no-shared", "tags", "resync-period"}
-    assert options.has(_Period) and not Options({}).has(_Period)
 
 
 def test_options_refuse_missing_flags_and_wrong_types() -> None:
