@@ -412,7 +412,7 @@ async def _keep_settings(worker: Worker, settings: WorkerSettings) -> None:
         tg.start_soon(source.run, name="settings-refresh")
         async for _ in changes:
             if worker.chain is not None:  # every replica answers the Workload webhook
-                worker.chain.settings = _chain_settings(settings, source)
+                worker.chain.retune(_chain_settings(settings, source))
             if not worker.leading:
                 continue
             try:
