@@ -23,8 +23,9 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from dataclasses import replace
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Protocol
 
 from agent.deviceplugin import (
     allocation,
@@ -37,7 +38,7 @@ from agent.deviceplugin import (
     responders,
     workdirs,
 )
-from agent.deviceplugin.claims import Claims, PendingSource
+from agent.deviceplugin.claims import Claims, KubeletKey, PendingSource
 from agent.deviceplugin.injection import DriverStep, Injection
 from agent.deviceplugin.partitioning import Partitions
 from agent.deviceplugin.server import Key, ResourceServicer
@@ -55,6 +56,30 @@ DriverControl = Callable[[DriverStep], None]
 :class:`errors.ActuationFailed` when the driver refuses."""
 
 
+class KubeletView(Protocol):
+    async def containers(self) -> Mapping[KubeletKey, frozenset[str]] | None:
+        """kubelet's containers and the resources they hold devices of (pod-resources, asked
+        now and bounded); None: kubelet did not answer (the last view stays)."""
+        ...
+
+
+class AllocateListener(Protocol):
+    def allocated(self) -> None:
+        """An Allocate went through (must not block: the pod-resources task wakes)."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class Links:
+    """What the node talks to besides the ledger, given at construction."""
+
+    kubelet: KubeletView | None = None
+    """Asked just before an Allocate that a pending container could be for (pod-resources on)."""
+    listener: AllocateListener | None = None
+    cdi_catalog: cdi.Catalog = field(default_factory=cdi.Catalog)
+    """The device names the node's CDI specs define at start (then :meth:`Node.use_cdi`)."""
+
+
 class Node:
     def __init__(
         self,
@@ -66,14 +91,15 @@ class Node:
         partitions: Partitions | None = None,
         pending_containers: PendingSource = tuple,
         controls: Mapping[str, DriverControl] | None = None,
+        links: Links = Links(),
     ) -> None:
         self._settings = settings
         self._controls = dict(controls or {})
         """Driver-step kind to the control that performs it."""
         self.claims = Claims(pending_containers)
         """Which pending container each grant serves (:mod:`claims`)."""
-        self.ask_kubelet: Callable[[], Awaitable[None]] | None = None
-        """Refreshes ``claims.kubelet`` before an Allocate (set when pod-resources is on)."""
+        self._kubelet = links.kubelet
+        self._listener = links.listener
         self._publish = publish
         self._clock = clock
         self.partitions = partitions
@@ -86,12 +112,22 @@ class Node:
         self._planned_for: tuple[dict[str, resources.Card], dict[str, resources.Mode]] | None = None
         self.ledger = ledger.Ledger()
         self.servicers: dict[Key, ResourceServicer] = {}
-        self.on_allocate: Callable[[], None] = _nothing
-        """Called after every Allocate that went through (the pod-resources task listens)."""
-        self.cdi_catalog = cdi.Catalog()
-        """The device names the node's CDI specs define (kept fresh by :mod:`running`)."""
+        self._cdi_catalog = links.cdi_catalog
         self.updated = False
         """False until the first :meth:`update`: nothing is served before detection has run."""
+
+    @property
+    def cdi_catalog(self) -> cdi.Catalog:
+        """The device names the node's CDI specs define, as last read."""
+        return self._cdi_catalog
+
+    def use_cdi(self, catalog: cdi.Catalog) -> None:
+        """Answer with ``catalog`` from now on (the specs were read again)."""
+        self._cdi_catalog = catalog
+
+    def _allocated(self) -> None:
+        if self._listener is not None:
+            self._listener.allocated()
 
     def update(self, groups: Sequence[devices.DeviceGroup]) -> None:
         """Adopt a detection pass: cards, health, servers. Held cards never lose their tokens."""
@@ -199,7 +235,7 @@ class Node:
             if grant.request is not None:
                 self.claims.reserve(grant.holding.allocation_id, grant.request)
             self._apply(self.ledger.charge(grant.holding))
-        self.on_allocate()
+        self._allocated()
         return injection
 
     def _prepare(self, grant: allocation.Grant, injection: Injection) -> None:
@@ -227,7 +263,7 @@ class Node:
         if grant.cards and grant.cards[0][0].manufacturer == "nvidia":
             cards = [(c.id, c.index) for c, _ in grant.cards]
             injection = cdi.channel(
-                self._settings.nvidia_injection, injection, self.cdi_catalog, cards
+                self._settings.nvidia_injection, injection, self._cdi_catalog, cards
             )
         return injection
 
@@ -281,8 +317,10 @@ class Node:
 
     async def ask_kubelet_first(self) -> None:
         """Refresh kubelet's view when a pending container could be the one allocated for."""
-        if self.ask_kubelet is not None and self.claims.pending():
-            await self.ask_kubelet()
+        if self._kubelet is not None and self.claims.pending():
+            containers = await self._kubelet.containers()
+            if containers is not None:
+                self.claims.note_kubelet(containers)
 
     async def allocate_partitioned(self, key: Key, device_ids: Sequence[str]) -> Injection:
         """Give the container its own MIG instance: reuse the one recorded for this allocation
@@ -322,7 +360,7 @@ class Node:
             if request is not None:
                 self.claims.reserve(alloc, request)
             self._apply(self.ledger.charge(holding))
-        self.on_allocate()
+        self._allocated()
         return Injection(envs={"NVIDIA_VISIBLE_DEVICES": record.mig_uuid})
 
     def _perform(self, steps: Sequence[DriverStep]) -> None:
@@ -397,7 +435,3 @@ class Node:
         ours = [c for c in live if c.resource in self._views]
         grace = self._settings.release_grace_s
         self._apply(self.ledger.reconcile(ours, self._resolve, now=self._clock(), grace_s=grace))
-
-
-def _nothing() -> None:
-    pass
