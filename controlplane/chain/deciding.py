@@ -40,9 +40,11 @@ Cache = dict[Resource, dict[Ref, dict[str, Any]]]
 
 @dataclass(frozen=True, slots=True)
 class PassPlan:
-    """A pass's plan, and the nodes each ResourceFlavor selects (the admission check's map)."""
+    """A pass's plan, the managed nodes it was made from, and the nodes each ResourceFlavor
+    selects (the admission check's map)."""
 
     plan: ChainPlan
+    managed: dict[str, NodeFacts]
     flavor_nodes: dict[str, list[str]]
 
 
@@ -93,7 +95,7 @@ def plan_pass(
         for ref, desired in plan.kueue.items()
         if ref.resource == naming.RESOURCEFLAVORS
     }
-    return PassPlan(plan=plan, flavor_nodes=flavor_nodes)
+    return PassPlan(plan=plan, managed={n.name: n for n in managed}, flavor_nodes=flavor_nodes)
 
 
 def selects(flavor: Desired, node: NodeFacts) -> bool:

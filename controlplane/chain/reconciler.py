@@ -47,7 +47,7 @@ import anyio.lowlevel
 from bus import events
 from controlplane import errors
 from controlplane.chain import converging, deciding, naming, nodelabels
-from controlplane.chain.deciding import Cache, KueueWait
+from controlplane.chain.deciding import Cache, KueueWait, PassPlan
 from controlplane.chain.inventory import NodeFacts, facts_of
 from controlplane.chain.settings import ChainSettings
 from controlplane.k8s.client import KubeClient
@@ -95,9 +95,8 @@ class ChainReconciler:
         self._cache: Cache | None = None
         self._listed_at = float("-inf")
         self._kueue = KueueWait.of(settings)
-        self._entrances: dict[str, str] = {}
-        self._managed: dict[str, NodeFacts] = {}
-        self._flavor_nodes: dict[str, list[str]] = {}
+        self._last: PassPlan | None = None
+        """The last pass's plan (what the accessors answer from)."""
         self._replan = False
         """A write this pass changes the next plan (a check turned Active): plan again."""
         self._seen: dict[str, tuple[tuple[Any, ...], NodeFacts | None]] = {}
@@ -119,16 +118,16 @@ class ChainReconciler:
     @property
     def nodes(self) -> Mapping[str, NodeFacts]:
         """Managed nodes as last planned (the admission check reads them)."""
-        return self._managed
+        return self._last.managed if self._last is not None else {}
 
     @property
     def flavor_nodes(self) -> Mapping[str, list[str]]:
         """ResourceFlavor name -> the managed nodes it selects, as last planned."""
-        return self._flavor_nodes
+        return self._last.flavor_nodes if self._last is not None else {}
 
     def entrance(self, local_queue: str) -> str | None:
         """The accelerator group of a LocalQueue of the last plan (the Workload webhook)."""
-        return self._entrances.get(local_queue)
+        return self._last.plan.entrances.get(local_queue) if self._last is not None else None
 
     def node_changed(self, kind: str, name: str, body: dict[str, Any]) -> None:
         """The informer's listener: the Node was added, changed or deleted."""
@@ -189,11 +188,8 @@ class ChainReconciler:
             for name in self._nodes.objects
             if (seen := self._seen.get(name)) is not None and (facts := seen[1]) is not None
         ]
-        self._managed = {n.name: n for n in managed}
-        decided = deciding.plan_pass(managed, self._ledger.get, cache, self._settings)
-        self._flavor_nodes = decided.flavor_nodes
-        plan = decided.plan
-        self._entrances = plan.entrances
+        self._last = deciding.plan_pass(managed, self._ledger.get, cache, self._settings)
+        plan = self._last.plan
         now = self._wallclock().strftime("%Y-%m-%dT%H:%M:%SZ")
         await converging.converge_instance_types(self._sink, plan, cache, now)
         await converging.converge_set(self._sink, naming.INSTANCETYPEFLAVORS, plan.catalog, cache)
