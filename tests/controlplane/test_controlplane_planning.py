@@ -128,6 +128,13 @@ def test_plan_applies_the_rule_per_part_and_never_owns_metadata_whole() -> None:
     seen = Observed.of(body)
     named = Desired(metadata={"labels": {"ours": "a"}}, spec={"x": 1}, status={"x": 1})
     assert plan(ref, named, seen) == []  # a defaulted spec key and a stale status key stay
+    # Another writer's label and a None for a key already absent write nothing, whole or not
+    # (the old planning patched both again on every pass).
+    theirs = Desired(
+        metadata={"labels": {"ours": "a"}}, spec={**body["spec"], "y": None}, whole=WHOLE
+    )
+    assert plan(ref, msgspec.structs.replace(theirs, status={"downloading": "50%", "x": 1}),
+                seen) == []  # fmt: skip
     owned = msgspec.structs.replace(named, whole=frozenset({"status"}))
     assert plan(ref, owned, seen) == [
         Patch(ref=ref, body={"status": {"downloading": None}}, subresource="status")
