@@ -24,7 +24,7 @@ from controlplane.reconciling.planning import Action, Delete, Desired, Patch, pl
 from controlplane.resources import Observed, Ref, Resource
 from controlplane.sinks import Sink
 
-__all__ = ["converge_instance_types", "converge_kueue", "converge_set"]
+__all__ = ["converge_instance_types", "converge_kueue", "converge_set", "delete_unwanted", "write"]
 
 log = logging.getLogger(__name__)
 
