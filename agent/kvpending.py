@@ -31,15 +31,32 @@ EVERY_S = 1.0
 
 
 class PendingView:
-    """The last ``pending.<node>`` read; calling it gives its containers (none before one)."""
+    """The last ``pending.<node>`` read; calling it gives its containers (none before one).
+
+    It announces its changes (:class:`agent.deviceplugin.claims.Announcing`): an Allocate
+    waiting for its claim wakes when a read brings a different list.
+    """
 
     def __init__(self) -> None:
         self.containers: tuple[PendingContainer, ...] = ()
         self.reads = 0
         """Successful reads so far (tests wait for one)."""
+        self._changed = anyio.Event()
 
     def __call__(self) -> tuple[PendingContainer, ...]:
         return self.containers
+
+    def next_change(self) -> anyio.Event:
+        """Set at the next read that changes the list."""
+        return self._changed
+
+    def update(self, containers: tuple[PendingContainer, ...]) -> None:
+        """Adopt a successful read; wake the waiters when the list changed."""
+        self.reads += 1
+        if containers != self.containers:
+            self.containers = containers
+            self._changed.set()
+            self._changed = anyio.Event()
 
 
 async def read_once(bucket: kv.Bucket, node: str) -> tuple[PendingContainer, ...] | None:
@@ -67,8 +84,7 @@ async def follow(bucket: kv.Bucket, node: str, view: PendingView, *, every_s: fl
             log.warning("cannot read pending containers (keeping the last view): %s", e)
         else:
             if fresh is not None:
-                view.containers = fresh
-                view.reads += 1
+                view.update(fresh)
         await anyio.sleep(every_s)
 
 

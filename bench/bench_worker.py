@@ -708,7 +708,7 @@ async def chain_bench(args: argparse.Namespace) -> dict[str, Any]:
                 ))  # fmt: skip
                 chain.state_changed(name)  # what the processor's fold tells the chain
             out["changed"] = {**await one(), "nodes_changed": len(changed)}
-            chain.settings = msgspec.structs.replace(chain.settings, period_s=0.0)
+            chain.retune(msgspec.structs.replace(chain.settings, period_s=0.0))
             periods = [await one() for _ in range(3)]  # the periodic full pass, best of three
             out["period"] = min(periods, key=lambda p: p["seconds"])
             out["plan_seconds"] = _plan_seconds(ledger, names)

@@ -3,7 +3,9 @@
 :class:`ModelStores` keeps the last listed stores (the node reconciler asks it for a node's
 spec through :meth:`ModelStores.spec_for`, with the current settings) and, in the leader, writes
 each store's status (``nodes``, ``Ready``, ``SelectorOverlap``) when it changes. The decisions are
-in :mod:`controlplane.storespec`; this module only lists and patches.
+in :mod:`controlplane.storespec` and :func:`controlplane.reconciling.planning.plan` (a condition's
+observed ``lastTransitionTime`` kept while its status holds); this module only lists and writes,
+through the one executor (:mod:`controlplane.reconciling.applying`).
 """
 
 from __future__ import annotations
@@ -17,9 +19,11 @@ import anyio
 from controlplane import errors, storespec
 from controlplane.k8s.client import KubeClient
 from controlplane.k8s.informing import Informer
-from controlplane.reconciling.planning import Desired
+from controlplane.reconciling import applying
+from controlplane.reconciling.planning import Desired, plan, settle_conditions
 from controlplane.resources import MODELSTORES, NODES, Observed, Ref
 from controlplane.settingscatalog import Values
+from controlplane.sinks import KubeSink
 
 __all__ = ["ModelStores"]
 
@@ -58,11 +62,12 @@ class ModelStores:
         held = nodes.held()
         bodies = held.values() if held is not None else await api.list(NODES)
         labels = {n["metadata"]["name"]: (n["metadata"].get("labels") or {}) for n in bodies}
+        sink = KubeSink(api)
         for name, status in storespec.store_statuses(self.stores, labels).items():
-            current = next(s for s in self.stores if s["metadata"]["name"] == name)
-            if _without_times(current.get("status")) != status:
-                ref = Ref(resource=MODELSTORES, name=name)
-                await api.patch(ref, {"status": status}, subresource="status")
+            current = Observed.of(next(s for s in self.stores if s["metadata"]["name"] == name))
+            ref = Ref(resource=MODELSTORES, name=name)
+            desired = settle_conditions(Desired(status=status), current)
+            await applying.apply_all(sink, plan(ref, desired, current), current)
 
     async def run(self, api: KubeClient, period_s: float, nodes: Informer) -> None:
         """:meth:`refresh` every ``period_s`` until cancelled (failures logged, retried)."""
@@ -72,13 +77,3 @@ class ModelStores:
             except errors.ApiError as e:
                 log.warning("refreshing the ModelStores failed: %s", e)
             await anyio.sleep(period_s)
-
-
-def _without_times(status: Any) -> Any:
-    if not isinstance(status, dict):
-        return status
-    conditions = [
-        {k: v for k, v in c.items() if k != "lastTransitionTime"}
-        for c in status.get("conditions") or []
-    ]
-    return {**status, "conditions": conditions}

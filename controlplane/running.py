@@ -61,7 +61,7 @@ from controlplane.reconciling.ledger import Ledger
 from controlplane.reconciling.nodes import NodeReconciler
 from controlplane.reconciling.pending import PendingPublisher
 from controlplane.reconciling.podevents import PodEventer
-from controlplane.reconciling.processing import Processor
+from controlplane.reconciling.processing import Listeners, Processor
 from controlplane.resolving import Resolver
 from controlplane.resources import NODES
 from controlplane.settings import WorkerSettings
@@ -217,13 +217,20 @@ async def _assemble(
         retry_base_s=settings.artifact_retry_base_s, retry_cap_s=settings.artifact_retry_cap_s,
     )  # fmt: skip
     annotator = PodAnnotator(ledger)
+    eventer = PodEventer()
+    nodes = None
+    if api is not None:
+        resync_s = settings.kube.relist_s if settings.kube is not None else 0.0
+        nodes = Informer(api, NODES, resync_s=resync_s)
+    chain = _chain(api, nodes, ledger, settings, metrics, source)
     processor = Processor(
         ledger=ledger, reconciler=reconciler, sink=sink, metrics=metrics,
-        max_keys=settings.max_nodes, on_models=artifacts.models_changed,
+        max_keys=settings.max_nodes,
+        listeners=Listeners(allocations=annotator, models_events=eventer, digests=artifacts,
+                            states=chain, known_nodes=nodes),
     )  # fmt: skip
-    processor.on_allocation = annotator.note
-    eventer = PodEventer()
-    processor.on_models_event = eventer.note
+    if nodes is not None:
+        nodes.listen(processor.node_changed)
     sub = await stack.enter_async_context(
         subscribing.subscribe(
             conn,
@@ -233,19 +240,8 @@ async def _assemble(
             memo_kinds=codec.REPEATED_KINDS,
         )
     )
-    nodes = None
-    if api is not None:
-        resync_s = settings.kube.relist_s if settings.kube is not None else 0.0
-        nodes = Informer(api, NODES, resync_s=resync_s)
-        nodes.listen(processor.node_changed)
-        processor.known_nodes = nodes.held
-    worker = Worker(
-        url="", metrics=metrics, processor=processor, artifacts=artifacts, settings=source,
-        chain=_chain(api, nodes, ledger, settings, metrics, source),
-    )  # fmt: skip
-    if worker.chain is not None:
-        processor.on_state = worker.chain.state_changed
-    worker.group = _group(settings, api, ledger, stores)
+    samples = registration.LatestSamples()
+    group = _group(settings, api, ledger, stores)
     server = await stack.enter_async_context(
         endpoint.serve(
             settings,
@@ -254,12 +250,15 @@ async def _assemble(
             registry,
             ledger,
             source=source,
-            chain=worker.chain,
-            samples=worker.samples,
-            group=worker.group,
+            chain=chain,
+            samples=samples,
+            group=group,
         )
     )
-    worker.url = server.url
+    worker = Worker(
+        url=server.url, metrics=metrics, processor=processor, artifacts=artifacts,
+        settings=source, chain=chain, samples=samples, group=group,
+    )  # fmt: skip
     return _Parts(
         conn=conn, api=api, sink=sink, agents=agents, ledger=ledger, annotator=annotator,
         eventer=eventer, stores=stores, sub=sub, worker=worker, nodes=nodes,
@@ -412,7 +411,7 @@ async def _keep_settings(worker: Worker, settings: WorkerSettings) -> None:
         tg.start_soon(source.run, name="settings-refresh")
         async for _ in changes:
             if worker.chain is not None:  # every replica answers the Workload webhook
-                worker.chain.settings = _chain_settings(settings, source)
+                worker.chain.retune(_chain_settings(settings, source))
             if not worker.leading:
                 continue
             try:

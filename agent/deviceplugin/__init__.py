@@ -10,5 +10,8 @@ the wire by :mod:`encoding`, which also turns an injection into kubelet's messag
 :mod:`partitions` decides MIG profiles, placements and reclaim (pure) and :mod:`partitioning`
 creates and destroys the instances through NVML in worker threads, :mod:`registration` keeps every server registered with kubelet across kubelet restarts,
 :mod:`podresources` asks kubelet who holds which device, and :mod:`running` wires them into one
-async context manager, :func:`running.device_plugins`.
+async context manager, :func:`running.device_plugins`. :mod:`node` keeps the node's state on the
+event loop; which pending container each grant serves is :mod:`claims` (``reserve``/``release``,
+and the change-woken wait of a partitioned Allocate), and the host side of an injection (work
+directories and their files) is :mod:`workdirs`.
 """

@@ -8,11 +8,12 @@ Unhealthy. Allocate is the hot path, so recomputing is cheap where nothing chang
 once unless the cards or a card's mode changed (the first holding of a card, the last release),
 re-plans from cached per-card tokens, and re-keys and re-sends only the lists that changed.
 
-The node also owns the host side of an injection: the per-allocation work directories a sliced
-container mounts, and the small files a slicing runtime reads there, are created before Allocate
-answers and removed when the allocation is released, or at once when its Allocate is refused
-(a ``mkdir``, a short write and an ``rmtree`` of a near-empty directory: cheap enough for the
-loop). A driver step the injection
+The node also drives the host side of an injection (:mod:`workdirs`): the per-allocation work
+directories a sliced container mounts, and the small files a slicing runtime reads there, are
+created before Allocate answers and removed when the allocation is released, or at once when its
+Allocate is refused. Which pending container a grant serves is :class:`Claims`' table, changed
+only through its ``reserve``/``release``; a partitioned Allocate that must wait for its claim
+waits on :meth:`Claims.wait_for` (woken by a change, never polling). A driver step the injection
 needs (:class:`injection.DriverStep`) is performed through the control registered for its kind
 before the grant is charged; with none registered the grant is refused, naming the step, so a
 container never starts without the isolation its mode promises.
@@ -21,13 +22,10 @@ container never starts without the isolation its mode promises.
 from __future__ import annotations
 
 import logging
-import os
-import shutil
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from dataclasses import replace
-
-import anyio
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Protocol
 
 from agent.deviceplugin import (
     allocation,
@@ -38,9 +36,10 @@ from agent.deviceplugin import (
     partitioning,
     resources,
     responders,
+    workdirs,
 )
-from agent.deviceplugin.claims import Claims
-from agent.deviceplugin.injection import DriverStep, HostFile, Injection
+from agent.deviceplugin.claims import Claims, KubeletKey, PendingSource
+from agent.deviceplugin.injection import DriverStep, Injection
 from agent.deviceplugin.partitioning import Partitions
 from agent.deviceplugin.server import Key, ResourceServicer
 from agent.deviceplugin.settings import DevicePluginSettings
@@ -49,15 +48,36 @@ from bus.records import PendingContainer
 
 log = logging.getLogger(__name__)
 
-PENDING_POLL_S = 0.1
-"""How often a partitioned Allocate re-reads the pending view while it waits for its claim."""
-
 _Index = tuple[tuple[resources.Token, ...], dict[str, resources.Token]]
 """A server's token list and its tokens by id."""
 
 DriverControl = Callable[[DriverStep], None]
 """Performs one driver step (idempotent: a retried Allocate asks again); raises
 :class:`errors.ActuationFailed` when the driver refuses."""
+
+
+class KubeletView(Protocol):
+    async def containers(self) -> Mapping[KubeletKey, frozenset[str]] | None:
+        """kubelet's containers and the resources they hold devices of (pod-resources, asked
+        now and bounded); None: kubelet did not answer (the last view stays)."""
+        ...
+
+
+class AllocateListener(Protocol):
+    def allocated(self) -> None:
+        """An Allocate went through (must not block: the pod-resources task wakes)."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class Links:
+    """What the node talks to besides the ledger, given at construction."""
+
+    kubelet: KubeletView | None = None
+    """Asked just before an Allocate that a pending container could be for (pod-resources on)."""
+    listener: AllocateListener | None = None
+    cdi_catalog: cdi.Catalog = field(default_factory=cdi.Catalog)
+    """The device names the node's CDI specs define at start (then :meth:`Node.use_cdi`)."""
 
 
 class Node:
@@ -69,16 +89,17 @@ class Node:
         initial_allocations: Sequence[events.AllocationEvent] = (),
         clock: Callable[[], float] = time.monotonic,
         partitions: Partitions | None = None,
-        pending_containers: Callable[[], Sequence[PendingContainer]] = tuple,
+        pending_containers: PendingSource = tuple,
         controls: Mapping[str, DriverControl] | None = None,
+        links: Links = Links(),
     ) -> None:
         self._settings = settings
         self._controls = dict(controls or {})
         """Driver-step kind to the control that performs it."""
         self.claims = Claims(pending_containers)
         """Which pending container each grant serves (:mod:`claims`)."""
-        self.ask_kubelet: Callable[[], Awaitable[None]] | None = None
-        """Refreshes ``claims.kubelet`` before an Allocate (set when pod-resources is on)."""
+        self._kubelet = links.kubelet
+        self._listener = links.listener
         self._publish = publish
         self._clock = clock
         self.partitions = partitions
@@ -91,12 +112,22 @@ class Node:
         self._planned_for: tuple[dict[str, resources.Card], dict[str, resources.Mode]] | None = None
         self.ledger = ledger.Ledger()
         self.servicers: dict[Key, ResourceServicer] = {}
-        self.on_allocate: Callable[[], None] = _nothing
-        """Called after every Allocate that went through (the pod-resources task listens)."""
-        self.cdi_catalog = cdi.Catalog()
-        """The device names the node's CDI specs define (kept fresh by :mod:`running`)."""
+        self._cdi_catalog = links.cdi_catalog
         self.updated = False
         """False until the first :meth:`update`: nothing is served before detection has run."""
+
+    @property
+    def cdi_catalog(self) -> cdi.Catalog:
+        """The device names the node's CDI specs define, as last read."""
+        return self._cdi_catalog
+
+    def use_cdi(self, catalog: cdi.Catalog) -> None:
+        """Answer with ``catalog`` from now on (the specs were read again)."""
+        self._cdi_catalog = catalog
+
+    def _allocated(self) -> None:
+        if self._listener is not None:
+            self._listener.allocated()
 
     def update(self, groups: Sequence[devices.DeviceGroup]) -> None:
         """Adopt a detection pass: cards, health, servers. Held cards never lose their tokens."""
@@ -176,8 +207,8 @@ class Node:
         for change in changes:
             self._publish(change.event(self._settings.node_name))
             if change.action == "released":
-                self.claims.served.pop(change.holding.allocation_id, None)
-                self._remove_work_dir(change.holding.allocation_id)
+                self.claims.release(change.holding.allocation_id)
+                workdirs.remove(self._settings.host_work_dir, change.holding.allocation_id)
                 if self.partitions is not None and change.holding.mode == "partitioned":
                     self.partitions.note_released(change.holding.allocation_id)
         if changes:
@@ -202,9 +233,9 @@ class Node:
             and self.ledger.holder(grant.holding.resource, grant.holding.device_ids) is None
         ):
             if grant.request is not None:
-                self.claims.served[grant.holding.allocation_id] = grant.request
+                self.claims.reserve(grant.holding.allocation_id, grant.request)
             self._apply(self.ledger.charge(grant.holding))
-        self.on_allocate()
+        self._allocated()
         return injection
 
     def _prepare(self, grant: allocation.Grant, injection: Injection) -> None:
@@ -214,13 +245,13 @@ class Node:
         leaves nothing on the host either (a retry of a charged allocation keeps its own).
         """
         try:
-            _make_dirs(injection.host_dirs)
-            _write_files(injection.files)
+            workdirs.make_dirs(injection.host_dirs)
+            workdirs.write_files(injection.files)
             self._perform(injection.steps)
         except BaseException:
             held = grant.holding
             if held is not None and self.ledger.holder(held.resource, held.device_ids) is None:
-                self._remove_work_dir(held.allocation_id)
+                workdirs.remove(self._settings.host_work_dir, held.allocation_id)
             raise
 
     def _respond(self, grant: allocation.Grant) -> Injection:
@@ -232,7 +263,7 @@ class Node:
         if grant.cards and grant.cards[0][0].manufacturer == "nvidia":
             cards = [(c.id, c.index) for c, _ in grant.cards]
             injection = cdi.channel(
-                self._settings.nvidia_injection, injection, self.cdi_catalog, cards
+                self._settings.nvidia_injection, injection, self._cdi_catalog, cards
             )
         return injection
 
@@ -272,7 +303,7 @@ class Node:
         """
         if view.mode not in ("sliced", "exclusive", "shared"):
             return None
-        served = self.claims.served.get(ledger.allocation_id(view.resource, device_ids))
+        served = self.claims.reserved(ledger.allocation_id(view.resource, device_ids))
         if served is not None:
             return served
         if view.mode != "sliced":
@@ -286,8 +317,10 @@ class Node:
 
     async def ask_kubelet_first(self) -> None:
         """Refresh kubelet's view when a pending container could be the one allocated for."""
-        if self.ask_kubelet is not None and self.claims.pending():
-            await self.ask_kubelet()
+        if self._kubelet is not None and self.claims.pending():
+            containers = await self._kubelet.containers()
+            if containers is not None:
+                self.claims.note_kubelet(containers)
 
     async def allocate_partitioned(self, key: Key, device_ids: Sequence[str]) -> Injection:
         """Give the container its own MIG instance: reuse the one recorded for this allocation
@@ -300,12 +333,12 @@ class Node:
         allocation.partition_request(view, device_ids)
         alloc = ledger.allocation_id(view.resource, device_ids)
         record = self._record(view.resource, device_ids)
-        request = self.claims.served.get(alloc)
+        request = self.claims.reserved(alloc)
         if record is None:
             if self.partitions.pending(alloc):
                 raise errors.Conflict(f"the instance of {alloc} is being created; retry")
             request = await self._partition_claim(view, device_ids)
-            self.claims.served[alloc] = request  # reserved now: creating the instance awaits
+            self.claims.reserve(alloc, request)  # reserved now: creating the instance awaits
             cards = [
                 c
                 for c in self._cards.values()
@@ -316,7 +349,7 @@ class Node:
                     alloc, view.resource, device_ids, cards, profile=request.profile
                 )
             except BaseException:
-                self.claims.served.pop(alloc, None)
+                self.claims.release(alloc)
                 raise
         card = self._cards.get(record.card_id)
         if card is not None and self.ledger.holder(view.resource, device_ids) is None:
@@ -325,9 +358,9 @@ class Node:
             )
             holding = replace(holding, profile=record.profile_name, partition_id=record.mig_uuid)
             if request is not None:
-                self.claims.served[alloc] = request
+                self.claims.reserve(alloc, request)
             self._apply(self.ledger.charge(holding))
-        self.on_allocate()
+        self._allocated()
         return Injection(envs={"NVIDIA_VISIBLE_DEVICES": record.mig_uuid})
 
     def _perform(self, steps: Sequence[DriverStep]) -> None:
@@ -350,18 +383,14 @@ class Node:
         """The pending container a new partitioned Allocate serves, and so its profile.
 
         The worker publishes a Pod's claim within a second or so of its binding, which may be
-        after kubelet's Allocate: wait up to ``pending_wait_s`` for it.
+        after kubelet's Allocate: wait up to ``pending_wait_s`` for it (:meth:`Claims.wait_for`:
+        woken by each new pending list; a cancelled wait reserves nothing).
 
         :raises errors.Conflict: no pending container asks for this, or it names no profile
             (kubelet shows the Pod ``UnexpectedAdmissionError``; never a guessed profile).
         """
-        waited = 0.0
-        while True:
-            request = self.claims.choose(view.resource, len(device_ids))
-            if request is not None or waited >= self._settings.pending_wait_s:
-                break
-            await anyio.sleep(PENDING_POLL_S)
-            waited += PENDING_POLL_S
+        wait_s = self._settings.pending_wait_s
+        request = await self.claims.wait_for(view.resource, len(device_ids), wait_s)
         if request is None:
             raise errors.Conflict(
                 f"no pending container on this node asks for {len(device_ids)} "
@@ -379,13 +408,6 @@ class Node:
 
     def partitioned_cards(self) -> list[str]:
         return [c.id for c in self._cards.values() if c.partition_count > 0]
-
-    def _remove_work_dir(self, allocation_id: str) -> None:
-        path = responders.work_dir(self._settings.host_work_dir, allocation_id)
-        if os.path.isdir(path):
-            shutil.rmtree(path, ignore_errors=True)
-            if os.path.exists(path):
-                log.warning("cannot remove the work directory %s of %s", path, allocation_id)
 
     def prefer(
         self, key: Key, available: Sequence[str], must_include: Sequence[str], size: int
@@ -413,34 +435,3 @@ class Node:
         ours = [c for c in live if c.resource in self._views]
         grace = self._settings.release_grace_s
         self._apply(self.ledger.reconcile(ours, self._resolve, now=self._clock(), grace_s=grace))
-
-
-def _nothing() -> None:
-    pass
-
-
-def _write_files(files: Sequence[HostFile]) -> None:
-    """Write each file (world-readable: the container may not run as root).
-
-    :raises errors.CannotInject: naming the file that could not be written.
-    """
-    for file in files:
-        try:
-            with open(file.path, "w", encoding="utf-8") as f:
-                f.write(file.content)
-            os.chmod(file.path, 0o644)
-        except OSError as e:
-            raise errors.CannotInject(f"cannot write {file.path}: {e}") from e
-
-
-def _make_dirs(paths: Sequence[str]) -> None:
-    """Create each directory, writable by any user (the container may not run as root).
-
-    :raises errors.CannotInject: naming the directory that could not be made.
-    """
-    for path in paths:
-        try:
-            os.makedirs(path, exist_ok=True)
-            os.chmod(path, 0o777)  # private to one container, whatever user it runs as
-        except OSError as e:
-            raise errors.CannotInject(f"cannot create the work directory {path}: {e}") from e

@@ -8,7 +8,6 @@ removes every socket file, whatever it was doing (binding, registering, waiting)
 
 from __future__ import annotations
 
-import functools
 import logging
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -17,8 +16,9 @@ import anyio
 import anyio.to_thread
 
 from agent.deviceplugin import cdi, podresources
+from agent.deviceplugin.claims import KubeletKey
 from agent.deviceplugin.ledger import Ledger
-from agent.deviceplugin.node import DriverControl, Node
+from agent.deviceplugin.node import DriverControl, Links, Node
 from agent.deviceplugin.partitioning import MigControl, Partitions
 from agent.deviceplugin.registration import Registrar
 from agent.deviceplugin.server import Key, ResourceServicer
@@ -34,14 +34,44 @@ POD_RESOURCES_DELAY_S = 0.5
 """After an Allocate, how long to give kubelet to record the container before asking it."""
 
 
+class Allocations:
+    """The node's :class:`AllocateListener`: an event set (and replaced) after every Allocate,
+    so pod-resources is asked soon after."""
+
+    def __init__(self) -> None:
+        self._event = anyio.Event()
+
+    def allocated(self) -> None:
+        self._event.set()
+        self._event = anyio.Event()
+
+    async def wait(self) -> None:
+        """Return after the next Allocate."""
+        await self._event.wait()
+
+
+class PodResources:
+    """The node's :class:`KubeletView` over kubelet's pod-resources socket: which containers it
+    lists and what they hold, bounded by :data:`KUBELET_ASK_S` (an unanswered ask leaves the
+    last view: the choice falls back to the oldest feasible pending container)."""
+
+    def __init__(self, path: str) -> None:
+        self._path = path
+
+    async def containers(self) -> Mapping[KubeletKey, frozenset[str]] | None:
+        try:
+            return await podresources.list_containers(self._path, timeout_s=KUBELET_ASK_S)
+        except podresources.PodResourcesUnavailable as e:
+            log.debug("%s", e)
+            return None
+
+
 class Plugins:
     """The handle :func:`device_plugins` yields. Use it from the event loop thread only."""
 
     def __init__(self, node: Node, registrar: Registrar) -> None:
         self._node = node
         self._registrar = registrar
-        self.allocated = anyio.Event()
-        """Set (and replaced) after every Allocate, so pod-resources is asked soon after."""
 
     def update(self, groups: Sequence[devices.DeviceGroup]) -> None:
         """Adopt a detection pass or health transition; never blocks.
@@ -68,9 +98,9 @@ class Plugins:
     def servicers(self) -> dict[Key, ResourceServicer]:
         return dict(self._node.servicers)
 
-    def note_allocated(self) -> None:
-        self.allocated.set()
-        self.allocated = anyio.Event()
+    def cdi_catalog(self) -> cdi.Catalog:
+        """The CDI device names the node answers with, as last read."""
+        return self._node.cdi_catalog
 
 
 @asynccontextmanager
@@ -105,6 +135,15 @@ async def device_plugins(
             debounce_s=settings.partition_orphan_debounce_s,
         )
         await partitions.load()  # before the first update restores retained allocations
+    allocations = Allocations()
+    socket = settings.pod_resources_socket
+    links = Links(
+        kubelet=PodResources(socket) if socket is not None else None,
+        listener=allocations,
+        cdi_catalog=await _read_cdi(settings)
+        if settings.nvidia_injection != "envvar"
+        else cdi.Catalog(),
+    )
     node = Node(
         settings,
         publish=publish,
@@ -112,18 +151,14 @@ async def device_plugins(
         partitions=partitions,
         pending_containers=pending,
         controls=controls,
+        links=links,
     )
-    if settings.nvidia_injection != "envvar":
-        node.cdi_catalog = await _read_cdi(settings)
-    if settings.pod_resources_socket is not None:
-        node.ask_kubelet = functools.partial(_ask_kubelet, settings, node)
     registrar = Registrar(settings, lambda: node.servicers, ready=lambda: node.updated)
     plugins = Plugins(node, registrar)
-    node.on_allocate = plugins.note_allocated
     async with anyio.create_task_group() as tg:
         tg.start_soon(registrar.run, name="deviceplugin-registration")
-        if settings.pod_resources_socket is not None:
-            tg.start_soon(_resync, settings, node, plugins, name="deviceplugin-podresources")
+        if socket is not None:
+            tg.start_soon(_resync, settings, node, allocations, name="deviceplugin-podresources")
         if partitions is not None:
             tg.start_soon(_reclaim, settings, node, partitions, name="deviceplugin-mig-reclaim")
         if settings.nvidia_injection != "envvar":
@@ -134,13 +169,13 @@ async def device_plugins(
             tg.cancel_scope.cancel()
 
 
-async def _resync(settings: DevicePluginSettings, node: Node, plugins: Plugins) -> None:
+async def _resync(settings: DevicePluginSettings, node: Node, allocations: Allocations) -> None:
     """Ask kubelet who holds what: shortly after each Allocate and every period."""
     path = settings.pod_resources_socket
     assert path is not None
     while True:
         with anyio.move_on_after(settings.pod_resources_period_s):
-            await plugins.allocated.wait()
+            await allocations.wait()
             await anyio.sleep(POD_RESOURCES_DELAY_S)
         if not node.updated:
             continue
@@ -152,19 +187,6 @@ async def _resync(settings: DevicePluginSettings, node: Node, plugins: Plugins) 
         node.reconcile(live)
 
 
-async def _ask_kubelet(settings: DevicePluginSettings, node: Node) -> None:
-    """Which containers kubelet lists, and what they hold, just before an Allocate; bounded by
-    :data:`KUBELET_ASK_S` (an unanswered ask leaves the last view: the choice falls back to the
-    oldest feasible pending container)."""
-    path = settings.pod_resources_socket
-    assert path is not None
-    try:
-        containers = await podresources.list_containers(path, timeout_s=KUBELET_ASK_S)
-        node.claims.note_kubelet(containers)
-    except podresources.PodResourcesUnavailable as e:
-        log.debug("%s", e)
-
-
 async def _read_cdi(settings: DevicePluginSettings) -> cdi.Catalog:
     return await anyio.to_thread.run_sync(cdi.read_catalog, settings.cdi_spec_dirs)
 
@@ -173,7 +195,7 @@ async def _refresh_cdi(settings: DevicePluginSettings, node: Node) -> None:
     """Read the CDI specs again every period: they may be generated after the agent started."""
     while True:
         await anyio.sleep(settings.cdi_refresh_s)
-        node.cdi_catalog = await _read_cdi(settings)
+        node.use_cdi(await _read_cdi(settings))
 
 
 async def _reclaim(settings: DevicePluginSettings, node: Node, partitions: Partitions) -> None:

@@ -33,7 +33,7 @@ from bus.errors import BusError
 from controlplane import errors
 from controlplane.k8s.client import KubeClient
 from controlplane.metrics import WorkerMetrics
-from controlplane.reconciling import artifacts
+from controlplane.reconciling import applying, artifacts
 from controlplane.reconciling.artifacts import Failure, Spec
 from controlplane.reconciling.ledger import Ledger
 from controlplane.reconciling.planning import Desired, Patch, plan
@@ -222,13 +222,10 @@ class ArtifactReconciler:
                 return {}
             want = self._status(current.body, resolved, failure)
             try:
-                for action in plan(ref, Desired(status=want), current):
+                desired = Desired(status=want, whole=frozenset({"status"}))
+                for action in plan(ref, desired, current):
                     assert isinstance(action, Patch)  # the object exists and only status is owned
-                    body = {
-                        **action.body,
-                        "metadata": {"resourceVersion": current.resource_version},
-                    }
-                    await self._sink.patch(ref, body, subresource="status")
+                    await applying.apply(self._sink, action, current)
                 return {**current.body, "status": want}
             except errors.Conflict:
                 current = await self._sink.get(ref)

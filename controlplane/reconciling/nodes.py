@@ -30,14 +30,12 @@ import msgspec
 from bus import events, kv, records
 from controlplane import errors
 from controlplane.metrics import WorkerMetrics
-from controlplane.reconciling import labeling, objects
+from controlplane.reconciling import applying, labeling, objects
 from controlplane.reconciling.ledger import Ledger, NodeState
 from controlplane.reconciling.planning import (
     Action,
-    Create,
     Delete,
     Desired,
-    Patch,
     plan,
     plan_node,
     settle_conditions,
@@ -245,31 +243,20 @@ class NodeReconciler:
         return found
 
     async def _execute(self, action: Action) -> None:
+        """One write through :func:`applying.apply`; the cache follows what the sink returned
+        (a failed write is re-read before the next plan). A Node is not cached: the informer
+        and the next get see it."""
         ref = action.ref
-        if isinstance(action, Create):
-            try:
-                self._observed[ref] = await self._sink.create(ref, action.body)
-            except errors.ApiError:
+        current = self._observed.get(ref)
+        try:
+            result = await applying.apply(self._sink, action, current)
+        except errors.ApiError:
+            if not isinstance(action, Delete):
                 self._observed.pop(ref, None)
                 self._reread.add(ref)
-                raise
-        elif isinstance(action, Patch):
-            body = action.body
-            current = self._observed.get(ref)
-            if action.precondition and isinstance(current, Observed):
-                meta = {**body.get("metadata", {}), "resourceVersion": current.resource_version}
-                body = {**body, "metadata": meta}
-            try:
-                result = await self._sink.patch(ref, body, subresource=action.subresource)
-            except errors.ApiError:
-                self._observed.pop(ref, None)
-                self._reread.add(ref)
-                raise
-            if ref.resource != NODES:
-                self._observed[ref] = result
-        elif isinstance(action, Delete):
-            await self._sink.delete(ref)
-            self._observed[ref] = None
+            raise
+        if ref.resource != NODES:
+            self._observed[ref] = result
 
     async def _push_store_spec(self, node: str, store: Desired) -> None:
         if self._agents is None:

@@ -4,6 +4,12 @@ Both are cluster-scoped, named after the node and owned by the Node (an owner re
 garbage collector removes them with it; the reconciler also deletes them explicitly). Bodies are
 plain JSON-ready dicts in the CRD's camelCase shape; ``spec.groups`` is exactly what
 ``dm detect`` prints, because both are encoded from the same :mod:`bus.devices` Structs.
+
+Both objects' ``spec`` and ``status`` are owned whole (:data:`~.planning.WHOLE`): the control
+plane alone writes them (a user's edit of the NodeModelStore spec is kept by the three-way merge
+of :mod:`controlplane.storespec` before planning), and every field their CRDs default is named, so
+a key the desired object stops naming (a finished download's ``status.downloading``, a proxy
+removed from the settings) is removed.
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ import msgspec
 from bus import events
 from controlplane.reconciling import allocating, storing
 from controlplane.reconciling.ledger import NodeState
-from controlplane.reconciling.planning import Desired
+from controlplane.reconciling.planning import WHOLE, Desired
 
 __all__ = ["NMS_SPEC_DEFAULT", "devices", "node_model_store", "owner_references"]
 
@@ -47,9 +53,8 @@ def devices(node: str, uid: str | None, state: NodeState) -> tuple[Desired | Non
     # Through JSON, not ``to_builtins``: that keeps tuples, which never equal the lists an
     # observed object holds, so every reconcile would re-patch an unchanged spec.
     spec = {"groups": msgspec.json.decode(msgspec.json.encode(state.groups))}
-    return Desired(
-        metadata=_metadata(node, uid), spec=spec, status=status.body
-    ), status.unknown_tokens
+    desired = Desired(metadata=_metadata(node, uid), spec=spec, status=status.body, whole=WHOLE)
+    return desired, status.unknown_tokens
 
 
 def node_model_store(
@@ -71,4 +76,4 @@ def node_model_store(
     status = storing.store_status(
         state.models, state.store, spec=spec, now=now if now is not None else events.now()
     )
-    return Desired(metadata=_metadata(node, uid), spec=spec, status=status)
+    return Desired(metadata=_metadata(node, uid), spec=spec, status=status, whole=WHOLE)

@@ -1,39 +1,59 @@
 """``plan(desired, observed) -> actions``: the decisions of every reconciler, pure and synchronous.
 
 An object the control plane owns (``Devices``, ``NodeModelStore``, the ledger records of the KV
-sink) is described by :class:`Desired`: the metadata it owns, its ``spec`` and its ``status``.
-Planning compares that with what the sink last returned and emits the fewest writes:
+sink, the chain's InstanceTypes, flavors and Kueue objects) is described by :class:`Desired`:
+the metadata it owns, its ``spec`` and its ``status``. Planning compares that with what the sink
+last returned and emits the fewest writes, which :mod:`controlplane.reconciling.applying` (the one
+executor) performs:
 
 - nothing when every owned field already matches (write only on change);
 - a create (without status: the status subresource ignores it), then a status patch;
 - a merge patch of ``spec``/owned metadata, and a separate merge patch of ``status``;
 - a delete when the object should not exist.
 
-Patches are RFC 7386 merge patches computed by :func:`diff` (``None`` removes a key). The
-executor adds the ``resourceVersion`` precondition; a Node is patched without one because the
-kubelet updates it all the time and only owned keys are touched.
+**The one rule for keys** (:func:`merge_patch`, RFC 7386 patches): a key the desired part names
+is set when it differs (a dict merged key by key by this same rule, a list or scalar replaced
+whole); a key named with ``None`` is removed when present (and a ``None`` inside a new value is
+dropped: there is nothing to remove). A key the desired part does *not* name is **left alone**,
+because the API server defaults fields (Kueue's ClusterQueue ``queueingStrategy``, the
+NodeModelStore's watermarks) and other writers own theirs: removing what we did not name would
+fight the defaulting with a write every pass. The one exception is declared, never implied: a
+part listed in :attr:`Desired.whole` (the ``status`` the controller alone writes, a ``spec``
+rebuilt whole by a three-way merge) is owned whole, so the keys it no longer names are removed
+(a finished download's ``downloading``, a proxy taken out of the settings). ``metadata`` is
+never owned whole (labels and annotations are shared).
+
+The executor adds the ``resourceVersion`` precondition; a Node is patched without one because
+the kubelet updates it all the time and only owned keys are touched.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 
 from controlplane.resources import Observed, Ref
 
 __all__ = [
+    "WHOLE",
     "Action",
     "Create",
     "Delete",
     "Desired",
+    "Part",
     "Patch",
-    "diff",
+    "merge_patch",
     "plan",
     "plan_node",
     "settle_conditions",
 ]
+
+
+Part = Literal["spec", "status"]
+WHOLE: frozenset[Part] = frozenset(("spec", "status"))
+"""Both parts owned whole: objects nobody else writes and the server does not default."""
 
 
 class Create(msgspec.Struct, frozen=True, kw_only=True):
@@ -62,19 +82,35 @@ class Desired(msgspec.Struct, frozen=True, kw_only=True):
     """Owned metadata beside the name, e.g. ``ownerReferences`` and ``labels``."""
     spec: dict[str, Any] | None = None
     status: dict[str, Any] | None = None
+    whole: frozenset[Part] = frozenset()
+    """The parts owned whole: a key they do not name is removed (see the module docstring)."""
 
 
-def diff(old: Any, new: Any) -> Any:
-    """The merge patch turning ``old`` into ``new`` (only for dicts; ``{}`` when equal)."""
-    if not isinstance(old, dict) or not isinstance(new, dict):
-        return new
-    out: dict[str, Any] = {k: None for k in old if k not in new}
-    for k, v in new.items():
-        if k not in old:
-            out[k] = v
-        elif old[k] != v:
-            out[k] = diff(old[k], v) if isinstance(v, dict) and isinstance(old[k], dict) else v
+def merge_patch(current: Any, desired: Any, *, whole: bool = False) -> Any:
+    """The merge patch making ``current`` match ``desired`` by the module's one rule (``{}``:
+    nothing differs). ``whole``: keys ``desired`` does not name are removed too, at every depth.
+    """
+    if not isinstance(desired, dict) or not isinstance(current, dict):
+        return clean(desired)
+    out: dict[str, Any] = {k: None for k in current if k not in desired} if whole else {}
+    for key, value in desired.items():
+        if value is None:
+            if key in current:
+                out[key] = None
+        elif isinstance(value, dict) and isinstance(current.get(key), dict):
+            sub = merge_patch(current[key], value, whole=whole)
+            if sub:
+                out[key] = sub
+        elif key not in current or current[key] != value:
+            out[key] = clean(value)
     return out
+
+
+def clean(value: Any) -> Any:
+    """A value to write where nothing is: ``None`` members of its dicts are dropped."""
+    if isinstance(value, dict):
+        return {k: clean(v) for k, v in value.items() if v is not None}
+    return value
 
 
 def settle_conditions(desired: Desired, observed: Observed | None) -> Desired:
@@ -118,18 +154,19 @@ def plan(
         body: dict[str, Any] = {
             "apiVersion": ref.resource.api_version,
             "kind": ref.resource.kind,
-            "metadata": {"name": ref.name, **desired.metadata},
+            "metadata": {"name": ref.name, **clean(desired.metadata)},
         }
         if ref.namespace:
             body["metadata"]["namespace"] = ref.namespace
         if desired.spec is not None:
-            body["spec"] = desired.spec
-        if status_on_create and desired.status is not None:
-            body["status"] = desired.status
+            body["spec"] = clean(desired.spec)
+        status = clean(desired.status) if desired.status is not None else None
+        if status_on_create and status is not None:
+            body["status"] = status
             return [Create(ref=ref, body=body)]
         actions: list[Action] = [Create(ref=ref, body=body)]
-        if desired.status is not None:
-            actions.append(Patch(ref=ref, body={"status": desired.status}, subresource="status"))
+        if status is not None:
+            actions.append(Patch(ref=ref, body={"status": status}, subresource="status"))
         return actions
     return _plan_update(ref, desired, observed.body)
 
@@ -137,17 +174,20 @@ def plan(
 def _plan_update(ref: Ref, desired: Desired, current: dict[str, Any]) -> list[Action]:
     actions: list[Action] = []
     main: dict[str, Any] = {}
-    meta = current.get("metadata", {})
-    owned_meta = {k: v for k, v in desired.metadata.items() if meta.get(k) != v}
-    if owned_meta:
-        main["metadata"] = owned_meta
-    if desired.spec is not None and current.get("spec") != desired.spec:
-        main["spec"] = diff(current.get("spec") or {}, desired.spec)
+    meta = merge_patch(current.get("metadata") or {}, desired.metadata)
+    if meta:
+        main["metadata"] = meta
+    if desired.spec is not None:
+        spec = merge_patch(current.get("spec") or {}, desired.spec, whole="spec" in desired.whole)
+        if spec:
+            main["spec"] = spec
     if main:
         actions.append(Patch(ref=ref, body=main))
-    if desired.status is not None and current.get("status") != desired.status:
-        status = diff(current.get("status") or {}, desired.status)
-        actions.append(Patch(ref=ref, body={"status": status}, subresource="status"))
+    if desired.status is not None:
+        whole = "status" in desired.whole
+        status = merge_patch(current.get("status") or {}, desired.status, whole=whole)
+        if status:
+            actions.append(Patch(ref=ref, body={"status": status}, subresource="status"))
     return actions
 
 

@@ -11,17 +11,24 @@ informer (``DELETED`` queues the node's removal at once, ``ADDED`` of a node who
 parked queues its reconcile, so an agent that published before its Node registered is not
 forgotten); the informer's list after a broken watch reports the Nodes deleted meanwhile, and the
 periodic resync stays as the safety net (reading Node presence from that informer, so it lists only
-the ``Devices``). :attr:`Processor.on_state` is told the name of every node whose ledger state an
-event changed (the scheduling chain's dirty set). A removal goes through the queue like a
-reconcile, so it never runs beside a reconcile of the same node.
+the ``Devices``). A removal goes through the queue like a reconcile, so it never runs beside a
+reconcile of the same node.
+
+Who hears what is fixed at construction, as typed listeners (never callbacks set afterwards): an
+:class:`AllocationListener` (the Pod annotation writer) and a :class:`ModelsListener` (the Pod
+event writer) are told every such event that changed the ledger, a :class:`StateListener` (the
+scheduling chain's dirty set) the node of every event that changed its state, and
+:class:`KnownNodes` (the Node informer) says which Nodes exist. Listeners run on the event loop
+inside :meth:`Processor.ingest` and must not block.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Collection
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Collection, Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
 
@@ -37,9 +44,58 @@ from controlplane.sinks import Sink
 if TYPE_CHECKING:
     from prometheus_client import Counter
 
-__all__ = ["Processor"]
+__all__ = [
+    "AllocationListener",
+    "DigestsListener",
+    "KnownNodes",
+    "Listeners",
+    "ModelsListener",
+    "Processor",
+    "StateListener",
+]
 
 log = logging.getLogger(__name__)
+
+
+class AllocationListener(Protocol):
+    def note(self, event: events.AllocationEvent) -> None:
+        """An allocation event changed the ledger."""
+        ...
+
+
+class ModelsListener(Protocol):
+    def note(self, event: events.ModelsEvent) -> None:
+        """A models event changed the ledger."""
+        ...
+
+
+class StateListener(Protocol):
+    def state_changed(self, node: str) -> None:
+        """An event changed the ledger state of ``node``."""
+        ...
+
+
+class KnownNodes(Protocol):
+    def held(self) -> Collection[str] | None:
+        """The Nodes that exist (only membership is asked), or None until known."""
+        ...
+
+
+class DigestsListener(Protocol):
+    def models_changed(self, digests: Iterable[str]) -> None:
+        """A node's cache changed for these model digests (the ModelArtifact reconciler)."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class Listeners:
+    """Who the processor tells what (each optional; see the module docstring)."""
+
+    allocations: AllocationListener | None = None
+    models_events: ModelsListener | None = None
+    digests: DigestsListener | None = None
+    states: StateListener | None = None
+    known_nodes: KnownNodes | None = None
 
 
 class Processor:
@@ -55,7 +111,7 @@ class Processor:
         max_keys: int = 20_000,
         retry_s: float = 1.0,
         wallclock: Callable[[], float] = time.time,
-        on_models: Callable[[set[str]], None] = lambda digests: None,
+        listeners: Listeners = Listeners(),
     ) -> None:
         self.ledger = ledger
         self.reconciler = reconciler
@@ -67,17 +123,10 @@ class Processor:
         self._since: dict[str, float] = {}
         self._retry_s = retry_s
         self._wallclock = wallclock
-        self._on_models = on_models
         self._consumed: dict[str, Counter] = {}
-        self.on_allocation: Callable[[events.AllocationEvent], None] = _ignore
-        """Told every allocation event that changed the ledger (the Pod annotation writer)."""
-        self.on_models_event: Callable[[events.ModelsEvent], None] = _ignore_models
-        """Told every models event that changed the ledger (the Pod event writer)."""
-        self.on_state: Callable[[str], None] = _ignore_node
-        """Told the node of every event that changed the ledger (the scheduling chain)."""
-        self.known_nodes: Callable[[], Collection[str] | None] = _unknown
-        """The Nodes the informer holds (``Informer.held``; only membership is asked), or None
-        until its first list (then the resync lists the Nodes itself)."""
+        self._listeners = listeners
+        """Fixed for the processor's life; a ``known_nodes`` that says None (before the
+        informer's first list) makes the resync list the Nodes itself."""
 
     def ingest(self, event: events.Event) -> None:
         """Fold one event and queue its node when its objects may change (never blocks).
@@ -102,12 +151,21 @@ class Processor:
         if changed:
             self._since.setdefault(event.node, event.ts.timestamp())
             self._enqueue(event.node)
-            self.on_state(event.node)
-            if isinstance(event, events.ModelsEvent):
-                self._on_models({m.digest or m.model for m in (*old_models, *event.models)})
-                self.on_models_event(event)
-            elif isinstance(event, events.AllocationEvent):
-                self.on_allocation(event)
+            self._tell(event, old_models)
+
+    def _tell(self, event: events.Event, old_models: tuple[events.ModelState, ...]) -> None:
+        """The listeners of an event that changed the ledger."""
+        heard = self._listeners
+        if heard.states is not None:
+            heard.states.state_changed(event.node)
+        if isinstance(event, events.ModelsEvent):
+            if heard.digests is not None:
+                digests = {m.digest or m.model for m in (*old_models, *event.models)}
+                heard.digests.models_changed(digests)
+            if heard.models_events is not None:
+                heard.models_events.note(event)
+        elif isinstance(event, events.AllocationEvent) and heard.allocations is not None:
+            heard.allocations.note(event)
 
     def _enqueue(self, node: str) -> None:
         if not self.queue.add(node):
@@ -157,7 +215,7 @@ class Processor:
     async def resync(self) -> None:
         """Queue every node of the ledger, the overflowed ones, and the gone or orphaned ones.
 
-        Which Nodes exist comes from the informer (:attr:`known_nodes`) once it has listed: the
+        Which Nodes exist comes from the informer (:class:`KnownNodes`) once it has listed: the
         resync lists only the ``Devices``, to find those of a Node deleted while no worker
         watched. A name the informer lacks is read once before it counts as gone, since the
         informer may not have seen a Node created a moment ago.
@@ -165,7 +223,8 @@ class Processor:
         nodes = set(self.ledger.nodes()) | self._overflow
         self._overflow.clear()
         if self._sink.has_nodes:
-            known = self.known_nodes()
+            informer = self._listeners.known_nodes
+            known = informer.held() if informer is not None else None
             present = known if known is not None else await self._listed_nodes()
             for obj in await self._sink.list(DEVICES):
                 name = obj.body["metadata"]["name"]
@@ -203,19 +262,3 @@ class Processor:
             self.node_gone(name)
         elif kind == "ADDED" and self.ledger.is_parked(name):
             self._enqueue(name)
-
-
-def _ignore(event: events.AllocationEvent) -> None:
-    pass
-
-
-def _ignore_models(event: events.ModelsEvent) -> None:
-    pass
-
-
-def _ignore_node(node: str) -> None:
-    pass
-
-
-def _unknown() -> None:
-    return None

@@ -347,18 +347,6 @@ def test_check_answers_ready_or_retry_per_family() -> None:
     )
 
 
-def test_owned_patch_sets_only_what_differs_and_keeps_defaults() -> None:
-    from controlplane.chain.reconciler import owned_patch
-
-    current = {"a": 1, "b": {"c": 2, "defaulted": "x"}, "gone": 3, "list": [1, 2]}
-    assert owned_patch(current, {"a": 1, "b": {"c": 2}, "list": [1, 2]}) == {}
-    assert owned_patch(current, {"b": {"c": 5}, "gone": None, "list": [1]}) == {
-        "b": {"c": 5}, "gone": None, "list": [1],
-    }  # fmt: skip
-    assert owned_patch(current, {"absent": None}) == {}
-    assert owned_patch(current, {"new": {"x": None, "y": 1}}) == {"new": {"y": 1}}
-
-
 def test_pin_adds_fit_requirements_to_every_term() -> None:
     from controlplane.chain.workloads import pin
 

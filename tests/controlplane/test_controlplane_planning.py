@@ -15,7 +15,15 @@ from controlplane import leading
 from controlplane.k8s.limiting import TokenBucket
 from controlplane.reconciling import allocating, labeling
 from controlplane.reconciling.ledger import Ledger, Refused
-from controlplane.reconciling.planning import Create, Delete, Desired, Patch, diff, plan
+from controlplane.reconciling.planning import (
+    WHOLE,
+    Create,
+    Delete,
+    Desired,
+    Patch,
+    merge_patch,
+    plan,
+)
 from controlplane.reconciling.queueing import KeyQueue
 from controlplane.resources import DEVICES, Observed, Ref
 
@@ -81,16 +89,62 @@ def test_labels_and_capacity() -> None:
 
 def test_plan_writes_only_on_change() -> None:
     ref = Ref(resource=DEVICES, name="n")
-    desired = Desired(spec={"groups": [1]}, status={"x": 1})
+    desired = Desired(spec={"groups": [1]}, status={"x": 1}, whole=WHOLE)
     first = plan(ref, desired, None)
     assert isinstance(first[0], Create) and isinstance(first[1], Patch)
     same = Observed(body={"metadata": {}, "spec": {"groups": [1]}, "status": {"x": 1}},
                     resource_version="1")  # fmt: skip
     assert plan(ref, desired, same) == []
-    changed = plan(ref, Desired(spec={"groups": [2]}, status={"x": 1}), same)
+    changed = plan(ref, Desired(spec={"groups": [2]}, status={"x": 1}, whole=WHOLE), same)
     assert changed == [Patch(ref=ref, body={"spec": {"groups": [2]}})]
     assert plan(ref, None, same) == [Delete(ref=ref)]
-    assert diff({"a": 1, "b": {"c": 1, "d": 2}}, {"b": {"c": 1}}) == {"a": None, "b": {"d": None}}
+    assert merge_patch({"a": 1, "b": {"c": 1, "d": 2}}, {"b": {"c": 1}}, whole=True) == {
+        "a": None, "b": {"d": None},
+    }  # fmt: skip
+
+
+def test_one_rule_leaves_unnamed_keys_alone_unless_the_part_is_owned_whole() -> None:
+    """Named keys are set, ``None`` removes, dicts merge, lists replace; an unnamed key (a server
+    default, another writer's) stays, except in a part declared owned whole."""
+    current = {"a": 1, "b": {"c": 2, "defaulted": "x"}, "gone": 3, "list": [1, 2]}
+    assert merge_patch(current, {"a": 1, "b": {"c": 2}, "list": [1, 2]}) == {}
+    assert merge_patch(current, {"b": {"c": 5}, "gone": None, "list": [1]}) == {
+        "b": {"c": 5}, "gone": None, "list": [1],
+    }  # fmt: skip
+    assert merge_patch(current, {"absent": None}) == {}
+    assert merge_patch(current, {"new": {"x": None, "y": 1}}) == {"new": {"y": 1}}
+    assert merge_patch(current, {"absent": None, "a": 1}, whole=True) == {
+        "b": None, "gone": None, "list": None,
+    }  # fmt: skip
+
+
+def test_plan_applies_the_rule_per_part_and_never_owns_metadata_whole() -> None:
+    ref = Ref(resource=DEVICES, name="n")
+    body = {
+        "metadata": {"labels": {"theirs": "1", "ours": "a"}, "resourceVersion": "3"},
+        "spec": {"queueingStrategy": "BestEffortFIFO", "x": 1},
+        "status": {"downloading": "50%", "x": 1},
+    }
+    seen = Observed.of(body)
+    named = Desired(metadata={"labels": {"ours": "a"}}, spec={"x": 1}, status={"x": 1})
+    assert plan(ref, named, seen) == []  # a defaulted spec key and a stale status key stay
+    # Another writer's label and a None for a key already absent write nothing, whole or not
+    # (the old planning patched both again on every pass).
+    theirs = Desired(
+        metadata={"labels": {"ours": "a"}}, spec={**body["spec"], "y": None}, whole=WHOLE
+    )
+    assert plan(ref, msgspec.structs.replace(theirs, status={"downloading": "50%", "x": 1}),
+                seen) == []  # fmt: skip
+    owned = msgspec.structs.replace(named, whole=frozenset({"status"}))
+    assert plan(ref, owned, seen) == [
+        Patch(ref=ref, body={"status": {"downloading": None}}, subresource="status")
+    ]
+    relabel = Desired(metadata={"labels": {"ours": "b"}}, whole=WHOLE)
+    assert plan(ref, relabel, seen) == [
+        Patch(ref=ref, body={"metadata": {"labels": {"ours": "b"}}})
+    ]
+    (create, status) = plan(ref, Desired(spec={"y": None, "z": 1}, status={}), None)
+    assert create.body["spec"] == {"z": 1} and status.body == {"status": {}}
 
 
 def test_lease_decisions() -> None:

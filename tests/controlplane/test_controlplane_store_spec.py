@@ -146,7 +146,11 @@ async def test_a_model_store_overrides_its_nodes_and_reports_overlap(tmp_path: P
         fake.put_object("api/v1/nodes", second)
         await until(lambda: fake.get(MS, "a-pool")["status"]["nodes"] == 2)
         await until(lambda: fake.lists[MS] >= store_lists + 2)
+        # Settled: later refreshes plan the same statuses and write nothing.
+        writes, settled_lists = fake.object_writes[(MS, None, "b-pool")], fake.lists[MS]
+        await until(lambda: fake.lists[MS] >= settled_lists + 2)
         tg.cancel_scope.cancel()
+    assert fake.object_writes[(MS, None, "b-pool")] == writes >= 1  # its status, once
     assert fake.lists["api/v1/nodes"] == node_lists
     assert spec["download"]["concurrency"] == 24
     overlap = {c["type"]: c for c in b_status["conditions"]}["SelectorOverlap"]

@@ -100,7 +100,7 @@ def test_an_allocate_answers_with_the_annotation_or_refuses_and_charges_nothing(
     view = node._view(("nvidia", "exclusive"))
     by_index = sorted(view.tokens.values(), key=lambda t: view.cards[t.card].index)
     first, second = by_index[0], by_index[1]
-    node.cdi_catalog = cdi.Catalog(frozenset({f"nvidia.com/gpu={first.card}"}))
+    node.use_cdi(cdi.Catalog(frozenset({f"nvidia.com/gpu={first.card}"})))
     got = node.allocate(("nvidia", "exclusive"), [first.id])
     assert got.annotations == {cdi.ANNOTATION: f"nvidia.com/gpu={first.card}"}
     assert "NVIDIA_VISIBLE_DEVICES" not in got.envs
@@ -125,5 +125,5 @@ async def test_the_plugins_read_the_specs_when_cdi_may_be_used(tmp_path: Path) -
             str(tmp_path), nvidia_injection=strategy, cdi_spec_dirs=tuple(dirs)
         )
         async with device_plugins(settings, publish=lambda event: None) as plugins:
-            known = "nvidia.com/gpu=all" in plugins._node.cdi_catalog.names
+            known = "nvidia.com/gpu=all" in plugins.cdi_catalog().names
         assert known is expected
