@@ -51,14 +51,17 @@ def test_manual_management_labels_only_what_the_user_marked() -> None:
     assert marked.facts is not None and naming.MANAGED not in marked.patch
 
 
-def test_the_signature_changes_with_labels_and_ledger_state_only() -> None:
+def test_the_signature_changes_with_labels_ledger_state_and_label_settings_only() -> None:
     body = node_obj("n")
     same = nodelabels.signature(body, H200_STATE, ChainSettings())
     assert nodelabels.signature(node_obj("n"), H200_STATE, ChainSettings()) == same
     assert nodelabels.signature(node_obj("n", extra="1"), H200_STATE, ChainSettings()) != same
     held = alloc("n", "p/c", "nvidia.com/gpu", H200[0], 0)
     busy = NodeState(groups=H200, allocations={"p/c": held})
-    assert nodelabels.signature(body, busy) != same
+    assert nodelabels.signature(body, busy, ChainSettings()) != same
+    assert nodelabels.signature(body, H200_STATE, MANUAL) != same
+    unmixed = ChainSettings(instance_type_mixed_on_node=False)
+    assert nodelabels.signature(body, H200_STATE, unmixed) != same
 
 
 def _cache(**over: Any) -> deciding.Cache:
