@@ -82,3 +82,16 @@ def test_every_tree_runs_one_operator_image_tag() -> None:
                 c["image"] for c in pod_spec(obj)["containers"] if "gpustack-operator" in c["image"]
             }
     assert tags == {"gpustack/gpustack-operator:0.1.0"}
+
+
+def test_the_build_stage_copies_what_package_links_point_to() -> None:
+    """A symbolic link in a package (the agents' manifests, linked to ``deploy/base``) is packed
+    with its target's bytes: a target the build stage does not copy breaks the wheel."""
+    last_from = max(i for i, (op, _) in enumerate(_instructions()) if op == "FROM")
+    copied = [a.split()[0] for op, a in _instructions()[:last_from]
+              if op == "COPY" and "--from" not in a]  # fmt: skip
+    links = [p for p in (REPO / "controlplane").rglob("*") if p.is_symlink()]
+    assert links
+    for link in links:
+        target = link.resolve().relative_to(REPO)
+        assert any(target.is_relative_to(c) for c in copied), f"{link}: {target} not copied"
