@@ -216,6 +216,7 @@ async def test_a_mirror_directory_serves_air_gapped_clusters_and_is_checked_too(
     # A tampered mirror is refused, and a refusal never uninstalls what was there.
     assert again["kueue"].state == "checksum-mismatch" and still
     assert without["kueue"].state == "no-source"
+    assert "--applications-mirror as <mirror>/kueue/v1/manifests.yaml" in without["kueue"].message
 
 
 async def test_the_shipped_table_refuses_what_it_cannot_verify() -> None:
@@ -226,6 +227,13 @@ async def test_the_shipped_table_refuses_what_it_cannot_verify() -> None:
         assert p.sha256 is None or len(p.sha256) == 64, name
         # Refused before anything is fetched when no checksum is pinned.
         assert outcomes[name].state == ("unpinned" if p.sha256 is None else "fetch-failed")
+        if p.sha256 is None:  # the refusal says what to do: the source, the pin, the mirror
+            said = outcomes[name].message
+            assert (p.url or p.build) and (p.url or p.build) in said, said
+            for needed in ("`sha256sum`", "controlplane/applications/pins.py",
+                           f"<mirror>/{name}/{p.version}/{p.file}",
+                           f"{name}_{p.version}_{p.file}", "--disable-applications"):  # fmt: skip
+                assert needed in said, (name, needed)
     assert set(pins.PINS) | {"device-manager", "model-manager"} == set(applications.NAMES)
 
 
