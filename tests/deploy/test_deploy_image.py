@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import re
 import tomllib
@@ -95,3 +96,26 @@ def test_the_build_stage_copies_what_package_links_point_to() -> None:
     for link in links:
         target = link.resolve().relative_to(REPO)
         assert any(target.is_relative_to(c) for c in copied), f"{link}: {target} not copied"
+        assert not _docker_ignores(target.as_posix()), f"{target}: left out by .dockerignore"
+
+
+def _docker_ignores(path: str) -> bool:
+    """Whether ``.dockerignore`` leaves ``path`` out of the build context: its patterns in order,
+    the last that matches the path or a folder above it deciding, ``!`` taking back."""
+    ignored = False
+    for line in (REPO / ".dockerignore").read_text().splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        pattern = line.removeprefix("!")
+        parts = path.split("/")
+        prefixes = ["/".join(parts[: i + 1]) for i in range(len(parts))]
+        if any(fnmatch.fnmatchcase(p, pattern) for p in prefixes):
+            ignored = not line.startswith("!")
+    return ignored
+
+
+def test_the_dockerignore_reading_follows_dockers_rules() -> None:
+    assert _docker_ignores("tests/x.py") and _docker_ignores("deploy/overlays/kueue/x.yaml")
+    assert not _docker_ignores("deploy/requirements.lock") and not _docker_ignores("agent/x.py")
+    assert _docker_ignores("agent/__pycache__/x.pyc")
