@@ -26,6 +26,8 @@ COPY hub hub
 COPY kit kit
 COPY bus bus
 COPY proto proto
+# controlplane/applications/bundled links to the agents' manifests here (one source with kustomize).
+COPY deploy/base deploy/base
 RUN python -m pip wheel --wheel-dir /wheels --constraint deploy/requirements.lock .
 
 FROM ${PYTHON_IMAGE} AS runtime

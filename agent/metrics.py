@@ -17,8 +17,8 @@ one series per container, each with the card's value), and for a MIG instance ``
 them empty). A label nobody reported is the empty string, which Prometheus treats as absent.
 
 The GPM activity ratios (``gr_engine_active``, ``sm_active``, ``sm_occupancy``,
-``dram_active``: DCGM's ``DCGM_FI_PROF_*`` profiling fields) are the only activity figures a
-card in MIG mode has; they need two monitor passes, so the first scrape after a start has none.
+``dram_active``, ``tensor_active``: DCGM's ``DCGM_FI_PROF_*`` profiling fields) are the only
+activity figures a card in MIG mode has; they need two monitor passes, so the first scrape after a start has none.
 
 Agent health: ``gpustack_agent_detection_pass_seconds`` and
 ``gpustack_agent_monitor_pass_seconds`` (histograms), ``gpustack_agent_pass_failures_total``
@@ -125,6 +125,8 @@ SERIES: tuple[Series, ...] = (
            lambda s: s.sm_occupancy),
     Series("dram_active", "Ratio of the peak DRAM bandwidth used (GPM).",
            lambda s: s.dram_active),
+    Series("tensor_active", "Ratio of the tensor pipes' peak used over the interval (GPM).",
+           lambda s: s.tensor_active),
 )  # fmt: skip
 DCGM_FIELDS: Mapping[str, str] = {
     "memory_total_mib": "DCGM_FI_DEV_FB_TOTAL",
@@ -153,6 +155,7 @@ DCGM_FIELDS: Mapping[str, str] = {
     "sm_active": "DCGM_FI_PROF_SM_ACTIVE",
     "sm_occupancy": "DCGM_FI_PROF_SM_OCCUPANCY",
     "dram_active": "DCGM_FI_PROF_DRAM_ACTIVE",
+    "tensor_active": "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
     "last_xid": "DCGM_FI_DEV_XID_ERRORS",
 }
 """Our series name -> the DCGM field of the same quantity in the same unit (DCGM's own field
@@ -170,6 +173,7 @@ _GI_SERIES: tuple[tuple[str, MigReader], ...] = (
     ("sm_active", lambda m: m.sm_active),
     ("sm_occupancy", lambda m: m.sm_occupancy),
     ("dram_active", lambda m: m.dram_active),
+    ("tensor_active", lambda m: m.tensor_active),
 )
 """A GPU instance's activity: one series per GI (its compute instances share the figure)."""
 

@@ -152,6 +152,7 @@ class MigInstanceSample(_Wire, frozen=True, kw_only=True):
     sm_active: Ratio | None = None
     sm_occupancy: Ratio | None = None
     dram_active: Ratio | None = None
+    tensor_active: Ratio | None = None
 
 
 class AcceleratorSample(_Wire, frozen=True, kw_only=True):
@@ -222,6 +223,10 @@ class AcceleratorSample(_Wire, frozen=True, kw_only=True):
     """Ratio 0-1: resident warps against the maximum (``DCGM_FI_PROF_SM_OCCUPANCY``)."""
     dram_active: Ratio | None = None
     """Ratio 0-1 of the peak DRAM bandwidth used (``DCGM_FI_PROF_DRAM_ACTIVE``)."""
+    tensor_active: Ratio | None = None
+    """Ratio 0-1 of the tensor pipes' peak used over the interval (GPM ``ANY_TENSOR_UTIL``;
+    ``DCGM_FI_PROF_PIPE_TENSOR_ACTIVE``). Added within v1: absent before Hopper and from older
+    agents."""
 
 
 class MonitorSample(_Wire, frozen=True, kw_only=True):

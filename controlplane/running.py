@@ -291,7 +291,8 @@ async def _applications(api: client.KubeClient, settings: WorkerSettings) -> Non
     """Install the bundled applications, prune the disabled ones (once per leadership)."""
     await applications.ensure(
         api, settings.applications, namespace=settings.namespace,
-        mirror=settings.applications_mirror,
+        mirror=settings.applications_mirror, pod=settings.pod_name,
+        manufacturers=settings.manufacturers,
     )  # fmt: skip
 
 

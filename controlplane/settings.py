@@ -66,6 +66,8 @@ class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
     pin, InstanceTypes derived from nodes, manual node management."""
     namespace: str = "gpustack-system"
     """The system namespace: the settings Secret, Leases, the webhook CA."""
+    pod_name: str | None = None
+    """``KUBERNETES_POD_NAME``: this worker's Pod, whose image the agent applications run."""
     settings_seed: dict[str, str] = msgspec.field(default_factory=lambda: settingscatalog.seed({}))
     """Every Setting's first text (``GPUSTACK_<NAME>`` or its default), validated at the edge."""
     settings_period_s: float = 10.0
@@ -160,6 +162,7 @@ def settings_from(options: Options) -> WorkerSettings:
         concurrency=reconcile_concurrency(flags.gopool_worker_factor),
         model_manager_service_account=_service_account(flags),
         namespace=namespace,
+        pod_name=env.get("KUBERNETES_POD_NAME") or None,
         settings_seed=seed,
         bus=msgspec.structs.replace(
             bus, inbox_prefix=identity.inbox_prefix(identity.Identity(role="worker"))

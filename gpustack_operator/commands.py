@@ -194,7 +194,8 @@ _WORKER = (
         "",
         "bundled applications whose objects the worker does not ensure (kueue, "
         "node-feature-discovery, device-manager, model-manager, csi-driver-nfs, csi-driver-s3), "
-        "or * for all; see docs/settings.md",
+        "or * for all; the agents run the image of the worker's own Pod ($KUBERNETES_POD_NAME); "
+        "see docs/settings.md",
         kind="list",
     ),
     Flag(

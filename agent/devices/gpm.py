@@ -6,7 +6,8 @@ the card's performance counters into a sample buffer (``nvmlGpmSampleGet``, or
 ``nvmlGpmMigSampleGet`` for one GPU instance), and ``nvmlGpmMetricsGet`` turns *two* samples
 into rates over the interval between them. These are the figures DCGM's profiling fields
 report (``DCGM_FI_PROF_GR_ENGINE_ACTIVE``, ``DCGM_FI_PROF_SM_ACTIVE``,
-``DCGM_FI_PROF_SM_OCCUPANCY``, ``DCGM_FI_PROF_DRAM_ACTIVE``), as ratios 0-1.
+``DCGM_FI_PROF_SM_OCCUPANCY``, ``DCGM_FI_PROF_DRAM_ACTIVE``, ``DCGM_FI_PROF_PIPE_TENSOR_ACTIVE``),
+as ratios 0-1.
 
 :class:`GpmSampler` is the monitor's state between passes: per card (UUID) and per GPU
 instance (UUID, GI id, profile) it keeps the previous sample and a spare buffer, so each pass
@@ -38,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agent.devices.nvml import (
+    GPM_ANY_TENSOR_UTIL,
     GPM_DRAM_BW_UTIL,
     GPM_GRAPHICS_UTIL,
     GPM_SM_OCCUPANCY,
@@ -50,7 +52,7 @@ from agent.devices.nvml import (
 
 log = logging.getLogger(__name__)
 
-METRICS = (GPM_GRAPHICS_UTIL, GPM_SM_UTIL, GPM_SM_OCCUPANCY, GPM_DRAM_BW_UTIL)
+METRICS = (GPM_GRAPHICS_UTIL, GPM_SM_UTIL, GPM_SM_OCCUPANCY, GPM_DRAM_BW_UTIL, GPM_ANY_TENSOR_UTIL)
 MIN_INTERVAL_S = 0.1
 """NVML's GPM counters refresh every 100 ms; two samples closer than that are not a rate."""
 
@@ -70,6 +72,8 @@ class Activity:
     """Resident warps against the SMs' maximum (``DCGM_FI_PROF_SM_OCCUPANCY``)."""
     dram_active: float | None = None
     """Peak DRAM bandwidth used (``DCGM_FI_PROF_DRAM_ACTIVE``)."""
+    tensor_active: float | None = None
+    """The tensor pipes' peak used (GPM ``ANY_TENSOR_UTIL``; ``DCGM_FI_PROF_PIPE_TENSOR_ACTIVE``)."""
 
 
 def activity(percents: dict[int, float]) -> Activity:
@@ -86,6 +90,7 @@ def activity(percents: dict[int, float]) -> Activity:
         sm_active=ratio(GPM_SM_UTIL),
         sm_occupancy=ratio(GPM_SM_OCCUPANCY),
         dram_active=ratio(GPM_DRAM_BW_UTIL),
+        tensor_active=ratio(GPM_ANY_TENSOR_UTIL),
     )
 
 

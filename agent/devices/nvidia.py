@@ -372,4 +372,5 @@ def _activity_fields(activity: Activity | None) -> dict[str, float | None]:
         "sm_active": a.sm_active,
         "sm_occupancy": a.sm_occupancy,
         "dram_active": a.dram_active,
+        "tensor_active": a.tensor_active,
     }

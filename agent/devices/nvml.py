@@ -63,6 +63,7 @@ from agent.devices.nvmlmig import (
 )
 
 __all__ = [
+    "GPM_ANY_TENSOR_UTIL",
     "GPM_DRAM_BW_UTIL",
     "GPM_GRAPHICS_UTIL",
     "GPM_SM_OCCUPANCY",
@@ -109,6 +110,9 @@ GPM_SM_UTIL = 2
 """``NVML_GPM_METRIC_SM_UTIL``: percent of SMs busy."""
 GPM_SM_OCCUPANCY = 3
 """``NVML_GPM_METRIC_SM_OCCUPANCY``: percent of resident warps against the SMs' maximum."""
+GPM_ANY_TENSOR_UTIL = 5
+"""``NVML_GPM_METRIC_ANY_TENSOR_UTIL``: percent of the tensor (HMMA/IMMA/DMMA) pipes' peak used
+(DCGM's ``DCGM_FI_PROF_PIPE_TENSOR_ACTIVE``)."""
 GPM_DRAM_BW_UTIL = 10
 """``NVML_GPM_METRIC_DRAM_BW_UTIL``: percent of the peak DRAM bandwidth used."""
 

@@ -26,8 +26,12 @@ log = logging.getLogger(__name__)
 
 
 @contextmanager
-def open_backends(settings: DetectSettings) -> Iterator[list[detection.Backend]]:
+def open_backends(
+    settings: DetectSettings, clock: Callable[[], float] = time.time
+) -> Iterator[list[detection.Backend]]:
     """Yield the backends for ``settings.manufacturers`` that this build has.
+
+    ``clock`` moves a simulated profile's ``load`` patterns (tests inject one).
 
     :raises ProfileError: when ``settings.simulate`` names a bad profile.
     """
@@ -37,18 +41,21 @@ def open_backends(settings: DetectSettings) -> Iterator[list[detection.Backend]]
             yield backends
         return
     # Simulation is imported only when asked for: real runs never load it.
-    from agent.devices.simulation import fakenvml, libraries, profiles, sysfs
+    from agent.devices.simulation import fakenvml, libraries, moving, profiles, sysfs
 
     profile = profiles.load(settings.simulate)
     with tempfile.TemporaryDirectory(prefix="gpustack-sim-", dir=_scratch_dir()) as directory:
-        host = sysfs.materialize(profile, Path(directory))
+        tree = sysfs.materialize(profile, Path(directory))
+        host = moving.MovingHostFS(root=tree.root, amd=profile.amd, clock=clock)
         log.warning(
             "simulating accelerators from profile %r (%s): nothing below is real hardware",
             settings.simulate,
             profile.description,
         )
-        library = fakenvml.SimulatedNvml(profile.nvidia, clock=time.time)  # load moves by it
-        simulators = {key: libraries.factory(key, profile) for key in libraries.simulated_keys()}
+        library = fakenvml.SimulatedNvml(profile.nvidia, clock=clock)  # load moves by it
+        simulators = {
+            key: libraries.factory(key, profile, clock) for key in libraries.simulated_keys()
+        }
         made = _backends(settings, host, nvml.Nvml(library), simulated=True, libraries=simulators)
         with _closing(made) as backends:
             yield backends

@@ -6,9 +6,8 @@ Two kinds:
   a pinned release (:data:`.pins.PINS`: version, manifest URL, SHA-256) fetched from upstream or
   read from a mirror (``--applications-mirror``), refused unless it hashes to the pin,
   configured as this system needs (:mod:`.configuring`) and applied with server-side apply;
-- **own** (``model-manager``, ``device-manager``): objects of this project the worker renders
-  itself (:data:`OWN`): the model agent's ``CSIDriver``. The agents' DaemonSets come from
-  ``deploy/`` (``kubectl apply -k``), so ``device-manager`` has no object of its own here.
+- **own** (``model-manager``, ``device-manager``): the node agents, rendered by the worker from
+  the very files ``deploy/base`` holds (:mod:`.agents`), with the worker's own image.
 
 Each application's objects are applied under its own field manager and labelled with its name;
 an application disabled later has the objects it installed pruned (:mod:`.planning` decides,
@@ -20,15 +19,16 @@ worker always ensures them.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
-from typing import Any, Final
+from typing import Final
 
-from controlplane.applications.installing import Own, keep_installed
+from controlplane.applications import agents
+from controlplane.applications.installing import Catalog, Own, keep_installed
 from controlplane.applications.pins import PINS
 from controlplane.k8s.client import KubeClient
-from controlplane.resources import Resource
 
-__all__ = ["CSIDRIVERS", "NAMES", "OWN", "csi_driver", "enabled", "ensure"]
+__all__ = ["DRIVER", "NAMES", "enabled", "ensure", "own"]
 
 NAMES: Final = (
     "kueue",
@@ -38,10 +38,8 @@ NAMES: Final = (
     "device-manager",
     "model-manager",
 )
-CSIDRIVERS: Final = Resource(
-    group="storage.k8s.io", version="v1", plural="csidrivers", kind="CSIDriver"
-)
 DRIVER: Final = "model.csi.gpustack.ai"
+"""The model agent's CSI driver (its ``CSIDriver`` is part of ``model-manager``)."""
 
 
 def enabled(disabled: Iterable[str]) -> frozenset[str]:
@@ -55,30 +53,25 @@ def enabled(disabled: Iterable[str]) -> frozenset[str]:
     return frozenset(NAMES) - set(names)
 
 
-def csi_driver() -> dict[str, Any]:
+def own(image: str, manufacturers: tuple[str, ...] = ()) -> dict[str, Own]:
+    """The agent applications' renderers, for the worker running ``image``."""
     return {
-        "apiVersion": "storage.k8s.io/v1",
-        "kind": "CSIDriver",
-        "metadata": {
-            "name": DRIVER,
-            "labels": {"app.kubernetes.io/part-of": "gpustack-operator"},
-        },
-        "spec": {
-            "attachRequired": False,
-            "podInfoOnMount": True,
-            "volumeLifecycleModes": ["Ephemeral"],
-            "fsGroupPolicy": "None",
-        },
+        app: functools.partial(agents.render, app, image=image, manufacturers=manufacturers)
+        for app in agents.FILES
     }
 
 
-OWN: Final[dict[str, Own]] = {"model-manager": lambda: [csi_driver()]}
-"""``device-manager`` is in neither table: its outcome is ``external``."""
-
-
 async def ensure(
-    api: KubeClient, applications: frozenset[str], *, namespace: str, mirror: str | None = None
+    api: KubeClient,
+    applications: frozenset[str],
+    *,
+    namespace: str,
+    mirror: str | None = None,
+    pod: str | None = None,
+    manufacturers: tuple[str, ...] = (),
 ) -> None:
     """Install the enabled applications and prune the disabled ones (the leader; returns once
-    nothing is left to retry)."""
-    await keep_installed(api, applications, namespace=namespace, pins=PINS, own=OWN, mirror=mirror)
+    nothing is left to retry). ``pod``: the worker's own Pod, whose image the agents run."""
+    image = await agents.own_image(api, namespace, pod) if applications & set(agents.FILES) else ""
+    catalog = Catalog(namespace=namespace, pins=PINS, own=own(image, manufacturers), mirror=mirror)
+    await keep_installed(api, applications, catalog)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any, Final
 
 import anyio
@@ -28,12 +29,11 @@ from controlplane.applications.pins import Pin
 from controlplane.k8s.client import KubeClient
 from controlplane.resources import CONFIGMAPS, Ref, Resource
 
-__all__ = ["INVENTORY", "Outcome", "install", "keep_installed", "resource_of"]
+__all__ = ["INVENTORY", "Catalog", "Outcome", "install", "keep_installed", "resource_of"]
 
 log = logging.getLogger(__name__)
 
 INVENTORY: Final = "gpustack-applications"
-EXTERNAL: Final = "no object of its own here: its workloads come from deploy/ (kubectl apply -k)"
 TRANSIENT: Final = frozenset({"fetch-failed", "apply-failed"})
 """Refusals worth another try; the others (a wrong checksum, no pin, no source, an invalid
 manifest) need a new pin or mirror, which comes with a new worker."""
@@ -41,9 +41,21 @@ Own = Callable[[], list[dict[str, Any]]]
 """An application of this project: its objects, rendered by the worker (no pin, no fetch)."""
 
 
+@dataclass(frozen=True, kw_only=True)
+class Catalog:
+    """Where every application's objects come from, and where the inventory is kept: one value
+    for :func:`install` and :func:`keep_installed` alike."""
+
+    namespace: str
+    pins: Mapping[str, Pin]
+    own: Mapping[str, Own]
+    mirror: str | None = None
+    """``--applications-mirror`` (:func:`.manifests.location`); None: the pins' URLs."""
+
+
 class Outcome(msgspec.Struct, frozen=True, kw_only=True):
     state: str
-    """``installed``, ``pruned``, ``external`` (nothing the worker installs), or the refusal's
+    """``installed``, ``pruned``, or the refusal's
     reason (``checksum-mismatch``, ``unpinned``, ``no-source``, ``fetch-failed``, ``invalid``,
     ``apply-failed``)."""
     version: str = ""
@@ -85,26 +97,21 @@ async def _inventory(api: KubeClient, namespace: str) -> dict[str, planning.Entr
 
 
 async def _desired(
-    api: KubeClient,
-    namespace: str,
-    pins: Mapping[str, Pin],
-    own: Mapping[str, Own],
-    enabled: frozenset[str],
-    mirror: str | None,
+    api: KubeClient, catalog: Catalog, enabled: frozenset[str]
 ) -> tuple[dict[str, tuple[str, list[dict[str, Any]]]], dict[str, Outcome]]:
     desired: dict[str, tuple[str, list[dict[str, Any]]]] = {}
     failed: dict[str, Outcome] = {}
     for app in sorted(enabled):
-        if app in own:
-            desired[app] = ("own", configuring.configure(app, "own", own[app]()))
+        if app in catalog.own:
+            desired[app] = ("own", configuring.configure(app, "own", catalog.own[app]()))
             continue
-        pin = pins.get(app)
+        pin = catalog.pins.get(app)
         if pin is None:
-            failed[app] = Outcome(state="external", message=EXTERNAL)
+            failed[app] = Outcome(state="unpinned", message=f"{app}: this build has no pin for it")
             continue
         try:
             manifests.require_checksum(pin)
-            data = await manifests.fetch(pin, mirror, api=api, namespace=namespace)
+            data = await manifests.fetch(pin, catalog.mirror, api=api, namespace=catalog.namespace)
             manifests.verify(pin, data)
             objects = configuring.configure(app, pin.version, manifests.parse(pin, data))
         except manifests.ManifestError as e:
@@ -150,18 +157,11 @@ async def _apply(
     return broken
 
 
-async def install(
-    api: KubeClient,
-    enabled: frozenset[str],
-    *,
-    namespace: str,
-    pins: Mapping[str, Pin],
-    own: Mapping[str, Own],
-    mirror: str | None = None,
-) -> dict[str, Outcome]:
+async def install(api: KubeClient, enabled: frozenset[str], catalog: Catalog) -> dict[str, Outcome]:
     """One pass: every enabled application installed or refused, every disabled one pruned."""
+    namespace = catalog.namespace
     inventory = await _inventory(api, namespace)
-    desired, outcomes = await _desired(api, namespace, pins, own, enabled, mirror)
+    desired, outcomes = await _desired(api, catalog, enabled)
     planned = planning.plan(desired, inventory, failed=outcomes)
     broken = await _apply(api, planned, desired, outcomes)
     for app, ident in planned.prune:
@@ -197,22 +197,13 @@ async def _record(
 
 
 async def keep_installed(
-    api: KubeClient,
-    enabled: frozenset[str],
-    *,
-    namespace: str,
-    pins: Mapping[str, Pin],
-    own: Mapping[str, Own],
-    mirror: str | None = None,
-    retry_s: float = 300.0,
+    api: KubeClient, enabled: frozenset[str], catalog: Catalog, *, retry_s: float = 300.0
 ) -> None:
     """Install once; while an application failed for a transient reason, again every
     ``retry_s``."""
     while True:
         try:
-            outcomes = await install(
-                api, enabled, namespace=namespace, pins=pins, own=own, mirror=mirror
-            )
+            outcomes = await install(api, enabled, catalog)
         except errors.ApiError as e:
             log.warning("installing the applications failed: %s", e)
         else:

@@ -30,6 +30,7 @@ __all__ = [
     "ManifestError",
     "configmap_key",
     "fetch",
+    "how_to_pin",
     "location",
     "parse",
     "require_checksum",
@@ -56,6 +57,21 @@ def configmap_key(pin: Pin) -> str:
     return f"{pin.name}_{pin.version}_{pin.file}"
 
 
+def how_to_pin(pin: Pin) -> str:
+    """What an operator does about a pin that cannot be verified or fetched (pure): where the
+    file comes from, where the checksum goes, where a mirror holds it, or how to opt out."""
+    source = f"download {pin.url}" if pin.url else f"build {pin.build or 'the release manifest'}"
+    return (
+        f"to install it, {source}, record its `sha256sum` as the pin's sha256 in "
+        "controlplane/applications/pins.py and rebuild the image; where the cluster cannot "
+        f"reach upstream, serve the file from --applications-mirror as "
+        f"<mirror>/{pin.name}/{pin.version}/{pin.file} (a directory or http(s) base URL) or "
+        f"under the key {configmap_key(pin)} of the ConfigMap named by configmap:NAME "
+        f'(docs/deploy.md, "Applications"); or install {pin.name} yourself and add it to '
+        "--disable-applications"
+    )
+
+
 def location(pin: Pin, mirror: str | None) -> str:
     """The file or URL the pin's manifest is read from (pure)."""
     if mirror and mirror.startswith(CONFIGMAP):
@@ -66,8 +82,8 @@ def location(pin: Pin, mirror: str | None) -> str:
         return str(Path(mirror) / pin.name / pin.version / pin.file)
     if pin.url is None:
         raise ManifestError(
-            "no-source", f"{pin.name} {pin.version}: upstream has no single manifest; "
-            "set --applications-mirror to a mirror holding it",
+            "no-source", f"{pin.name} {pin.version}: upstream has no single manifest and no "
+            f"--applications-mirror is set; {how_to_pin(pin)}",
         )  # fmt: skip
     return pin.url
 
@@ -123,7 +139,9 @@ def require_checksum(pin: Pin) -> str:
     verified is not worth downloading). :raises ManifestError: none is pinned."""
     if pin.sha256 is None:
         raise ManifestError(
-            "unpinned", f"{pin.name} {pin.version}: no checksum is pinned; refusing to apply"
+            "unpinned",
+            f"{pin.name} {pin.version}: no checksum is pinned in this build, so nothing is "
+            f"applied; {how_to_pin(pin)}",
         )
     return pin.sha256
 

@@ -32,12 +32,16 @@ class Pin(msgspec.Struct, frozen=True, kw_only=True):
     sha256: str | None
     """Lower-case hex SHA-256 of the manifest; None: not verified yet (the pin is refused)."""
     file: str = "manifests.yaml"
+    build: str = ""
+    """How to produce the file where upstream publishes none (``url`` None): what a refusal
+    tells the operator to mirror."""
 
 
-# Checksums: none of these could be verified from this build environment (no network, and no
-# published checksum was found in the reference material), so each is None and its pin is
-# refused until a maintainer records the sha256 of the downloaded file (`sha256sum`). The URLs
-# follow each project's published release layout.
+# Checksums: none of these could be verified from this build environment (no network to the
+# upstream release sites, no published checksum in the reference material, and no package found on
+# PyPI, npm or Debian carries these release manifests), so each is None and its pin is refused
+# until a maintainer records the sha256 of the downloaded file (`sha256sum`); the refusal says
+# how (manifests.how_to_pin). The URLs follow each project's published release layout.
 PINS: Final[dict[str, Pin]] = {
     p.name: p
     for p in (
@@ -49,13 +53,30 @@ PINS: Final[dict[str, Pin]] = {
             url="https://github.com/kubernetes-sigs/kueue/releases/download/v0.16.0/manifests.yaml",
             sha256=None,
         ),
-        # NFD ships kustomize overlays, not one file: mirror the output of
-        # `kubectl kustomize "https://github.com/kubernetes-sigs/node-feature-discovery/deployment/overlays/default?ref=v0.17.3"`.
-        Pin(name="node-feature-discovery", version="v0.17.3", url=None, sha256=None),
-        # csi-driver-nfs ships per-version directories of files (deploy/v4.11.0/*.yaml): mirror
-        # their concatenation.
-        Pin(name="csi-driver-nfs", version="v4.11.0", url=None, sha256=None),
-        # k8s-csi-s3 ships deploy/kubernetes/*.yaml per tag: mirror their concatenation.
-        Pin(name="csi-driver-s3", version="v0.43.0", url=None, sha256=None),
+        # NFD ships kustomize overlays, not one file.
+        Pin(
+            name="node-feature-discovery",
+            version="v0.17.3",
+            url=None,
+            sha256=None,
+            build="the output of `kubectl kustomize https://github.com/kubernetes-sigs/"
+            "node-feature-discovery/deployment/overlays/default?ref=v0.17.3`",
+        ),
+        # csi-driver-nfs ships per-version directories of files.
+        Pin(
+            name="csi-driver-nfs",
+            version="v4.11.0",
+            url=None,
+            sha256=None,
+            build="the concatenation of csi-driver-nfs's deploy/v4.11.0/*.yaml",
+        ),
+        # k8s-csi-s3 ships deploy/kubernetes/*.yaml per tag.
+        Pin(
+            name="csi-driver-s3",
+            version="v0.43.0",
+            url=None,
+            sha256=None,
+            build="the concatenation of k8s-csi-s3's deploy/kubernetes/*.yaml at tag v0.43.0",
+        ),
     )
 }

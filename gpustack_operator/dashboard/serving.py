@@ -42,6 +42,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from bus import connection, events, identity, subscribing
 from bus.errors import BusError
 from bus.metrics import BusMetrics
+from bus.presence import Presence
 from bus.settings import BusSettings, from_options
 from gpustack_operator.dashboard.feed import Feed
 from kit.options import Flags, Options
@@ -106,10 +107,13 @@ def frame(name: str, data: bytes) -> bytes:
 class Hub:
     """The feed and the open pages: every event goes into the one and out to the others."""
 
-    def __init__(self, feed: Feed, *, client_buffer: int) -> None:
+    def __init__(self, feed: Feed, *, client_buffer: int, presence: Presence | None = None) -> None:
         self.feed = feed
         self.client_buffer = client_buffer
         self.connection: connection.Connection | None = None
+        self.presence = presence or Presence(since=anyio.current_time())
+        """On the bus or not, and since when not (``/livez``); off it from the start until the
+        first connection, as an agent's."""
         self._clients: set[MemoryObjectSendStream[bytes]] = set()
 
     @property
@@ -163,7 +167,9 @@ async def follow(settings: DashboardSettings, hub: Hub) -> None:
     it retries every second; the connection itself reconnects forever.
     """
     metrics = BusMetrics()
-    async with connection.connect(settings.bus, name="dashboard", retry=True) as conn:
+    async with connection.connect(
+        settings.bus, name="dashboard", retry=True, presence=hub.presence
+    ) as conn:
         hub.connection = conn
         try:
             while True:
@@ -222,17 +228,30 @@ def _events_handler(hub: Hub) -> Handler:
     return handle
 
 
-def application(hub: Hub) -> web.Application:
+def application(hub: Hub, *, max_offline_s: float = math.inf) -> web.Application:
+    """The routes. ``/readyz``: the page is served (with or without the bus: it says which).
+    ``/livez``: as the agents', fails once off the bus for longer than ``max_offline_s`` (the
+    connection is replaced for ever, so one still off by then is stuck in a way only a restart
+    may cure)."""
     app = web.Application()
     for path, (name, content_type) in _STATIC.items():
         app.router.add_get(path, _page_handler(name, content_type))
     app.router.add_get("/events", _events_handler(hub))
 
-    async def live(_: web.Request) -> web.Response:
+    async def ready(_: web.Request) -> web.Response:
         return web.Response(text="ok\n")
 
+    async def live(_: web.Request) -> web.Response:
+        now = anyio.current_time()
+        if hub.presence.alive(now, max_offline_s):
+            return web.Response(text="ok\n")
+        off = hub.presence.offline_for(now)
+        return web.Response(
+            status=503, text=f"off the bus for {off:.0f}s (bound {max_offline_s:g}s)\n"
+        )
+
     app.router.add_get("/livez", live)
-    app.router.add_get("/readyz", live)
+    app.router.add_get("/readyz", ready)
     return app
 
 
@@ -242,7 +261,7 @@ async def http_server(settings: DashboardSettings, hub: Hub) -> AsyncIterator[st
 
     :raises ServingFailed: the address cannot be bound (port taken, no such address).
     """
-    runner = runner_for(application(hub))
+    runner = runner_for(application(hub, max_offline_s=settings.bus.max_offline_s))
     await runner.setup()
     try:
         port = await serve_tcp(runner, settings.bind_address, settings.port)

@@ -25,11 +25,12 @@ from test_controlplane_nms_e2e import settings, until
 from bus.testing import nats_server, settings_for
 from controlplane import applications, running
 from controlplane.admission.certificates import new_authority
-from controlplane.applications import installing, pins, planning
+from controlplane.applications import agents, installing, pins, planning
 from controlplane.applications.installing import Outcome
 from controlplane.applications.pins import Pin
 from controlplane.chain import kueueconfig
 from controlplane.k8s.client import KubeSettings, open_client
+from kit.version import package_version
 
 pytestmark = pytest.mark.anyio
 
@@ -98,14 +99,22 @@ async def manifest_server(files: dict[str, bytes]) -> AsyncIterator[str]:
         await runner.cleanup()
 
 
+IMAGE = "registry.example/gpustack-operator:9.9.9"
+"""The worker's own image in these tests: the agents it installs must run it."""
+
+
 async def install(
-    url: str, enabled: set[str], table: dict[str, Pin], mirror: str | None = None
+    url: str,
+    enabled: set[str],
+    table: dict[str, Pin],
+    mirror: str | None = None,
+    manufacturers: tuple[str, ...] = (),
 ) -> dict[str, Outcome]:
+    catalog = installing.Catalog(
+        namespace=NS, pins=table, own=applications.own(IMAGE, manufacturers), mirror=mirror
+    )
     async with open_client(KubeSettings(host=url)) as api:
-        return await installing.install(
-            api, frozenset(enabled), namespace=NS, pins=table, own=applications.OWN,
-            mirror=mirror,
-        )  # fmt: skip
+        return await installing.install(api, frozenset(enabled), catalog)
 
 
 def status(fake: FakeApi) -> dict[str, Any]:
@@ -207,6 +216,7 @@ async def test_a_mirror_directory_serves_air_gapped_clusters_and_is_checked_too(
     # A tampered mirror is refused, and a refusal never uninstalls what was there.
     assert again["kueue"].state == "checksum-mismatch" and still
     assert without["kueue"].state == "no-source"
+    assert "--applications-mirror as <mirror>/kueue/v1/manifests.yaml" in without["kueue"].message
 
 
 async def test_the_shipped_table_refuses_what_it_cannot_verify() -> None:
@@ -217,6 +227,13 @@ async def test_the_shipped_table_refuses_what_it_cannot_verify() -> None:
         assert p.sha256 is None or len(p.sha256) == 64, name
         # Refused before anything is fetched when no checksum is pinned.
         assert outcomes[name].state == ("unpinned" if p.sha256 is None else "fetch-failed")
+        if p.sha256 is None:  # the refusal says what to do: the source, the pin, the mirror
+            said = outcomes[name].message
+            assert (p.url or p.build) and (p.url or p.build) in said, said
+            for needed in ("`sha256sum`", "controlplane/applications/pins.py",
+                           f"<mirror>/{name}/{p.version}/{p.file}",
+                           f"{name}_{p.version}_{p.file}", "--disable-applications"):  # fmt: skip
+                assert needed in said, (name, needed)
     assert set(pins.PINS) | {"device-manager", "model-manager"} == set(applications.NAMES)
 
 
@@ -311,3 +328,45 @@ async def test_a_failed_apply_is_reported_and_what_it_applied_is_still_pruned_la
     assert failed["kueue"].state == "apply-failed" and recorded["state"] == "apply-failed"
     assert (CRDS, None, "clusterqueues.kueue.x-k8s.io") in half
     assert pruned["kueue"].state == "pruned" and left == set()
+
+
+DAEMONSETS = "apis/apps/v1/daemonsets"
+
+
+async def test_the_agents_run_the_workers_image_and_follow_manufacturer_and_disable() -> None:
+    async with fake_api() as (fake, url):
+        everything = await install(url, {"device-manager", "model-manager"}, {})
+        nvidia = fake.get(DAEMONSETS, "gpustack-operator-device-manager-nvidia", NS)
+        managers = fake.field_managers[(DAEMONSETS, NS, "gpustack-operator-device-manager-nvidia")]
+        all_sets = {k[2] for k in fake.objects if k[0] == DAEMONSETS}
+        await install(url, {"device-manager", "model-manager"}, {}, manufacturers=("nvidia",))
+        nvidia_only = {k[2] for k in fake.objects if k[0] == DAEMONSETS}
+        pruned = await install(url, {"model-manager"}, {})
+        left = {k[2] for k in fake.objects if k[0] == DAEMONSETS}
+        driver = fake.get("apis/storage.k8s.io/v1/csidrivers", applications.DRIVER)
+    assert {a: o.state for a, o in everything.items()} == {
+        "device-manager": "installed",
+        "model-manager": "installed",
+    }
+    assert nvidia["spec"]["template"]["spec"]["containers"][0]["image"] == IMAGE
+    assert managers == {"gpustack-operator-device-manager"}
+    assert len(all_sets) == 10  # nine manufacturers' agents and the model agent
+    assert nvidia_only == {
+        "gpustack-operator-device-manager-nvidia",
+        "gpustack-operator-model-manager",
+    }
+    assert pruned["device-manager"].state == "pruned"
+    assert left == {"gpustack-operator-model-manager"}
+    assert driver["metadata"]["labels"]["applications.gpustack.ai/name"] == "model-manager"
+
+
+async def test_the_agents_image_is_the_one_the_workers_pod_runs() -> None:
+    pod = _doc("Pod", "worker-0", NS, spec={"containers": [
+        {"name": "gateway", "image": "other:1"}, {"name": "worker", "image": IMAGE}]})  # fmt: skip
+    async with fake_api() as (fake, url), open_client(KubeSettings(host=url)) as api:
+        fake.put_object("api/v1/pods", pod)
+        found = await agents.own_image(api, NS, "worker-0")
+        unknown = await agents.own_image(api, NS, "gone")
+        unnamed = await agents.own_image(api, NS, None)
+    assert found == IMAGE
+    assert unknown == unnamed == f"gpustack/gpustack-operator:{package_version()}"

@@ -22,6 +22,10 @@ from typing import Any
 
 import yaml
 
+from controlplane.applications import agents
+from controlplane.settings import settings_from
+from gpustack_operator.main import options_for
+
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
 BASE = "deploy/base"
@@ -76,10 +80,27 @@ def built_text(tree: str) -> str:
     return done.stdout
 
 
-def build(tree: str) -> list[dict[str, Any]]:
+def kustomized(tree: str) -> list[dict[str, Any]]:
     """The objects ``kubectl kustomize tree`` prints, in its order (fresh copies)."""
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     return [d for d in yaml.load_all(built_text(tree), Loader=loader) if d is not None]
+
+
+def build(tree: str) -> list[dict[str, Any]]:
+    """The objects a cluster holds after ``kubectl apply -k tree``: what kustomize prints and,
+    after them, the agent applications the tree's worker installs (parsed from its Deployment
+    with the worker's own flag parser; rendered with its image and ``--manufacturer``)."""
+    objs = kustomized(tree)
+    workers = [o for o in objs if o["kind"] == "Deployment"
+               and o["metadata"]["name"] == "gpustack-operator-worker"]  # fmt: skip
+    if not workers:
+        return objs
+    container = pod_spec(workers[0])["containers"][0]
+    env = {e["name"]: e["value"] for e in container.get("env") or () if "value" in e}
+    conf = settings_from(options_for(("worker",), container["args"][1:], env))
+    for app in sorted(conf.applications & set(agents.FILES)):
+        objs += agents.render(app, image=container["image"], manufacturers=conf.manufacturers)
+    return objs
 
 
 def _load_script(name: str) -> ModuleType:

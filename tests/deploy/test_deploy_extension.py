@@ -8,7 +8,7 @@ from typing import Any, cast
 
 import pytest
 import yaml
-from deploy_helpers import BASE, REPO, build, find
+from deploy_helpers import BASE, REPO, build, find, pod_spec
 from test_deploy_rbac import allows
 
 from controlplane import applications
@@ -63,8 +63,12 @@ async def test_what_the_worker_applies_at_start_is_allowed() -> None:
     api = cast(KubeClient, recorder)
     await registration.ensure(api, WebhookSettings(), b"ca")
     await guards.ensure(api, WebhookSettings(), b"ca")
-    # The applications the shipped worker installs (its args disable the upstream ones).
-    await applications.ensure(api, frozenset({"model-manager"}), namespace="gpustack-system")
+    # The applications the base's worker installs: none (--disable-applications=*; the
+    # applications overlay grants cluster-admin for them).
+    objs = build(BASE)
+    container = pod_spec(find(objs, "Deployment", "gpustack-operator-worker"))["containers"][0]
+    assert "--disable-applications=*" in container["args"]
+    await applications.ensure(api, frozenset(), namespace="gpustack-system")
     rules = find(build(BASE), "ClusterRole", "gpustack-operator-worker")["rules"]
     own = find(build(BASE), "Role", "gpustack-operator-worker-webhook-ca")["rules"]
     namespaced = [ref for ref in recorder.applied if ref.namespace]

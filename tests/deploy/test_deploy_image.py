@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import re
 import tomllib
@@ -82,3 +83,39 @@ def test_every_tree_runs_one_operator_image_tag() -> None:
                 c["image"] for c in pod_spec(obj)["containers"] if "gpustack-operator" in c["image"]
             }
     assert tags == {"gpustack/gpustack-operator:0.1.0"}
+
+
+def test_the_build_stage_copies_what_package_links_point_to() -> None:
+    """A symbolic link in a package (the agents' manifests, linked to ``deploy/base``) is packed
+    with its target's bytes: a target the build stage does not copy breaks the wheel."""
+    last_from = max(i for i, (op, _) in enumerate(_instructions()) if op == "FROM")
+    copied = [a.split()[0] for op, a in _instructions()[:last_from]
+              if op == "COPY" and "--from" not in a]  # fmt: skip
+    links = [p for p in (REPO / "controlplane").rglob("*") if p.is_symlink()]
+    assert links
+    for link in links:
+        target = link.resolve().relative_to(REPO)
+        assert any(target.is_relative_to(c) for c in copied), f"{link}: {target} not copied"
+        assert not _docker_ignores(target.as_posix()), f"{target}: left out by .dockerignore"
+
+
+def _docker_ignores(path: str) -> bool:
+    """Whether ``.dockerignore`` leaves ``path`` out of the build context: its patterns in order,
+    the last that matches the path or a folder above it deciding, ``!`` taking back."""
+    ignored = False
+    for line in (REPO / ".dockerignore").read_text().splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        pattern = line.removeprefix("!")
+        parts = path.split("/")
+        prefixes = ["/".join(parts[: i + 1]) for i in range(len(parts))]
+        if any(fnmatch.fnmatchcase(p, pattern) for p in prefixes):
+            ignored = not line.startswith("!")
+    return ignored
+
+
+def test_the_dockerignore_reading_follows_dockers_rules() -> None:
+    assert _docker_ignores("tests/x.py") and _docker_ignores("deploy/overlays/kueue/x.yaml")
+    assert not _docker_ignores("deploy/requirements.lock") and not _docker_ignores("agent/x.py")
+    assert _docker_ignores("agent/__pycache__/x.pyc")

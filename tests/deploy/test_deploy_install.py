@@ -17,7 +17,7 @@ from typing import Any
 import anyio
 import msgspec
 import pytest
-from deploy_helpers import BASE, REPO, build, find, pod_spec
+from deploy_helpers import BASE, REPO, build, find, kustomized, pod_spec
 from test_deploy_nats import _AuthServer, _config
 
 from bus import codec, connection, embedded, events, subjects, testing
@@ -85,11 +85,35 @@ async def _agent_publishes(fake: FakeApi, nats: embedded.ServerProcess) -> None:
 APPLICATIONS = "deploy/overlays/applications"
 
 
+def _agent_sets(fake: FakeApi) -> dict[str, tuple[frozenset[str], str]]:
+    """Every DaemonSet in the fake → (its field managers, its first container's image)."""
+    return {
+        key[2]: (frozenset(fake.field_managers[key]), pod_spec(obj)["containers"][0]["image"])
+        for key, obj in fake.objects.items()
+        if key[0] == "apis/apps/v1/daemonsets"
+    }
+
+
+def _worker_pod(fake: FakeApi, objs: list[dict[str, Any]]) -> str | None:
+    """The worker's Pod as its ReplicaSet would create it; its name, where the Deployment hands
+    it to the worker (``KUBERNETES_POD_NAME`` from the downward API)."""
+    spec = pod_spec(find(objs, "Deployment", "gpustack-operator-worker"))
+    env = {e["name"]: e for e in spec["containers"][0]["env"]}
+    if "KUBERNETES_POD_NAME" not in env:
+        return None
+    assert env["KUBERNETES_POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    name = "gpustack-operator-worker-7d9f-x2x4q"
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": NS},
+           "spec": spec}  # fmt: skip
+    fake.put_object("api/v1/pods", pod)
+    return name
+
+
 @pytest.mark.parametrize("tree", [BASE, APPLICATIONS])
 async def test_kubectl_apply_k_is_the_whole_install(
     tree: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    objs = build(tree)
+    objs = kustomized(tree)  # what kubectl sends
     nats = _AuthServer(tmp_path / "nats", port=embedded.free_port())
     nats.auth = _config(tree)["auth.conf"]
     async with fake_api() as (fake, url):
@@ -97,6 +121,7 @@ async def test_kubectl_apply_k_is_the_whole_install(
         await _kubectl_apply(url, objs)
         assert SECRET not in fake.objects  # nobody made a key by hand
         conf = _deployed_worker(objs, url, nats)
+        conf = msgspec.structs.replace(conf, pod_name=_worker_pod(fake, objs))
         try:
             async with anyio.create_task_group() as tg:
                 first = anyio.Event()
@@ -136,13 +161,32 @@ async def test_kubectl_apply_k_is_the_whole_install(
         assert fake.objects[SECRET]["metadata"]["resourceVersion"] == rv
         assert len(keys["worker-password"]) == 32
         outcomes = json.loads(fake.objects[INVENTORY]["data"]["status.json"])
+        agent_sets = _agent_sets(fake)
+    _check_applications(tree, objs, outcomes, agent_sets)
+
+
+def _check_applications(
+    tree: str,
+    objs: list[dict[str, Any]],
+    outcomes: dict[str, Any],
+    agent_sets: dict[str, tuple[frozenset[str], str]],
+) -> None:
     if tree == BASE:
         assert outcomes == {}  # --disable-applications=*
+        assert set(agent_sets) == {o["metadata"]["name"] for o in objs if o["kind"] == "DaemonSet"}
     else:
         # Every application attempted; the upstream ones refused while their pins carry no
         # verified checksum (pins.py), never applied unverified.
         assert outcomes["model-manager"]["state"] == "installed"
-        assert outcomes["device-manager"]["state"] == "external"
+        assert outcomes["device-manager"]["state"] == "installed"
+        # The agents, applied by the worker under their applications' managers, with the image
+        # its Pod runs (the one kustomize gave it).
+        image = pod_spec(find(objs, "Deployment", "gpustack-operator-worker"))["containers"][0]
+        assert len(agent_sets) == 10
+        assert set(agent_sets.values()) == {
+            (frozenset({"gpustack-operator-device-manager"}), image["image"]),
+            (frozenset({"gpustack-operator-model-manager"}), image["image"]),
+        }
         assert set(outcomes) == set(applications.NAMES)
         for name, pin in PINS.items():
             if pin.sha256 is None:  # refused before any download (no network needed here)

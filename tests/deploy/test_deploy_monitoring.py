@@ -179,7 +179,7 @@ def _fleet_scrape() -> list[Series]:
                 cores_utilization=40, temperature=50, memory_temperature=60, power_usage=300,
                 sm_clock=1980, energy=5, pcie_tx_throughput=10, pcie_rx_throughput=20,
                 nvlink_tx=7, nvlink_rx=8, remapped_rows_uncorrectable=0, row_remap_failed=False,
-                gr_engine_active=0.5,
+                gr_engine_active=0.5, tensor_active=0.25,
             )
             for c in cards
         )  # fmt: skip

@@ -43,6 +43,7 @@ _STATE = """JSON.stringify({
     util: g.querySelector(".title .util")?.textContent,
     temperature: g.querySelector(".temperature")?.textContent,
     power: g.querySelector(".power")?.textContent,
+    tensor: g.querySelector(".tensor")?.textContent ?? null,
     points: [...g.querySelectorAll("svg.chart polyline")].map(
       (p) => p.getAttribute("points").split(" ").length),
     axes: [...g.querySelectorAll("figure.spark")].map((f) => ({

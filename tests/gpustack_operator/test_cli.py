@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 import time
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -67,10 +68,14 @@ def test_detect_and_monitor_wide_are_kubectl_tables() -> None:
     assert monitor.returncode == 0, monitor.stderr
     header, first, second = monitor.stdout.splitlines()
     assert header.split()[:5] == ["INDEX", "ID", "MANUFACTURER", "MEMORY", "USED"]
-    assert first.split() == [
-        "0", "GPU-5c88007d760374f3", "amd", "16.0", "GiB", "174.0", "MiB", "0%", "1%", "44C", "8W",
-        "Healthy",
-    ]  # fmt: skip
+    cells = first.split()
+    assert cells[:5] == ["0", "GPU-5c88007d760374f3", "amd", "16.0", "GiB"]
+    assert cells[6] in ("MiB", "GiB") and cells[-1] == "Healthy"
+    # The profile's load pattern moves the usage (agent/devices/simulation/moving.py): its
+    # bounds, not a snapshot (temperature 38-86 °C, power 8-263 W).
+    (util, mem_util, temperature, power) = cells[7:11]
+    assert 0 <= int(util.rstrip("%")) <= 100 and 0 <= int(mem_util.rstrip("%")) <= 100
+    assert 38 <= int(temperature.rstrip("C")) <= 86 and 8 <= int(power.rstrip("W")) <= 263
     assert second.split()[:2] == ["1", "GPU-d99e7fe92c7bdf75"]
 
 
@@ -94,23 +99,39 @@ def test_wide_with_nothing_found_says_so_on_stderr(tmp_path: Path) -> None:
     assert result.stdout == "" and "No resources found." in result.stderr
 
 
-def test_monitor_simulated_amd_matches_the_seed_sample() -> None:
-    result = run("dm", "monitor", "-o=json", "--simulate=amd-rx7800xt-x2")
+SEED_AMD_SAMPLE = {
+    "id": "GPU-5c88007d760374f3",
+    "memory": 16368,
+    "memoryUsage": 174,
+    "memoryUtilization": 1,
+    "coresUtilization": 0,
+    "temperature": 44,
+    "powerUsage": 8,
+    "unhealthy": False,
+}
+"""The seed's ``device-manager monitor`` example (an idle RX 7800 XT)."""
+
+
+def test_monitor_simulated_amd_matches_the_seed_sample(tmp_path: Path) -> None:
+    """The packaged profile's snapshot is the seed's sample, figure for figure: read without its
+    load pattern (which makes the packaged profile's figures move), every unit conversion shows."""
+    packaged = resources.files(profiles.PACKAGED).joinpath("amd-rx7800xt-x2.yaml")
+    document = yaml.safe_load(packaged.read_text())
+    del document["amd"]["load"]
+    still = tmp_path / "amd-still.yaml"
+    still.write_text(yaml.safe_dump(document))
+    result = run("dm", "monitor", "-o=json", f"--simulate={still}")
     assert result.returncode == 0, result.stderr
     (sample,) = json.loads(result.stdout)
     assert sample["manufacturer"] == "amd"
-    first = sample["accelerators"][0]
-    assert first == {
-        "id": "GPU-5c88007d760374f3",
-        "memory": 16368,
-        "memoryUsage": 174,
-        "memoryUtilization": 1,
-        "coresUtilization": 0,
-        "temperature": 44,
-        "powerUsage": 8,
-        "unhealthy": False,
-    }
+    assert sample["accelerators"][0] == SEED_AMD_SAMPLE
     assert "T" in sample["timestamp"] and "." in sample["timestamp"]
+    # The packaged profile moves: the same card and fields, its figures within the pattern's.
+    moving = run("dm", "monitor", "-o=json", "--simulate=amd-rx7800xt-x2")
+    assert moving.returncode == 0, moving.stderr
+    (busy, _) = json.loads(moving.stdout)[0]["accelerators"]
+    assert set(busy) == set(SEED_AMD_SAMPLE) and busy["memory"] == SEED_AMD_SAMPLE["memory"]
+    assert 38 <= busy["temperature"] <= 86 and 8 <= busy["powerUsage"] <= 263
 
 
 def test_captured_amd_tree_is_read_as_real_hardware(tmp_path: Path) -> None:

@@ -180,6 +180,9 @@ async def test_the_page_moves_shows_the_cache_and_who_holds_a_card(tmp_path: Pat
     )
     assert usage["x"][0].startswith("−") and usage["caption"].startswith("util ")
     assert power["chart"] == "power" and all(label.endswith(" W") for label in power["y"])
+    # Hopper's GPM tensor-pipe activity (bus tensorActive), shown on every card once sampled.
+    tensor = [g["tensor"] for g in moved["gpus"]]
+    assert all(t and t.endswith(" % active") and 0 <= int(t.split()[0]) <= 100 for t in tensor)
     (cache,) = held["caches"]
     assert cache["reported"] == "true" and cache["capacity"] > 0 and cache["used"] > 0
     assert "No model cached." in cache["text"] and " used of " in cache["text"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import functools
 import re
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import aiohttp
@@ -203,3 +203,32 @@ async def test_a_start_cancelled_at_any_step_leaves_no_socket_bound() -> None:
     await testing_servers.cancel_every_start(
         lambda: serving.http_server(settings, serving.Hub(Feed(), client_buffer=4))
     )
+
+
+async def test_livez_fails_once_off_the_bus_past_the_bound_and_recovers(tmp_path: Path) -> None:
+    """As the agents' (tests/gpustack_operator/test_bus_faults.py): a real nats-server stopped
+    past ``max_offline_s`` makes ``/livez`` 503 (kubelet restarts the dashboard); started again
+    on its port, 200. ``/readyz`` stays 200: the page is served and says it is disconnected."""
+    async with testing.nats_server(tmp_path) as server, anyio.create_task_group() as tg:
+        bus = testing.settings_for(server, max_offline_s=1.0)
+        settings = serving.DashboardSettings(bus=bus, status_period_s=0.2)
+        url = await tg.start(functools.partial(serving.serve, settings))
+        async with aiohttp.ClientSession() as session:
+
+            def answers(path: str, status: int) -> Callable[[], Awaitable[bool]]:
+                async def check() -> bool:
+                    async with session.get(url + path) as response:
+                        return response.status == status
+
+                return check
+
+            await testing.eventually(answers("livez", 200))
+            await server.stop()
+            await testing.eventually(answers("livez", 503))
+            async with session.get(url + "livez") as response:
+                said = await response.text()
+            assert (await session.get(url + "readyz")).status == 200
+            await server.start()
+            await testing.eventually(answers("livez", 200), timeout_s=30)
+        tg.cancel_scope.cancel()
+    assert said.startswith("off the bus for ") and "bound 1s" in said

@@ -13,8 +13,8 @@ activity is deterministic and moves from tick to tick, by -5..+5 points, around 
 whole card out of MIG mode sits at its utilization (the profile's ``utilizationPercent``, or its
 load pattern's at the simulator's clock); a GPU instance at a
 level derived from its id and slices; a card in MIG mode at its instances' slice-weighted mean
-(0 with none carved: nothing can run). SM activity, occupancy and DRAM bandwidth are fixed
-fractions of the engine's activity.
+(0 with none carved: nothing can run). SM activity, occupancy, tensor-pipe activity
+(``ANY_TENSOR_UTIL``) and DRAM bandwidth are fixed fractions of the engine's activity.
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ from agent.devices.simulation.profiles import NvidiaCard
 
 HOPPER = 9
 
-_GRAPHICS, _SM, _OCCUPANCY, _DRAM = 1, 2, 3, 10
-_SHARES = {_GRAPHICS: 1.0, _SM: 0.8, _OCCUPANCY: 0.5, _DRAM: 0.6}
+_GRAPHICS, _SM, _OCCUPANCY, _TENSOR, _DRAM = 1, 2, 3, 5, 10
+_SHARES = {_GRAPHICS: 1.0, _SM: 0.8, _OCCUPANCY: 0.5, _TENSOR: 0.45, _DRAM: 0.6}
 """Each simulated metric as a fraction of the engine's activity."""
 
 
@@ -78,6 +78,7 @@ class GpmCalls:
     NVML_GPM_METRIC_SM_UTIL = _SM
     NVML_GPM_METRIC_SM_OCCUPANCY = _OCCUPANCY
     NVML_GPM_METRIC_DRAM_BW_UTIL = _DRAM
+    NVML_GPM_METRIC_ANY_TENSOR_UTIL = _TENSOR
     NVML_GPM_METRICS_GET_VERSION = 1
     NVML_GPM_SUPPORT_VERSION = 1
     c_nvmlGpmSample_t = ctypes.c_size_t

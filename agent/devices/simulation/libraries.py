@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from agent.devices import clib
+from agent.devices.simulation import moving
 from agent.devices.simulation.profiles import Profile
 
 _SIMULATORS = {
@@ -25,16 +26,19 @@ _SIMULATORS = {
 """Manufacturer → (module, its maker from the profile section, the library it stands in for)."""
 
 
-def factory(key: str, profile: Profile) -> Callable[[], Any]:
+def factory(
+    key: str, profile: Profile, clock: Callable[[], float] | None = None
+) -> Callable[[], Any]:
     """A maker of ``key``'s simulated library from ``profile``.
 
     A profile with a section for ``key`` builds its simulator now, so a bad fault or error name
-    is a :class:`ProfileError` before any pass; a profile without one imports nothing.
+    is a :class:`ProfileError` before any pass; a profile without one imports nothing. With a
+    ``clock``, a section's ``load`` pattern moves its cards (:mod:`.moving`).
     """
     module, cls, soname = _SIMULATORS[key]
     section = getattr(profile, key)
     if section is not None and section.library_installed:
-        made = getattr(importlib.import_module(module), cls)(section)
+        made = getattr(importlib.import_module(module), cls)(moving.moving(key, section, clock))
         return lambda: made
 
     def absent() -> Any:

@@ -142,6 +142,8 @@ class AmdHost(_Profile, frozen=True, kw_only=True):
     rocm_version: str | None = None
     """``/opt/rocm/.info/version``; absent when ROCm is not installed."""
     cards: tuple[AmdCard, ...] = ()
+    load: LoadPattern | None = None
+    """How the cards' usage moves over time (:mod:`.moving`); None: the readings above."""
 
 
 class LibCard(_Profile, frozen=True, kw_only=True):
@@ -164,6 +166,8 @@ class LibHost(_Profile, frozen=True, kw_only=True):
     """If set, the library's init call returns this error name."""
     library_installed: bool = True
     """False: the cards are on the bus but the library cannot be loaded (``dlopen`` fails)."""
+    load: LoadPattern | None = None
+    """How the cards' usage moves over time (:mod:`.moving`); None: the readings above."""
 
 
 class AscendChip(LibCard, frozen=True, kw_only=True):

@@ -214,6 +214,9 @@ function gpuCard(n, group, acc, sample) {
   if (n.xids.has(acc.id)) healthText += ` · last XID ${n.xids.get(acc.id)}`;
   if (unhealthy && health && health.reason && !health.healthy) healthText += ` (${health.reason})`;
   const util = utilOf(sample);
+  // GPM's tensor-pipe activity (Hopper on, from the agent's second pass): DCGM's
+  // PIPE_TENSOR_ACTIVE, a ratio; absent elsewhere, so the row is too.
+  const tensor = sample && typeof sample.tensorActive === "number" ? Math.round(sample.tensorActive * 100) : null;
   return el("section", { class: "gpu", "data-uuid": acc.id, "data-health": unhealthy ? "unhealthy" : "healthy" },
     el("div", { class: "title" }, el("span", {}, `GPU ${acc.index} · ${group.name}`),
       el("span", { class: "util", "data-value": util }, fmt.num(util, "%"))),
@@ -222,6 +225,8 @@ function gpuCard(n, group, acc, sample) {
       el("dt", {}, "memory"), el("dd", { class: "memory" }, `${fmt.gib(used)} / ${fmt.gib(total)} GiB`),
       el("dt", {}, "temperature"), el("dd", { class: "temperature" }, fmt.num(sample && sample.temperature, " °C")),
       el("dt", {}, "power"), el("dd", { class: "power" }, fmt.num(sample && sample.powerUsage, " W")),
+      tensor === null ? null : el("dt", {}, "tensor cores"),
+      tensor === null ? null : el("dd", { class: "tensor" }, fmt.num(tensor, " % active")),
       el("dt", {}, "health"), el("dd", { class: `health ${unhealthy ? "unhealthy" : "healthy"}` }, healthText),
       el("dt", {}, "allocation"), el("dd", { class: "allocation" }, allocationSummary(rows)),
       offers.length ? el("dt", {}, "offers") : null, offers.length ? el("dd", {}, offers.join(", ")) : null),

@@ -22,7 +22,8 @@ from agent.devices.simulation.fakenvml import NVMLError, SimulatedNvml
 from agent.settings import DetectSettings
 from bus import devices
 
-_ALL = (nvml.GPM_GRAPHICS_UTIL, nvml.GPM_SM_UTIL, nvml.GPM_SM_OCCUPANCY, nvml.GPM_DRAM_BW_UTIL)
+_ALL = (nvml.GPM_GRAPHICS_UTIL, nvml.GPM_SM_UTIL, nvml.GPM_SM_OCCUPANCY, nvml.GPM_DRAM_BW_UTIL,
+        nvml.GPM_ANY_TENSOR_UTIL)  # fmt: skip
 
 
 def _sim(name: str = "nvidia-h200x8", **card_changes: object) -> SimulatedNvml:
@@ -67,6 +68,7 @@ def test_two_samples_of_a_card_make_its_activity() -> None:
         assert 82 <= got[nvml.GPM_GRAPHICS_UTIL] <= 92
         assert got[nvml.GPM_SM_UTIL] == pytest.approx(0.8 * got[nvml.GPM_GRAPHICS_UTIL])
         assert got[nvml.GPM_DRAM_BW_UTIL] == pytest.approx(0.6 * got[nvml.GPM_GRAPHICS_UTIL])
+        assert got[nvml.GPM_ANY_TENSOR_UTIL] == pytest.approx(0.45 * got[nvml.GPM_GRAPHICS_UTIL])
         # One more sample into the older buffer: the next interval has a different figure.
         adapter.gpm_sample(handle, older)
         later = adapter.gpm_metrics(newer, older, _ALL)
@@ -138,8 +140,8 @@ def test_a_gpu_instance_is_sampled_on_its_own() -> None:
 
 def test_activity_is_a_ratio_clamped_to_one() -> None:
     got = gpm.activity({nvml.GPM_GRAPHICS_UTIL: 42.0, nvml.GPM_SM_UTIL: 100.4,
-                        nvml.GPM_DRAM_BW_UTIL: float("nan")})  # fmt: skip
-    assert got == Activity(gr_engine_active=0.42, sm_active=1.0)
+                        nvml.GPM_DRAM_BW_UTIL: float("nan"), nvml.GPM_ANY_TENSOR_UTIL: 18.5})  # fmt: skip
+    assert got == Activity(gr_engine_active=0.42, sm_active=1.0, tensor_active=0.185)
 
 
 def test_the_first_pass_has_nothing_and_a_pass_too_soon_reuses_the_last() -> None:
@@ -195,7 +197,8 @@ def test_every_card_of_the_mig_profile_gets_activity_and_each_instance_its_own(
         assert "coresUtilization" not in card
         (instance,) = card["migInstances"]
         assert 0 < instance["grEngineActive"] <= 1
-        assert set(instance) >= {"smActive", "smOccupancy", "dramActive"}
+        assert set(instance) >= {"smActive", "smOccupancy", "dramActive", "tensorActive"}
+        assert instance["tensorActive"] <= instance["grEngineActive"]
     assert 0.5 <= second[4]["grEngineActive"] <= 0.6  # utilizationPercent 55, +-5 points
     assert r.nvml.errors_by_call == {}
 
@@ -217,7 +220,7 @@ def test_mig_profile_metrics_have_an_activity_series_for_every_gpu(tmp_path: Pat
     instances = {(gpu, profile) for gpu, gi, profile, _ in series if gi}
     assert instances == {("0", "1g.10gb"), ("1", "2g.20gb"), ("2", "3g.40gb"), ("3", "7g.80gb")}
     assert all(0 <= value <= 1 for *_, value in series)
-    for name in ("sm_active", "sm_occupancy", "dram_active"):
+    for name in ("sm_active", "sm_occupancy", "dram_active", "tensor_active"):
         assert len(families[f"gpustack_accelerator_{name}"].samples) == len(series)
 
 
@@ -289,6 +292,7 @@ def test_metric_ids_are_the_bindings_and_the_simulators() -> None:
         "SM_UTIL": nvml.GPM_SM_UTIL,
         "SM_OCCUPANCY": nvml.GPM_SM_OCCUPANCY,
         "DRAM_BW_UTIL": nvml.GPM_DRAM_BW_UTIL,
+        "ANY_TENSOR_UTIL": nvml.GPM_ANY_TENSOR_UTIL,
     }
     for name, value in ours.items():
         assert getattr(pynvml, f"NVML_GPM_METRIC_{name}") == value
