@@ -199,11 +199,63 @@ _MODELSTORES: Final = {
     "status.nodes": "Nodes whose spec this store sets.",
 }
 
+_MODELSTOREBINDINGS: Final = {
+    "": "Lets this namespace's models use the caches of some ModelStores, within a byte quota "
+    "enforced when a node is asked to download one of them.",
+    "spec": "Which stores, and how much of them.",
+    "spec.storeRefs": "The ModelStores (1 to 8) whose nodes' caches the quota covers. Immutable.",
+    "spec.storeRefs[].name": "A ModelStore's name.",
+    "spec.quota": "The most this namespace's models may take on those nodes together.",
+    "spec.quota.bytes": "A quantity of bytes (e.g. 500Gi), counting each model once per node "
+    "holding it. May only grow; absent: no limit.",
+    "spec.allowPinned": "Whether ModelPrefetches naming this binding may pin models on nodes "
+    "(never collected). May only go from false to true.",
+    "status": "The usage the worker counted.",
+    "status.phase": "Ready, OverQuota (usage is above the quota: new downloads are refused) or "
+    "Error (a store is missing, or the quota is unreadable).",
+    "status.phaseMessage": "Why the phase is what it is.",
+    "status.usedBytes": "Bytes of this namespace's models on the stores' nodes: each distinct "
+    "digest times every node holding it, ready or downloading. Absent: not measured.",
+    "status.used": "usedBytes in binary units, for `kubectl get`.",
+}
+
+_MODELPREFETCHES: Final = {
+    "": "Downloads a ModelArtifact onto a set of nodes ahead of its Pods, with warm-up Pods that "
+    "mount it and read every file back, and optionally keeps it there.",
+    "spec": "What, where, and for how long.",
+    "spec.artifactRef": "The ModelArtifact in this namespace. Immutable.",
+    "spec.artifactRef.name": "Its name.",
+    "spec.bindingRef": "The ModelStoreBinding in this namespace whose quota the copies count "
+    "against. Immutable.",
+    "spec.bindingRef.name": "Its name.",
+    "spec.placement": "Which nodes: instanceTypes or nodeSelector. Neither: the nodes of the "
+    "binding's stores.",
+    "spec.placement.instanceTypes": "InstanceType names (1 to 8): the nodes offering them.",
+    "spec.placement.nodeSelector": "A label selector of nodes.",
+    "spec.placement.nodeSelector.matchLabels": "Labels a node must carry, each with this value.",
+    "spec.placement.nodeSelector.matchExpressions": "Label requirements, all of which must hold.",
+    "spec.placement.nodeSelector.matchExpressions[].key": "The label key.",
+    "spec.placement.nodeSelector.matchExpressions[].operator": "In, NotIn, Exists or DoesNotExist.",
+    "spec.placement.nodeSelector.matchExpressions[].values": "The values for In and NotIn.",
+    "spec.minReady": "Nodes that must hold the model for Available=True; 0: every target node.",
+    "spec.retention": "How long the copies stay.",
+    "spec.retention.pinned": "Never collect the copies while this prefetch exists (the binding "
+    "must allow it).",
+    "spec.retention.ttlAfterLastUse": "Unpin once no Pod used the model for this long (a Go "
+    "duration, e.g. 72h); then Lapsed=True.",
+    "status": "Delivery progress, written by the worker.",
+    "status.desiredNodes": "Target nodes.",
+    "status.readyNodes": "Target nodes holding the model.",
+    "status.downloadingNodes": "Target nodes downloading it.",
+}
+
 DESCRIPTIONS: Final[Mapping[str, Mapping[str, str]]] = {
     "Devices": _DEVICES,
     "NodeModelStore": _NODEMODELSTORES,
     "ModelArtifact": _MODELARTIFACTS,
     "ModelStore": _MODELSTORES,
+    "ModelStoreBinding": _MODELSTOREBINDINGS,
+    "ModelPrefetch": _MODELPREFETCHES,
 }
 """Kind -> path -> text; ``""`` is the object itself."""
 

@@ -67,6 +67,8 @@ class ArtifactReconciler:
         retry_cap_s: float = 300.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        self.quotas: Callable[[str], tuple[records.BindingQuota, ...]] = lambda _ns: ()
+        """The namespace's ModelStoreBinding quotas, carried in its records (the meter's)."""
         self._sink = sink
         self._resolver = resolver
         self._ledger = ledger
@@ -91,6 +93,12 @@ class ArtifactReconciler:
         wanted = set(digests)
         for key, digest in list(self._digests.items()):
             if digest in wanted:
+                self.add(key)
+
+    def quotas_changed(self, namespace: str) -> None:
+        """The namespace's ModelStoreBindings changed: push its resolved artifacts again."""
+        for key in list(self._digests):
+            if key[0] == namespace:
                 self.add(key)
 
     async def work(self, concurrency: int) -> None:
@@ -130,7 +138,7 @@ class ArtifactReconciler:
         if resolved is not None:
             self._digests[key] = resolved.digest
         written = await self._write_status(ref, observed, resolved, failure)
-        await self._push(key, artifacts.record(written, spec))
+        await self._push(key, artifacts.record(written, spec, self.quotas(key[0])))
         self._metrics.reconcile_seconds.labels(kind="modelartifact").observe(
             self._clock() - started
         )

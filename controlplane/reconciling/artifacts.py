@@ -179,8 +179,13 @@ def status(
     return out
 
 
-def record(body: Mapping[str, Any], spec: Spec | None) -> records.ArtifactRecord | None:
-    """What node agents need about this artifact (never the token: only where it is kept)."""
+def record(
+    body: Mapping[str, Any],
+    spec: Spec | None,
+    quotas: tuple[records.BindingQuota, ...] = (),
+) -> records.ArtifactRecord | None:
+    """What node agents need about this artifact (never the token: only where it is kept),
+    with the quotas of its namespace's ModelStoreBindings (enforced at mount time)."""
     meta = body.get("metadata") or {}
     namespace, name = meta.get("namespace") or "", meta.get("name") or ""
     if spec is None or not name:
@@ -202,6 +207,8 @@ def record(body: Mapping[str, Any], spec: Spec | None) -> records.ArtifactRecord
         token_secret=secret,
         allow_patterns=spec.allow_patterns,
         ignore_patterns=spec.ignore_patterns,
+        size_bytes=pinned.get("sizeBytes"),
+        quotas=quotas,
     )
 
 
