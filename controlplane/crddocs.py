@@ -113,6 +113,8 @@ _NODEMODELSTORES: Final = {
     "": "The model cache of one node: how it is tuned (spec) and what it holds, downloads and "
     "failed to get (status, written by the worker from the node's model-manager).",
     "spec": "How the node's model-manager runs its cache.",
+    "spec.pinned": "Manifest digests the node never collects: what ModelPrefetches retain there "
+    "(written by the worker).",
     "spec.store": "The ModelStore whose overrides this node's spec carries (written by the "
     "worker; empty: the Settings alone).",
     "spec.watermarks": "When unused models are collected, as percentages of the cache filesystem.",

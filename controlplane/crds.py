@@ -201,6 +201,11 @@ NODEMODELSTORE_SCHEMA: Final = _obj(
                     }
                 ),
                 "store": _S,
+                "pinned": {
+                    "type": "array",
+                    "maxItems": 256,
+                    "items": {"type": "string", "pattern": "^sha256:[0-9a-f]{64}$"},
+                },
             }
         ),
         "status": _obj(

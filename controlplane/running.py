@@ -62,6 +62,7 @@ from controlplane.reconciling.metering import BindingMeter
 from controlplane.reconciling.nodes import NodeReconciler
 from controlplane.reconciling.pending import PendingPublisher
 from controlplane.reconciling.podevents import PodEventer
+from controlplane.reconciling.prefetching import Prefetcher
 from controlplane.reconciling.processing import Processor
 from controlplane.resolving import Resolver
 from controlplane.resources import NODES
@@ -189,6 +190,7 @@ class _Parts:
     nodes: Informer | None
     """The one Node watch (with an API): the processor's gone/parked nodes, the chain's cache."""
     meter: BindingMeter
+    prefetcher: Prefetcher
 
 
 async def _assemble(
@@ -229,6 +231,11 @@ async def _assemble(
         max_keys=settings.max_nodes, on_models=artifacts.models_changed,
     )  # fmt: skip
     processor.on_allocation = annotator.note
+    prefetcher = Prefetcher(
+        ledger, image=lambda: source.values.model_prefetch_warmup_image,
+        on_pins=processor.refresh_node,
+    )  # fmt: skip
+    stores.pins = prefetcher.pins
     eventer = PodEventer()
     processor.on_models_event = eventer.note
     sub = await stack.enter_async_context(
@@ -270,6 +277,7 @@ async def _assemble(
     return _Parts(
         conn=conn, api=api, sink=sink, agents=agents, ledger=ledger, annotator=annotator,
         eventer=eventer, stores=stores, sub=sub, worker=worker, nodes=nodes, meter=meter,
+        prefetcher=prefetcher,
     )  # fmt: skip
 
 
@@ -292,6 +300,7 @@ async def _lead(settings: WorkerSettings, parts: _Parts) -> None:
             start_forever(tg, "model-stores", parts.stores.run, api, settings.resync_s, parts.nodes)
             period = min(settings.resync_s, METER_PERIOD_S)
             start_forever(tg, "binding-meter", parts.meter.run, api, period, parts.nodes)
+            start_forever(tg, "prefetches", parts.prefetcher.run, api, period, parts.nodes)
             tg.start_soon(_applications, api, settings, name="applications")
         start_forever(tg, "artifact-workers", artifacts.work, max(1, settings.concurrency // 4))
         await processor.work(settings.concurrency)

@@ -112,6 +112,12 @@ def _one_of(*choices: str) -> Callable[[str], str]:
     return parse
 
 
+def _image(text: str) -> str:
+    if not text or len(text) > 512 or any(c.isspace() for c in text):
+        raise ValueError("not a container image reference")
+    return text
+
+
 def _at_least_minute(text: str) -> float:
     seconds = parsers.parse_duration(text)
     if seconds < 60:
@@ -203,6 +209,10 @@ CATALOG: Final[tuple[Entry, ...]] = (
         "download bytes per second per node, a quantity (0: unlimited)", _bytes_per_second,
     ),
     _entry(
+        "model-prefetch-warmup-image", "gpustack/mirrored-python:3.12-alpine",
+        "the image of ModelPrefetch warm-up Pods (needs sh, find and sha256sum)", _image,
+    ),
+    _entry(
         "workload-fit-affinity", "true",
         "pin admitted Kueue workloads to nodes whose free slices fit them", parsers.parse_bool,
     ),
@@ -245,6 +255,7 @@ class Values(msgspec.Struct, frozen=True, kw_only=True):
     model_store_low_watermark: int = 70
     model_store_download_concurrency: int = 8
     model_store_download_bandwidth: int = 0
+    model_prefetch_warmup_image: str = "gpustack/mirrored-python:3.12-alpine"
     workload_fit_affinity: bool = True
     node_management_manual: bool = False
     instance_type_mixed_on_node: bool = True

@@ -37,7 +37,7 @@ from controlplane.resources import (
     Resource,
 )
 
-__all__ = ["BindingMeter", "list_or_none"]
+__all__ = ["BindingMeter", "list_or_none", "node_labels", "without_times"]
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +95,7 @@ class BindingMeter:
             )
             usage[f"{ns}/{meta['name']}"] = used
             status = bindings.binding_status(b, existing, used, now)
-            if _without_times(b.get("status")) != _without_times(status):
+            if without_times(b.get("status")) != without_times(status):
                 ref = Ref(resource=MODELSTOREBINDINGS, name=meta["name"], namespace=ns)
                 await api.patch(ref, {"status": status}, subresource="status")
         self._hand_on(bindings.quotas(found, usage))
@@ -118,7 +118,8 @@ class BindingMeter:
             await anyio.sleep(period_s)
 
 
-def _without_times(status: Any) -> Any:
+def without_times(status: Any) -> Any:
+    """``status`` without its conditions' ``lastTransitionTime`` (what decides a write)."""
     if not isinstance(status, dict):
         return status
     conditions = [
