@@ -174,6 +174,9 @@ _MODELARTIFACTS: Final = {
     "status.resolved.manifestDigest": "The digest of the canonical manifest (sha256:...).",
     "status.resolved.fileCount": "Files in the manifest.",
     "status.resolved.sizeBytes": "Bytes in the manifest.",
+    "status.resolved.resolvedTime": "When the revision was resolved and pinned.",
+    "status.resolved.lastValidatedTime": "When the Hub last confirmed the pinned commit and its "
+    "files (every model-artifact-revalidate-interval).",
     "status.nodes": "Nodes by the state of their copy.",
     "status.nodes.ready": "Nodes holding a complete copy.",
     "status.nodes.downloading": "Nodes downloading it.",

@@ -284,6 +284,8 @@ MODELARTIFACT_SCHEMA: Final = _obj(
                         "manifestDigest": _DIGEST,
                         "fileCount": _i(),
                         "sizeBytes": _i(),
+                        "resolvedTime": {"type": "string", "format": "date-time"},
+                        "lastValidatedTime": {"type": "string", "format": "date-time"},
                     }
                 ),
                 "nodes": _obj({"ready": _i(), "downloading": _i(), "failed": _i()}),

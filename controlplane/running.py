@@ -225,6 +225,7 @@ async def _assemble(
     )  # fmt: skip
     meter = BindingMeter(ledger, on_quotas=artifacts.quotas_changed)
     artifacts.quotas = meter.quotas
+    artifacts.revalidate_s = lambda: source.values.model_artifact_revalidate_interval
     annotator = PodAnnotator(ledger)
     processor = Processor(
         ledger=ledger, reconciler=reconciler, sink=sink, metrics=metrics,

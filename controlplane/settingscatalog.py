@@ -189,7 +189,7 @@ CATALOG: Final[tuple[Entry, ...]] = (
         "model-artifact-revalidate-interval", "24h",
         "how often a resolved ModelArtifact is checked against the Hub again (a Go duration, at "
         "least 1m)",
-        _at_least_minute, inert=True,
+        _at_least_minute,
     ),
     _entry(
         "model-store-high-watermark", "80",

@@ -20,6 +20,10 @@ Degraded    False   otherwise (a temporary failure such as ``SourceUnavailable``
                     with backoff and does not degrade the artifact)
 ==========  ======  ===================================================================
 
+Once resolved, the artifact is revalidated (:mod:`controlplane.reconciling.revalidating`): a
+failed check degrades it, a repeated refusal revokes it (Resolved=False with the pin kept, and
+the agents' record without a digest).
+
 ``lastTransitionTime`` only changes when a condition's status does, so an unchanged artifact
 costs no write.
 """
@@ -157,8 +161,14 @@ def status(
     failure: Failure | None,
     counts: Mapping[str, int],
     now: str,
+    revoked: bool = False,
+    passed: bool = False,
 ) -> dict[str, Any]:
-    """The whole desired ``status``; ``resolved`` None keeps what ``current`` already pinned."""
+    """The whole desired ``status``; ``resolved`` None keeps what ``current`` already pinned.
+
+    ``revoked``: a revalidation took the resolution back (Resolved=False, the pin kept);
+    ``passed``: a revalidation passed now (``lastValidatedTime`` moves to ``now``).
+    """
     old = current.get("status") or {}
     out: dict[str, Any] = {}
     generation = (current.get("metadata") or {}).get("generation")
@@ -171,11 +181,16 @@ def status(
             "manifestDigest": resolved.digest,
             "fileCount": resolved.file_count,
             "sizeBytes": resolved.size_bytes,
+            "resolvedTime": now,
+            "lastValidatedTime": now,
         }
+    elif pinned and passed:
+        pinned = {**pinned, "lastValidatedTime": now}
     if pinned:
         out["resolved"] = pinned
     out["nodes"] = dict(counts)
-    out["conditions"] = conditions(old.get("conditions") or (), bool(pinned), failure, now)
+    held = bool(pinned) and not revoked
+    out["conditions"] = conditions(old.get("conditions") or (), held, failure, now)
     return out
 
 
@@ -191,7 +206,11 @@ def record(
     if spec is None or not name:
         return None
     hf = spec.source.hugging_face
-    pinned = (body.get("status") or {}).get("resolved") or {}
+    status = body.get("status") or {}
+    pinned = status.get("resolved") or {}
+    if any(c.get("type") == "Resolved" and c.get("status") == "False"
+           for c in status.get("conditions") or ()):  # fmt: skip
+        pinned = {}  # revoked by a revalidation: no new mount
     secret = (
         records.SecretRef(namespace=namespace, name=hf.secret_ref.name)
         if hf.secret_ref is not None
