@@ -159,7 +159,14 @@ _MODELARTIFACTS: Final = {
     "": "A model a namespace may mount: a Hugging Face repository at a revision, resolved once "
     "to a manifest digest that every node verifies its copy against.",
     "spec": "What to fetch. Immutable: create another ModelArtifact for another model.",
-    "spec.source": "Where the model comes from.",
+    "spec.source": "Where the model comes from: exactly one of its fields.",
+    "spec.source.persistentVolumeClaim": "A PersistentVolumeClaim holding the files. Accepted "
+    "but not resolved by this build (Degraded=True, SourceNotSupported).",
+    "spec.source.persistentVolumeClaim.claimName": "The claim, in this namespace.",
+    "spec.source.persistentVolumeClaim.path": "The directory in the claim (relative, no ..).",
+    "spec.source.image": "A digest-pinned OCI image holding the files. Accepted but not resolved "
+    "by this build (Degraded=True, SourceNotSupported).",
+    "spec.source.image.reference": "The image reference, pinned by digest (…@sha256:…).",
     _HF: "A Hugging Face Hub repository.",
     f"{_HF}.repository": "The repository, owner/name.",
     f"{_HF}.revision": "Branch, tag or commit; resolved to a commit once.",

@@ -230,6 +230,11 @@ NODEMODELSTORE_SCHEMA: Final = _obj(
 )
 
 _DIGEST: Final = {"type": "string", "pattern": "^sha256:[0-9a-f]{64}$"}
+SOURCE_RULE: Final = (
+    "[has(self.huggingFace), has(self.persistentVolumeClaim), has(self.image)]"
+    ".filter(x, x).size() == 1"
+)
+"""CEL: a ModelArtifact's source is exactly one (each new source adds its ``has``)."""
 _QUANTITY_RE: Final = r"^[0-9]+(\.[0-9]+)?([eE][0-9]+|[kMGTPE]i?|m)?$"
 _PATTERNS: Final = {
     "type": "array",
@@ -244,27 +249,53 @@ MODELARTIFACT_SCHEMA: Final = _obj(
         "spec": {
             **_obj(
                 {
-                    "source": _obj(
-                        {
-                            "huggingFace": _obj(
-                                {
-                                    "repository": {
-                                        "type": "string",
-                                        "minLength": 1,
-                                        "maxLength": 256,
+                    "source": {
+                        **_obj(
+                            {
+                                "persistentVolumeClaim": _obj(
+                                    {
+                                        "claimName": {"type": "string", "minLength": 1},
+                                        "path": {"type": "string", "maxLength": 4096},
                                     },
-                                    "revision": {
-                                        "type": "string",
-                                        "maxLength": 255,
-                                        "default": "main",
+                                    ("claimName",),
+                                ),
+                                "image": _obj(
+                                    {
+                                        "reference": {
+                                            "type": "string",
+                                            "minLength": 1,
+                                            "maxLength": 1024,
+                                        }
                                     },
-                                    "secretRef": _obj({"name": _S}, ("name",)),
-                                },
-                                ("repository",),
-                            )
-                        },
-                        ("huggingFace",),
-                    ),
+                                    ("reference",),
+                                ),
+                                "huggingFace": _obj(
+                                    {
+                                        "repository": {
+                                            "type": "string",
+                                            "minLength": 1,
+                                            "maxLength": 256,
+                                        },
+                                        "revision": {
+                                            "type": "string",
+                                            "maxLength": 255,
+                                            "default": "main",
+                                        },
+                                        "secretRef": _obj({"name": _S}, ("name",)),
+                                    },
+                                    ("repository",),
+                                ),
+                            }
+                        ),
+                        "minProperties": 1,
+                        "maxProperties": 1,
+                        "x-kubernetes-validations": [
+                            {
+                                "rule": SOURCE_RULE,
+                                "message": "source names exactly one of its fields",
+                            }
+                        ],
+                    },
                     "allowPatterns": _PATTERNS,
                     "ignorePatterns": _PATTERNS,
                     "expectedDigest": _DIGEST,

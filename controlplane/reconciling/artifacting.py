@@ -179,7 +179,7 @@ class ArtifactReconciler:
         return resolved, None
 
     async def _resolve(self, namespace: str, spec: Spec) -> Resolved:
-        hf = spec.source.hugging_face
+        hf = spec.source.hub
         token = await self._token(namespace, hf.secret_ref.name) if hf.secret_ref else None
         resolved = await self._resolver.resolve(
             hf.repository,
@@ -212,7 +212,7 @@ class ArtifactReconciler:
             return last.failure if last else None
         failure = None
         try:
-            hf = spec.source.hugging_face
+            hf = spec.source.hub
             token = await self._token(key[0], hf.secret_ref.name) if hf.secret_ref else None
             await self._resolver.revalidate(
                 hf.repository, str(pinned.get("revision") or ""),

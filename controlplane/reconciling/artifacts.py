@@ -15,7 +15,8 @@ Resolved    True    ``status.resolved`` is set (reason ``Resolved``)
 Resolved    False   not yet, or the last attempt failed (reason: the failure's reason)
 Degraded    True    a permanent failure: ``AccessDenied`` (Hub 401/403/404),
                     ``RevisionNotFound``, ``DigestMismatch``, ``InvalidSpec``, ``SpecChanged``,
-                    ``SecretNotFound``
+                    ``SecretNotFound``, ``SourceNotSupported`` (a ``persistentVolumeClaim`` or
+                    ``image`` source: :data:`UNSUPPORTED` says why)
 Degraded    False   otherwise (a temporary failure such as ``SourceUnavailable`` is retried
                     with backoff and does not degrade the artifact)
 ==========  ======  ===================================================================
@@ -74,8 +75,39 @@ class HuggingFace(_Camel, frozen=True, kw_only=True):
     secret_ref: SecretName | None = None
 
 
+class Claim(_Camel, frozen=True, kw_only=True):
+    claim_name: str
+    path: str = ""
+
+
+class Image(_Camel, frozen=True, kw_only=True):
+    reference: str
+
+
 class Source(_Camel, frozen=True, kw_only=True):
-    hugging_face: HuggingFace
+    """Exactly one of the fields (the CRD's rule); only a Hub source resolves in this build."""
+
+    hugging_face: HuggingFace | None = None
+    persistent_volume_claim: Claim | None = None
+    image: Image | None = None
+
+    @property
+    def hub(self) -> HuggingFace:
+        """The Hub source of a :class:`Spec` that :func:`parse_spec` accepted (always one)."""
+        if self.hugging_face is None:
+            raise ValueError("not a Hub source")
+        return self.hugging_face
+
+
+UNSUPPORTED: Final = {
+    "persistentVolumeClaim": "a persistentVolumeClaim source is not supported by this build: the "
+    "node's model agent holds no Kubernetes rights and cannot mount a claim, so nothing could "
+    "list or copy its files; copy the model into a Hugging Face repository or mirror instead",
+    "image": "an image source is not supported by this build: the model agent has no OCI "
+    "registry client to fetch and verify image layers; publish the model to a Hugging Face "
+    "repository or mirror instead",
+}
+"""Why each source this build refuses is refused (the condition's message)."""
 
 
 class Spec(_Camel, frozen=True, kw_only=True):
@@ -101,7 +133,16 @@ def parse_spec(body: Mapping[str, Any]) -> Spec | Failure:
         spec = msgspec.convert(body.get("spec") or {}, Spec)
     except msgspec.ValidationError as e:
         return Failure(reason="InvalidSpec", message=f"spec: {e}")
-    if not spec.source.hugging_face.repository:
+    source = spec.source
+    named = [k for k, v in (("persistentVolumeClaim", source.persistent_volume_claim),
+                            ("image", source.image)) if v is not None]  # fmt: skip
+    if source.hugging_face is None:
+        if named:
+            return Failure(reason="SourceNotSupported", message=UNSUPPORTED[named[0]])
+        return Failure(reason="InvalidSpec", message="spec.source names no source")
+    if named:
+        return Failure(reason="InvalidSpec", message="spec.source names more than one source")
+    if not source.hugging_face.repository:
         return Failure(reason="InvalidSpec", message="spec.source.huggingFace.repository is empty")
     return spec
 
@@ -205,7 +246,7 @@ def record(
     namespace, name = meta.get("namespace") or "", meta.get("name") or ""
     if spec is None or not name:
         return None
-    hf = spec.source.hugging_face
+    hf = spec.source.hub
     status = body.get("status") or {}
     pinned = status.get("resolved") or {}
     if any(c.get("type") == "Resolved" and c.get("status") == "False"

@@ -25,7 +25,7 @@ def test_spec_defaults_and_refusals() -> None:
     spec = artifacts.parse_spec(body())
     assert isinstance(spec, Spec) and spec.source.hugging_face.revision == "main"
     bad = artifacts.parse_spec({"spec": {"source": {}}})
-    assert isinstance(bad, Failure) and bad.reason == "InvalidSpec" and "huggingFace" in bad.message
+    assert isinstance(bad, Failure) and bad.reason == "InvalidSpec" and "no source" in bad.message
     empty = artifacts.parse_spec(body(hf={"repository": ""}))
     assert isinstance(empty, Failure) and "repository" in empty.message
     assert not artifacts.spec_changed(body())

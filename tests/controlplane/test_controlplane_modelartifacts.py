@@ -216,12 +216,21 @@ async def test_refusals_degrade_and_name_the_reason(tmp_path: Path) -> None:
         e.fake.put_object(ARTIFACTS, artifact("digest", "org/public", expectedDigest=wrong))
         e.fake.put_object(ARTIFACTS, artifact("nosecret", "org/public",
                                               hf={"secretRef": {"name": "absent"}}))  # fmt: skip
+        for name, source in (
+            ("pvc", {"persistentVolumeClaim": {"claimName": "models"}}),
+            ("img", {"image": {"reference": "r.io/m@sha256:" + "1" * 64}}),
+        ):
+            body = artifact(name, "unused")
+            body["spec"]["source"] = source
+            e.fake.put_object(ARTIFACTS, body)  # fmt: skip
         for name, reason in [
             ("denied", "AccessDenied"),
             ("missing", "AccessDenied"),
             ("rev", "RevisionNotFound"),
             ("digest", "DigestMismatch"),
             ("nosecret", "SecretNotFound"),
+            ("pvc", "SourceNotSupported"),
+            ("img", "SourceNotSupported"),
         ]:
             obj = await settled(e.fake, name, "Degraded", "True", reason)
             assert condition(obj, "Resolved")["status"] == "False"
@@ -230,6 +239,9 @@ async def test_refusals_degrade_and_name_the_reason(tmp_path: Path) -> None:
         assert wrong in condition(digest, "Degraded")["message"]
         denied = condition(e.fake.objects[(ARTIFACTS, "team", "denied")], "Degraded")
         assert "org/private" in denied["message"]
+        pvc = condition(e.fake.objects[(ARTIFACTS, "team", "pvc")], "Degraded")["message"]
+        assert pvc.startswith("a persistentVolumeClaim source is not supported by this build")
+        assert await record_of(e.bus, "pvc") is None  # nothing for the agents to mount
 
 
 async def test_temporary_failures_are_retried_and_spec_changes_refused(tmp_path: Path) -> None:
