@@ -89,7 +89,7 @@ class Flaky:
 
 
 @asynccontextmanager
-async def env(tmp_path: Path, flaky: int = 0) -> AsyncIterator[Env]:
+async def env(tmp_path: Path, flaky: int = 0, resync_s: float = 3600.0) -> AsyncIterator[Env]:
     fake_hub = hub_testing.FakeHub(tmp_path / "hub", page_size=2)
     async with (
         nats_server(tmp_path) as server,
@@ -105,7 +105,7 @@ async def env(tmp_path: Path, flaky: int = 0) -> AsyncIterator[Env]:
             https=HttpsSettings(bind_address="127.0.0.1", port=0, auth="none"),
             leader=leading.LeaderSettings(name="w", namespace="ns", lease_s=5, renew_timeout_s=3),
             identity="w1",
-            resync_s=3600.0,
+            resync_s=resync_s,
             artifact_retry_base_s=0.01,
             artifact_retry_cap_s=0.5,
         )

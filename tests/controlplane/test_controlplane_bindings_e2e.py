@@ -1,0 +1,89 @@
+"""ModelStoreBinding and ModelPrefetch in the running worker: a real nats-server, the fake API,
+a real HTTP Hub. What the agents read from the bus is what quota and pins need."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+
+import msgspec
+import pytest
+from controlplane_fakeapi import node
+from test_controlplane_modelartifacts import ARTIFACTS, FILES, artifact, env, record_of, settled
+
+from bus import codec, connection, events, kv, records, subjects
+from bus.settings import BusSettings
+from bus.testing import eventually
+
+pytestmark = pytest.mark.anyio
+G = "apis/worker.gpustack.ai/v1alpha1"
+
+
+async def store_spec(bus: BusSettings, name: str) -> records.StoreSpec | None:
+    async with connection.connect(bus, name="reader") as conn:
+        bucket = await kv.open_bucket(conn, kv.AGENTS_BUCKET)
+        got = await bucket.get(kv.nms_key(name))
+    if got is None:
+        return None
+    raw = msgspec.json.decode(got[0], type=records.StoreSpecRecord)
+    return msgspec.convert(raw.spec, records.StoreSpec)
+
+
+async def test_the_worker_meters_bindings_and_pins_prefetched_models(tmp_path: Path) -> None:
+    async with env(tmp_path, resync_s=0.3) as e:
+        e.hub.add("org/public", FILES)
+        e.fake.put_object(f"{G}/modelstores", {
+            "metadata": {"name": "s1"}, "spec": {"nodeSelector": {"matchLabels": {"pool": "a"}}},
+        })  # fmt: skip
+        for name in ("n1", "n2"):
+            body = node(name)
+            body["metadata"]["labels"]["pool"] = "a"
+            e.fake.put_object("api/v1/nodes", body)
+        e.fake.put_object(ARTIFACTS, artifact("pub", "org/public"))
+        pub = await settled(e.fake, "pub", "Resolved", "True", "Resolved")
+        digest, size = (pub["status"]["resolved"][k] for k in ("manifestDigest", "sizeBytes"))
+        e.fake.put_object(f"{G}/modelstorebindings", {
+            "metadata": {"name": "b1", "namespace": "team"},
+            "spec": {"storeRefs": [{"name": "s1"}], "quota": {"bytes": "10Gi"},
+                     "allowPinned": True},
+        })  # fmt: skip
+        e.fake.put_object(f"{G}/modelprefetches", {
+            "metadata": {"name": "warm", "namespace": "team"},
+            "spec": {"artifactRef": {"name": "pub"}, "bindingRef": {"name": "b1"},
+                     "retention": {"pinned": True}},
+        })  # fmt: skip
+        async with connection.connect(e.bus, name="agent") as conn:
+            ev = events.ModelsEvent(node="n1", ts=datetime.now(UTC), models=(
+                events.ModelState(model=digest, digest=digest, state="ready",
+                                  bytes_total=size),))  # fmt: skip
+            await conn.publish(subjects.subject("n1", "models"), codec.encode(ev))
+
+        async def metered() -> bool:
+            status = e.fake.objects[(f"{G}/modelstorebindings", "team", "b1")].get("status")
+            return bool(status) and status["usedBytes"] == size and status["phase"] == "Ready"
+
+        await eventually(metered)
+
+        async def quotas_pushed() -> bool:
+            raw = await record_of(e.bus, "pub")
+            rec = msgspec.json.decode(raw or b"{}", type=records.ArtifactRecord) if raw else None
+            return rec is not None and rec.quotas == (
+                records.BindingQuota(name="b1", stores=("s1",), quota_bytes=10 << 30,
+                                     used_bytes=size),
+            ) and rec.size_bytes == size  # fmt: skip
+
+        await eventually(quotas_pushed)
+
+        async def pinned() -> bool:
+            spec = await store_spec(e.bus, "n1")
+            return spec is not None and spec.store == "s1" and spec.pinned == (digest,)
+
+        await eventually(pinned)  # what the agent on n1 reads: its store and the pin
+
+        async def warming() -> bool:
+            pods = [b for (c, _, _), b in e.fake.objects.items() if c == "api/v1/pods"]
+            return [p["spec"]["nodeName"] for p in pods] == ["n2"]
+
+        await eventually(warming)  # n1 holds it already; n2 gets a warm-up Pod
+        mpf = e.fake.objects[(f"{G}/modelprefetches", "team", "warm")]["status"]
+        assert (mpf["desiredNodes"], mpf["readyNodes"]) == (2, 1)
