@@ -97,7 +97,10 @@ class BindingMeter:
             status = bindings.binding_status(b, existing, used, now)
             if without_times(b.get("status")) != without_times(status):
                 ref = Ref(resource=MODELSTOREBINDINGS, name=meta["name"], namespace=ns)
-                await api.patch(ref, {"status": status}, subresource="status")
+                try:
+                    await api.patch(ref, {"status": status}, subresource="status")
+                except errors.ApiError as e:  # the others are still written, quotas handed on
+                    log.warning("modelstorebinding %s/%s: %s", ns, meta["name"], e)
         self._hand_on(bindings.quotas(found, usage))
 
     def _hand_on(self, fresh: dict[str, Quotas]) -> None:

@@ -272,8 +272,9 @@ def _pods(
 
 
 def pod_name(prefetch: str, node: str) -> str:
-    """``<prefetch>-warmup-<10 hex of the node>``, within a DNS label's 63 characters."""
-    tail = "-warmup-" + hashlib.sha256(node.encode()).hexdigest()[:10]
+    """``<prefetch>-warmup-<10 hex>``, within a DNS label's 63 characters; the hex is of the
+    prefetch's whole name and the node, so two long names sharing a prefix never collide."""
+    tail = "-warmup-" + hashlib.sha256(f"{prefetch}\0{node}".encode()).hexdigest()[:10]
     return prefetch[: 63 - len(tail)].rstrip("-.") + tail
 
 

@@ -77,7 +77,11 @@ class Prefetcher:
             situation = await self._situation(api, nodes, found)
             for mpf in found:
                 plan = prefetches.decide(situation(mpf), self._image(), _now_text())
-                await self._apply(api, mpf, plan)
+                try:
+                    await self._apply(api, mpf, plan)
+                except errors.ApiError as e:  # one refused write stops only its own prefetch
+                    meta = mpf["metadata"]
+                    log.warning("modelprefetch %s/%s: %s", meta.get("namespace"), meta["name"], e)
                 for node, digest in plan.pins.items():
                     pins.setdefault(node, set()).add(digest)
         self._hand_on({n: tuple(sorted(d)) for n, d in pins.items()})

@@ -251,3 +251,26 @@ def test_the_warmup_command_reads_every_file(tmp_path: Path) -> None:
                             text=True, check=True)  # fmt: skip
     read = sorted(row.split()[1] for row in traced.stdout.splitlines())
     assert read == [str(tree / "a.bin"), str(tree / "sub" / "b.json")]
+
+
+async def test_a_refused_write_stops_only_its_own_prefetch() -> None:
+    """The API refuses the first warm-up Pod once: that prefetch waits for the next round, the
+    other one (sorted after it) is delivered in the same round."""
+    prefetcher = Prefetcher(Ledger())
+    async with fake_api() as (fake, url), open_client(KubeSettings(host=url)) as api:
+        cluster(fake)
+        fake.put_object(
+            MPF, prefetch(placement={"nodeSelector": {"matchLabels": {"pool": "a", "gpu": "yes"}}})
+        )
+        other = prefetch(placement={"nodeSelector": {"matchLabels": {"gpu": "yes"}}})
+        other["metadata"]["name"] = "warm2"
+        fake.put_object(MPF, other)
+        fake.fail_next("POST", "/api/v1/namespaces/team-a/pods", 403)
+        await prefetcher.refresh(api)
+        first = {n: fake.get(MPF, n, "team-a").get("status") for n in ("warm", "warm2")}
+        made = sorted(p["metadata"]["name"] for (c, _, _), p in fake.objects.items() if c == PODS)
+        await prefetcher.refresh(api)
+        again = sorted(p["metadata"]["name"] for (c, _, _), p in fake.objects.items() if c == PODS)
+    assert first["warm"] is None and first["warm2"]["desiredNodes"] == 2
+    assert made == sorted(prefetches.pod_name("warm2", n) for n in ("n1", "n2"))
+    assert len(again) == 4 and prefetches.pod_name("warm", "n1") in again
