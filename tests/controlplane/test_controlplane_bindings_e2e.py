@@ -3,9 +3,13 @@ a real HTTP Hub. What the agents read from the bus is what quota and pins need."
 
 from __future__ import annotations
 
+import base64
+import json
+import ssl
 from datetime import UTC, datetime
 from pathlib import Path
 
+import aiohttp
 import msgspec
 import pytest
 from controlplane_fakeapi import node
@@ -14,6 +18,7 @@ from test_controlplane_modelartifacts import ARTIFACTS, FILES, artifact, env, re
 from bus import codec, connection, events, kv, records, subjects
 from bus.settings import BusSettings
 from bus.testing import eventually
+from controlplane.admission import modelrules
 
 pytestmark = pytest.mark.anyio
 G = "apis/worker.gpustack.ai/v1alpha1"
@@ -87,3 +92,40 @@ async def test_the_worker_meters_bindings_and_pins_prefetched_models(tmp_path: P
         await eventually(warming)  # n1 holds it already; n2 gets a warm-up Pod
         mpf = e.fake.objects[(f"{G}/modelprefetches", "team", "warm")]["status"]
         assert (mpf["desiredNodes"], mpf["readyNodes"]) == (2, 1)
+
+
+async def test_the_worker_serves_and_registers_the_model_rules(tmp_path: Path) -> None:
+    """The API server's view: the configuration applied with the worker's CA, and a review
+    POSTed over TLS to the Service name it names, verified against that CA, refused."""
+    async with env(tmp_path) as e:
+        config = e.fake.get(
+            "apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations",
+            modelrules.NAME,
+        )
+        (hook,) = config["webhooks"]
+        service = hook["clientConfig"]["service"]
+        assert service["path"] == modelrules.PATH and hook["failurePolicy"] == "Fail"
+        ca = base64.b64decode(hook["clientConfig"]["caBundle"]).decode()
+        old = {"metadata": {"name": "b", "namespace": "team"},
+               "spec": {"storeRefs": [{"name": "s1"}], "quota": {"bytes": "2Gi"}}}  # fmt: skip
+        new = json.loads(json.dumps(old))
+        new["spec"]["quota"]["bytes"] = "1Gi"
+        review = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+                  "request": {"uid": "u", "operation": "UPDATE", "object": new, "oldObject": old,
+                              "resource": {"group": "worker.gpustack.ai", "version": "v1alpha1",
+                                           "resource": "modelstorebindings"}}}  # fmt: skip
+        port = e.worker.url.rsplit(":", 1)[1]
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(
+                f"https://127.0.0.1:{port}{modelrules.PATH}",
+                data=json.dumps(review).encode(),
+                ssl=ssl.create_default_context(cadata=ca),
+                server_hostname=f"{service['name']}.{service['namespace']}.svc",
+            ) as r,
+        ):
+            answer = await r.json()
+    assert r.status == 200 and answer["response"]["allowed"] is False
+    assert answer["response"]["status"]["message"].startswith(
+        "spec.quota.bytes: Forbidden: the quota may only grow"
+    )
