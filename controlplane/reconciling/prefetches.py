@@ -152,8 +152,12 @@ def _blocked(s: Situation) -> tuple[str, str] | None:
         return f"Binding{phase}", f"ModelStoreBinding {binding} is {phase}"
     if s.artifact is None:
         return "ArtifactNotFound", f"no ModelArtifact {artifact} in this namespace"
-    if not ((s.artifact.get("status") or {}).get("resolved") or {}).get("manifestDigest"):
+    status = s.artifact.get("status") or {}
+    if not (status.get("resolved") or {}).get("manifestDigest"):
         return "ArtifactNotResolved", f"ModelArtifact {artifact} is not resolved yet"
+    if any(c.get("type") == "Resolved" and c.get("status") == "False"
+           for c in status.get("conditions") or ()):  # fmt: skip
+        return "ArtifactNotResolved", f"ModelArtifact {artifact} is revoked (Resolved=False)"
     return None
 
 

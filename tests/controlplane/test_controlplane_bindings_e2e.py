@@ -52,11 +52,6 @@ async def test_the_worker_meters_bindings_and_pins_prefetched_models(tmp_path: P
             "spec": {"storeRefs": [{"name": "s1"}], "quota": {"bytes": "10Gi"},
                      "allowPinned": True},
         })  # fmt: skip
-        e.fake.put_object(f"{G}/modelprefetches", {
-            "metadata": {"name": "warm", "namespace": "team"},
-            "spec": {"artifactRef": {"name": "pub"}, "bindingRef": {"name": "b1"},
-                     "retention": {"pinned": True}},
-        })  # fmt: skip
         async with connection.connect(e.bus, name="agent") as conn:
             ev = events.ModelsEvent(node="n1", ts=datetime.now(UTC), models=(
                 events.ModelState(model=digest, digest=digest, state="ready",
@@ -68,6 +63,13 @@ async def test_the_worker_meters_bindings_and_pins_prefetched_models(tmp_path: P
             return bool(status) and status["usedBytes"] == size and status["phase"] == "Ready"
 
         await eventually(metered)
+        # The prefetch comes after n1's report is folded: a warm-up Pod made for n1 before would
+        # stay until it finished (no kubelet runs it here).
+        e.fake.put_object(f"{G}/modelprefetches", {
+            "metadata": {"name": "warm", "namespace": "team"},
+            "spec": {"artifactRef": {"name": "pub"}, "bindingRef": {"name": "b1"},
+                     "retention": {"pinned": True}},
+        })  # fmt: skip
 
         async def quotas_pushed() -> bool:
             raw = await record_of(e.bus, "pub")
@@ -87,7 +89,9 @@ async def test_the_worker_meters_bindings_and_pins_prefetched_models(tmp_path: P
 
         async def warming() -> bool:
             pods = [b for (c, _, _), b in e.fake.objects.items() if c == "api/v1/pods"]
-            return [p["spec"]["nodeName"] for p in pods] == ["n2"]
+            return [(p["spec"]["nodeName"], p["spec"]["containers"][0]["image"]) for p in pods] == [
+                ("n2", "gpustack/mirrored-python:3.12-alpine")  # the setting's default
+            ]
 
         await eventually(warming)  # n1 holds it already; n2 gets a warm-up Pod
         mpf = e.fake.objects[(f"{G}/modelprefetches", "team", "warm")]["status"]

@@ -52,7 +52,9 @@ def prefetch(**spec: Any) -> dict[str, Any]:
             "spec": {"artifactRef": {"name": "llm"}, "bindingRef": {"name": "b1"}, **spec}}  # fmt: skip
 
 
-def cluster(fake: Any, *, allow_pinned: bool = True, resolved: bool = True) -> None:
+def cluster(
+    fake: Any, *, allow_pinned: bool = True, resolved: bool = True, revoked: bool = False
+) -> None:
     """s1 selects pool=a: n1, n2 (gpu) and n4 (no gpu); n3 (gpu) is in s2's pool."""
     for name, pool in (("s1", "a"), ("s2", "b")):
         fake.put_object(MS, {"metadata": {"name": name},
@@ -67,6 +69,9 @@ def cluster(fake: Any, *, allow_pinned: bool = True, resolved: bool = True) -> N
     }
     if resolved:
         art["status"] = {"resolved": {"manifestDigest": D0, "sizeBytes": 100}}
+    if revoked:
+        art["status"]["conditions"] = [{"type": "Resolved", "status": "False",
+                                        "reason": "AccessDenied"}]  # fmt: skip
     fake.put_object(MART, art)
     fake.put_object(MSB, {"metadata": {"name": "b1", "namespace": "team-a"},
                           "spec": {"storeRefs": [{"name": "s1"}], "allowPinned": allow_pinned},
@@ -160,6 +165,7 @@ async def test_pins_reach_the_node_model_store_spec_the_agent_reads() -> None:
     [
         ({"allow_pinned": False}, "PinningNotAllowed"),
         ({"resolved": False}, "ArtifactNotResolved"),
+        ({"revoked": True}, "ArtifactNotResolved"),
     ],
 )
 async def test_what_degrades_a_prefetch(setup: dict[str, bool], reason: str) -> None:
