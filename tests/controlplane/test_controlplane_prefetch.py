@@ -145,19 +145,26 @@ async def test_a_prefetch_delivers_with_one_warmup_pod_per_missing_node_and_pins
 
 
 async def test_pins_reach_the_node_model_store_spec_the_agent_reads() -> None:
+    """Pinned on every node of the binding's store (n4 has no gpu label: no placement here),
+    written into the spec the node's agent reads, and gone with the prefetch."""
     ledger = Ledger()
-    prefetcher = Prefetcher(ledger)
+    changed: list[str] = []
+    prefetcher = Prefetcher(ledger, on_pins=changed.append)
+    stores = ModelStores(lambda: Values())
+    stores.pins = prefetcher.pins
     async with fake_api() as (fake, url), open_client(KubeSettings(host=url)) as api:
         cluster(fake)
         fake.put_object(MPF, prefetch(retention={"ttlAfterLastUse": "72h"}))
         await prefetcher.refresh(api)
-    stores = ModelStores(lambda: Values())
-    stores.pins = prefetcher.pins
-    spec = stores.spec_for({"pool": "a"}, "n4")
-    assert spec["pinned"] == [D0]
-    assert "pinned" not in stores.spec_for({"pool": "b"}, "n3")
+        spec = stores.spec_for({"pool": "a"}, "n4")
+        other = stores.spec_for({"pool": "b"}, "n3")
+        fake.remove(MPF, "warm", "team-a")
+        await prefetcher.refresh(api)
+    assert spec["pinned"] == [D0] and "pinned" not in other
     _schema("nodemodelstores").validate({"spec": spec})
     assert msgspec.convert(spec, records.StoreSpec).pinned == (D0,)
+    assert changed == ["n1", "n2", "n4", "n1", "n2", "n4"]  # pinned, then unpinned
+    assert "pinned" not in stores.spec_for({"pool": "a"}, "n4")
 
 
 @pytest.mark.parametrize(
