@@ -28,7 +28,7 @@ from typing import Any, Final
 
 import msgspec
 
-from bus import events, subjects
+from bus import events, records, subjects
 from bus.errors import DecodeFailed, InvalidSubject
 from bus.metrics import BusMetrics
 from bus.subjects import KINDS, Kind
@@ -103,10 +103,25 @@ def _failure_reason(data: bytes) -> str:
     return "version" if v is not None and v != events.VERSION else "malformed"
 
 
+AGENT_RECORDS: Final = (
+    records.ArtifactRecord,
+    records.StoreSpecRecord,
+    records.StoreSpec,
+    records.PendingContainers,
+)
+"""What the control plane writes into ``GPUSTACK_V1_AGENTS`` (also described in the schema)."""
+
+
 def json_schema() -> dict[str, Any]:
-    """The JSON Schema (2020-12) of :data:`bus.events.Event`, for ``gpustack-operator bus schema``."""
-    (schema,), components = msgspec.json.schema_components(
-        (events.Event,), ref_template="#/$defs/{name}"
+    """The JSON Schema (2020-12) of :data:`bus.events.Event`, for ``gpustack-operator bus schema``.
+
+    Its ``$defs`` also describe the records the control plane pushes to the agents
+    (:data:`AGENT_RECORDS`: ``ArtifactRecord`` with its ``BindingQuota``s, ``StoreSpecRecord``
+    and the ``StoreSpec`` its ``spec`` is read as, ``PendingContainers``), though the document
+    itself validates an event only.
+    """
+    (schema, *_), components = msgspec.json.schema_components(
+        (events.Event, *AGENT_RECORDS), ref_template="#/$defs/{name}"
     )
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",

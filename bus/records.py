@@ -10,6 +10,9 @@ the very same classes, so the two sides cannot drift apart. Keys and buckets are
 - :class:`ArtifactRecord` (key ``artifacts.<namespace>.<name>``): a ModelArtifact a Pod in
   ``namespace`` may mount, what authorizes a volume. A pull token is never on the bus: the record
   names the Secret (:class:`SecretRef`) and only the node that mounts the artifact reads it.
+  It also carries the quotas of the namespace's ModelStoreBindings (:class:`BindingQuota`) and the
+  model's size: a NodePublishVolume that would download the model onto a store a binding
+  covers is refused when the download would take the binding past its quota.
 - :class:`PendingContainers` (key ``pending.<node>``): the containers bound to a node that wait
   for a sliced or partitioned device, with what each asked for. kubelet's Allocate names only
   device IDs; this record is how the device agent, which holds no Kubernetes access, learns which
@@ -32,6 +35,7 @@ import msgspec
 
 __all__ = [
     "ArtifactRecord",
+    "BindingQuota",
     "Download",
     "HubEndpoint",
     "HuggingFaceSource",
@@ -97,6 +101,8 @@ class StoreSpec(_Record, frozen=True, kw_only=True):
     """Digests never collected (ModelPrefetch retention)."""
     generation: int = 0
     """The NodeModelStore's ``metadata.generation`` this spec is (status.observedGeneration)."""
+    store: str | None = None
+    """The ModelStore that won this node (``spec.store``); None: no store selects it."""
 
     def problems(self) -> list[str]:
         """Why this spec is invalid; empty when it is valid."""
@@ -145,6 +151,24 @@ class HuggingFaceSource(_Record, frozen=True, kw_only=True):
     :attr:`ArtifactRecord.revision`."""
 
 
+class BindingQuota(_Record, frozen=True, kw_only=True):
+    """One ``ModelStoreBinding`` of an artifact's namespace, as a mount checks its quota.
+
+    Added within v1 (optional on :class:`ArtifactRecord`): an older agent ignores it and enforces
+    no quota; an older control plane sends none, and a newer agent enforces none.
+    """
+
+    name: str
+    """The binding (named in the refusal)."""
+    stores: tuple[str, ...]
+    """``spec.storeRefs[].name``: the quota covers the nodes these ModelStores won."""
+    quota_bytes: int | None = None
+    """``spec.quota.bytes`` in bytes; None: no quota."""
+    used_bytes: int = 0
+    """``status.usedBytes``: each distinct digest of the namespace's artifacts times every node
+    of those stores holding it (ready or downloading), as the control plane last counted."""
+
+
 class ArtifactRecord(_Record, frozen=True, kw_only=True):
     """One ``ModelArtifact`` as the node agents see it: what authorizes and fills a volume."""
 
@@ -160,6 +184,10 @@ class ArtifactRecord(_Record, frozen=True, kw_only=True):
     allow_patterns: tuple[str, ...] = ()
     """``spec.allowPatterns``: the files the manifest was listed with."""
     ignore_patterns: tuple[str, ...] = ()
+    size_bytes: int | None = None
+    """``status.resolved.sizeBytes`` (added within v1): what a new download of it costs."""
+    quotas: tuple[BindingQuota, ...] = ()
+    """The ModelStoreBindings of the artifact's namespace (added within v1)."""
 
     @property
     def resolved(self) -> bool:

@@ -113,6 +113,8 @@ _NODEMODELSTORES: Final = {
     "": "The model cache of one node: how it is tuned (spec) and what it holds, downloads and "
     "failed to get (status, written by the worker from the node's model-manager).",
     "spec": "How the node's model-manager runs its cache.",
+    "spec.pinned": "Manifest digests the node never collects: what ModelPrefetches retain there "
+    "(written by the worker).",
     "spec.store": "The ModelStore whose overrides this node's spec carries (written by the "
     "worker; empty: the Settings alone).",
     "spec.watermarks": "When unused models are collected, as percentages of the cache filesystem.",
@@ -157,7 +159,14 @@ _MODELARTIFACTS: Final = {
     "": "A model a namespace may mount: a Hugging Face repository at a revision, resolved once "
     "to a manifest digest that every node verifies its copy against.",
     "spec": "What to fetch. Immutable: create another ModelArtifact for another model.",
-    "spec.source": "Where the model comes from.",
+    "spec.source": "Where the model comes from: exactly one of its fields.",
+    "spec.source.persistentVolumeClaim": "A PersistentVolumeClaim holding the files. Accepted "
+    "but not resolved by this build (Degraded=True, SourceNotSupported).",
+    "spec.source.persistentVolumeClaim.claimName": "The claim, in this namespace.",
+    "spec.source.persistentVolumeClaim.path": "The directory in the claim (relative, no ..).",
+    "spec.source.image": "A digest-pinned OCI image holding the files. Accepted but not resolved "
+    "by this build (Degraded=True, SourceNotSupported).",
+    "spec.source.image.reference": "The image reference, pinned by digest (…@sha256:…).",
     _HF: "A Hugging Face Hub repository.",
     f"{_HF}.repository": "The repository, owner/name.",
     f"{_HF}.revision": "Branch, tag or commit; resolved to a commit once.",
@@ -172,6 +181,9 @@ _MODELARTIFACTS: Final = {
     "status.resolved.manifestDigest": "The digest of the canonical manifest (sha256:...).",
     "status.resolved.fileCount": "Files in the manifest.",
     "status.resolved.sizeBytes": "Bytes in the manifest.",
+    "status.resolved.resolvedTime": "When the revision was resolved and pinned.",
+    "status.resolved.lastValidatedTime": "When the Hub last confirmed the pinned commit and its "
+    "files (every model-artifact-revalidate-interval).",
     "status.nodes": "Nodes by the state of their copy.",
     "status.nodes.ready": "Nodes holding a complete copy.",
     "status.nodes.downloading": "Nodes downloading it.",
@@ -199,11 +211,63 @@ _MODELSTORES: Final = {
     "status.nodes": "Nodes whose spec this store sets.",
 }
 
+_MODELSTOREBINDINGS: Final = {
+    "": "Lets this namespace's models use the caches of some ModelStores, within a byte quota "
+    "enforced when a node is asked to download one of them.",
+    "spec": "Which stores, and how much of them.",
+    "spec.storeRefs": "The ModelStores (1 to 8) whose nodes' caches the quota covers. Immutable.",
+    "spec.storeRefs[].name": "A ModelStore's name.",
+    "spec.quota": "The most this namespace's models may take on those nodes together.",
+    "spec.quota.bytes": "A quantity of bytes (e.g. 500Gi), counting each model once per node "
+    "holding it. May only grow; absent: no limit.",
+    "spec.allowPinned": "Whether ModelPrefetches naming this binding may pin models on nodes "
+    "(never collected). May only go from false to true.",
+    "status": "The usage the worker counted.",
+    "status.phase": "Ready, OverQuota (usage is above the quota: new downloads are refused) or "
+    "Error (a store is missing, or the quota is unreadable).",
+    "status.phaseMessage": "Why the phase is what it is.",
+    "status.usedBytes": "Bytes of this namespace's models on the stores' nodes: each distinct "
+    "digest times every node holding it, ready or downloading. Absent: not measured.",
+    "status.used": "usedBytes in binary units, for `kubectl get`.",
+}
+
+_MODELPREFETCHES: Final = {
+    "": "Downloads a ModelArtifact onto a set of nodes ahead of its Pods, with warm-up Pods that "
+    "mount it and read every file back, and optionally keeps it there.",
+    "spec": "What, where, and for how long.",
+    "spec.artifactRef": "The ModelArtifact in this namespace. Immutable.",
+    "spec.artifactRef.name": "Its name.",
+    "spec.bindingRef": "The ModelStoreBinding in this namespace whose quota the copies count "
+    "against. Immutable.",
+    "spec.bindingRef.name": "Its name.",
+    "spec.placement": "Which nodes: instanceTypes or nodeSelector. Neither: the nodes of the "
+    "binding's stores.",
+    "spec.placement.instanceTypes": "InstanceType names (1 to 8): the nodes offering them.",
+    "spec.placement.nodeSelector": "A label selector of nodes.",
+    "spec.placement.nodeSelector.matchLabels": "Labels a node must carry, each with this value.",
+    "spec.placement.nodeSelector.matchExpressions": "Label requirements, all of which must hold.",
+    "spec.placement.nodeSelector.matchExpressions[].key": "The label key.",
+    "spec.placement.nodeSelector.matchExpressions[].operator": "In, NotIn, Exists or DoesNotExist.",
+    "spec.placement.nodeSelector.matchExpressions[].values": "The values for In and NotIn.",
+    "spec.minReady": "Nodes that must hold the model for Available=True; 0: every target node.",
+    "spec.retention": "How long the copies stay.",
+    "spec.retention.pinned": "Never collect the copies while this prefetch exists (the binding "
+    "must allow it).",
+    "spec.retention.ttlAfterLastUse": "Unpin once no Pod used the model for this long (a Go "
+    "duration, e.g. 72h); then Lapsed=True.",
+    "status": "Delivery progress, written by the worker.",
+    "status.desiredNodes": "Target nodes.",
+    "status.readyNodes": "Target nodes holding the model.",
+    "status.downloadingNodes": "Target nodes downloading it.",
+}
+
 DESCRIPTIONS: Final[Mapping[str, Mapping[str, str]]] = {
     "Devices": _DEVICES,
     "NodeModelStore": _NODEMODELSTORES,
     "ModelArtifact": _MODELARTIFACTS,
     "ModelStore": _MODELSTORES,
+    "ModelStoreBinding": _MODELSTOREBINDINGS,
+    "ModelPrefetch": _MODELPREFETCHES,
 }
 """Kind -> path -> text; ``""`` is the object itself."""
 

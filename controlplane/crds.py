@@ -201,6 +201,11 @@ NODEMODELSTORE_SCHEMA: Final = _obj(
                     }
                 ),
                 "store": _S,
+                "pinned": {
+                    "type": "array",
+                    "maxItems": 256,
+                    "items": {"type": "string", "pattern": "^sha256:[0-9a-f]{64}$"},
+                },
             }
         ),
         "status": _obj(
@@ -225,6 +230,12 @@ NODEMODELSTORE_SCHEMA: Final = _obj(
 )
 
 _DIGEST: Final = {"type": "string", "pattern": "^sha256:[0-9a-f]{64}$"}
+SOURCE_RULE: Final = (
+    "[has(self.huggingFace), has(self.persistentVolumeClaim), has(self.image)]"
+    ".filter(x, x).size() == 1"
+)
+"""CEL: a ModelArtifact's source is exactly one (each new source adds its ``has``)."""
+_QUANTITY_RE: Final = r"^[0-9]+(\.[0-9]+)?([eE][0-9]+|[kMGTPE]i?|m)?$"
 _PATTERNS: Final = {
     "type": "array",
     "maxItems": 32,
@@ -238,27 +249,53 @@ MODELARTIFACT_SCHEMA: Final = _obj(
         "spec": {
             **_obj(
                 {
-                    "source": _obj(
-                        {
-                            "huggingFace": _obj(
-                                {
-                                    "repository": {
-                                        "type": "string",
-                                        "minLength": 1,
-                                        "maxLength": 256,
+                    "source": {
+                        **_obj(
+                            {
+                                "persistentVolumeClaim": _obj(
+                                    {
+                                        "claimName": {"type": "string", "minLength": 1},
+                                        "path": {"type": "string", "maxLength": 4096},
                                     },
-                                    "revision": {
-                                        "type": "string",
-                                        "maxLength": 255,
-                                        "default": "main",
+                                    ("claimName",),
+                                ),
+                                "image": _obj(
+                                    {
+                                        "reference": {
+                                            "type": "string",
+                                            "minLength": 1,
+                                            "maxLength": 1024,
+                                        }
                                     },
-                                    "secretRef": _obj({"name": _S}, ("name",)),
-                                },
-                                ("repository",),
-                            )
-                        },
-                        ("huggingFace",),
-                    ),
+                                    ("reference",),
+                                ),
+                                "huggingFace": _obj(
+                                    {
+                                        "repository": {
+                                            "type": "string",
+                                            "minLength": 1,
+                                            "maxLength": 256,
+                                        },
+                                        "revision": {
+                                            "type": "string",
+                                            "maxLength": 255,
+                                            "default": "main",
+                                        },
+                                        "secretRef": _obj({"name": _S}, ("name",)),
+                                    },
+                                    ("repository",),
+                                ),
+                            }
+                        ),
+                        "minProperties": 1,
+                        "maxProperties": 1,
+                        "x-kubernetes-validations": [
+                            {
+                                "rule": SOURCE_RULE,
+                                "message": "source names exactly one of its fields",
+                            }
+                        ],
+                    },
                     "allowPatterns": _PATTERNS,
                     "ignorePatterns": _PATTERNS,
                     "expectedDigest": _DIGEST,
@@ -278,6 +315,8 @@ MODELARTIFACT_SCHEMA: Final = _obj(
                         "manifestDigest": _DIGEST,
                         "fileCount": _i(),
                         "sizeBytes": _i(),
+                        "resolvedTime": {"type": "string", "format": "date-time"},
+                        "lastValidatedTime": {"type": "string", "format": "date-time"},
                     }
                 ),
                 "nodes": _obj({"ready": _i(), "downloading": _i(), "failed": _i()}),
@@ -321,6 +360,89 @@ MODELSTORE_SCHEMA: Final = _obj(
             ("nodeSelector",),
         ),
         "status": _obj({"nodes": _i(), "conditions": _CONDITIONS}),
+    },
+    ("spec",),
+)
+
+_QUANTITY: Final = {
+    "x-kubernetes-int-or-string": True,
+    "anyOf": [{"type": "integer", "minimum": 0}, {"type": "string", "pattern": _QUANTITY_RE}],
+}
+_NAME_REF: Final = _obj({"name": {"type": "string", "minLength": 1}}, ("name",))
+MODELSTOREBINDING_SCHEMA: Final = _obj(
+    {
+        "apiVersion": _S,
+        "kind": _S,
+        "metadata": {"type": "object"},
+        "spec": _obj(
+            {
+                "storeRefs": {
+                    **_list(_NAME_REF, "name", max_items=8),
+                    "minItems": 1,
+                    "x-kubernetes-validations": [
+                        {"rule": "self == oldSelf", "message": "storeRefs is immutable"}
+                    ],
+                },
+                "quota": _obj({"bytes": _QUANTITY}),
+                "allowPinned": _B,
+            },
+            ("storeRefs",),
+        ),
+        "status": _obj(
+            {
+                "observedGeneration": _i(),
+                "phase": {"type": "string", "enum": ["Ready", "OverQuota", "Error"]},
+                "phaseMessage": _S,
+                "usedBytes": _i(),
+                "used": _S,
+                "conditions": _CONDITIONS,
+            }
+        ),
+    },
+    ("spec",),
+)
+MODELPREFETCH_SCHEMA: Final = _obj(
+    {
+        "apiVersion": _S,
+        "kind": _S,
+        "metadata": {"type": "object"},
+        "spec": _obj(
+            {
+                "artifactRef": _NAME_REF,
+                "bindingRef": _NAME_REF,
+                "placement": {
+                    **_obj(
+                        {
+                            "instanceTypes": {
+                                "type": "array",
+                                "minItems": 1,
+                                "maxItems": 8,
+                                "items": {"type": "string", "minLength": 1},
+                            },
+                            "nodeSelector": _SELECTOR,
+                        }
+                    ),
+                    "x-kubernetes-validations": [
+                        {
+                            "rule": "!(has(self.instanceTypes) && has(self.nodeSelector))",
+                            "message": "placement takes instanceTypes or nodeSelector, not both",
+                        }
+                    ],
+                },
+                "minReady": {**_i(0), "default": 0},
+                "retention": _obj({"pinned": _B, "ttlAfterLastUse": _S}),
+            },
+            ("artifactRef", "bindingRef"),
+        ),
+        "status": _obj(
+            {
+                "observedGeneration": _i(),
+                "desiredNodes": _i(),
+                "readyNodes": _i(),
+                "downloadingNodes": _i(),
+                "conditions": _CONDITIONS,
+            }
+        ),
     },
     ("spec",),
 )
@@ -376,7 +498,8 @@ def _crd(
 
 def definitions() -> dict[str, dict[str, Any]]:
     """Every CRD, keyed by file stem (``devices``, ``nodemodelstores``, ``modelartifacts``,
-    ``instancetypes``, ``instancetypeflavors``, ``modelstores``)."""
+    ``instancetypes``, ``instancetypeflavors``, ``modelstores``, ``modelstorebindings``,
+    ``modelprefetches``)."""
     return {
         "devices": _crd(
             "Devices",
@@ -459,6 +582,34 @@ def definitions() -> dict[str, dict[str, Any]]:
                 _col("Nodes", ".status.nodes", "integer"),
                 _col("Ready", '.status.conditions[?(@.type=="Ready")].status'),
                 _col("Overlap", '.status.conditions[?(@.type=="SelectorOverlap")].status'),
+            ],
+        ),
+        "modelstorebindings": _crd(
+            "ModelStoreBinding",
+            "modelstorebindings",
+            MODELSTOREBINDING_SCHEMA,
+            scope="Namespaced",
+            short=["msb"],
+            columns=[
+                _col("Phase", ".status.phase"),
+                _col("Quota", ".spec.quota.bytes"),
+                _col("Used", ".status.used"),
+                _col("Stores", ".spec.storeRefs[*].name", priority=1),
+            ],
+        ),
+        "modelprefetches": _crd(
+            "ModelPrefetch",
+            "modelprefetches",
+            MODELPREFETCH_SCHEMA,
+            scope="Namespaced",
+            short=["mpf"],
+            columns=[
+                _col("Artifact", ".spec.artifactRef.name"),
+                _col("Desired", ".status.desiredNodes", "integer"),
+                _col("Ready", ".status.readyNodes", "integer"),
+                _col("Downloading", ".status.downloadingNodes", "integer"),
+                _col("Available", '.status.conditions[?(@.type=="Available")].status'),
+                _col("Binding", ".spec.bindingRef.name", priority=1),
             ],
         ),
     }

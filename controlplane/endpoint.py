@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry
 
 from bus import connection, events
 from bus.reviewing import serve_reviews
-from controlplane.admission import certificates, webhooks
+from controlplane.admission import certificates, modelrules, webhooks
 from controlplane.admission.cards import LedgerCatalog
 from controlplane.chain import workloads
 from controlplane.chain.reconciler import ChainReconciler
@@ -86,6 +86,7 @@ async def serve(  # noqa: PLR0913 - the parts of one endpoint, each passed by th
                 settings.model_manager_service_account,
             )  # fmt: skip
             posts.update(guards.posts(writers))
+            posts.update(modelrules.posts())
         server = await stack.enter_async_context(
             serving.https_server(
                 https, registry=registry, ready=lambda: conn.is_connected,
@@ -103,6 +104,7 @@ async def serve(  # noqa: PLR0913 - the parts of one endpoint, each passed by th
             if group is not None:
                 await worker_registration.ensure(api, settings.webhooks, ca_bundle)
             await guards.ensure(api, settings.webhooks, ca_bundle)
+            await modelrules.ensure(api, settings.webhooks, ca_bundle)
         yield server
 
 

@@ -36,11 +36,17 @@ class ModelStores:
     def __init__(self, values: Callable[[], Values]) -> None:
         self._values = values
         self.stores: list[dict[str, Any]] = []
+        self.pins: Callable[[str], tuple[str, ...]] = lambda _node: ()
+        """The digests ModelPrefetches pin on a node (the prefetcher's)."""
 
-    def spec_for(self, labels: Mapping[str, str]) -> dict[str, Any]:
-        """The desired NodeModelStore spec of a node with ``labels``."""
+    def spec_for(self, labels: Mapping[str, str], node: str = "") -> dict[str, Any]:
+        """The desired NodeModelStore spec of ``node`` with ``labels`` (its pins included)."""
         spec = storespec.from_settings(self._values())
-        return storespec.with_store(spec, storespec.winner(self.stores, labels))
+        spec = storespec.with_store(spec, storespec.winner(self.stores, labels))
+        pinned = self.pins(node) if node else ()
+        if pinned:
+            spec["pinned"] = list(pinned)
+        return spec
 
     def respec(self, desired: Desired, observed: Observed | None) -> Desired:
         """The user's edits of the observed spec kept (:func:`storespec.respec`)."""

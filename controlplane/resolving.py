@@ -48,6 +48,24 @@ class Resolver(Protocol):
         """
         ...
 
+    async def revalidate(
+        self,
+        repository: str,
+        commit: str,
+        digest: str,
+        *,
+        token: str | None,
+        allow: Sequence[str],
+        ignore: Sequence[str],
+    ) -> None:
+        """Check that ``commit`` still lists ``digest`` and that its files can still be read
+        with ``token`` (a gated repository, a revoked token, a deleted repository refuse).
+
+        :raises ResolveFailed: as :meth:`resolve`; ``DigestMismatch`` when the commit now
+            lists other files.
+        """
+        ...
+
 
 _TEMPORARY: tuple[type[hub_errors.HubError], ...] = (hub_errors.SourceUnavailable,)
 
@@ -80,6 +98,38 @@ class HubResolver:
             file_count=len(manifest.entries),
             size_bytes=manifest.size,
         )
+
+    async def revalidate(
+        self,
+        repository: str,
+        commit: str,
+        digest: str,
+        *,
+        token: str | None,
+        allow: Sequence[str],
+        ignore: Sequence[str],
+    ) -> None:
+        """The listing at ``commit`` again, then the first byte of the first non-empty file:
+        the listing alone would pass a gated repository whose files are refused."""
+        try:
+            manifest = await hub.resolve(
+                repository, commit, token=token, allow=allow, ignore=ignore, hub=self._client
+            )
+            if manifest.digest != digest:
+                raise errors.ResolveFailed(
+                    "DigestMismatch",
+                    f"{repository}@{commit[:12]} now lists {manifest.digest}, not {digest}",
+                )
+            first = next((e for e in manifest.entries if e.size > 0), None)
+            if first is not None:
+                async with self._client.download(
+                    repository, commit, first.path, token=token, start=0, end=1
+                ) as body:
+                    async for _ in body.pieces():
+                        pass
+        except hub_errors.HubError as e:
+            temporary = isinstance(e, _TEMPORARY)
+            raise errors.ResolveFailed(e.reason, str(e), temporary=temporary) from e
 
 
 @asynccontextmanager

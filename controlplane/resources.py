@@ -19,6 +19,8 @@ __all__ = [
     "GROUP",
     "LEASES",
     "MODELARTIFACTS",
+    "MODELPREFETCHES",
+    "MODELSTOREBINDINGS",
     "MODELSTORES",
     "MUTATING_WEBHOOKS",
     "NODEMODELSTORES",
@@ -68,6 +70,16 @@ MODELARTIFACTS: Final = Resource(
     group=GROUP, version=VERSION, plural="modelartifacts", kind="ModelArtifact", namespaced=True
 )
 MODELSTORES: Final = Resource(group=GROUP, version=VERSION, plural="modelstores", kind="ModelStore")
+MODELSTOREBINDINGS: Final = Resource(
+    group=GROUP,
+    version=VERSION,
+    plural="modelstorebindings",
+    kind="ModelStoreBinding",
+    namespaced=True,
+)
+MODELPREFETCHES: Final = Resource(
+    group=GROUP, version=VERSION, plural="modelprefetches", kind="ModelPrefetch", namespaced=True
+)
 NODES: Final = Resource(group="", version="v1", plural="nodes", kind="Node")
 PODS: Final = Resource(group="", version="v1", plural="pods", kind="Pod", namespaced=True)
 CONFIGMAPS: Final = Resource(

@@ -58,9 +58,11 @@ from controlplane.modelstores import ModelStores
 from controlplane.reconciling.annotating import PodAnnotator
 from controlplane.reconciling.artifacting import ArtifactReconciler
 from controlplane.reconciling.ledger import Ledger
+from controlplane.reconciling.metering import BindingMeter
 from controlplane.reconciling.nodes import NodeReconciler
 from controlplane.reconciling.pending import PendingPublisher
 from controlplane.reconciling.podevents import PodEventer
+from controlplane.reconciling.prefetching import Prefetcher
 from controlplane.reconciling.processing import Listeners, Processor
 from controlplane.resolving import Resolver
 from controlplane.resources import NODES
@@ -74,6 +76,9 @@ from kit.tasks import start_forever
 __all__ = ["Worker", "WorkerSettings", "run"]
 
 log = logging.getLogger(__name__)
+
+METER_PERIOD_S = 15.0
+"""At most this long between two counts of the ModelStoreBindings' usage (the agents' quotas)."""
 
 
 @dataclass
@@ -184,6 +189,8 @@ class _Parts:
     worker: Worker
     nodes: Informer | None
     """The one Node watch (with an API): the processor's gone/parked nodes, the chain's cache."""
+    meter: BindingMeter
+    prefetcher: Prefetcher
 
 
 async def _assemble(
@@ -216,6 +223,9 @@ async def _assemble(
         sink=sink, resolver=resolver, ledger=ledger, metrics=metrics, agents=agents,
         retry_base_s=settings.artifact_retry_base_s, retry_cap_s=settings.artifact_retry_cap_s,
     )  # fmt: skip
+    meter = BindingMeter(ledger, on_quotas=artifacts.quotas_changed)
+    artifacts.quotas = meter.quotas
+    artifacts.revalidate_s = lambda: source.values.model_artifact_revalidate_interval
     annotator = PodAnnotator(ledger)
     eventer = PodEventer()
     nodes = None
@@ -231,6 +241,11 @@ async def _assemble(
     )  # fmt: skip
     if nodes is not None:
         nodes.listen(processor.node_changed)
+    prefetcher = Prefetcher(
+        ledger, image=lambda: source.values.model_prefetch_warmup_image,
+        on_pins=processor.refresh_node,
+    )  # fmt: skip
+    stores.pins = prefetcher.pins
     sub = await stack.enter_async_context(
         subscribing.subscribe(
             conn,
@@ -261,7 +276,8 @@ async def _assemble(
     )  # fmt: skip
     return _Parts(
         conn=conn, api=api, sink=sink, agents=agents, ledger=ledger, annotator=annotator,
-        eventer=eventer, stores=stores, sub=sub, worker=worker, nodes=nodes,
+        eventer=eventer, stores=stores, sub=sub, worker=worker, nodes=nodes, meter=meter,
+        prefetcher=prefetcher,
     )  # fmt: skip
 
 
@@ -282,6 +298,9 @@ async def _lead(settings: WorkerSettings, parts: _Parts) -> None:
             start_forever(tg, "pod-annotations", parts.annotator.run, api)
             start_forever(tg, "pod-events", parts.eventer.run, api)
             start_forever(tg, "model-stores", parts.stores.run, api, settings.resync_s, parts.nodes)
+            period = min(settings.resync_s, METER_PERIOD_S)
+            start_forever(tg, "binding-meter", parts.meter.run, api, period, parts.nodes)
+            start_forever(tg, "prefetches", parts.prefetcher.run, api, period, parts.nodes)
             tg.start_soon(_applications, api, settings, name="applications")
         start_forever(tg, "artifact-workers", artifacts.work, max(1, settings.concurrency // 4))
         await processor.work(settings.concurrency)

@@ -114,6 +114,12 @@ def _one_of(*choices: str) -> Callable[[str], str]:
     return parse
 
 
+def _image(text: str) -> str:
+    if not text or len(text) > 512 or any(c.isspace() for c in text):
+        raise ValueError("not a container image reference")
+    return text
+
+
 def _at_least_minute(text: str) -> float:
     seconds = parsers.parse_duration(text)
     if seconds < 60:
@@ -185,7 +191,7 @@ CATALOG: Final[tuple[Entry, ...]] = (
         "model-artifact-revalidate-interval", "24h",
         "how often a resolved ModelArtifact is checked against the Hub again (a Go duration, at "
         "least 1m)",
-        _at_least_minute, inert=True,
+        _at_least_minute,
     ),
     _entry(
         "model-store-high-watermark", "80",
@@ -203,6 +209,10 @@ CATALOG: Final[tuple[Entry, ...]] = (
     _entry(
         "model-store-download-bandwidth", "0",
         "download bytes per second per node, a quantity (0: unlimited)", _bytes_per_second,
+    ),
+    _entry(
+        "model-prefetch-warmup-image", "gpustack/mirrored-python:3.12-alpine",
+        "the image of ModelPrefetch warm-up Pods (needs sh, find and sha256sum)", _image,
     ),
     _entry(
         "workload-fit-affinity", "true",
@@ -250,6 +260,7 @@ class Values(msgspec.Struct, frozen=True, kw_only=True):
     model_store_low_watermark: int
     model_store_download_concurrency: int
     model_store_download_bandwidth: int
+    model_prefetch_warmup_image: str
     workload_fit_affinity: bool
     node_management_manual: bool
     instance_type_mixed_on_node: bool

@@ -23,6 +23,7 @@ __all__ = [
     "NoSpace",
     "NotReady",
     "PermanentFailure",
+    "QuotaExceeded",
 ]
 
 
@@ -88,6 +89,13 @@ class PermanentFailure(BackingOff):
 
 class NoSpace(ModelsError):
     """The cache filesystem cannot hold the model; nothing was published."""
+
+    code = "RESOURCE_EXHAUSTED"
+
+
+class QuotaExceeded(ModelsError):
+    """Downloading the model onto this node would take a ModelStoreBinding of the Pod's
+    namespace past its quota; the message names the binding and the figures."""
 
     code = "RESOURCE_EXHAUSTED"
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from agent.models.errors import Denied
+from agent.models.errors import Denied, QuotaExceeded
 from bus.records import ArtifactRecord, StoreSpec
 
-__all__ = ["MemoryPolicy", "Policy", "VolumeAsk", "authorize"]
+__all__ = ["MemoryPolicy", "Policy", "VolumeAsk", "authorize", "check_quota"]
 
 
 class Policy(Protocol):
@@ -117,3 +117,28 @@ def authorize(ask: VolumeAsk, record: ArtifactRecord | None) -> ArtifactRecord:
             f"the volume says {ask.digest}"
         )
     return record
+
+
+def check_quota(record: ArtifactRecord, store: str | None) -> None:
+    """Refuse a *new* download of ``record`` onto a node of ``store`` that would take one of
+    the namespace's ModelStoreBindings past its quota.
+
+    Only bindings whose ``stores`` hold this node's store apply (a node no store won, or no
+    binding covers, is not metered). The cost is the artifact's whole size, since the download
+    adds this digest on one more node; the used bytes are the control plane's last count, so a
+    download already running here was counted and is never checked again (the caller joins it).
+
+    :raises QuotaExceeded: naming the binding, its quota and the figures.
+    """
+    size = record.size_bytes
+    if store is None or not size:
+        return
+    for quota in record.quotas:
+        if store not in quota.stores or quota.quota_bytes is None:
+            continue
+        if quota.used_bytes + size > quota.quota_bytes:
+            raise QuotaExceeded(
+                f"ModelStoreBinding {record.namespace}/{quota.name}: quota {quota.quota_bytes} "
+                f"bytes exceeded: {quota.used_bytes} used, downloading ModelArtifact "
+                f"{record.namespace}/{record.name} onto store {store} needs {size} more"
+            )

@@ -48,7 +48,7 @@ from agent.models.errors import (
 )
 from agent.models.materializing import Materializer, Pod, Source
 from agent.models.metrics import ModelMetrics
-from agent.models.policy import Policy, VolumeAsk, authorize
+from agent.models.policy import Policy, VolumeAsk, authorize, check_quota
 from agent.models.tuning import Tuning
 from bus.records import ArtifactRecord
 from hub.manifest import is_digest
@@ -260,6 +260,13 @@ class Volumes:
                 f"sha256:{hex_[:12]} is not cached and the artifacts are not synced from the "
                 "bus yet (serving only cached models from the view kept on the node)"
             )
+        if self.materializer.progress(hex_) is None:  # a running download was counted already
+            spec = self.policy.spec()
+            try:
+                check_quota(record, spec.store if spec is not None else None)
+            except Exception:
+                self.metrics.mounts.labels(result="denied").inc()
+                raise
         self.metrics.mounts.labels(result="pending").inc()
         self._waited.add(hex_)
         token = req.secrets.get("token") or self.default_token

@@ -33,7 +33,7 @@ from bus.errors import BusError
 from controlplane import errors
 from controlplane.k8s.client import KubeClient
 from controlplane.metrics import WorkerMetrics
-from controlplane.reconciling import applying, artifacts
+from controlplane.reconciling import applying, artifacts, revalidating
 from controlplane.reconciling.artifacts import Failure, Spec
 from controlplane.reconciling.ledger import Ledger
 from controlplane.reconciling.planning import Desired, Patch, plan
@@ -67,6 +67,14 @@ class ArtifactReconciler:
         retry_cap_s: float = 300.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        self.quotas: Callable[[str], tuple[records.BindingQuota, ...]] = lambda _ns: ()
+        """The namespace's ModelStoreBinding quotas, carried in its records (the meter's)."""
+        self.revalidate_s: Callable[[], float] = lambda: 86400.0
+        """``model-artifact-revalidate-interval`` (the settings' current value)."""
+        self.recheck_s = revalidating.RECHECK_S
+        self._strikes: dict[Key, str] = {}
+        self._outcomes: dict[Key, revalidating.Outcome] = {}
+        self._recheck: set[Key] = set()
         self._sink = sink
         self._resolver = resolver
         self._ledger = ledger
@@ -91,6 +99,12 @@ class ArtifactReconciler:
         wanted = set(digests)
         for key, digest in list(self._digests.items()):
             if digest in wanted:
+                self.add(key)
+
+    def quotas_changed(self, namespace: str) -> None:
+        """The namespace's ModelStoreBindings changed: push its resolved artifacts again."""
+        for key in list(self._digests):
+            if key[0] == namespace:
                 self.add(key)
 
     async def work(self, concurrency: int) -> None:
@@ -130,7 +144,10 @@ class ArtifactReconciler:
         if resolved is not None:
             self._digests[key] = resolved.digest
         written = await self._write_status(ref, observed, resolved, failure)
-        await self._push(key, artifacts.record(written, spec))
+        outcome = self._outcomes.get(key)
+        if outcome is not None and outcome.passed:
+            self._outcomes[key] = msgspec.structs.replace(outcome, passed=False)
+        await self._push(key, artifacts.record(written, spec, self.quotas(key[0])))
         self._metrics.reconcile_seconds.labels(kind="modelartifact").observe(
             self._clock() - started
         )
@@ -148,7 +165,7 @@ class ArtifactReconciler:
             message = "spec is immutable after creation; create a new ModelArtifact instead"
             return None, Failure(reason="SpecChanged", message=message)
         if pinned:
-            return None, None
+            return None, await self._revalidate(key, body, spec, pinned)
         if key in self._waiting:
             return None, self._failures.get(key)
         try:
@@ -162,7 +179,7 @@ class ArtifactReconciler:
         return resolved, None
 
     async def _resolve(self, namespace: str, spec: Spec) -> Resolved:
-        hf = spec.source.hugging_face
+        hf = spec.source.hub
         token = await self._token(namespace, hf.secret_ref.name) if hf.secret_ref else None
         resolved = await self._resolver.resolve(
             hf.repository,
@@ -179,6 +196,48 @@ class ArtifactReconciler:
                 f"lists {resolved.digest} ({resolved.file_count} files)",
             )
         return resolved
+
+    async def _revalidate(
+        self, key: Key, body: dict[str, Any], spec: Spec, pinned: dict[str, Any]
+    ) -> Failure | None:
+        """Check a resolved artifact against the Hub when due (:mod:`.revalidating`); the
+        failure its last check left (None: it passed, or none was due)."""
+        conditions = (body.get("status") or {}).get("conditions") or []
+        unsettled = revalidating.revoked(conditions, pinned) or any(
+            c.get("type") == "Degraded" and c.get("status") == "True" for c in conditions
+        )
+        due = revalidating.due(pinned, datetime.now(UTC), self.revalidate_s())
+        last = self._outcomes.get(key)
+        if key in self._waiting or not (due or key in self._recheck or (unsettled and not last)):
+            return last.failure if last else None
+        failure = None
+        try:
+            hf = spec.source.hub
+            token = await self._token(key[0], hf.secret_ref.name) if hf.secret_ref else None
+            await self._resolver.revalidate(
+                hf.repository, str(pinned.get("revision") or ""),
+                str(pinned.get("manifestDigest") or ""), token=token,
+                allow=spec.allow_patterns, ignore=spec.ignore_patterns,
+            )  # fmt: skip
+        except errors.ResolveFailed as e:
+            failure = Failure(reason=e.reason, message=e.message, temporary=e.temporary)
+        outcome = revalidating.judge(self._strikes.get(key), failure)
+        self._outcomes[key] = outcome
+        self._strikes.pop(key, None)
+        if outcome.strike:
+            self._strikes[key] = outcome.strike
+        if failure is None:
+            self._recheck.discard(key)
+            return None
+        self._recheck.add(key)
+        delay = self._cap_s if outcome.revoked else self.recheck_s
+        log.info(
+            "modelartifact %s/%s: revalidation: %s; again in %.1fs", *key, failure.reason, delay
+        )
+        if self._tg is not None:
+            self._waiting.add(key)
+            self._tg.start_soon(self._later, key, delay, True)
+        return outcome.failure
 
     async def _token(self, namespace: str, name: str) -> str:
         secret = await self._sink.get(Ref(resource=SECRETS, name=name, namespace=namespace))
@@ -242,7 +301,13 @@ class ArtifactReconciler:
             else {"ready": 0, "downloading": 0, "failed": 0}
         )
         now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        return artifacts.status(body, resolved=resolved, failure=failure, counts=counts, now=now)
+        meta = body.get("metadata") or {}
+        outcome = self._outcomes.get((meta.get("namespace") or "", meta.get("name") or ""))
+        return artifacts.status(
+            body, resolved=resolved, failure=failure, counts=counts, now=now,
+            revoked=outcome is not None and outcome.revoked,
+            passed=outcome is not None and outcome.passed,
+        )  # fmt: skip
 
     async def _push(self, key: Key, record: records.ArtifactRecord | None) -> None:
         if self._agents is None or record is None:
@@ -262,6 +327,9 @@ class ArtifactReconciler:
         self._failures.pop(key, None)
         self._digests.pop(key, None)
         self._pushed.pop(key, None)
+        self._strikes.pop(key, None)
+        self._outcomes.pop(key, None)
+        self._recheck.discard(key)
 
     def forget_pushed(self) -> None:
         """Forget what was pushed to the agents' bucket (the bus may have lost it)."""

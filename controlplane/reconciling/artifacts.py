@@ -15,10 +15,15 @@ Resolved    True    ``status.resolved`` is set (reason ``Resolved``)
 Resolved    False   not yet, or the last attempt failed (reason: the failure's reason)
 Degraded    True    a permanent failure: ``AccessDenied`` (Hub 401/403/404),
                     ``RevisionNotFound``, ``DigestMismatch``, ``InvalidSpec``, ``SpecChanged``,
-                    ``SecretNotFound``
+                    ``SecretNotFound``, ``SourceNotSupported`` (a ``persistentVolumeClaim`` or
+                    ``image`` source: :data:`UNSUPPORTED` says why)
 Degraded    False   otherwise (a temporary failure such as ``SourceUnavailable`` is retried
                     with backoff and does not degrade the artifact)
 ==========  ======  ===================================================================
+
+Once resolved, the artifact is revalidated (:mod:`controlplane.reconciling.revalidating`): a
+failed check degrades it, a repeated refusal revokes it (Resolved=False with the pin kept, and
+the agents' record without a digest).
 
 ``lastTransitionTime`` only changes when a condition's status does, so an unchanged artifact
 costs no write.
@@ -70,8 +75,39 @@ class HuggingFace(_Camel, frozen=True, kw_only=True):
     secret_ref: SecretName | None = None
 
 
+class Claim(_Camel, frozen=True, kw_only=True):
+    claim_name: str
+    path: str = ""
+
+
+class Image(_Camel, frozen=True, kw_only=True):
+    reference: str
+
+
 class Source(_Camel, frozen=True, kw_only=True):
-    hugging_face: HuggingFace
+    """Exactly one of the fields (the CRD's rule); only a Hub source resolves in this build."""
+
+    hugging_face: HuggingFace | None = None
+    persistent_volume_claim: Claim | None = None
+    image: Image | None = None
+
+    @property
+    def hub(self) -> HuggingFace:
+        """The Hub source of a :class:`Spec` that :func:`parse_spec` accepted (always one)."""
+        if self.hugging_face is None:
+            raise ValueError("not a Hub source")
+        return self.hugging_face
+
+
+UNSUPPORTED: Final = {
+    "persistentVolumeClaim": "a persistentVolumeClaim source is not supported by this build: the "
+    "node's model agent holds no Kubernetes rights and cannot mount a claim, so nothing could "
+    "list or copy its files; copy the model into a Hugging Face repository or mirror instead",
+    "image": "an image source is not supported by this build: the model agent has no OCI "
+    "registry client to fetch and verify image layers; publish the model to a Hugging Face "
+    "repository or mirror instead",
+}
+"""Why each source this build refuses is refused (the condition's message)."""
 
 
 class Spec(_Camel, frozen=True, kw_only=True):
@@ -97,7 +133,16 @@ def parse_spec(body: Mapping[str, Any]) -> Spec | Failure:
         spec = msgspec.convert(body.get("spec") or {}, Spec)
     except msgspec.ValidationError as e:
         return Failure(reason="InvalidSpec", message=f"spec: {e}")
-    if not spec.source.hugging_face.repository:
+    source = spec.source
+    named = [k for k, v in (("persistentVolumeClaim", source.persistent_volume_claim),
+                            ("image", source.image)) if v is not None]  # fmt: skip
+    if source.hugging_face is None:
+        if named:
+            return Failure(reason="SourceNotSupported", message=UNSUPPORTED[named[0]])
+        return Failure(reason="InvalidSpec", message="spec.source names no source")
+    if named:
+        return Failure(reason="InvalidSpec", message="spec.source names more than one source")
+    if not source.hugging_face.repository:
         return Failure(reason="InvalidSpec", message="spec.source.huggingFace.repository is empty")
     return spec
 
@@ -157,8 +202,14 @@ def status(
     failure: Failure | None,
     counts: Mapping[str, int],
     now: str,
+    revoked: bool = False,
+    passed: bool = False,
 ) -> dict[str, Any]:
-    """The whole desired ``status``; ``resolved`` None keeps what ``current`` already pinned."""
+    """The whole desired ``status``; ``resolved`` None keeps what ``current`` already pinned.
+
+    ``revoked``: a revalidation took the resolution back (Resolved=False, the pin kept);
+    ``passed``: a revalidation passed now (``lastValidatedTime`` moves to ``now``).
+    """
     old = current.get("status") or {}
     out: dict[str, Any] = {}
     generation = (current.get("metadata") or {}).get("generation")
@@ -171,22 +222,36 @@ def status(
             "manifestDigest": resolved.digest,
             "fileCount": resolved.file_count,
             "sizeBytes": resolved.size_bytes,
+            "resolvedTime": now,
+            "lastValidatedTime": now,
         }
+    elif pinned and passed:
+        pinned = {**pinned, "lastValidatedTime": now}
     if pinned:
         out["resolved"] = pinned
     out["nodes"] = dict(counts)
-    out["conditions"] = conditions(old.get("conditions") or (), bool(pinned), failure, now)
+    held = bool(pinned) and not revoked
+    out["conditions"] = conditions(old.get("conditions") or (), held, failure, now)
     return out
 
 
-def record(body: Mapping[str, Any], spec: Spec | None) -> records.ArtifactRecord | None:
-    """What node agents need about this artifact (never the token: only where it is kept)."""
+def record(
+    body: Mapping[str, Any],
+    spec: Spec | None,
+    quotas: tuple[records.BindingQuota, ...] = (),
+) -> records.ArtifactRecord | None:
+    """What node agents need about this artifact (never the token: only where it is kept),
+    with the quotas of its namespace's ModelStoreBindings (enforced at mount time)."""
     meta = body.get("metadata") or {}
     namespace, name = meta.get("namespace") or "", meta.get("name") or ""
     if spec is None or not name:
         return None
-    hf = spec.source.hugging_face
-    pinned = (body.get("status") or {}).get("resolved") or {}
+    hf = spec.source.hub
+    status = body.get("status") or {}
+    pinned = status.get("resolved") or {}
+    if any(c.get("type") == "Resolved" and c.get("status") == "False"
+           for c in status.get("conditions") or ()):  # fmt: skip
+        pinned = {}  # revoked by a revalidation: no new mount
     secret = (
         records.SecretRef(namespace=namespace, name=hf.secret_ref.name)
         if hf.secret_ref is not None
@@ -202,6 +267,8 @@ def record(body: Mapping[str, Any], spec: Spec | None) -> records.ArtifactRecord
         token_secret=secret,
         allow_patterns=spec.allow_patterns,
         ignore_patterns=spec.ignore_patterns,
+        size_bytes=pinned.get("sizeBytes"),
+        quotas=quotas,
     )
 
 

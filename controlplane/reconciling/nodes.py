@@ -55,7 +55,7 @@ _UNKNOWN: Final = object()
 class StoreSpecs(Protocol):
     """Where a NodeModelStore's spec comes from (:class:`controlplane.modelstores.ModelStores`)."""
 
-    def spec_for(self, labels: Mapping[str, str]) -> dict[str, Any]: ...
+    def spec_for(self, labels: Mapping[str, str], node: str = "") -> dict[str, Any]: ...
 
     def respec(self, desired: Desired, observed: Observed | None) -> Desired: ...
 
@@ -145,7 +145,7 @@ class NodeReconciler:
             store = objects.node_model_store(node, uid, state, self._store_spec, now=now)
         elif state.models is not None or state.groups is not None:
             labels = (node_obs.body.get("metadata") or {}).get("labels") if node_obs else None
-            pure = specs.spec_for(labels or {})
+            pure = specs.spec_for(labels or {}, node)
             # The status reads the spec the node runs with (a hand-raised watermark included);
             # the desired spec stays the computed one, which respec records as applied.
             merged = specs.respec(Desired(spec=pure), await self._observe(ref)).spec

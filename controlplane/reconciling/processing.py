@@ -173,6 +173,10 @@ class Processor:
             self._metrics.rejected.labels(kind="node", reason="queue_full").inc()
         self._metrics.queue_depth.set(self.queue.state.depth)
 
+    def refresh_node(self, node: str) -> None:
+        """Reconcile ``node`` again (its NodeModelStore spec's pins changed)."""
+        self._enqueue(node)
+
     async def work(self, concurrency: int) -> None:
         """Reconcile queued nodes with ``concurrency`` tasks until cancelled."""
         await self.reconciler.prime()

@@ -79,6 +79,20 @@ def test_json_schema_covers_the_union() -> None:
     msgspec.json.encode(schema)  # serialisable as is
 
 
+def test_json_schema_describes_the_agents_records() -> None:
+    """The records in GPUSTACK_V1_AGENTS are part of the contract: ``bus schema`` carries
+    them, quotas included, with their camelCase wire names and only the required required."""
+    defs = codec.json_schema()["$defs"]
+    artifact = defs["ArtifactRecord"]
+    assert set(artifact["required"]) == {"namespace", "name", "uid", "source"}
+    assert {"sizeBytes", "quotas", "manifestDigest"} <= set(artifact["properties"])
+    quota = defs["BindingQuota"]
+    assert set(quota["required"]) == {"name", "stores"}
+    assert set(quota["properties"]) == {"name", "stores", "quotaBytes", "usedBytes"}
+    assert "store" in defs["StoreSpec"]["properties"]
+    assert "PendingContainers" in defs
+
+
 def test_drop_log_counts_every_drop_but_logs_once_a_minute_per_sender(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

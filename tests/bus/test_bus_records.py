@@ -173,3 +173,22 @@ def test_a_pending_request_is_camel_case_and_omits_what_the_container_did_not_as
     }  # fmt: skip
     newer = msgspec.json.encode({**wire, "future": 1})
     assert msgspec.json.decode(newer, type=records.PendingContainers) == rec
+
+
+def test_quotas_and_size_are_optional_within_v1() -> None:
+    """Added for ModelStoreBinding quotas: an old agent reads a record carrying them (and
+    enforces none); a new agent reads an old record as one without quotas."""
+    old_wire = OLD_RESOLVED
+    quota = records.BindingQuota(name="q", stores=("s1",), quota_bytes=10, used_bytes=4)
+    rec = msgspec.structs.replace(
+        msgspec.json.decode(old_wire, type=records.ArtifactRecord), size_bytes=7, quotas=(quota,)
+    )
+    new_wire = msgspec.json.encode(rec)
+
+    assert msgspec.json.encode(msgspec.json.decode(new_wire, type=OldArtifactRecord)) == old_wire
+    assert msgspec.json.decode(new_wire, type=records.ArtifactRecord) == rec
+    assert b'"quotas":[{"name":"q","stores":["s1"],"quotaBytes":10,"usedBytes":4}]' in new_wire
+    plain = msgspec.json.decode(old_wire, type=records.ArtifactRecord)
+    assert (plain.size_bytes, plain.quotas) == (None, ())
+    spec = msgspec.convert({"store": "s1"}, records.StoreSpec)
+    assert spec.store == "s1" and spec.problems() == []

@@ -25,7 +25,7 @@ def test_spec_defaults_and_refusals() -> None:
     spec = artifacts.parse_spec(body())
     assert isinstance(spec, Spec) and spec.source.hugging_face.revision == "main"
     bad = artifacts.parse_spec({"spec": {"source": {}}})
-    assert isinstance(bad, Failure) and bad.reason == "InvalidSpec" and "huggingFace" in bad.message
+    assert isinstance(bad, Failure) and bad.reason == "InvalidSpec" and "no source" in bad.message
     empty = artifacts.parse_spec(body(hf={"repository": ""}))
     assert isinstance(empty, Failure) and "repository" in empty.message
     assert not artifacts.spec_changed(body())
@@ -57,6 +57,7 @@ def test_status_pins_once_and_counts_nodes() -> None:
     st = artifacts.status(body(), resolved=resolved, failure=None, counts=counts, now="t")
     assert st["resolved"] == {
         "revision": "c" * 40, "manifestDigest": DIGEST, "fileCount": 3, "sizeBytes": 10,
+        "resolvedTime": "t", "lastValidatedTime": "t",
     }  # fmt: skip
     assert st["observedGeneration"] == 1 and st["nodes"] == counts
     again = artifacts.status(body() | {"status": st}, resolved=None, failure=None, counts=counts,
@@ -102,3 +103,26 @@ def test_backoff_grows_while_temporary_and_caps_otherwise() -> None:
     assert delays == [1, 2, 4, 8, 16, 32, 60, 60]
     permanent = Failure(reason="AccessDenied", message="")
     assert artifacts.backoff_s(0, permanent, base_s=1, cap_s=60) == 60
+
+
+def test_a_revoked_artifact_keeps_its_pin_and_loses_its_record_digest() -> None:
+    """A revalidation that revoked the artifact: Resolved=False with the pin kept, Degraded
+    with the refusal, and the agents' record without digest or commit (no new mount)."""
+    b = body()
+    b["status"] = {"resolved": {"revision": "c" * 40, "manifestDigest": DIGEST,
+                                "lastValidatedTime": "t0"}}  # fmt: skip
+    denied = Failure(reason="AccessDenied", message="403")
+    counts = {"ready": 0, "downloading": 0, "failed": 0}
+    st = artifacts.status(b, resolved=None, failure=denied, counts=counts, now="t1", revoked=True)
+    assert st["resolved"]["manifestDigest"] == DIGEST
+    assert [(c["type"], c["status"], c["reason"]) for c in st["conditions"]] == [
+        ("Resolved", "False", "AccessDenied"), ("Degraded", "True", "AccessDenied"),
+    ]  # fmt: skip
+    spec = artifacts.parse_spec(b)
+    assert isinstance(spec, Spec)
+    rec = artifacts.record(b | {"status": st}, spec)
+    assert rec is not None and not rec.resolved and rec.manifest_digest is None
+    passed = artifacts.status(b | {"status": st}, resolved=None, failure=None, counts=counts,
+                              now="t2", passed=True)  # fmt: skip
+    assert passed["resolved"]["lastValidatedTime"] == "t2"
+    assert passed["conditions"][0]["status"] == "True"

@@ -119,3 +119,26 @@ def test_a_description_lands_on_its_own_field_only() -> None:
         schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
         paths = [p for p, s in crddocs._walk(schema, "") if s.get("description") == api_version]
         assert set(paths) <= {"apiVersion"}, (stem, paths)
+
+
+@pytest.mark.parametrize(
+    ("source", "one"),
+    [
+        ({"huggingFace": {"repository": "o/m"}}, True),
+        ({"persistentVolumeClaim": {"claimName": "models", "path": "llm"}}, True),
+        ({"image": {"reference": "r.io/m@sha256:" + "1" * 64}}, True),
+        ({"huggingFace": {"repository": "o/m"}, "image": {"reference": "r"}}, False),
+        ({}, False),
+    ],
+)
+def test_a_model_artifact_names_exactly_one_source(source: dict[str, Any], one: bool) -> None:
+    """The schema takes each source's shape; the CRD's CEL rule, evaluated by cel-python (the
+    API server's CEL semantics), takes exactly one of them."""
+    import celpy
+
+    body = {"apiVersion": "worker.gpustack.ai/v1alpha1", "kind": "ModelArtifact",
+            "metadata": {"name": "m"}, "spec": {"source": source}}  # fmt: skip
+    assert validator("modelartifacts").is_valid(body) is one  # minProperties, maxProperties
+    env = celpy.Environment()
+    program = env.program(env.compile(crds.SOURCE_RULE))
+    assert bool(program.evaluate({"self": celpy.json_to_cel(source)})) is one

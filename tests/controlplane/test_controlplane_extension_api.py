@@ -225,7 +225,6 @@ async def test_settings_get_update_patch_and_masking(tmp_path: Path) -> None:
     inert_names = {n for n, d in descriptions.items() if d.endswith("does not act on it)")}
     assert inert_names == {
         "model-artifact-delivery-mode", "model-artifact-modelscope-endpoint",
-        "model-artifact-revalidate-interval",
     }  # fmt: skip
 
 

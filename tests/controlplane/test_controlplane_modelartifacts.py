@@ -48,7 +48,9 @@ class Flaky:
     """A :class:`Resolver` failing ``times`` times with a temporary error, then the real one."""
 
     def __init__(self, inner: resolving.Resolver, times: int) -> None:
-        self.inner, self.left, self.calls = inner, times, 0
+        self.inner, self.left, self.calls, self.revalidations = inner, times, 0, 0
+        self.unavailable = 0
+        """Revalidations still to fail with SourceUnavailable (the Hub answering 503)."""
 
     async def resolve(
         self,
@@ -67,9 +69,27 @@ class Flaky:
             repository, revision, token=token, allow=allow, ignore=ignore
         )
 
+    async def revalidate(
+        self,
+        repository: str,
+        commit: str,
+        digest: str,
+        *,
+        token: str | None,
+        allow: Sequence[str],
+        ignore: Sequence[str],
+    ) -> None:
+        self.revalidations += 1
+        if self.unavailable > 0:
+            self.unavailable -= 1
+            raise errors.ResolveFailed("SourceUnavailable", "HTTP 503", temporary=True)
+        await self.inner.revalidate(
+            repository, commit, digest, token=token, allow=allow, ignore=ignore
+        )
+
 
 @asynccontextmanager
-async def env(tmp_path: Path, flaky: int = 0) -> AsyncIterator[Env]:
+async def env(tmp_path: Path, flaky: int = 0, resync_s: float = 3600.0) -> AsyncIterator[Env]:
     fake_hub = hub_testing.FakeHub(tmp_path / "hub", page_size=2)
     async with (
         nats_server(tmp_path) as server,
@@ -85,7 +105,7 @@ async def env(tmp_path: Path, flaky: int = 0) -> AsyncIterator[Env]:
             https=HttpsSettings(bind_address="127.0.0.1", port=0, auth="none"),
             leader=leading.LeaderSettings(name="w", namespace="ns", lease_s=5, renew_timeout_s=3),
             identity="w1",
-            resync_s=3600.0,
+            resync_s=resync_s,
             artifact_retry_base_s=0.01,
             artifact_retry_cap_s=0.5,
         )
@@ -196,12 +216,21 @@ async def test_refusals_degrade_and_name_the_reason(tmp_path: Path) -> None:
         e.fake.put_object(ARTIFACTS, artifact("digest", "org/public", expectedDigest=wrong))
         e.fake.put_object(ARTIFACTS, artifact("nosecret", "org/public",
                                               hf={"secretRef": {"name": "absent"}}))  # fmt: skip
+        for name, source in (
+            ("pvc", {"persistentVolumeClaim": {"claimName": "models"}}),
+            ("img", {"image": {"reference": "r.io/m@sha256:" + "1" * 64}}),
+        ):
+            body = artifact(name, "unused")
+            body["spec"]["source"] = source
+            e.fake.put_object(ARTIFACTS, body)  # fmt: skip
         for name, reason in [
             ("denied", "AccessDenied"),
             ("missing", "AccessDenied"),
             ("rev", "RevisionNotFound"),
             ("digest", "DigestMismatch"),
             ("nosecret", "SecretNotFound"),
+            ("pvc", "SourceNotSupported"),
+            ("img", "SourceNotSupported"),
         ]:
             obj = await settled(e.fake, name, "Degraded", "True", reason)
             assert condition(obj, "Resolved")["status"] == "False"
@@ -210,6 +239,9 @@ async def test_refusals_degrade_and_name_the_reason(tmp_path: Path) -> None:
         assert wrong in condition(digest, "Degraded")["message"]
         denied = condition(e.fake.objects[(ARTIFACTS, "team", "denied")], "Degraded")
         assert "org/private" in denied["message"]
+        pvc = condition(e.fake.objects[(ARTIFACTS, "team", "pvc")], "Degraded")["message"]
+        assert pvc.startswith("a persistentVolumeClaim source is not supported by this build")
+        assert await record_of(e.bus, "pvc") is None  # nothing for the agents to mount
 
 
 async def test_temporary_failures_are_retried_and_spec_changes_refused(tmp_path: Path) -> None:
@@ -226,3 +258,61 @@ async def test_temporary_failures_are_retried_and_spec_changes_refused(tmp_path:
         obj = await settled(e.fake, "f", "Degraded", "True", "SpecChanged")
         assert obj["status"]["resolved"] == pinned
         assert condition(obj, "Resolved")["status"] == "True"
+
+
+async def test_revalidation_degrades_then_revokes_and_recovers(tmp_path: Path) -> None:
+    """A resolved private artifact checked again against the real (fake) Hub: a rotated token
+    degrades it, the same refusal a minute later (here 50 ms) revokes it (Resolved=False, the
+    pin kept, the agents' record without digest), the token back makes it whole again; a Hub
+    answering 503 only degrades; a deleted Secret revokes at once."""
+    async with env(tmp_path) as e:
+        e.hub.add("org/private", FILES, token=TOKEN)
+        secret = base64.b64encode(TOKEN.encode()).decode()
+        e.fake.put_object("api/v1/secrets", {
+            "metadata": {"name": "hf", "namespace": "team"}, "data": {"token": secret},
+        })  # fmt: skip
+        e.fake.put_object(ARTIFACTS, artifact("priv", "org/private",
+                                              hf={"secretRef": {"name": "hf"}}))  # fmt: skip
+        obj = await settled(e.fake, "priv", "Resolved", "True", "Resolved")
+        pinned = obj["status"]["resolved"]
+        assert pinned["lastValidatedTime"] == pinned["resolvedTime"]
+        reconciler = e.worker.artifacts
+        reconciler.recheck_s = 0.05
+        reconciler.revalidate_s = lambda: 0.0  # due at every reconcile
+        key = ("team", "priv")
+
+        e.hub.repos["org/private"].token = "rotated"
+        reconciler.add(key)
+        await settled(e.fake, "priv", "Degraded", "True", "AccessDenied")
+        obj = await settled(e.fake, "priv", "Resolved", "False", "AccessDenied")
+        assert obj["status"]["resolved"]["manifestDigest"] == pinned["manifestDigest"]
+
+        async def revoked() -> bool:
+            raw = await record_of(e.bus, "priv")
+            return raw is not None and b"manifestDigest" not in raw
+
+        await eventually(revoked)
+
+        e.hub.repos["org/private"].token = TOKEN
+        await settled(e.fake, "priv", "Resolved", "True", "Resolved")
+        obj = await settled(e.fake, "priv", "Degraded", "False", "AsExpected")
+
+        async def restored() -> bool:
+            return b"manifestDigest" in (await record_of(e.bus, "priv") or b"")
+
+        await eventually(restored)
+
+        e.resolver.unavailable = 4
+        reconciler.add(key)
+        await settled(e.fake, "priv", "Degraded", "True", "SourceUnavailable")
+
+        async def outlasted() -> bool:
+            return e.resolver.unavailable == 0
+
+        await eventually(outlasted)  # four 503s in a row, one a recheck apart
+        obj = await settled(e.fake, "priv", "Degraded", "False", "AsExpected")
+        assert condition(obj, "Resolved")["status"] == "True"  # never revoked by a 503
+
+        e.fake.remove("api/v1/secrets", "hf", "team")
+        reconciler.add(key)
+        await settled(e.fake, "priv", "Resolved", "False", "SecretNotFound")

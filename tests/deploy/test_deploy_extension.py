@@ -12,6 +12,7 @@ from deploy_helpers import BASE, REPO, build, find, pod_spec
 from test_deploy_rbac import allows
 
 from controlplane import applications
+from controlplane.admission import modelrules
 from controlplane.admission.webhooks import WebhookSettings
 from controlplane.errors import NotFound
 from controlplane.extension import guards, registration
@@ -29,6 +30,7 @@ def _docs(name: str) -> list[dict[str, Any]]:
 def test_shipped_apiservice_and_guards_are_the_code_without_a_ca() -> None:
     assert _docs("apiservice.yaml") == [registration.apiservice(WebhookSettings(), None)]
     assert _docs("status-guards.yaml") == [guards.configuration(WebhookSettings(), None)]
+    assert _docs("model-rules.yaml") == [modelrules.configuration(WebhookSettings(), None)]
 
 
 def test_apiservice_and_guards_point_at_the_worker_service() -> None:
@@ -40,9 +42,10 @@ def test_apiservice_and_guards_point_at_the_worker_service() -> None:
         service["metadata"]["namespace"], service["metadata"]["name"],
     )  # fmt: skip
     assert target["port"] in ports
-    hooks = find(base, "ValidatingWebhookConfiguration", guards.NAME)["webhooks"]
-    assert {h["clientConfig"]["service"]["port"] for h in hooks} <= set(ports)
-    assert all(h["failurePolicy"] == "Fail" for h in hooks)
+    for name in (guards.NAME, modelrules.NAME):
+        hooks = find(base, "ValidatingWebhookConfiguration", name)["webhooks"]
+        assert {h["clientConfig"]["service"]["port"] for h in hooks} <= set(ports)
+        assert all(h["failurePolicy"] == "Fail" for h in hooks)
 
 
 class _Recorder:
@@ -63,6 +66,7 @@ async def test_what_the_worker_applies_at_start_is_allowed() -> None:
     api = cast(KubeClient, recorder)
     await registration.ensure(api, WebhookSettings(), b"ca")
     await guards.ensure(api, WebhookSettings(), b"ca")
+    await modelrules.ensure(api, WebhookSettings(), b"ca")
     # The applications the base's worker installs: none (--disable-applications=*; the
     # applications overlay grants cluster-admin for them).
     objs = build(BASE)

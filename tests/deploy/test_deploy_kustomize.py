@@ -22,6 +22,8 @@ from deploy_helpers import (
     pod_spec,
 )
 
+from controlplane import crds
+
 
 def _identities(objs: list[dict[str, Any]]) -> set[tuple[str, str, str]]:
     return {(o["kind"], o["metadata"].get("namespace", ""), o["metadata"]["name"]) for o in objs}
@@ -75,7 +77,7 @@ def test_every_overlay_holds_everything_the_base_does(
 
 def test_the_crds_root_is_exactly_the_base_crds(trees: dict[str, list[dict[str, Any]]]) -> None:
     in_base = [o for o in trees[BASE] if o["kind"] == "CustomResourceDefinition"]
-    assert trees[CRDS] == in_base and len(in_base) == 6
+    assert trees[CRDS] == in_base and len(in_base) == len(crds.definitions())
 
 
 @pytest.mark.parametrize("tree", INSTALLS)
@@ -119,6 +121,8 @@ def test_the_base_includes_every_crd(base: list[dict[str, Any]]) -> None:
         "instancetypes.worker.gpustack.ai",
         "instancetypeflavors.worker.gpustack.ai",
         "modelstores.worker.gpustack.ai",
+        "modelstorebindings.worker.gpustack.ai",
+        "modelprefetches.worker.gpustack.ai",
     }
 
 

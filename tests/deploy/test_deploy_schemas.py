@@ -96,7 +96,7 @@ def test_crd_schemas_are_valid_json_schema(
 ) -> None:
     assert {k for _, k in crd_validators} == {
         "Devices", "NodeModelStore", "ModelArtifact", "InstanceType", "InstanceTypeFlavor",
-        "ModelStore",
+        "ModelStore", "ModelStoreBinding", "ModelPrefetch",
     }  # fmt: skip
     for validator in crd_validators.values():
         jsonschema.Draft7Validator.check_schema(validator.schema)

@@ -35,10 +35,12 @@ def test_configurations_point_at_the_worker_service_and_fail_closed() -> None:
     base = build(BASE)
     service = find(base, "Service", "gpustack-operator-worker")
     for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
-        (config,) = [  # the status guards are tested with the extension API
+        (config,) = [  # the status guards and model rules are tested with the extension API
             o
             for o in base
-            if o["kind"] == kind and o["metadata"]["name"] != "gpustack-worker-status-guards"
+            if o["kind"] == kind
+            and o["metadata"]["name"]
+            not in {"gpustack-worker-status-guards", "gpustack-worker-model-rules"}
         ]
         (hook,) = config["webhooks"]
         target = hook["clientConfig"]["service"]
