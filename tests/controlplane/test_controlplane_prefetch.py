@@ -23,7 +23,7 @@ from controlplane.modelstores import ModelStores
 from controlplane.reconciling import prefetches
 from controlplane.reconciling.ledger import Ledger
 from controlplane.reconciling.prefetching import Prefetcher
-from controlplane.settingscatalog import Values
+from controlplane.settingscatalog import DEFAULTS
 
 pytestmark = pytest.mark.anyio
 
@@ -150,7 +150,7 @@ async def test_pins_reach_the_node_model_store_spec_the_agent_reads() -> None:
     ledger = Ledger()
     changed: list[str] = []
     prefetcher = Prefetcher(ledger, on_pins=changed.append)
-    stores = ModelStores(lambda: Values())
+    stores = ModelStores(lambda: DEFAULTS)
     stores.pins = prefetcher.pins
     async with fake_api() as (fake, url), open_client(KubeSettings(host=url)) as api:
         cluster(fake)
