@@ -14,7 +14,8 @@ import msgspec
 
 from agent.deviceplugin.cdi import STRATEGIES, Strategy
 from agent.deviceplugin.settings import DevicePluginSettings
-from agent.settings import DetectSettings, detect_settings_from, node_name_from
+from agent.devices.settings import DetectSettings, detect_settings_from
+from agent.settings import node_name_from
 from bus import identity
 from bus import settings as bus_settings
 from bus.settings import BusSettings

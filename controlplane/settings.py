@@ -22,8 +22,8 @@ from controlplane import applications, busauth, leading, settingscatalog
 from controlplane.admission.webhooks import WebhookSettings
 from controlplane.chain.settings import ChainSettings
 from controlplane.extension import audit
+from controlplane.families import BASES
 from controlplane.k8s import client
-from controlplane.reconciling.labeling import BASES
 from hub import endpoints
 from kit import files
 from kit.options import Options, SettingsError

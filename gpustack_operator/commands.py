@@ -684,7 +684,7 @@ COMMANDS = (
         ("device-manager", "detect"),
         "Run one detect pass and print the Devices spec.groups (a pure read).",
         _ONE_SHOT,
-        settings="agent.settings:detect_settings_from",
+        settings="agent.devices.settings:detect_settings_from",
         oneshot="agent.oneshots:detect_command",
         examples=(
             "# This node's accelerators, one per row\n"
@@ -701,7 +701,7 @@ COMMANDS = (
         ("device-manager", "monitor"),
         "Take one utilization sample per manufacturer and print it (a pure read).",
         _ONE_SHOT,
-        settings="agent.settings:detect_settings_from",
+        settings="agent.devices.settings:detect_settings_from",
         oneshot="agent.oneshots:monitor_command",
         examples=(
             "# One utilization sample of this node's accelerators, one per row\n"

@@ -20,7 +20,7 @@ from typing import Any
 from agent.devices import amd, detection, nvidia, nvml, vendor
 from agent.devices.hostfs import HostFS
 from agent.devices.manufacturers import MANUFACTURERS
-from agent.settings import DetectSettings
+from agent.devices.settings import DetectSettings
 
 log = logging.getLogger(__name__)
 

@@ -16,6 +16,7 @@ from typing import Any, cast
 
 from agent.devices import detection, sources
 from agent.devices.manufacturers import WITH_BACKEND
+from agent.devices.settings import DetectSettings, manufacturers_from, simulate_from
 from agent.errors import DetectionError, ProfileError
 from agent.preflight import checking, invocations, judging, resolving, staging
 from agent.preflight.checking import Plan, Result
@@ -32,7 +33,6 @@ from agent.preflight.model import (
     render,
 )
 from agent.preflight.settings import HOST_LIB_DIR, PreflightSettings
-from agent.settings import DetectSettings, manufacturers_from, simulate_from
 from bus import devices
 from kit.options import Options
 

@@ -22,6 +22,7 @@ import pytest
 from kueue_schemas import node_labels, validator
 
 from bus.devices import DeviceGroup
+from controlplane import families
 from controlplane.chain import fit, kueue, naming
 from controlplane.chain.inventory import NodeFacts, facts_of, general_key
 from controlplane.chain.settings import ChainSettings
@@ -231,7 +232,7 @@ def test_label_values_at_63_and_64(length: int, tmp_path: Path) -> None:
 
     def product(name: str) -> str:
         group = msgspec.structs.replace(H200[0], name=name)
-        return labeling.labels([group])[f"{labeling.PREFIX}{labeling.product_key(group)}.product"]
+        return labeling.labels([group])[f"{families.PREFIX}{labeling.product_key(group)}.product"]
 
     name = "NVIDIA " + "H" * (length - 8) + "X"
     value = product(name)

@@ -18,9 +18,9 @@ from vendor_helpers import accelerators, rig, validate_devices, wire
 from agent.devices import clib, detection, sources, vendor
 from agent.devices.hostfs import HostFS
 from agent.devices.manufacturers import MANUFACTURERS
+from agent.devices.settings import DetectSettings
 from agent.devices.simulation import profiles, sysfs
 from agent.errors import DetectionError
-from agent.settings import DetectSettings
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from agent import running
 from agent.deviceplugin import partitioning
 from agent.devices import sources
-from agent.settings import DetectSettings
+from agent.devices.settings import DetectSettings
 
 
 def test_mig_control_uses_the_detecting_adapter() -> None:
