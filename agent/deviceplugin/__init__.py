@@ -1,6 +1,6 @@
 """The kubelet device-plugin side of ``dm serve``.
 
-Pure decisions live in :mod:`resources` (which servers and tokens exist), :mod:`ledger` (who holds
+Pure decisions live in :mod:`resources` (which servers and tokens exist), :mod:`holdings` (who holds
 what share of which card), :mod:`allocation` (Allocate and GetPreferredAllocation) and
 :mod:`responders` (what each vendor's runtime needs injected, as the plain data of
 :mod:`injection`, which one-shots such as ``dm preflight`` import without grpclib; NVIDIA and AMD
@@ -10,5 +10,6 @@ the wire by :mod:`encoding`, which also turns an injection into kubelet's messag
 :mod:`partitions` decides MIG profiles, placements and reclaim (pure) and :mod:`partitioning`
 creates and destroys the instances through NVML in worker threads, :mod:`registration` keeps every server registered with kubelet across kubelet restarts,
 :mod:`podresources` asks kubelet who holds which device, and :mod:`running` wires them into one
-async context manager, :func:`running.device_plugins`.
+async context manager, :func:`running.device_plugins`. :mod:`kvpending` follows the node's pending
+sliced and partitioned containers from the bus; :mod:`pending` picks the one an Allocate serves.
 """

@@ -1,7 +1,7 @@
 """Which pending container each grant serves: the reservations, kubelet's view, the choice.
 
 kubelet's Allocate names device ids only. :class:`Claims` holds what the node knows about the
-containers those ids are for: the worker's pending claims (:mod:`agent.kvpending`), the claim
+containers those ids are for: the worker's pending claims (:mod:`agent.deviceplugin.kvpending`), the claim
 each holding served (reserved: never chosen again, also after a restart, rebuilt from the kept
 events by :func:`served_request`), the claim each visibility grant mirrored for, and kubelet's
 last pod-resources view (which containers it lists, with the resources they already hold).
@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 from typing import Final
 
 from agent.deviceplugin import pending
-from agent.deviceplugin.ledger import Holding
+from agent.deviceplugin.holdings import Holding
 from bus.records import PendingContainer
 
 __all__ = ["MAX_MIRRORED", "Claims", "served_request"]

@@ -33,12 +33,12 @@ from agent.deviceplugin import (
     allocation,
     cdi,
     errors,
-    ledger,
     mirroring,
     partitioning,
     resources,
     responders,
 )
+from agent.deviceplugin import holdings as ledger
 from agent.deviceplugin.claims import Claims
 from agent.deviceplugin.injection import DriverStep, HostFile, Injection
 from agent.deviceplugin.partitioning import Partitions

@@ -1,6 +1,6 @@
 """``dm preflight``: prove on a real node that the allocation modes work, measured where possible.
 
-The pass is planned before anything acts: :mod:`resolving` reads which container runtime the
+The pass is planned before anything acts: :mod:`kubeletconfig` reads which container runtime the
 kubelet uses (pure reads of the host root), :mod:`injection` asks the device plugin's own
 responders what a sliced or visibility container receives, :mod:`checking` turns detection and
 injections into the capability rows to establish (per manufacturer as :mod:`vendors` says, with

@@ -12,7 +12,7 @@ Two kinds:
 
 Each application's objects are applied under its own field manager and labelled with its name;
 an application disabled later has the objects it installed pruned (:mod:`.planning` decides,
-:mod:`.installing` does the I/O). Only the leader installs (``controlplane.running``).
+:mod:`.installing` does the I/O). Only the leader installs (``controlplane.worker.running``).
 
 CRDs, the webhook configurations, the APIService and the Settings are not applications: the
 worker always ensures them.

@@ -48,7 +48,7 @@ from controlplane.chain.settings import ChainSettings
 from controlplane.k8s.client import KubeClient
 from controlplane.k8s.informing import Informer
 from controlplane.metrics import WorkerMetrics
-from controlplane.reconciling.ledger import Ledger
+from controlplane.reconciling.nodestates import Ledger
 from controlplane.reconciling.planning import Desired
 from controlplane.resources import NODES, Ref, Resource
 from kit.backoff import Backoff

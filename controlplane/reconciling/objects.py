@@ -15,7 +15,7 @@ import msgspec
 
 from bus import events
 from controlplane.reconciling import allocating, storing
-from controlplane.reconciling.ledger import NodeState
+from controlplane.reconciling.nodestates import NodeState
 from controlplane.reconciling.planning import Desired
 
 __all__ = ["NMS_SPEC_DEFAULT", "devices", "node_model_store", "owner_references"]

@@ -29,9 +29,9 @@ from controlplane_fakeapi import fake_api
 
 from bus import codec, connection, events, subjects
 from bus.testing import eventually, nats_server, settings_for
-from controlplane import running
 from controlplane.admission.webhooks import MUTATE_PATH, VALIDATE_PATH, WebhookSettings
 from controlplane.k8s.client import KubeSettings
+from controlplane.worker import running
 from kit.serving import HttpsSettings
 
 pytestmark = pytest.mark.anyio

@@ -23,7 +23,7 @@ from controlplane.admission.requests import (
     percent_units,
 )
 from controlplane.admission.validating import validate
-from controlplane.reconciling.ledger import Ledger
+from controlplane.reconciling.nodestates import Ledger
 
 
 def test_units_basis() -> None:

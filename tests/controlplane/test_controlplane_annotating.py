@@ -21,7 +21,7 @@ from bus.testing import eventually
 from controlplane.k8s.client import KubeSettings, open_client
 from controlplane.reconciling import allocating
 from controlplane.reconciling.annotating import ANNOTATION, PodAnnotator, entry, merged
-from controlplane.reconciling.ledger import Ledger
+from controlplane.reconciling.nodestates import Ledger
 
 HERE = Path(__file__).parent
 PODS = "api/v1/pods"

@@ -23,13 +23,14 @@ from test_controlplane_extension_api import auth_configmap
 from test_controlplane_nms_e2e import settings, until
 
 from bus.testing import nats_server, settings_for
-from controlplane import applications, running
+from controlplane import applications
 from controlplane.admission.certificates import new_authority
 from controlplane.applications import installing, pins, planning
 from controlplane.applications.installing import Outcome
 from controlplane.applications.pins import Pin
 from controlplane.chain import kueueconfig
 from controlplane.k8s.client import KubeSettings, open_client
+from controlplane.worker import running
 
 pytestmark = pytest.mark.anyio
 

@@ -9,7 +9,7 @@ import msgspec
 from bus import events, records
 from controlplane.reconciling import artifacts
 from controlplane.reconciling.artifacts import Failure, Spec
-from controlplane.resolving import Resolved
+from controlplane.reconciling.hubresolver import Resolved
 
 DIGEST = "sha256:" + "a" * 64
 

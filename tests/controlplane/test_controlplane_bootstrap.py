@@ -1,5 +1,5 @@
 """The bus's Secret, generated in the cluster by the worker at first start and reused after
-(controlplane/bootstrap.py), against the stateful fake API over real HTTP."""
+(controlplane/access/bootstrap.py), against the stateful fake API over real HTTP."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from controlplane_fakeapi import FakeApi, fake_api
 
 from bus import jwt
-from controlplane import bootstrap
+from controlplane.access import bootstrap
 from controlplane.k8s.client import KubeSettings, open_client
 
 pytestmark = pytest.mark.anyio

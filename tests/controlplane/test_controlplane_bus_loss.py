@@ -11,17 +11,17 @@ from pathlib import Path
 import anyio
 import pytest
 
-from agent import running as agent_running
 from agent.models import running as models_running
 from agent.models.policy import MemoryPolicy
 from agent.models.settings import ModelManagerSettings
-from agent.serve_settings import ServeSettings
+from agent.serve import running as agent_running
+from agent.serve.settings import ServeSettings
 from agent.testing import fake_kubelet
 from bus import connection, kv, state, subjects, testing
 from bus.embedded import ServerProcess
 from bus.errors import StateUnavailable
 from bus.settings import BusSettings
-from controlplane import running
+from controlplane.worker import running
 from kit.serving import HttpsSettings
 
 pytestmark = pytest.mark.anyio

@@ -21,9 +21,10 @@ from controlplane_fakeapi import FakeApi, fake_api, node
 from bus import callout, codec, connection, embedded, errors, events, jwt, state, subjects, testing
 from bus.identity import Identity
 from bus.testing import eventually, settings_for
-from controlplane import busauth, leading, running
+from controlplane.access import busauth
 from controlplane.k8s import client
 from controlplane.k8s.client import KubeSettings
+from controlplane.worker import leading, running
 from kit.serving import HttpsSettings
 
 NS = "gpustack-system"

@@ -7,7 +7,7 @@ from typing import Any
 from test_controlplane_chain_planning import AMD, H200, MIG, chain, facts
 from test_controlplane_crds import validator
 
-from controlplane import crds
+from controlplane.schema import crds
 
 
 def _undescribed(schema: dict[str, Any], path: str = "") -> list[str]:

@@ -27,7 +27,7 @@ from controlplane.chain import fit, kueue, naming
 from controlplane.chain.inventory import NodeFacts, facts_of, general_key
 from controlplane.chain.settings import ChainSettings
 from controlplane.reconciling import labeling
-from controlplane.reconciling.ledger import NodeState
+from controlplane.reconciling.nodestates import NodeState
 
 HERE = Path(__file__).parent
 CPU_QUEUE = "gpustack--generic-linux-amd64"

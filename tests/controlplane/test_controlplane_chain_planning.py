@@ -15,7 +15,7 @@ from controlplane.admission.requests import Family
 from controlplane.chain import fit, kueue, naming, views
 from controlplane.chain.inventory import NodeFacts, facts_of, general_key
 from controlplane.chain.settings import ChainSettings
-from controlplane.reconciling.ledger import NodeState
+from controlplane.reconciling.nodestates import NodeState
 
 HERE = Path(__file__).parent
 T0 = datetime(2026, 1, 1, tzinfo=UTC)

@@ -22,10 +22,10 @@ from test_controlplane_worker import publish, worker_settings
 from bus import events
 from bus.devices import DeviceGroup
 from bus.testing import eventually, nats_server, settings_for
-from controlplane import running
 from controlplane.chain import naming
 from controlplane.chain.inventory import general_key
 from controlplane.chain.settings import ChainSettings
+from controlplane.worker import running
 
 pytestmark = pytest.mark.anyio
 HERE = Path(__file__).parent

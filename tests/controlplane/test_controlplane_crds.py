@@ -11,7 +11,7 @@ import jsonschema
 import pytest
 import yaml
 
-from controlplane import crds
+from controlplane.schema import crds
 
 HERE = Path(__file__).parent
 DEPLOY = HERE.parent.parent / "deploy" / "crds"
@@ -83,14 +83,14 @@ def test_modelartifact_schema() -> None:
 @pytest.mark.parametrize("stem", sorted(crds.definitions()))
 def test_every_field_has_a_description(stem: str) -> None:
     """``kubectl explain`` has something to say about every field, at every depth."""
-    from controlplane import crddocs
+    from controlplane.schema import crddocs
 
     schema = crds.definitions()[stem]["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
     assert crddocs.undescribed(schema) == []
 
 
 def test_a_field_without_a_description_is_found() -> None:
-    from controlplane import crddocs
+    from controlplane.schema import crddocs
 
     schema = crddocs.describe("Devices", crds.DEVICES_SCHEMA)
     schema["properties"]["spec"]["properties"]["groups"]["items"]["properties"]["new"] = {
@@ -112,7 +112,7 @@ def test_printer_columns_are_counts_and_human_sizes() -> None:
 def test_a_description_lands_on_its_own_field_only() -> None:
     """The schemas reuse one dict for plain string fields; describing ``apiVersion`` must not
     describe every other string field as the API version (it did, through that sharing)."""
-    from controlplane import crddocs
+    from controlplane.schema import crddocs
 
     api_version = crddocs.COMMON["apiVersion"]
     for stem, crd in crds.definitions().items():

@@ -31,9 +31,10 @@ from test_controlplane_nms_e2e import publish, settings
 
 from bus import events
 from bus.testing import eventually, nats_server, settings_for
-from controlplane import running, settingscatalog
 from controlplane.admission.certificates import new_authority
 from controlplane.admission.webhooks import WebhookSettings
+from controlplane.clustersettings import catalog as settingscatalog
+from controlplane.worker import running
 
 pytestmark = pytest.mark.anyio
 GROUP = "gpustack.ai"

@@ -29,7 +29,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from kubernetes_asyncio.watch import Watch
 from test_controlplane_extension_api import Cluster, alice, client_context, cluster
 
-from controlplane import settingscatalog
+from controlplane.clustersettings import catalog as settingscatalog
 
 pytestmark = pytest.mark.anyio
 
@@ -305,7 +305,7 @@ async def test_settings_have_real_creation_timestamps_without_a_cluster(tmp_path
     from test_controlplane_nms_e2e import settings
 
     from bus.testing import nats_server, settings_for
-    from controlplane import running
+    from controlplane.worker import running
 
     before = dt.datetime.now(dt.UTC).replace(microsecond=0)
     async with nats_server(tmp_path) as server, anyio.create_task_group() as tg:
@@ -325,7 +325,7 @@ async def test_two_replicas_serve_the_same_versions(tmp_path: Path) -> None:
     the version the other checks a write against, and a page token of one reads on the other."""
     from test_controlplane_nms_e2e import settings
 
-    from controlplane import running
+    from controlplane.worker import running
 
     async with worker(tmp_path) as (c, _), anyio.create_task_group() as tg:
         conf = msgspec.structs.replace(settings(c.bus, c.fake_url), namespace="ns",

@@ -522,8 +522,8 @@ def test_store_versions_are_served_alike_by_every_replica() -> None:
 
 
 def test_a_view_of_a_crd_takes_its_names_schema_and_columns() -> None:
-    from controlplane import crds
     from controlplane.extension.core.model import from_crd
+    from controlplane.schema import crds
 
     crd = crds.definitions()["devices"]
     spec = from_crd(crd, verbs=("get", "list", "watch"))

@@ -24,13 +24,13 @@ from admission_helpers import apply_patch, container, patch_of, pod, review
 from controlplane_fakeapi import FakeApi, fake_api, node
 from test_controlplane_worker import worker_settings
 
-from agent import running as agent_running
-from agent.serve_settings import ServeSettings
+from agent.serve import running as agent_running
+from agent.serve.settings import ServeSettings
 from agent.testing import FakeKubelet, fake_kubelet, unary
 from bus.testing import eventually, nats_server, settings_for
-from controlplane import running
 from controlplane.admission.webhooks import MUTATE_PATH
 from controlplane.reconciling.annotating import ANNOTATION
+from controlplane.worker import running
 from proto.deviceplugin import v1beta1 as dp
 
 pytestmark = pytest.mark.anyio

@@ -20,12 +20,12 @@ import pytest
 from controlplane_fakeapi import FakeApi, fake_api
 from test_controlplane_worker import worker_settings
 
-from agent import running as agent_running
-from agent.serve_settings import ServeSettings
+from agent.serve import running as agent_running
+from agent.serve.settings import ServeSettings
 from agent.testing import fake_kubelet
 from bus.settings import BusSettings
 from bus.testing import eventually, nats_server, settings_for
-from controlplane import running
+from controlplane.worker import running
 from kit import serving
 
 pytestmark = pytest.mark.anyio

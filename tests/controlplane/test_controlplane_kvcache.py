@@ -19,15 +19,16 @@ from controlplane_fakeapi import fake_api, node
 from bus import codec, connection, events, kv, subjects
 from bus.devices import DeviceGroup
 from bus.testing import eventually, nats_server, settings_for
-from controlplane import errors, leading, running
+from controlplane import errors
 from controlplane.k8s.client import KubeSettings
 from controlplane.metrics import WorkerMetrics
 from controlplane.reconciling import objects
-from controlplane.reconciling.ledger import Ledger
 from controlplane.reconciling.nodes import NodeReconciler
+from controlplane.reconciling.nodestates import Ledger
 from controlplane.reconciling.planning import plan
+from controlplane.reconciling.sinks import KvSink, ledger_key
 from controlplane.resources import DEVICES, NODEMODELSTORES, Observed, Ref
-from controlplane.sinks import KvSink, ledger_key
+from controlplane.worker import leading, running
 from kit.serving import HttpsSettings
 
 pytestmark = pytest.mark.anyio

@@ -28,8 +28,8 @@ from bus import codec, connection, events, state, subjects
 from bus.devices import DeviceGroup
 from bus.settings import BusSettings
 from bus.testing import eventually, nats_server, settings_for
-from controlplane import leading, running
 from controlplane.k8s.client import KubeSettings
+from controlplane.worker import leading, running
 from kit.serving import HttpsSettings
 
 pytestmark = pytest.mark.anyio

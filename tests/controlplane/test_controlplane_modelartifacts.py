@@ -19,8 +19,10 @@ import hub
 from bus import codec, connection, events, kv, records, subjects
 from bus.settings import BusSettings
 from bus.testing import eventually, nats_server, settings_for
-from controlplane import errors, leading, resolving, running
+from controlplane import errors
 from controlplane.k8s.client import KubeSettings
+from controlplane.reconciling import hubresolver
+from controlplane.worker import leading, running
 from hub import testing as hub_testing
 from kit.serving import HttpsSettings
 
@@ -47,7 +49,7 @@ class Env:
 class Flaky:
     """A :class:`Resolver` failing ``times`` times with a temporary error, then the real one."""
 
-    def __init__(self, inner: resolving.Resolver, times: int) -> None:
+    def __init__(self, inner: hubresolver.Resolver, times: int) -> None:
         self.inner, self.left, self.calls = inner, times, 0
 
     async def resolve(
@@ -58,7 +60,7 @@ class Flaky:
         token: str | None,
         allow: Sequence[str],
         ignore: Sequence[str],
-    ) -> resolving.Resolved:
+    ) -> hubresolver.Resolved:
         self.calls += 1
         if repository == "org/flaky" and self.left > 0:
             self.left -= 1
@@ -75,7 +77,7 @@ async def env(tmp_path: Path, flaky: int = 0) -> AsyncIterator[Env]:
         nats_server(tmp_path) as server,
         fake_api() as (fake, url),
         hub_testing.serving(fake_hub) as endpoints,
-        resolving.hub_resolver(endpoints.hub) as real,
+        hubresolver.hub_resolver(endpoints.hub) as real,
         anyio.create_task_group() as tg,
     ):
         settings = running.WorkerSettings(

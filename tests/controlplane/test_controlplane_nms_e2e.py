@@ -15,8 +15,8 @@ from test_controlplane_nms_status import VALIDATOR
 
 from bus import codec, connection, events, subjects
 from bus.testing import eventually, nats_server, settings_for
-from controlplane import leading, running
 from controlplane.k8s.client import KubeSettings
+from controlplane.worker import leading, running
 from kit.serving import HttpsSettings
 
 pytestmark = pytest.mark.anyio

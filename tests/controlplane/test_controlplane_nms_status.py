@@ -9,11 +9,11 @@ import jsonschema
 import pytest
 
 from bus import events
-from controlplane import crds
 from controlplane.reconciling import objects, storing
-from controlplane.reconciling.ledger import Ledger
+from controlplane.reconciling.nodestates import Ledger
 from controlplane.reconciling.planning import Desired, Patch, plan, settle_conditions
 from controlplane.resources import NODEMODELSTORES, Observed, Ref
+from controlplane.schema import crds
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 T1 = T0 + timedelta(minutes=5)

@@ -11,13 +11,13 @@ import pytest
 
 from bus import events
 from bus.devices import DeviceGroup
-from controlplane import leading
 from controlplane.k8s.limiting import TokenBucket
 from controlplane.reconciling import allocating, labeling
-from controlplane.reconciling.ledger import Ledger, Refused
+from controlplane.reconciling.nodestates import Ledger, Refused
 from controlplane.reconciling.planning import Create, Delete, Desired, Patch, diff, plan
 from controlplane.reconciling.queueing import KeyQueue
 from controlplane.resources import DEVICES, Observed, Ref
+from controlplane.worker import leading
 
 HERE = Path(__file__).parent
 T0 = datetime(2026, 1, 1, tzinfo=UTC)

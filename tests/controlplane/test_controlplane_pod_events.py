@@ -19,7 +19,6 @@ from controlplane_fakeapi import FakeApi, fake_api, node
 
 from bus import codec, connection, events, subjects
 from bus.testing import eventually, nats_server, settings_for
-from controlplane import leading, running
 from controlplane.k8s.client import KubeClient, KubeSettings, open_client
 from controlplane.reconciling.podevents import (
     DOWNLOADED,
@@ -29,6 +28,7 @@ from controlplane.reconciling.podevents import (
     event_name,
     plan,
 )
+from controlplane.worker import leading, running
 from kit.serving import HttpsSettings
 
 DIGEST = "sha256:" + "ab" * 32

@@ -14,10 +14,11 @@ from controlplane_fakeapi import FakeApi, fake_api
 
 from bus import connection, kv
 from bus.testing import nats_server, settings_for
-from controlplane import errors, settingscatalog
+from controlplane import errors
+from controlplane.clustersettings import catalog as settingscatalog
+from controlplane.clustersettings.catalog import BY_NAME, CATALOG, InvalidSetting
+from controlplane.clustersettings.source import KvBackend, SecretBackend, SettingsSource
 from controlplane.k8s.client import KubeSettings, open_client
-from controlplane.settingscatalog import BY_NAME, CATALOG, InvalidSetting
-from controlplane.settingsource import KvBackend, SecretBackend, SettingsSource
 
 SECRETS = "api/v1/secrets"
 NS = "gpustack-system"
@@ -238,7 +239,7 @@ async def test_a_worker_without_a_cluster_keeps_its_settings_in_the_bus(tmp_path
     import msgspec
     from test_controlplane_worker import worker_settings
 
-    from controlplane import running
+    from controlplane.worker import running
 
     async with nats_server(tmp_path) as server, anyio.create_task_group() as tg:
         bus = settings_for(server)

@@ -1,6 +1,6 @@
 """NodeModelStore.spec = settings + the winning ModelStore + the user's own edits (never reverted).
 
-Pure rules first (:mod:`controlplane.storespec`), then the worker against the stateful fake API
+Pure rules first (:mod:`controlplane.stores.storespec`), then the worker against the stateful fake API
 and a real nats-server: a settings change reaches an untouched field, a ``kubectl edit`` survives
 every later reconcile, and overlapping ModelStores say so in their status.
 """
@@ -19,9 +19,11 @@ from controlplane_fakeapi import FakeApi, fake_api, node
 from test_controlplane_nms_e2e import NMS, T0, models_event, publish, settings, until
 
 from bus.testing import nats_server, settings_for
-from controlplane import running, settingscatalog, storespec
+from controlplane.clustersettings import catalog as settingscatalog
 from controlplane.reconciling.planning import Desired
 from controlplane.resources import Observed
+from controlplane.stores import storespec
+from controlplane.worker import running
 
 MS = "apis/worker.gpustack.ai/v1alpha1/modelstores"
 SECRETS = "api/v1/secrets"

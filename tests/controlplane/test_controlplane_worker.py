@@ -20,10 +20,10 @@ from bus import codec, connection, events, kv, publishing, subjects
 from bus.devices import DeviceGroup
 from bus.metrics import BusMetrics
 from bus.testing import eventually, nats_server, settings_for
-from controlplane import leading, running
 from controlplane.k8s.client import KubeSettings
+from controlplane.reconciling.sinks import KvSink
 from controlplane.resources import DEVICES, Ref
-from controlplane.sinks import KvSink
+from controlplane.worker import leading, running
 from kit.serving import HttpsSettings
 
 pytestmark = pytest.mark.anyio

@@ -36,7 +36,7 @@ from controlplane.errors import ServerError, SinkUnavailable
 from controlplane.extension import audit
 from controlplane.k8s.client import KubeSettings, open_client
 from controlplane.resources import NODES, Ref
-from controlplane.settings import settings_from
+from controlplane.worker.settings import settings_from
 from gpustack_operator.main import options_for
 
 pytestmark = pytest.mark.anyio

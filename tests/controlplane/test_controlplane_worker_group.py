@@ -30,9 +30,9 @@ from test_controlplane_nms_e2e import publish, settings
 from bus import events
 from bus.devices import DeviceGroup
 from bus.testing import eventually, nats_server, settings_for
-from controlplane import running
 from controlplane.admission.certificates import new_authority
 from controlplane.admission.webhooks import WebhookSettings
+from controlplane.worker import running
 
 pytestmark = pytest.mark.anyio
 HERE = Path(__file__).parent

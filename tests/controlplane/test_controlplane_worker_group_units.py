@@ -15,7 +15,7 @@ from bus.devices import DeviceGroup
 from controlplane.extension.workergroup import catalog
 from controlplane.extension.workergroup.progress import progress
 from controlplane.extension.workergroup.providers import InformerProvider, LedgerFeed
-from controlplane.reconciling.ledger import Ledger
+from controlplane.reconciling.nodestates import Ledger
 
 DIGEST = "sha256:" + "cd" * 32
 ARTIFACT = {"metadata": {"name": "m", "namespace": "t"},

@@ -46,7 +46,7 @@ from test_controlplane_nms_e2e import publish, settings
 from bus import events
 from bus.devices import DeviceGroup
 from bus.testing import eventually, nats_server, settings_for
-from controlplane import running
+from controlplane.worker import running
 from tests.controlplane.fakegpustack import FakeGPUStack
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow, pytest.mark.timeout(420)]

@@ -1,7 +1,7 @@
 """The adapters through the real ``ctypes`` C calling path, against small C libraries.
 
 The simulators answer in Python; here a C stand-in for the vendor library, written from the
-documented header layouts, is compiled and loaded with :func:`agent.devices.clib.load`, so
+documented header layouts, is compiled and loaded with :func:`agent.devices.libs.clib.load`, so
 argument passing (``byref`` outputs, by-value ``uint64``, output-first pointers, returned
 values and ``char*``) and structure layouts cross a real ABI boundary. Needs a C compiler.
 
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.devices import clib, cndev, dcmi, dmimig, hgml, mtml, mxsml, nvmlabi, rocmsmi
+from agent.devices.libs import clib, cndev, dcmi, dmimig, hgml, mtml, mxsml, nvmlabi, rocmsmi
 from agent.devices.simulation import layouts
 
 pytestmark = pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler")

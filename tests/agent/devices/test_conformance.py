@@ -42,19 +42,9 @@ from gpustack_runtime.detector import (
     pyrocmsmi,
 )
 
-from agent.devices import (
-    ascend,
-    cndev,
-    dcmi,
-    dmimig,
-    hygon,
-    ixml,
-    mtml,
-    mxsml,
-    nvmlabi,
-    rocmsmi,
-)
+from agent.devices import ascend, hygon
 from agent.devices.hostfs import HostFS
+from agent.devices.libs import cndev, dcmi, dmimig, ixml, mtml, mxsml, nvmlabi, rocmsmi
 from agent.devices.simulation import layouts
 
 # -- structures --------------------------------------------------------------------------------

@@ -7,8 +7,8 @@ from typing import Any
 import msgspec
 import pytest
 
-from agent.devices import nvml
-from agent.devices.nvml import (
+from agent.devices.libs import nvml
+from agent.devices.libs.nvml import (
     Nvml,
     NvmlCallFailed,
     NvmlGpuLost,
@@ -233,7 +233,7 @@ def test_mig_mode_is_the_current_mode() -> None:
 
 
 def test_mig_codes_map_to_their_errors() -> None:
-    from agent.devices.nvml import NvmlInUse, NvmlNoRoom, NvmlNotPermitted, map_error
+    from agent.devices.libs.nvml import NvmlInUse, NvmlNoRoom, NvmlNotPermitted, map_error
 
     assert isinstance(map_error("x", 23, ""), NvmlNoRoom)
     assert isinstance(map_error("x", 19, ""), NvmlInUse)
@@ -242,7 +242,7 @@ def test_mig_codes_map_to_their_errors() -> None:
 
 
 def test_mig_instances_round_trip_through_the_adapter() -> None:
-    from agent.devices.nvml import NvmlInUse, NvmlNoRoom
+    from agent.devices.libs.nvml import NvmlInUse, NvmlNoRoom
     from agent.devices.simulation import profiles
 
     host = profiles.load("nvidia-h100x8-mig").nvidia

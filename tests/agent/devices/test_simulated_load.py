@@ -12,9 +12,9 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from agent.devices import nvml
+from agent.devices.libs import nvml
+from agent.devices.libs.nvml import Nvml
 from agent.devices.nvidia import NvidiaBackend
-from agent.devices.nvml import Nvml
 from agent.devices.simulation import profiles, sysfs
 from agent.devices.simulation.fakenvml import SimulatedNvml
 from agent.devices.simulation.load import LoadPattern, busy, reading
