@@ -1,2 +1,12 @@
 """The scheduling chain: InstanceTypes, the Kueue objects made from node inventory, the fit
-labels and the ``gpustack-node-devices`` admission check (docs/scheduling.md)."""
+labels and the ``gpustack-node-devices`` admission check (docs/scheduling.md).
+
+- :mod:`.checking`: the admission check controller; :mod:`.workloads`: the Workload fit-pin
+  webhook; :mod:`.reconciler`: the chain reconciler (InstanceTypes, flavors, Kueue objects,
+  node labels);
+- pure decisions: :mod:`.fit` (does work fit a node's cards), :mod:`.kueue` (the desired chain),
+  :mod:`.views` (an InstanceType's status), :mod:`.inventory` (one node's facts),
+  :mod:`.naming` (every string two modules must agree on);
+- data: :mod:`.schemas` (the chain's CRD schemas), :mod:`.kueueconfig` (Kueue's configuration),
+  :mod:`.settings` (the chain's knobs).
+"""

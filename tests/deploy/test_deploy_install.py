@@ -32,7 +32,13 @@ from controlplane.worker import running
 from controlplane.worker.settings import settings_from
 from gpustack_operator.main import options_for
 
-sys.path.insert(0, str(REPO / "tests" / "controlplane"))
+# The control plane's test helpers, and its test folders (one test module is imported below by
+# its bare name, as tests/controlplane/conftest.py allows there).
+_CONTROLPLANE_TESTS = REPO / "tests" / "controlplane"
+sys.path[:0] = [
+    str(_CONTROLPLANE_TESTS),
+    *(str(p) for p in sorted(_CONTROLPLANE_TESTS.iterdir()) if p.is_dir()),
+]
 from controlplane_fakeapi import FakeApi, fake_api
 from test_controlplane_extension_api import auth_configmap
 

@@ -29,7 +29,7 @@ from controlplane.chain.settings import ChainSettings
 from controlplane.reconciling import labeling
 from controlplane.reconciling.nodestates import NodeState
 
-HERE = Path(__file__).parent
+HERE = Path(__file__).parents[1]
 CPU_QUEUE = "gpustack--generic-linux-amd64"
 H200 = msgspec.json.decode(
     (HERE / "controlplane_detect_h200x8.json").read_bytes(), type=tuple[DeviceGroup, ...]

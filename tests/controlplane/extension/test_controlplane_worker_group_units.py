@@ -55,7 +55,7 @@ def test_ledger_bodies_are_kept_while_only_timestamps_change(
     clock = iter(datetime(2026, 1, 1, tzinfo=UTC) + timedelta(minutes=m) for m in range(100))
     monkeypatch.setattr(events, "now", lambda: next(clock))  # every computation stamps later
     groups = msgspec.json.decode(
-        (Path(__file__).parent / "controlplane_detect_h200x8.json").read_bytes(),
+        (Path(__file__).parents[1] / "controlplane_detect_h200x8.json").read_bytes(),
         type=tuple[DeviceGroup, ...],
     )
     ledger = Ledger()

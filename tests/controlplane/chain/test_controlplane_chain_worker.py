@@ -28,7 +28,7 @@ from controlplane.chain.settings import ChainSettings
 from controlplane.worker import running
 
 pytestmark = pytest.mark.anyio
-HERE = Path(__file__).parent
+HERE = Path(__file__).parents[1]
 H200 = msgspec.json.decode(
     (HERE / "controlplane_detect_h200x8.json").read_bytes(), type=tuple[DeviceGroup, ...]
 )

@@ -35,7 +35,7 @@ from controlplane.admission.webhooks import WebhookSettings
 from controlplane.worker import running
 
 pytestmark = pytest.mark.anyio
-HERE = Path(__file__).parent
+HERE = Path(__file__).parents[1]
 V1 = "/apis/worker.gpustack.ai/v1"
 STORED = "apis/worker.gpustack.ai/v1alpha1"
 GROUP = "worker.gpustack.ai"

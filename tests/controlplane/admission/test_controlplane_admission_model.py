@@ -206,7 +206,7 @@ def test_the_documented_pod_is_admitted_with_the_documented_units(doc: str, unit
     import yaml
     from admission_helpers import apply_patch
 
-    text = (Path(__file__).parents[2] / doc).read_text()
+    text = (Path(__file__).parents[3] / doc).read_text()
     (block,) = [b for b in re.findall(r"```yaml\n(.*?)```", text, re.DOTALL) if "half-an-h200" in b]
     body = yaml.safe_load(block)
     for c in body["spec"]["containers"]:  # the API server defaults requests from limits

@@ -13,7 +13,7 @@ import yaml
 
 from controlplane.schema import crds
 
-HERE = Path(__file__).parent
+HERE = Path(__file__).parents[1]
 DEPLOY = HERE.parent.parent / "deploy" / "crds"
 
 

@@ -40,7 +40,7 @@ from controlplane.worker.settings import settings_from
 from gpustack_operator.main import options_for
 
 pytestmark = pytest.mark.anyio
-HERE = Path(__file__).parent
+HERE = Path(__file__).parents[1]
 POLICY = """
 apiVersion: audit.k8s.io/v1
 kind: Policy

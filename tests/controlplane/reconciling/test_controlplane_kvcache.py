@@ -32,7 +32,7 @@ from controlplane.worker import leading, running
 from kit.serving import HttpsSettings
 
 pytestmark = pytest.mark.anyio
-HERE = Path(__file__).parent
+HERE = Path(__file__).parents[1]
 GROUPS = msgspec.json.decode(
     (HERE / "controlplane_detect_h100x8_mig.json").read_bytes(), type=tuple[DeviceGroup, ...]
 )

@@ -51,7 +51,7 @@ from tests.controlplane.fakegpustack import FakeGPUStack
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow, pytest.mark.timeout(420)]
 
-HERE = Path(__file__).parent
+HERE = Path(__file__).parents[1]
 REPO = HERE.parent.parent
 VENV = Path(os.environ.get("GPUSTACK_E2E_VENV") or REPO / ".gpustack-venv")
 PASSWORD = "Test-Passw0rd!"

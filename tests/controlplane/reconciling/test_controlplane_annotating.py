@@ -23,7 +23,7 @@ from controlplane.reconciling import allocating
 from controlplane.reconciling.annotating import ANNOTATION, PodAnnotator, entry, merged
 from controlplane.reconciling.nodestates import Ledger
 
-HERE = Path(__file__).parent
+HERE = Path(__file__).parents[1]
 PODS = "api/v1/pods"
 
 

@@ -17,7 +17,7 @@ from controlplane.chain.inventory import NodeFacts, facts_of, general_key
 from controlplane.chain.settings import ChainSettings
 from controlplane.reconciling.nodestates import NodeState
 
-HERE = Path(__file__).parent
+HERE = Path(__file__).parents[1]
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 M = 1_600_000
 

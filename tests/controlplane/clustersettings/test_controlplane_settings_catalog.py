@@ -261,7 +261,7 @@ def test_the_settings_table_in_the_docs_is_the_catalog() -> None:
     ones (stored, never read: the API says so too) with "—" in its "Read by" column."""
     from pathlib import Path
 
-    text = (Path(__file__).parents[2] / "docs" / "settings.md").read_text()
+    text = (Path(__file__).parents[3] / "docs" / "settings.md").read_text()
     rows = {}
     for line in text.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]

@@ -19,7 +19,7 @@ from controlplane.reconciling.queueing import KeyQueue
 from controlplane.resources import DEVICES, Observed, Ref
 from controlplane.worker import leading
 
-HERE = Path(__file__).parent
+HERE = Path(__file__).parents[1]
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
 
