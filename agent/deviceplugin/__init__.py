@@ -11,5 +11,9 @@ the wire by :mod:`encoding`, which also turns an injection into kubelet's messag
 creates and destroys the instances through NVML in worker threads, :mod:`registration` keeps every server registered with kubelet across kubelet restarts,
 :mod:`podresources` asks kubelet who holds which device, and :mod:`running` wires them into one
 async context manager, :func:`running.device_plugins`. :mod:`kvpending` follows the node's pending
-sliced and partitioned containers from the bus; :mod:`pending` picks the one an Allocate serves.
+sliced and partitioned containers from the bus; :mod:`pending` picks the one an Allocate serves, and :mod:`claims` keeps the reservations.
+Also: :mod:`settings` (built at the edge), :mod:`limits` (bounds on a kubelet request),
+:mod:`errors` (named for the gRPC status kubelet sees), :mod:`cdi` (NVIDIA's device channel),
+:mod:`mirroring` (a visibility sidecar sees what its Pod's owner holds), :mod:`inotify` (waking on
+kubelet's socket directory), :mod:`controls` (the driver controls ``dm serve`` registers).
 """

@@ -7,5 +7,6 @@ injections into the capability rows to establish (per manufacturer as :mod:`vend
 the driver reads of :mod:`declaring`) and judges probe output, :mod:`invocations` renders the
 exact runtime argument vectors, :mod:`staging` writes the preload tree and holds the lock,
 :mod:`host` runs commands through ``chroot <host-root>``, and :mod:`running` wires them into the
-one-shot command. :mod:`model` is the printed document.
+one-shot command. :mod:`model` is the printed document, :mod:`judging` turns probe output into
+its rows, and :mod:`settings` are the command's settings.
 """

@@ -5,7 +5,8 @@ Two kinds:
 - **upstream** (``kueue``, ``node-feature-discovery``, ``csi-driver-nfs``, ``csi-driver-s3``):
   a pinned release (:data:`.pins.PINS`: version, manifest URL, SHA-256) fetched from upstream or
   read from a mirror (``--applications-mirror``), refused unless it hashes to the pin,
-  configured as this system needs (:mod:`.configuring`) and applied with server-side apply;
+  configured as this system needs (:mod:`.configuring`; :mod:`.manifests` fetches and checks
+  it) and applied with server-side apply;
 - **own** (``model-manager``, ``device-manager``): objects of this project the worker renders
   itself (:data:`OWN`): the model agent's ``CSIDriver``. The agents' DaemonSets come from
   ``deploy/`` (``kubectl apply -k``), so ``device-manager`` has no object of its own here.
