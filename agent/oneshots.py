@@ -17,8 +17,8 @@ from collections.abc import Callable
 from typing import Any
 
 from agent.devices import detection, gpm, sources
+from agent.devices.settings import DetectSettings
 from agent.errors import ProfileError
-from agent.settings import DetectSettings
 from bus.devices import DeviceGroup, MonitorSample
 from kit import rendering
 from kit.tables import human_mib, table

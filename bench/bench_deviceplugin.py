@@ -48,7 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from agent.deviceplugin.running import Plugins, device_plugins
 from agent.deviceplugin.settings import DevicePluginSettings
 from agent.devices import detection, sources
-from agent.settings import DetectSettings
+from agent.devices.settings import DetectSettings
 from bus import devices
 from proto.deviceplugin import v1beta1 as dp
 

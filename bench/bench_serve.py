@@ -7,7 +7,7 @@ nats-server and a grpcio fake kubelet; accelerators are the simulated ``nvidia-h
    warm-up, and CPU seconds (user + system from ``/proc``) over a window divided by the monitor
    passes the agent counted in that window (its ``/metrics``). Each pass is a detection, a
    sample, the health re-check and the bus publishing that follows.
-2. In-process agent (:func:`agent.running.run`): time from ``inject_xid`` on a simulated card to
+2. In-process agent (:func:`agent.serve.running.run`): time from ``inject_xid`` on a simulated card to
    the ListAndWatch update marking it Unhealthy, read by a grpcio client as kubelet would.
 """
 
@@ -37,8 +37,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from agent.devices import nvidia
-from agent.running import Running, run
-from agent.serve_settings import ServeSettings
+from agent.serve.running import Running, run
+from agent.serve.settings import ServeSettings
 from agent.testing import FakeKubelet, Watch, fake_kubelet
 from bus import embedded
 from bus.settings import BusSettings

@@ -154,8 +154,8 @@ def instrument(port: int) -> None:
     from prometheus_client import CollectorRegistry, Counter, start_http_server
     from prometheus_client.core import HistogramMetricFamily
 
-    from controlplane.reconciling.ledger import Ledger
     from controlplane.reconciling.nodes import NodeReconciler
+    from controlplane.reconciling.nodestates import Ledger
 
     class Hist:
         """A histogram without a lock or label lookups: it runs for every event, in the
@@ -219,9 +219,9 @@ def instrument(port: int) -> None:
 
 def worker_child(args: argparse.Namespace) -> None:
     """The worker (KV sink, or the fake API at ``--api``) until SIGTERM."""
-    from controlplane import running
     from controlplane.k8s.client import KubeSettings
-    from controlplane.settings import WorkerFlags, reconcile_concurrency
+    from controlplane.worker import running
+    from controlplane.worker.settings import WorkerFlags, reconcile_concurrency
     from gpustack_operator.main import options_for
 
     instrument(args.all_port)
@@ -596,12 +596,12 @@ def ingest_bench(args: argparse.Namespace) -> dict[str, Any]:
     out what the full runs add: the NATS client, the event loop and the reconciles."""
     from bus import state
     from bus.metrics import BusMetrics
-    from controlplane import running
     from controlplane.extension.registration import LatestSamples
     from controlplane.metrics import WorkerMetrics
-    from controlplane.reconciling.ledger import Ledger
+    from controlplane.reconciling.nodestates import Ledger
     from controlplane.reconciling.processing import Processor
-    from controlplane.sinks import KvSink
+    from controlplane.reconciling.sinks import KvSink
+    from controlplane.worker import running
 
     metrics = WorkerMetrics()
     guard = state.guard_for(
@@ -663,7 +663,7 @@ async def chain_bench(args: argparse.Namespace) -> dict[str, Any]:
     from controlplane.chain.settings import ChainSettings
     from controlplane.k8s.client import KubeSettings, open_client
     from controlplane.k8s.informing import Informer
-    from controlplane.reconciling.ledger import Ledger
+    from controlplane.reconciling.nodestates import Ledger
     from controlplane.resources import NODES
 
     api_port = free_port()
@@ -771,8 +771,8 @@ def child(args: argparse.Namespace) -> None:
 def settings_in_use(args: argparse.Namespace) -> dict[str, Any]:
     """Fill the worker's QPS, burst and resync from the command's own defaults where no flag
     set them, and say which: a figure is only comparable under the settings it ran with."""
-    from controlplane.running import WorkerSettings
-    from controlplane.settings import WorkerFlags
+    from controlplane.worker.running import WorkerSettings
+    from controlplane.worker.settings import WorkerFlags
     from gpustack_operator.main import options_for
 
     deployed = options_for(("worker",)).read_flags(WorkerFlags)

@@ -313,7 +313,7 @@ async def link(
     flushes the outbox within ``drain_timeout_s`` (:meth:`Publisher.attach`), then drains and
     closes the connection. Once connected, a lost connection is replaced (for ever, see
     :mod:`bus.connection`), and the outbox holds everything meanwhile. ``also`` attaches other
-    users of the same connection (e.g. :meth:`bus.reviewing.BusReviewer.attach`) for as long.
+    users of the same connection (e.g. :meth:`bus.accessreviews.BusReviewer.attach`) for as long.
     ``presence`` is told when the connection is up and lost (the process's ``/livez``).
     """
     async with (

@@ -38,7 +38,7 @@ KINDS: Final[tuple[Kind, ...]] = get_args(Kind)
 PREFIX: Final = "gpustack.v1.node"
 ALL: Final = f"{PREFIX}.>"
 REVIEW: Final = "gpustack.v1.review"
-"""Where node agents ask the worker to review a bearer token (request/reply; bus.reviewing)."""
+"""Where node agents ask the worker to review a bearer token (request/reply; bus.accessreviews)."""
 MAX_NODE_CHARS: Final = 253
 """The longest Kubernetes object name (a DNS subdomain)."""
 

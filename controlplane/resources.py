@@ -1,7 +1,7 @@
 """The API resources the control plane reads and writes, and references to single objects.
 
 Pure data: the REST path of a resource is computed here so the adapter, the sinks and the test
-fake agree on it. ``worker.gpustack.ai/v1alpha1`` holds the CRDs (:mod:`controlplane.crds`).
+fake agree on it. ``worker.gpustack.ai/v1alpha1`` holds the CRDs (:mod:`controlplane.schema.crds`).
 """
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ EVENTS: Final = Resource(group="", version="v1", plural="events", kind="Event", 
 LEASES: Final = Resource(
     group="coordination.k8s.io", version="v1", plural="leases", kind="Lease", namespaced=True
 )
-# Create-only: the reviews behind the HTTPS endpoints' bearer tokens (controlplane.reviewing).
+# Create-only: the reviews behind the HTTPS endpoints' bearer tokens (controlplane.access.reviewer).
 TOKENREVIEWS: Final = Resource(
     group="authentication.k8s.io", version="v1", plural="tokenreviews", kind="TokenReview"
 )

@@ -600,8 +600,8 @@ COMMANDS = (
         ("worker",),
         "The control plane: reconciles node events into CRDs.",
         _WORKER,
-        settings="controlplane.settings:settings_from",
-        service="controlplane.running:run",
+        settings="controlplane.worker.settings:settings_from",
+        service="controlplane.worker.running:run",
         examples=(
             "# Run the control plane against the current kubeconfig's cluster\n"
             "gpustack-operator worker --kubeconfig ~/.kube/config --secure-port 31443\n"
@@ -624,8 +624,8 @@ COMMANDS = (
         ("device-manager", "serve"),
         "The per-node device agent (kubelet device plugin).",
         _DM_SERVE,
-        settings="agent.serve_settings:settings_from",
-        service="agent.running:run",
+        settings="agent.serve.settings:settings_from",
+        service="agent.serve.running:run",
         examples=(
             "# The device agent of a simulated 8 x H200 node, sampling every 5 s\n"
             "gpustack-operator dm serve --simulate nvidia-h200x8 --monitor-period 5s\n"
@@ -685,7 +685,7 @@ COMMANDS = (
         ("device-manager", "detect"),
         "Run one detect pass and print the Devices spec.groups (a pure read).",
         _ONE_SHOT,
-        settings="agent.settings:detect_settings_from",
+        settings="agent.devices.settings:detect_settings_from",
         oneshot="agent.oneshots:detect_command",
         examples=(
             "# This node's accelerators, one per row\n"
@@ -702,7 +702,7 @@ COMMANDS = (
         ("device-manager", "monitor"),
         "Take one utilization sample per manufacturer and print it (a pure read).",
         _ONE_SHOT,
-        settings="agent.settings:detect_settings_from",
+        settings="agent.devices.settings:detect_settings_from",
         oneshot="agent.oneshots:monitor_command",
         examples=(
             "# One utilization sample of this node's accelerators, one per row\n"

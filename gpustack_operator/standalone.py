@@ -45,19 +45,19 @@ import anyio
 import anyio.abc
 import msgspec
 
-from agent import running as agent_running
-from agent import serve_settings
 from agent.models import running as models_running
 from agent.models.policy import MemoryPolicy
 from agent.models.settings import ModelManagerSettings
+from agent.serve import running as agent_running
+from agent.serve import settings as serve_settings
 from bus import callout, embedded, jwt
 from bus.identity import Identity, inbox_prefix
 from bus.settings import BusSettings
-from controlplane import running as worker_running
+from controlplane.access.busauth import BusAuthSettings
 from controlplane.admission import webhooks
-from controlplane.busauth import BusAuthSettings
 from controlplane.chain import workloads
-from controlplane.settings import WorkerSettings
+from controlplane.worker import running as worker_running
+from controlplane.worker.settings import WorkerSettings
 from gpustack_operator import logs
 from gpustack_operator.dashboard import serving as dashboard_serving
 from gpustack_operator.dashboard.serving import DashboardSettings

@@ -4,6 +4,10 @@ A package of its own, beside ``bus``, because the control plane resolves ModelAr
 same code the node plugin verifies downloads with: one implementation means one digest. Of the
 bus it uses only :func:`bus.records.is_digest` (the records the control plane pushes to nodes
 carry digests, and the bus may not import the hub).
+
+Modules: ``client`` (the Hub client), ``resolving`` (a repository at a revision into its
+``manifest``), ``http``, ``framing`` and ``urls`` (a small HTTP/1.1 client and what it fetches),
+``endpoints`` (where the Hub is, which names may be sent), ``errors``, ``testing`` (a fake Hub).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The kubelet device-plugin side of ``dm serve``.
 
-Pure decisions live in :mod:`resources` (which servers and tokens exist), :mod:`ledger` (who holds
+Pure decisions live in :mod:`resources` (which servers and tokens exist), :mod:`holdings` (who holds
 what share of which card), :mod:`allocation` (Allocate and GetPreferredAllocation) and
 :mod:`responders` (what each vendor's runtime needs injected, as the plain data of
 :mod:`injection`, which one-shots such as ``dm preflight`` import without grpclib; NVIDIA and AMD
@@ -10,8 +10,13 @@ the wire by :mod:`encoding`, which also turns an injection into kubelet's messag
 :mod:`partitions` decides MIG profiles, placements and reclaim (pure) and :mod:`partitioning`
 creates and destroys the instances through NVML in worker threads, :mod:`registration` keeps every server registered with kubelet across kubelet restarts,
 :mod:`podresources` asks kubelet who holds which device, and :mod:`running` wires them into one
-async context manager, :func:`running.device_plugins`. :mod:`node` keeps the node's state on the
-event loop; which pending container each grant serves is :mod:`claims` (``reserve``/``release``,
-and the change-woken wait of a partitioned Allocate), and the host side of an injection (work
-directories and their files) is :mod:`workdirs`.
+async context manager, :func:`running.device_plugins`. :mod:`kvpending` follows the node's pending
+sliced and partitioned containers from the bus; :mod:`pending` picks the one an Allocate serves.
+:mod:`node` keeps the node's state on the event loop; which pending container each grant serves
+is :mod:`claims` (``reserve``/``release``, and the change-woken wait of a partitioned Allocate),
+and the host side of an injection (work directories and their files) is :mod:`workdirs`.
+Also: :mod:`settings` (built at the edge), :mod:`limits` (bounds on a kubelet request),
+:mod:`errors` (named for the gRPC status kubelet sees), :mod:`cdi` (NVIDIA's device channel),
+:mod:`mirroring` (a visibility sidecar sees what its Pod's owner holds), :mod:`inotify` (waking on
+kubelet's socket directory), :mod:`controls` (the driver controls ``dm serve`` registers).
 """

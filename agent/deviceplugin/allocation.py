@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from agent.deviceplugin import errors, pending
-from agent.deviceplugin.ledger import Holding, Ledger, allocation_id
+from agent.deviceplugin.holdings import Holding, Ledger, allocation_id
 from agent.deviceplugin.limits import shown
 from agent.deviceplugin.resources import (
     UNITS_PER_CARD,

@@ -1,7 +1,7 @@
 """Which pending container each grant serves: the reservations, kubelet's view, the choice.
 
 kubelet's Allocate names device ids only. :class:`Claims` holds what the node knows about the
-containers those ids are for: the worker's pending claims (:mod:`agent.kvpending`), the claim
+containers those ids are for: the worker's pending claims (:mod:`agent.deviceplugin.kvpending`), the claim
 each holding served (reserved: never chosen again, also after a restart, rebuilt from the kept
 events by :func:`served_request`), the claim each visibility grant mirrored for, and kubelet's
 last pod-resources view (which containers it lists, with the resources they already hold).
@@ -10,7 +10,7 @@ The decision itself is :func:`pending.choose`; this class only feeds it. Event-l
 Its tables change only through its methods (:meth:`Claims.reserve`, :meth:`~Claims.release`,
 :meth:`~Claims.note_mirrored`, :meth:`~Claims.note_kubelet`, :meth:`~Claims.restore`), and each
 change wakes :meth:`Claims.wait_for`, as does a new pending list from a source that announces
-its changes (:class:`Announcing`, e.g. :class:`agent.kvpending.PendingView`): an Allocate waiting
+its changes (:class:`Announcing`, e.g. :class:`agent.deviceplugin.kvpending.PendingView`): an Allocate waiting
 for its claim wakes when something it depends on changed, never on a timer.
 """
 
@@ -23,7 +23,7 @@ from typing import Final, Protocol, runtime_checkable
 import anyio
 
 from agent.deviceplugin import pending
-from agent.deviceplugin.ledger import Holding
+from agent.deviceplugin.holdings import Holding
 from bus.records import PendingContainer
 
 __all__ = ["MAX_MIRRORED", "Announcing", "Claims", "PendingSource", "served_request"]

@@ -26,7 +26,8 @@ from agent.deviceplugin import errors
 from agent.deviceplugin.injection import DriverStep
 from agent.deviceplugin.node import DriverControl
 from agent.deviceplugin.vendors.ascend import CONTAINER_SHARE
-from agent.devices import ascend, clib, detection, vendor
+from agent.devices import ascend, detection, vendor
+from agent.devices.libs import clib
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from agent.deviceplugin import errors
-from agent.deviceplugin.ledger import Holding
+from agent.deviceplugin.holdings import Holding
 from agent.deviceplugin.resources import Card
 from bus.records import PendingContainer
 

@@ -31,13 +31,13 @@ from agent.deviceplugin import (
     allocation,
     cdi,
     errors,
-    ledger,
     mirroring,
     partitioning,
     resources,
     responders,
     workdirs,
 )
+from agent.deviceplugin import holdings as ledger
 from agent.deviceplugin.claims import Claims, KubeletKey, PendingSource
 from agent.deviceplugin.injection import DriverStep, Injection
 from agent.deviceplugin.partitioning import Partitions

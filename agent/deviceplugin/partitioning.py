@@ -34,7 +34,7 @@ import msgspec
 
 from agent.deviceplugin import errors, partitions
 from agent.deviceplugin.resources import Card
-from agent.devices import nvml
+from agent.devices.libs import nvml
 
 log = logging.getLogger(__name__)
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from agent.devices.nvml import GpuInstanceProfile
+from agent.devices.libs.nvml import GpuInstanceProfile
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from grpclib.client import Channel
 from grpclib.exceptions import GRPCError, StreamTerminatedError
 
 from agent.deviceplugin import errors
-from agent.deviceplugin.ledger import LiveContainer
+from agent.deviceplugin.holdings import LiveContainer
 from proto.podresources import v1 as podresources
 
 

@@ -17,7 +17,7 @@ import anyio.to_thread
 
 from agent.deviceplugin import cdi, podresources
 from agent.deviceplugin.claims import KubeletKey
-from agent.deviceplugin.ledger import Ledger
+from agent.deviceplugin.holdings import Ledger
 from agent.deviceplugin.node import DriverControl, Links, Node
 from agent.deviceplugin.partitioning import MigControl, Partitions
 from agent.deviceplugin.registration import Registrar
@@ -120,7 +120,7 @@ async def device_plugins(
     events of this node, re-charged on the first update. ``mig`` (NVIDIA:
     ``partitioning.NvmlMig(nvml_adapter)``) makes ``<base>.partitioned`` create and reclaim MIG
     instances; without it partitioned grants name instances someone else made. ``pending``
-    returns the node's pending containers (:mod:`agent.kvpending`): a sliced Allocate serving
+    returns the node's pending containers (:mod:`agent.deviceplugin.kvpending`): a sliced Allocate serving
     one is charged and capped by its own request. ``controls`` perform the driver steps some
     vendors' grants need (:class:`injection.DriverStep`), by kind; a grant needing a step no
     control performs is refused.

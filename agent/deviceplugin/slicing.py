@@ -24,8 +24,8 @@ from dataclasses import dataclass
 
 from agent.deviceplugin import errors, pending
 from agent.deviceplugin.allocation import Grant, card_name
+from agent.deviceplugin.holdings import allocation_id
 from agent.deviceplugin.injection import Injection, Mount
-from agent.deviceplugin.ledger import allocation_id
 from agent.deviceplugin.resources import Card, device_id, resource_name
 
 VGPU_DIR = "/tmp/vgpu"

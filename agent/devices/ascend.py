@@ -23,8 +23,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from agent.devices import clib, dcmi
 from agent.devices.hostfs import HostFS
+from agent.devices.libs import clib, dcmi
 from agent.devices.vendor import Card, Get, Usage
 
 MANUFACTURER = "ascend"

@@ -13,8 +13,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from typing import Any
 
-from agent.devices import clib, cndev
 from agent.devices.hostfs import HostFS
+from agent.devices.libs import clib, cndev
 from agent.devices.vendor import Card, Get, Usage
 
 MANUFACTURER = "cambricon"

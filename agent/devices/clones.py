@@ -13,8 +13,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from typing import Any
 
-from agent.devices import clib, nvmlabi
 from agent.devices.hostfs import HostFS
+from agent.devices.libs import clib, nvmlabi
 from agent.devices.vendor import Card, Get, Usage
 from bus import devices
 

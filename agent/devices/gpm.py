@@ -38,7 +38,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent.devices.nvml import (
+from agent.devices.libs.nvml import (
     GPM_ANY_TENSOR_UTIL,
     GPM_DRAM_BW_UTIL,
     GPM_GRAPHICS_UTIL,

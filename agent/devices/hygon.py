@@ -21,8 +21,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from typing import Any
 
-from agent.devices import amdgpu_ids, clib, dmimig, rocmsmi, vendor
+from agent.devices import amdgpu_ids, vendor
 from agent.devices.hostfs import HostFS
+from agent.devices.libs import clib, dmimig, rocmsmi
 from agent.devices.vendor import Card, Get, Usage
 from bus import devices
 

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from agent.devices import clones, ixml
+from agent.devices import clones
 from agent.devices.hostfs import HostFS
+from agent.devices.libs import ixml
 
 MANUFACTURER = "iluvatar"
 

@@ -12,8 +12,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from typing import Any
 
-from agent.devices import clib, mtml, vendor
+from agent.devices import vendor
 from agent.devices.hostfs import HostFS
+from agent.devices.libs import clib, mtml
 from agent.devices.vendor import Card, Get, Usage
 
 MANUFACTURER = "mthreads"

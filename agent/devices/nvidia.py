@@ -2,7 +2,7 @@
 
 How failures are contained (one card never takes the others down):
 
-- a field NVML does not offer (:class:`~agent.devices.nvml.NvmlUnsupported`) is left out;
+- a field NVML does not offer (:class:`~agent.devices.libs.nvml.NvmlUnsupported`) is left out;
 - any other failure of an optional call costs that field and logs a WARNING;
 - a card that answers ``GPU_IS_LOST`` is not asked anything more this pass; it is reported
   ``unhealthy`` with what was read before the loss, if its UUID was read (or an earlier pass of
@@ -27,9 +27,7 @@ from typing import Any, TypeVar
 from agent.devices import pci
 from agent.devices.gpm import Activity, GpmSampler
 from agent.devices.hostfs import HostFS
-from agent.devices.manufacturers import MANUFACTURERS
-from agent.devices.nvidia_facts import MANUFACTURER, CardFacts, build_groups, pct
-from agent.devices.nvml import (
+from agent.devices.libs.nvml import (
     Handle,
     Nvml,
     NvmlError,
@@ -37,6 +35,8 @@ from agent.devices.nvml import (
     NvmlUnavailable,
     NvmlUnsupported,
 )
+from agent.devices.manufacturers import MANUFACTURERS
+from agent.devices.nvidia_facts import MANUFACTURER, CardFacts, build_groups, pct
 from agent.errors import DetectionError
 from bus import devices
 

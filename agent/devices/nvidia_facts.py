@@ -12,8 +12,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TypeVar
 
+from agent.devices.libs.nvml import GpuInstanceProfile
 from agent.devices.manufacturers import MANUFACTURERS
-from agent.devices.nvml import GpuInstanceProfile
 from bus import devices
 
 T = TypeVar("T")

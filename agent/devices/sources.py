@@ -17,10 +17,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from agent.devices import amd, detection, nvidia, nvml, vendor
+from agent.devices import amd, detection, nvidia, vendor
 from agent.devices.hostfs import HostFS
+from agent.devices.libs import nvml
 from agent.devices.manufacturers import MANUFACTURERS
-from agent.settings import DetectSettings
+from agent.devices.settings import DetectSettings
 
 log = logging.getLogger(__name__)
 

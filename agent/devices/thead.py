@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from agent.devices import clones, hgml
+from agent.devices import clones
 from agent.devices.hostfs import HostFS
+from agent.devices.libs import hgml
 
 MANUFACTURER = "thead"
 

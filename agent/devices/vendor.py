@@ -30,8 +30,9 @@ from contextlib import AbstractContextManager, ExitStack
 from dataclasses import dataclass, replace
 from typing import Any, Protocol, TypeVar
 
-from agent.devices import clib, pci
+from agent.devices import pci
 from agent.devices.hostfs import HostFS
+from agent.devices.libs import clib
 from agent.devices.manufacturers import MANUFACTURERS
 from agent.errors import DetectionError
 from bus import devices

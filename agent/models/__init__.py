@@ -1,4 +1,16 @@
 """The model agent: a CSI node plugin serving verified Hugging Face snapshots from a node cache.
 
 See docs/models.md for the volume contract, the on-disk layout and the bus reporting.
+
+- the process: :mod:`.running` (composition root), :mod:`.settings`, :mod:`.server` (CSI
+  Identity and Node on a unix socket), :mod:`.metrics`;
+- volumes: :mod:`.volumes` (publish and unpublish), :mod:`.targets` (where a target path is),
+  :mod:`.mounting` (bind mounts), :mod:`.policy`, :mod:`.kvpolicy` and :mod:`.policyfile` (who
+  may mount what, from the bus, kept on disk);
+- the cache: :mod:`.layout` (the on-disk layout), :mod:`.materializing` (a digest into a
+  published tree, once), :mod:`.downloading`, :mod:`.assembling`, :mod:`.diskio` and
+  :mod:`.publishing` (its steps), :mod:`.backoff`, :mod:`.collecting` (reclaiming space),
+  :mod:`.reporting` (the cache as bus events), :mod:`.tuning` (its constants), :mod:`.errors`;
+- the one-shots: :mod:`.pull` (``model-manager pull``), :mod:`.manifest_cli`
+  (``model-manager manifest``).
 """

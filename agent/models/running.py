@@ -43,11 +43,11 @@ from agent.models.policy import MemoryPolicy, Policy
 from agent.models.settings import ModelManagerSettings
 from agent.models.volumes import Volumes
 from bus import connection, kv, publishing
+from bus.accessreviews import BusReviewer
 from bus.errors import BusError
 from bus.metrics import BusMetrics
 from bus.presence import Presence
 from bus.records import StoreSpec
-from bus.reviewing import BusReviewer
 from bus.settings import BusSettings
 from hub import client as hub_client
 from kit import backoff, serving

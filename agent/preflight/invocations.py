@@ -11,7 +11,7 @@ import shlex
 from collections.abc import Sequence
 
 from agent.preflight.injection import Injection
-from agent.preflight.resolving import NAMESPACE, Choice
+from agent.preflight.kubeletconfig import NAMESPACE, Choice
 
 LABEL = "gpustack.ai/preflight=true"
 MAPS_BEGIN = "gpustack-preflight-maps-begin"

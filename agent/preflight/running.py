@@ -16,8 +16,9 @@ from typing import Any, cast
 
 from agent.devices import detection, sources
 from agent.devices.manufacturers import WITH_BACKEND
+from agent.devices.settings import DetectSettings, manufacturers_from, simulate_from
 from agent.errors import DetectionError, ProfileError
-from agent.preflight import checking, invocations, judging, resolving, staging
+from agent.preflight import checking, invocations, judging, kubeletconfig, staging
 from agent.preflight.checking import Plan, Result
 from agent.preflight.host import Host, RootedView
 from agent.preflight.model import (
@@ -32,7 +33,6 @@ from agent.preflight.model import (
     render,
 )
 from agent.preflight.settings import HOST_LIB_DIR, PreflightSettings
-from agent.settings import DetectSettings, manufacturers_from, simulate_from
 from bus import devices
 from kit.options import Flags, Options
 
@@ -120,13 +120,13 @@ class _Pass:
 def run(settings: PreflightSettings) -> Document:
     """The whole pass. :raises ProfileError: for a bad ``--simulate`` profile."""
     host = Host(settings)
-    files = resolving.HostFiles(settings.host_root)
-    srcs, proc_visible = resolving.kubelet_sources(files)
+    files = kubeletconfig.HostFiles(settings.host_root)
+    srcs, proc_visible = kubeletconfig.kubelet_sources(files)
     invalid = host.valid()
     if invalid:
-        choice = resolving.Choice("docker", why_not=invalid)
+        choice = kubeletconfig.Choice("docker", why_not=invalid)
     else:
-        choice = resolving.choose(
+        choice = kubeletconfig.choose(
             srcs, settings.runtime, host.has_command, lambda s: os.path.exists(files.path(s))
         )
     runtime = _runtime(choice, host.shares_network())
@@ -152,7 +152,7 @@ def run(settings: PreflightSettings) -> Document:
             p.why = why
     else:
         _execute(passes, settings, host, prefix)
-    policy, source, note = resolving.topology_policy(srcs, proc_visible)
+    policy, source, note = kubeletconfig.topology_policy(srcs, proc_visible)
     return Document(
         accelerators=tuple(_group(p, stamp) for p in passes),
         runtime=runtime,
@@ -160,7 +160,7 @@ def run(settings: PreflightSettings) -> Document:
     )
 
 
-def _runtime(choice: resolving.Choice, network: bool | None) -> Runtime:
+def _runtime(choice: kubeletconfig.Choice, network: bool | None) -> Runtime:
     notes = [choice.why_not] if choice.why_not else []
     if network is False:
         notes.append(

@@ -2,5 +2,6 @@
 
 ``requests`` (the model and its folds), ``mutating`` and ``validating`` (the two decisions) are
 pure functions over typed data; ``review`` speaks AdmissionReview; ``webhooks`` and
-``certificates`` are the only parts that do I/O.
+``certificates`` are the only parts that do I/O. ``pods`` is the typed Pod admission reads,
+``folds`` the memory folds, ``cards`` the accelerator groups the worker's ledger knows.
 """

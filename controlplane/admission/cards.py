@@ -23,7 +23,7 @@ from typing import Final
 from bus.devices import DeviceGroup
 from controlplane.admission.requests import Card
 from controlplane.reconciling.labeling import product_key
-from controlplane.reconciling.ledger import Ledger
+from controlplane.reconciling.nodestates import Ledger
 
 __all__ = ["AGREEMENT", "LedgerCatalog", "agreed", "cards_of"]
 

@@ -29,8 +29,8 @@ import msgspec
 
 from controlplane.admission.webhooks import WebhookSettings
 from controlplane.k8s.client import KubeClient
-from controlplane.reconciling.bindings import quota_bytes
 from controlplane.resources import GROUP, VALIDATING_WEBHOOKS, VERSION, Ref
+from controlplane.stores.bindings import quota_bytes
 from kit.serving import PostRoute, Response
 from kit.values import InvalidValue, parse_duration
 

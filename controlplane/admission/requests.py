@@ -22,7 +22,6 @@ value: "<v>": <detail>``) because the API server shows them to the user as they 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from enum import StrEnum
 from typing import Final, NamedTuple, Protocol
 
 import msgspec
@@ -35,9 +34,8 @@ from controlplane.admission.pods import (
     container_slots,
     parse_quantity,
 )
-from controlplane.reconciling.allocating import UNITS
-from controlplane.reconciling.labeling import BASES
-from controlplane.reconciling.labeling import PREFIX as GROUP_PREFIX
+from controlplane.families import BASES, MANUFACTURER_OF, UNITS, Family, family_of
+from controlplane.families import PREFIX as GROUP_PREFIX
 
 __all__ = [
     "GROUP_PREFIX",
@@ -67,17 +65,6 @@ __all__ = [
 
 PERCENT_UNITS: Final = UNITS // 100
 """One percent of a card's memory: 16,000 units."""
-MANUFACTURER_OF: Final[Mapping[str, str]] = {base: mfr for mfr, base in BASES.items()}
-
-
-class Family(StrEnum):
-    EXCLUSIVE = "exclusive"
-    SHARED = "shared"
-    SLICED = "sliced"
-    PARTITIONED = "partitioned"
-
-
-SLICING: Final = frozenset({Family.SLICED, Family.PARTITIONED})
 
 
 class Claim(msgspec.Struct, frozen=True, kw_only=True):
@@ -128,22 +115,6 @@ class Fold(NamedTuple):
 
     units: int | None
     errors: tuple[str, ...] = ()
-
-
-def family_of(key: str) -> tuple[str, Family] | None:
-    """``(base, family)`` of an accelerator key; None for anything else (visibility included)."""
-    base = next((b for b in MANUFACTURER_OF if key == b or key.startswith(f"{b}.")), None)
-    if base is None:
-        return None
-    rest = key[len(base) + 1 :]
-    if key == base:
-        return base, Family.EXCLUSIVE
-    if rest == "shared":
-        return base, Family.SHARED
-    for family in (Family.SLICED, Family.PARTITIONED):
-        if rest == family.value or rest.startswith(f"{family.value}."):
-            return base, family
-    return None
 
 
 def claims_of(container: Container) -> list[Claim]:

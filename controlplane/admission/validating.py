@@ -27,7 +27,6 @@ from controlplane.admission.folds import (
 )
 from controlplane.admission.pods import Pod, Slot
 from controlplane.admission.requests import (
-    SLICING,
     Catalog,
     Claim,
     Family,
@@ -40,6 +39,7 @@ from controlplane.admission.requests import (
     requests_of,
     required,
 )
+from controlplane.families import SLICING
 
 __all__ = ["validate"]
 

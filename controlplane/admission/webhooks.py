@@ -30,8 +30,8 @@ from controlplane.admission.mutating import mutate
 from controlplane.admission.pods import Pod
 from controlplane.admission.requests import Catalog
 from controlplane.admission.validating import validate
+from controlplane.families import BASES
 from controlplane.k8s.client import KubeClient
-from controlplane.reconciling.labeling import BASES
 from controlplane.resources import MUTATING_WEBHOOKS, VALIDATING_WEBHOOKS, Ref, Resource
 from kit.serving import PostRoute, Response
 

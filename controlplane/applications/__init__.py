@@ -5,13 +5,14 @@ Two kinds:
 - **upstream** (``kueue``, ``node-feature-discovery``, ``csi-driver-nfs``, ``csi-driver-s3``):
   a pinned release (:data:`.pins.PINS`: version, manifest URL, SHA-256) fetched from upstream or
   read from a mirror (``--applications-mirror``), refused unless it hashes to the pin,
-  configured as this system needs (:mod:`.configuring`) and applied with server-side apply;
+  configured as this system needs (:mod:`.configuring`; :mod:`.manifests` fetches and checks
+  it) and applied with server-side apply;
 - **own** (``model-manager``, ``device-manager``): the node agents, rendered by the worker from
   the very files ``deploy/base`` holds (:mod:`.agents`), with the worker's own image.
 
 Each application's objects are applied under its own field manager and labelled with its name;
 an application disabled later has the objects it installed pruned (:mod:`.planning` decides,
-:mod:`.installing` does the I/O). Only the leader installs (``controlplane.running``).
+:mod:`.installing` does the I/O). Only the leader installs (``controlplane.worker.running``).
 
 CRDs, the webhook configurations, the APIService and the Settings are not applications: the
 worker always ensures them.

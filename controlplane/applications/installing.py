@@ -4,7 +4,7 @@ application's manifest, apply with server-side apply under the application's own
 
 The inventory and outcomes live in the ConfigMap ``gpustack-applications`` of the system
 namespace (``inventory.json``, ``status.json``: ``kubectl get cm gpustack-applications -o yaml``
-shows why an application is not installed). Only the leader runs this (``controlplane.running``
+shows why an application is not installed). Only the leader runs this (``controlplane.worker.running``
 starts it under the worker's Lease), once per leadership and again while something failed.
 
 Objects are addressed without discovery: the resource's plural is derived from its kind (the

@@ -31,7 +31,7 @@ from controlplane import errors
 from controlplane.chain import fit, naming
 from controlplane.chain.reconciler import ChainReconciler
 from controlplane.k8s.client import KubeClient
-from controlplane.reconciling.ledger import Ledger
+from controlplane.reconciling.nodestates import Ledger
 from controlplane.resources import Ref
 
 __all__ = ["AdmissionChecker", "assignments", "in_flight", "pending_check", "with_state"]

@@ -21,8 +21,8 @@ from controlplane.chain.deciding import Cache
 from controlplane.chain.kueue import ChainPlan
 from controlplane.reconciling import applying
 from controlplane.reconciling.planning import Action, Delete, Desired, Patch, plan
+from controlplane.reconciling.sinks import Sink
 from controlplane.resources import Observed, Ref, Resource
-from controlplane.sinks import Sink
 
 __all__ = ["converge_instance_types", "converge_kueue", "converge_set", "delete_unwanted", "write"]
 

@@ -16,7 +16,7 @@ from controlplane.chain import kueue, naming
 from controlplane.chain.inventory import NodeFacts
 from controlplane.chain.kueue import ChainPlan, plan_chain
 from controlplane.chain.settings import ChainSettings
-from controlplane.reconciling.ledger import NodeState
+from controlplane.reconciling.nodestates import NodeState
 from controlplane.reconciling.planning import Desired
 from controlplane.resources import Ref, Resource
 from kit.backoff import Backoff

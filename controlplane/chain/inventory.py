@@ -23,7 +23,7 @@ from controlplane.admission.pods import parse_quantity
 from controlplane.chain import naming
 from controlplane.reconciling import allocating
 from controlplane.reconciling.labeling import product_key
-from controlplane.reconciling.ledger import NodeState
+from controlplane.reconciling.nodestates import NodeState
 from kit import k8snames
 
 __all__ = ["Card", "NodeFacts", "facts_of", "general_key"]

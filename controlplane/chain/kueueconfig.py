@@ -20,8 +20,8 @@ from __future__ import annotations
 from typing import Any, Final
 
 from controlplane.chain import naming
+from controlplane.families import BASES
 from controlplane.reconciling.allocating import SHARES, UNITS
-from controlplane.reconciling.labeling import BASES
 
 __all__ = ["CONFIG_KEY", "CONFIG_MAP", "configuration", "transformations"]
 

@@ -18,7 +18,7 @@ from typing import Any
 from controlplane.chain import fit, kueue, naming
 from controlplane.chain.inventory import NodeFacts, facts_of
 from controlplane.chain.settings import ChainSettings
-from controlplane.reconciling.ledger import NodeState
+from controlplane.reconciling.nodestates import NodeState
 
 __all__ = ["Labelling", "label_patch", "signature"]
 

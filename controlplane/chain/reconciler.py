@@ -54,10 +54,10 @@ from controlplane.k8s.client import KubeClient
 from controlplane.k8s.informing import Informer
 from controlplane.metrics import WorkerMetrics
 from controlplane.reconciling import applying
-from controlplane.reconciling.ledger import Ledger
+from controlplane.reconciling.nodestates import Ledger
 from controlplane.reconciling.planning import Patch
+from controlplane.reconciling.sinks import KubeSink
 from controlplane.resources import NODES, Ref
-from controlplane.sinks import KubeSink
 
 __all__ = ["ChainReconciler"]
 

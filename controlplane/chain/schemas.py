@@ -1,6 +1,6 @@
 """The OpenAPI schemas of ``InstanceType`` and ``InstanceTypeFlavor`` (worker.gpustack.ai/v1alpha1).
 
-Data only; :mod:`controlplane.crds` wraps them into CustomResourceDefinitions with the others.
+Data only; :mod:`controlplane.schema.crds` wraps them into CustomResourceDefinitions with the others.
 Every field carries a description (``kubectl explain`` shows it). The printed column
 ``ACCELERATOR(EX/SH/SL/PT)`` is ``onceMaxRequest/remaining`` of each of the four views.
 """

@@ -1,6 +1,6 @@
 """The chain's knobs: one frozen struct, built at the edge (the worker's settings).
 
-The fields that mirror a ``Setting`` (:func:`controlplane.settingscatalog.chain_fields` names
+The fields that mirror a ``Setting`` (:func:`controlplane.clustersettings.catalog.chain_fields` names
 them) take their defaults here from the catalog's own (one place); whether Kueue objects are
 managed at all follows ``--disable-applications=kueue``. The worker swaps this struct whenever
 the Settings change.
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import msgspec
 
-from controlplane.settingscatalog import DEFAULTS
+from controlplane.clustersettings.catalog import DEFAULTS
 
 __all__ = ["ChainSettings"]
 

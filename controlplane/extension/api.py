@@ -20,6 +20,7 @@ from typing import Any
 from aiohttp import web
 
 from bus import events
+from controlplane.clustersettings.source import SettingsSource
 from controlplane.extension import objects
 from controlplane.extension.audit import INFO_KEY, RequestInfo
 from controlplane.extension.auth import (
@@ -36,7 +37,6 @@ from controlplane.extension.core.model import GroupVersion, Provider
 from controlplane.extension.core.server import ApiServer, json_response
 from controlplane.extension.fleetview import GatewayReader, GatewayUnavailable
 from controlplane.extension.served import SettingsProvider, ViewProvider
-from controlplane.settingsource import SettingsSource
 from kit.access import bearer_token
 from kit.serving import Handler, peer_certificate
 

@@ -32,7 +32,8 @@ from urllib.parse import unquote
 import anyio
 import msgspec
 
-from controlplane import errors, reviewing
+from controlplane import errors
+from controlplane.access import reviewer
 from controlplane.k8s.client import KubeClient
 from controlplane.resources import CONFIGMAPS, SUBJECTACCESSREVIEWS, TOKENREVIEWS, Ref
 
@@ -177,11 +178,11 @@ class Authenticator:
             return known[1]
         try:
             body = await self._api.request(
-                "POST", TOKENREVIEWS.collection_path(), reviewing.token_review(token)
+                "POST", TOKENREVIEWS.collection_path(), reviewer.token_review(token)
             )
         except errors.ApiError as e:
             raise AuthFailure(f"token review unavailable: {e}") from e
-        found = reviewing.authenticated_user(body)
+        found = reviewer.authenticated_user(body)
         user = None if found is None else User(
             name=found["username"], uid=str(found.get("uid") or ""),
             groups=tuple(found.get("groups") or ()), extra=dict(found.get("extra") or {}),
@@ -236,7 +237,7 @@ class Authorizer:
             spec["extra"] = user.extra
         body = {"apiVersion": SUBJECTACCESSREVIEWS.api_version, "kind": "SubjectAccessReview",
                 "spec": spec}  # fmt: skip
-        with anyio.move_on_after(reviewing.TIMEOUT_S):
+        with anyio.move_on_after(reviewer.TIMEOUT_S):
             try:
                 answer = await self._api.request(
                     "POST", SUBJECTACCESSREVIEWS.collection_path(), body

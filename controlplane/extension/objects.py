@@ -27,10 +27,10 @@ from typing import Any, Final
 import msgspec
 
 from bus import events
-from controlplane import settingscatalog
+from controlplane.clustersettings import catalog as settingscatalog
+from controlplane.clustersettings.catalog import Entry
 from controlplane.extension.core.model import GroupVersion, ResourceSpec
 from controlplane.extension.core.tables import Column
-from controlplane.settingscatalog import Entry
 
 __all__ = [
     "GROUP",

@@ -1,6 +1,6 @@
 """What backs ``gpustack.ai/v1``'s resources in the API-serving core: one provider each.
 
-- :class:`SettingsProvider`: the settings store (:class:`~controlplane.settingsource.SettingsSource`):
+- :class:`SettingsProvider`: the settings store (:class:`~controlplane.clustersettings.source.SettingsSource`):
   objects rendered from the stored texts, a change on every swap of the store, writes of
   ``spec.value`` through the catalog's rules (422 naming the rule, 409 when the store moved
   under the write, 503 when it cannot be written). Settings carry no labels or annotations:
@@ -20,11 +20,12 @@ from typing import Any
 
 import anyio
 
-from controlplane import errors, settingscatalog
+from controlplane import errors
+from controlplane.clustersettings import catalog as settingscatalog
+from controlplane.clustersettings.catalog import BY_NAME, CATALOG
+from controlplane.clustersettings.source import SettingsSource
 from controlplane.extension import objects
 from controlplane.extension.core.failures import ApiFailure, conflict, invalid
-from controlplane.settingscatalog import BY_NAME, CATALOG
-from controlplane.settingsource import SettingsSource
 
 __all__ = ["LAST_APPLIED", "SettingsProvider", "ViewProvider"]
 

@@ -17,6 +17,7 @@ import anyio
 from anyio.abc import TaskStatus
 from prometheus_client import CollectorRegistry, Gauge
 
+from controlplane.access.reviewer import KubeReviewer
 from controlplane.gateway import api, upstream
 from controlplane.gateway.hub import Hub
 from controlplane.gateway.serving import serve
@@ -24,7 +25,6 @@ from controlplane.gateway.settings import GatewaySettings
 from controlplane.gateway.subscriptions import Manager
 from controlplane.gateway.upstream import ClusterApi
 from controlplane.k8s import client
-from controlplane.reviewing import KubeReviewer
 from kit.access import Authorizer
 
 __all__ = ["Gateway", "run"]

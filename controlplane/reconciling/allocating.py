@@ -37,6 +37,7 @@ from typing import Any, Final
 
 from bus import events
 from bus.devices import Accelerator, DeviceGroup, SliceProfile
+from controlplane.families import UNITS
 from kit.tables import human_mib
 
 __all__ = [
@@ -50,8 +51,6 @@ __all__ = [
     "units_by_card",
 ]
 
-UNITS: Final = 1_600_000
-"""One whole accelerator."""
 SHARES: Final = 10
 MODES: Final = ("None", "Exclusive", "Shared", "Sliced", "Partitioned")
 _RANK: Final = {

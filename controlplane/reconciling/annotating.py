@@ -39,7 +39,7 @@ from bus.devices import DeviceGroup
 from controlplane import errors
 from controlplane.k8s.client import KubeClient
 from controlplane.reconciling.allocating import mode_of, units_by_card
-from controlplane.reconciling.ledger import Ledger
+from controlplane.reconciling.nodestates import Ledger
 from controlplane.resources import PODS, Ref
 
 __all__ = ["ANNOTATION", "PodAnnotator", "entry", "merged"]

@@ -22,8 +22,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from controlplane.reconciling.planning import Action, Create, Delete, Patch
+from controlplane.reconciling.sinks import Sink
 from controlplane.resources import Observed
-from controlplane.sinks import Sink
 
 __all__ = ["apply", "apply_all"]
 

@@ -35,12 +35,12 @@ from controlplane.k8s.client import KubeClient
 from controlplane.metrics import WorkerMetrics
 from controlplane.reconciling import applying, artifacts, revalidating
 from controlplane.reconciling.artifacts import Failure, Spec
-from controlplane.reconciling.ledger import Ledger
+from controlplane.reconciling.hubresolver import Resolved, Resolver
+from controlplane.reconciling.nodestates import Ledger
 from controlplane.reconciling.planning import Desired, Patch, plan
 from controlplane.reconciling.queueing import AsyncKeyQueue
-from controlplane.resolving import Resolved, Resolver
+from controlplane.reconciling.sinks import Sink
 from controlplane.resources import MODELARTIFACTS, SECRETS, Observed, Ref
-from controlplane.sinks import Sink
 
 __all__ = ["ArtifactReconciler"]
 

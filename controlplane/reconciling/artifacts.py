@@ -37,7 +37,7 @@ from typing import Any, Final
 import msgspec
 
 from bus import events, records
-from controlplane.resolving import Resolved
+from controlplane.reconciling.hubresolver import Resolved
 from kit.backoff import Backoff
 
 __all__ = [

@@ -22,24 +22,12 @@ from collections.abc import Iterable, Mapping
 from typing import Final
 
 from bus.devices import DeviceGroup
-from controlplane.reconciling.allocating import UNITS
+from controlplane.families import BASES, PREFIX, UNITS
 from kit import k8snames
 
 __all__ = ["capacity", "is_owned_capacity", "is_owned_label", "labels", "product_key"]
 
 FEATURE: Final = "feature.gpustack.ai/acceleratable"
-PREFIX: Final = "acceleratable.feature.gpustack.ai/"
-BASES: Final[Mapping[str, str]] = {
-    "nvidia": "nvidia.com/gpu",
-    "amd": "amd.com/gpu",
-    "ascend": "huawei.com/npu",
-    "hygon": "hygon.com/dcu",
-    "iluvatar": "iluvatar.com/gpu",
-    "cambricon": "cambricon.com/mlu",
-    "metax": "metax-tech.com/gpu",
-    "mthreads": "mthreads.com/gpu",
-    "thead": "alibabacloud.com/ppu",
-}
 PARTITION_KIND: Final[Mapping[str, str]] = {"nvidia": "mig"}
 _NOT_LABEL = re.compile(r"[^A-Za-z0-9._-]+")
 _OWNED_CAPACITY = re.compile(r"\.(sliced|partitioned)\.")

@@ -12,7 +12,7 @@ made it) is a 409 like any other, answered with a get and a re-plan.
 
 A node whose Node object does not exist (Kubernetes sink) is rejected and counted and its
 objects are deleted, but its ledger state is *parked* (bounded, see
-:class:`~controlplane.reconciling.ledger.Ledger`), so it is reconciled as soon as the Node
+:class:`~controlplane.reconciling.nodestates.Ledger`), so it is reconciled as soon as the Node
 appears (the Node watch's ``ADDED``), not only at the agent's next change.
 """
 
@@ -31,7 +31,7 @@ from bus import events, kv, records
 from controlplane import errors
 from controlplane.metrics import WorkerMetrics
 from controlplane.reconciling import applying, labeling, objects
-from controlplane.reconciling.ledger import Ledger, NodeState
+from controlplane.reconciling.nodestates import Ledger, NodeState
 from controlplane.reconciling.planning import (
     Action,
     Delete,
@@ -40,8 +40,8 @@ from controlplane.reconciling.planning import (
     plan_node,
     settle_conditions,
 )
+from controlplane.reconciling.sinks import Sink
 from controlplane.resources import DEVICES, NODEMODELSTORES, NODES, Observed, Ref
-from controlplane.sinks import Sink
 
 __all__ = ["NodeReconciler"]
 
@@ -53,7 +53,7 @@ _UNKNOWN: Final = object()
 
 
 class StoreSpecs(Protocol):
-    """Where a NodeModelStore's spec comes from (:class:`controlplane.modelstores.ModelStores`)."""
+    """Where a NodeModelStore's spec comes from (:class:`controlplane.stores.modelstores.ModelStores`)."""
 
     def spec_for(self, labels: Mapping[str, str], node: str = "") -> dict[str, Any]: ...
 

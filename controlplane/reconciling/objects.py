@@ -7,7 +7,7 @@ plain JSON-ready dicts in the CRD's camelCase shape; ``spec.groups`` is exactly 
 
 Both objects' ``spec`` and ``status`` are owned whole (:data:`~.planning.WHOLE`): the control
 plane alone writes them (a user's edit of the NodeModelStore spec is kept by the three-way merge
-of :mod:`controlplane.storespec` before planning), and every field their CRDs default is named, so
+of :mod:`controlplane.stores.storespec` before planning), and every field their CRDs default is named, so
 a key the desired object stops naming (a finished download's ``status.downloading``, a proxy
 removed from the settings) is removed.
 """
@@ -21,7 +21,7 @@ import msgspec
 
 from bus import events
 from controlplane.reconciling import allocating, storing
-from controlplane.reconciling.ledger import NodeState
+from controlplane.reconciling.nodestates import NodeState
 from controlplane.reconciling.planning import WHOLE, Desired
 
 __all__ = ["NMS_SPEC_DEFAULT", "devices", "node_model_store", "owner_references"]

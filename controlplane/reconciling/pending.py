@@ -21,11 +21,10 @@ import msgspec
 from bus import kv, records
 from bus.errors import BusError
 from controlplane import errors
-from controlplane.admission.pods import parse_quantity
-from controlplane.admission.requests import SLICING, Family, family_of
+from controlplane.families import SLICING, UNITS, Family, family_of
 from controlplane.k8s.client import KubeClient
-from controlplane.reconciling.allocating import UNITS
 from controlplane.resources import PODS
+from kit.values import parse_quantity
 
 __all__ = ["PendingPublisher", "pending_for"]
 

@@ -35,11 +35,11 @@ import anyio
 from bus import events
 from controlplane import errors
 from controlplane.metrics import WorkerMetrics
-from controlplane.reconciling.ledger import Ledger, Refused
 from controlplane.reconciling.nodes import NodeReconciler
+from controlplane.reconciling.nodestates import Ledger, Refused
 from controlplane.reconciling.queueing import AsyncKeyQueue
+from controlplane.reconciling.sinks import Sink
 from controlplane.resources import DEVICES, NODES, Ref
-from controlplane.sinks import Sink
 
 if TYPE_CHECKING:
     from prometheus_client import Counter

@@ -5,7 +5,7 @@ A resolved artifact pins a commit and a digest for ever, but the Hub may stop se
 token revoked, a repository gated or deleted, a commit force-pushed away. Every
 ``model-artifact-revalidate-interval`` (default 24 h; ``status.resolved.lastValidatedTime``
 says when it last passed) the worker lists the commit again and reads the first byte of its
-first file with the artifact's token (:meth:`controlplane.resolving.Resolver.revalidate`):
+first file with the artifact's token (:meth:`controlplane.reconciling.hubresolver.Resolver.revalidate`):
 
 =====================  ===================================================================
 outcome                effect

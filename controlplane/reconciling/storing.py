@@ -1,6 +1,6 @@
 """``NodeModelStore.status`` from the node's last ``models`` event: pure, synchronous decisions.
 
-The status (camelCase, as the CRD in :mod:`controlplane.crds` declares it):
+The status (camelCase, as the CRD in :mod:`controlplane.schema.crds` declares it):
 
 - ``capacity``: ``totalBytes`` (the cache filesystem), ``storedBytes`` (complete models) and
   ``usedPercent`` = floor(used * 100 / total), where *used* is what the model-manager's

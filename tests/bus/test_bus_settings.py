@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from agent import serve_settings
 from agent.models import settings as models_settings
+from agent.serve import settings as serve_settings
 from bus.jwt import NKey
 from bus.settings import DEFAULT_URL, from_options, tls_context
 from gpustack_operator.flags import FlagError

@@ -23,7 +23,7 @@ from typing import Any
 import yaml
 
 from controlplane.applications import agents
-from controlplane.settings import settings_from
+from controlplane.worker.settings import settings_from
 from gpustack_operator.main import options_for
 
 REPO = Path(__file__).resolve().parents[2]

@@ -6,7 +6,7 @@ from typing import Any
 
 from deploy_helpers import find, pod_spec
 
-from controlplane import busauth
+from controlplane.access import busauth
 
 OVERLAY = "deploy/overlays/dashboard"
 

@@ -22,16 +22,23 @@ from test_deploy_nats import _AuthServer, _config
 
 from bus import codec, connection, embedded, events, subjects, testing
 from bus.testing import eventually
-from controlplane import applications, running
+from controlplane import applications
 from controlplane.admission.certificates import new_authority
 from controlplane.applications.installing import resource_of
 from controlplane.applications.pins import PINS
 from controlplane.k8s.client import KubeSettings, open_client
 from controlplane.resources import Ref
-from controlplane.settings import settings_from
+from controlplane.worker import running
+from controlplane.worker.settings import settings_from
 from gpustack_operator.main import options_for
 
-sys.path.insert(0, str(REPO / "tests" / "controlplane"))
+# The control plane's test helpers, and its test folders (one test module is imported below by
+# its bare name, as tests/controlplane/conftest.py allows there).
+_CONTROLPLANE_TESTS = REPO / "tests" / "controlplane"
+sys.path[:0] = [
+    str(_CONTROLPLANE_TESTS),
+    *(str(p) for p in sorted(_CONTROLPLANE_TESTS.iterdir()) if p.is_dir()),
+]
 from controlplane_fakeapi import FakeApi, fake_api
 from test_controlplane_extension_api import auth_configmap
 
@@ -222,7 +229,7 @@ def test_the_worker_may_generate_and_read_only_its_secrets() -> None:
                   "namespace": NS} in b["subjects"]}  # fmt: skip
     rules = [r for o in objs if o["kind"] == "Role" and o["metadata"]["name"] in bound
              for r in o["rules"]]  # fmt: skip
-    for verb in ("get", "patch"):  # what controlplane/bootstrap.py does
+    for verb in ("get", "patch"):  # what controlplane/access/bootstrap.py does
         assert allows(rules, (verb, "", "secrets", "gpustack-nats-auth"))
         assert not allows(rules, (verb, "", "secrets", "someone-elses"))
     assert allows(rules, ("create", "", "secrets", ""))

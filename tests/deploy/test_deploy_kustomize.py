@@ -22,7 +22,7 @@ from deploy_helpers import (
     pod_spec,
 )
 
-from controlplane import crds
+from controlplane.schema import crds
 
 
 def _identities(objs: list[dict[str, Any]]) -> set[tuple[str, str, str]]:

@@ -161,7 +161,7 @@ def _fleet_scrape() -> list[Series]:
     by ai/llm (container main). Values for every field the dashboard reads."""
     from prometheus_client import CollectorRegistry, generate_latest
 
-    from agent import metrics
+    from agent.serve import metrics
     from bus import devices
 
     series: list[Series] = []

@@ -38,7 +38,7 @@ from bus.embedded import ServerProcess, find_binary
 from bus.identity import Identity
 from bus.metrics import BusMetrics
 from bus.settings import BusSettings
-from controlplane import busauth
+from controlplane.access import busauth
 
 pytestmark = pytest.mark.anyio
 
@@ -119,7 +119,7 @@ class _AuthServer(ServerProcess):
 @pytest.fixture
 async def server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[ServerProcess]:
     """The built auth.conf on a real server, and the callout served on the worker's connection
-    (as the worker serves it; which token proves whom is controlplane/busauth.py's business)."""
+    (as the worker serves it; which token proves whom is controlplane/access/busauth.py's business)."""
     for name, value in ENV.items():
         monkeypatch.setenv(name, value)  # the server process inherits them
     proc = _AuthServer(tmp_path / "nats")

@@ -1,5 +1,5 @@
 """The worker's rights on CustomResourceDefinitions: our three, by name, and exactly enough for
-what ``controlplane/crds.py`` does with them.
+what ``controlplane/schema/crds.py`` does with them.
 
 RBAC is evaluated here the way the API server's RBAC authorizer matches one rule: verb, API group
 and resource each listed (or ``*``), and ``resourceNames`` either empty or holding the request's
@@ -19,11 +19,12 @@ import pytest
 from deploy_helpers import BASE, INSTALLS, REPO, build, find
 
 from bus import events
-from controlplane import crds, errors
+from controlplane import errors
+from controlplane.access.reviewer import KubeReviewer
 from controlplane.k8s.client import KubeClient
 from controlplane.reconciling import podevents
 from controlplane.resources import CRDS, EVENTS, PODS, SUBJECTACCESSREVIEWS, TOKENREVIEWS, Ref
-from controlplane.reviewing import KubeReviewer
+from controlplane.schema import crds
 
 OUR_CRDS = sorted(crd["metadata"]["name"] for crd in crds.definitions().values())
 WORKER_ROLE = "gpustack-operator-worker"
@@ -90,7 +91,7 @@ def test_the_rules_refuse_what_the_worker_must_not_do() -> None:
 
 
 class _RecordingClient:
-    """The two calls ``controlplane.crds`` makes, recorded; names in ``missing`` are absent."""
+    """The two calls ``controlplane.schema.crds`` makes, recorded; names in ``missing`` are absent."""
 
     def __init__(self, missing: set[str]) -> None:
         self.missing = set(missing)
@@ -145,19 +146,19 @@ async def test_what_the_worker_does_with_crds_is_allowed_and_touches_only_ours()
 
 def test_only_the_crd_module_names_the_crd_resource() -> None:
     """Nothing else in the production code can touch CustomResourceDefinitions: the resource is
-    defined in ``controlplane/resources.py`` and used by ``controlplane/crds.py`` alone."""
+    defined in ``controlplane/resources.py`` and used by ``controlplane/schema/crds.py`` alone."""
     users = {
         str(path.relative_to(REPO))
         for package in PRODUCTION
         for path in (REPO / package).rglob("*.py")
         if re.search(r"\bCRDS\b|customresourcedefinitions|apiextensions", path.read_text())
     }
-    assert users == {"controlplane/resources.py", "controlplane/crds.py"}
-    assert Path(crds.__file__).resolve() == REPO / "controlplane/crds.py"
+    assert users == {"controlplane/resources.py", "controlplane/schema/crds.py"}
+    assert Path(crds.__file__).resolve() == REPO / "controlplane/schema/crds.py"
 
 
 class _ReviewRecorder:
-    """The one call ``controlplane.reviewing`` makes, recorded; every token is Prometheus'."""
+    """The one call ``controlplane.access.reviewer`` makes, recorded; every token is Prometheus'."""
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, str]] = []

@@ -23,19 +23,19 @@ import anyio
 import msgspec
 import pytest
 
-from agent import running as agent_running
 from agent.models import running as models_running
 from agent.models.policy import MemoryPolicy
 from agent.models.settings import ModelManagerSettings
-from agent.serve_settings import ServeSettings
+from agent.serve import running as agent_running
+from agent.serve.settings import ServeSettings
 from agent.testing import fake_kubelet
 from bus import callout, connection, embedded, events, subscribing, testing
 from bus.callout import Credentials, Grant
 from bus.embedded import free_port
 from bus.metrics import BusMetrics
 from bus.settings import BusSettings
-from controlplane import running
-from controlplane.busauth import BusAuthSettings
+from controlplane.access.busauth import BusAuthSettings
+from controlplane.worker import running
 from gpustack_operator import standalone
 from kit.serving import HttpsSettings
 

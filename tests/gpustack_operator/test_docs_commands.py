@@ -18,7 +18,7 @@ Skipped, each with its ``--help`` run instead (so its flags still have to parse)
   test_manifest_cli.py runs it against a local one);
 - ``worker`` and ``dm serve``: need a cluster and a kubelet (``standalone`` runs both);
 - ``dashboard`` and ``worker-gateway``: services that run until stopped (test_dashboard_*.py and
-  tests/controlplane/test_gateway_gpustack.py runs the gateway as a GPUStack server does).
+  tests/controlplane/gateway/test_gateway_gpustack.py runs the gateway as a GPUStack server does).
 
 A command of a shape not listed fails the test, so a new kind of example gets a decision.
 """

@@ -9,8 +9,8 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry, generate_latest
 
 import kit.serving  # noqa: F401 - what every /metrics endpoint imports: no _created series
-from agent import metrics as agent_metrics
 from agent.models.metrics import ModelMetrics
+from agent.serve import metrics as agent_metrics
 from bus.metrics import BusMetrics
 from controlplane.metrics import WorkerMetrics
 

@@ -230,12 +230,12 @@ def test_an_invalid_setting_seed_stops_the_worker(
 
 def _mirrors() -> list[tuple[tuple[str, ...], str, type, str]]:
     from agent.deviceplugin.settings import DevicePluginSettings
-    from agent.serve_settings import ServeSettings
+    from agent.serve.settings import ServeSettings
     from bus.settings import BusSettings
     from controlplane.gateway.settings import GatewaySettings, Upstream
     from controlplane.k8s.client import KubeSettings
-    from controlplane.leading import LeaderSettings
-    from controlplane.settings import WorkerSettings
+    from controlplane.worker.leading import LeaderSettings
+    from controlplane.worker.settings import WorkerSettings
     from kit.serving import HttpsSettings
 
     worker, gateway, serve = ("worker",), ("worker-gateway",), ("device-manager", "serve")

@@ -12,8 +12,8 @@ import pytest
 
 from bus.errors import BusError
 from bus.settings import BusSettings
-from controlplane import running
 from controlplane.k8s.client import KubeSettings
+from controlplane.worker import running
 from kit import backoff
 from kit.backoff import Backoff
 from kit.serving import HttpsSettings

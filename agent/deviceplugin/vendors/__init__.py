@@ -7,6 +7,9 @@ that RuntimeClass) gets only its visible-devices env; the others (Cambricon, Hyg
 T-Head) get the granted cards' device nodes and the node-level control nodes. Sliced grants add
 the vendor's slicing runtime; a change of driver state a grant needs (Ascend's container-share
 flag, a Cambricon sMLU instance, a MetaX sGPU) travels as a :class:`injection.DriverStep`.
+
+Modules: :mod:`.ascend`, :mod:`.cambricon`, :mod:`.hygon`, :mod:`.iluvatar`, :mod:`.metax`,
+:mod:`.mthreads`, :mod:`.thead`.
 """
 
 from __future__ import annotations

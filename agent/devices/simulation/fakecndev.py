@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from agent.devices import cndev
+from agent.devices.libs import cndev
 from agent.devices.simulation.fakelib import SimulatedLibrary, target, written
 from agent.devices.simulation.profiles import CambriconCard, CambriconHost
 

@@ -1,6 +1,6 @@
 """A simulated ``libdcmi.so`` built from a profile's ``ascend`` section.
 
-Answers the DCMI V1 calls :mod:`agent.devices.dcmi` makes, with DCMI's units (MB, 0.1 W) and
+Answers the DCMI V1 calls :mod:`agent.devices.libs.dcmi` makes, with DCMI's units (MB, 0.1 W) and
 its traps: the logic-id call takes its output first, DDR chips answer the HBM call with size 0,
 and a card listed in ``mcuCards`` reports an MCU unit after its chips (type 1), which refuses the
 per-chip calls with ``NOT_SUPPORT`` as the real MCU does for power.
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from agent.devices import dcmi
+from agent.devices.libs import dcmi
 from agent.devices.simulation.fakelib import SimulatedLibrary, put, put_text, written
 from agent.devices.simulation.profiles import AscendChip, AscendHost
 

@@ -20,7 +20,7 @@ import ctypes
 from collections.abc import Sequence
 from typing import Any
 
-from agent.devices import clib
+from agent.devices.libs import clib
 from agent.devices.simulation import layouts
 from agent.errors import ProfileError
 

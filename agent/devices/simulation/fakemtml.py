@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from agent.devices import mtml
+from agent.devices.libs import mtml
 from agent.devices.simulation.fakelib import (
     SimulatedLibrary,
     handle_value,

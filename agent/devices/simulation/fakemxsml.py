@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from agent.devices import mxsml
+from agent.devices.libs import mxsml
 from agent.devices.simulation.fakelib import SimulatedLibrary, put, put_text, target, written
 from agent.devices.simulation.profiles import MetaxCard, MetaxHost
 

@@ -1,6 +1,6 @@
 """A pynvml-compatible NVML built from a profile, so the NVIDIA backend runs without a GPU.
 
-:class:`SimulatedNvml` offers the subset of nvidia-ml-py that :mod:`agent.devices.nvml` uses, with
+:class:`SimulatedNvml` offers the subset of nvidia-ml-py that :mod:`agent.devices.libs.nvml` uses, with
 the same function names, signatures, constants, error codes and result shapes, so the adapter
 cannot tell it from the real module. It deliberately reproduces the behaviours detection must cope
 with:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from agent.devices import nvmlabi
+from agent.devices.libs import nvmlabi
 from agent.devices.simulation.fakelib import (
     SimulatedLibrary,
     handle_value,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from agent.devices import rocmsmi
+from agent.devices.libs import rocmsmi
 from agent.devices.simulation.fakelib import (
     SimulatedLibrary,
     accepts_c_integers,

@@ -4,7 +4,7 @@ The simulators write this many bytes (:func:`agent.devices.simulation.fakelib.wr
 ``sizeof`` of the adapter's structure, so an adapter whose structure is shorter than the real one
 is caught by the ordinary test run instead of overrunning the heap on a customer's node. The
 numbers come from the vendors' headers and independent bindings, never from our adapters; the
-conformance tests (``tests/agent/devices/test_conformance.py``) check each one against its oracle
+conformance tests (``tests/agent/devices/libs/test_conformance.py``) check each one against its oracle
 where an installed binding has the structure.
 """
 

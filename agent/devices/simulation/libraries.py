@@ -10,7 +10,7 @@ import importlib
 from collections.abc import Callable
 from typing import Any
 
-from agent.devices import clib
+from agent.devices.libs import clib
 from agent.devices.simulation import moving
 from agent.devices.simulation.profiles import Profile
 

@@ -17,6 +17,7 @@ What every served resource then gets, each decision a pure function with its own
 - label and field selectors (:mod:`.selectors`), ``limit``/``continue`` and resourceVersion
   semantics for list and watch, ``sendInitialEvents``, bookmarks (:mod:`.listing`) over a
   versioned cache with a bounded history (:mod:`.store`);
+- which resource request a path and method are (:mod:`.routing`);
 - Tables for lists, gets and watches (:mod:`.tables`);
 - JSON, merge and strategic merge patches (:mod:`.patching`), server-side apply with managed
   fields (:mod:`.ssa`), optimistic concurrency and identity checks on every write

@@ -3,7 +3,7 @@
 :class:`ResourceSpec` is everything the core needs to serve a resource besides its objects:
 names (plural, singular, kind, short names, categories), scope, verbs, the
 ``openAPIV3Schema`` (the same typed schema dicts the CRDs are built from, described as
-:func:`controlplane.crddocs.describe` does) from which OpenAPI v2/v3, strict field validation,
+:func:`controlplane.schema.crddocs.describe` does) from which OpenAPI v2/v3, strict field validation,
 strategic merge and server-side apply all read; printer columns; extra field-selector paths;
 subresources.
 

@@ -2,7 +2,7 @@
 
 Each resource is the v1 view of a stored ``v1alpha1`` object: the same body with
 ``apiVersion: worker.gpustack.ai/v1`` (:func:`view`), described by the same schema as its CRD
-(:func:`controlplane.crds.definitions`), so OpenAPI, ``kubectl explain`` and the stored objects
+(:func:`controlplane.schema.crds.definitions`), so OpenAPI, ``kubectl explain`` and the stored objects
 agree. Verbs follow the reference: reads everywhere, ``delete`` of ``nodemodelstores`` (the
 stored object is deleted); ``modelartifacts`` carry the ``progress`` subresource, computed per
 request.
@@ -18,9 +18,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Final
 
-from controlplane import crds
 from controlplane.extension.core.model import GroupVersion, ResourceSpec, Subresource
 from controlplane.extension.core.tables import Column
+from controlplane.schema import crds
 
 __all__ = ["GROUP", "GROUP_VERSION", "SPEC", "VERSION", "view"]
 

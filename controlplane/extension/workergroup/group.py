@@ -33,7 +33,7 @@ from controlplane.extension.workergroup.providers import (
 )
 from controlplane.k8s.client import KubeClient
 from controlplane.k8s.informing import Informer
-from controlplane.reconciling.ledger import Ledger
+from controlplane.reconciling.nodestates import Ledger
 from controlplane.resources import DEVICES, MODELARTIFACTS, NODEMODELSTORES, Ref, Resource
 from kit.serving import Handler
 from kit.tasks import start_forever

@@ -32,7 +32,7 @@ from controlplane.extension.core.failures import ApiFailure
 from controlplane.extension.workergroup import catalog, progress
 from controlplane.k8s.informing import Informer
 from controlplane.reconciling import objects as bodies
-from controlplane.reconciling.ledger import Ledger, NodeState
+from controlplane.reconciling.nodestates import Ledger, NodeState
 from controlplane.reconciling.planning import Desired
 
 __all__ = ["Changes", "InformerProvider", "LedgerFeed", "LedgerProvider", "ledger_bodies"]

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 import msgspec
 
 from agent.devices import detection, sources
-from agent.settings import DetectSettings
+from agent.devices.settings import DetectSettings
 from bus import devices
 
 # What kubelet must see registered (spelled out: the expected side of the contract).

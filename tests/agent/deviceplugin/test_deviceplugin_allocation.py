@@ -8,8 +8,8 @@ import msgspec
 import pytest
 
 from agent.deviceplugin import allocation, errors, resources, responders
+from agent.deviceplugin.holdings import Ledger
 from agent.deviceplugin.injection import DeviceNode, Injection, Mount
-from agent.deviceplugin.ledger import Ledger
 from bus import devices
 
 LIB = "/var/lib/gpustack/operator/lib"

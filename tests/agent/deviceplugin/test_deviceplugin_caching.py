@@ -14,7 +14,8 @@ from deviceplugin_harness import with_health
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agent.deviceplugin import encoding, errors, ledger, resources
+from agent.deviceplugin import encoding, errors, resources
+from agent.deviceplugin import holdings as ledger
 from agent.deviceplugin.node import Node
 from agent.deviceplugin.resources import HEALTHY, UNHEALTHY, UNITS_PER_CARD, Mode
 from agent.deviceplugin.running import device_plugins

@@ -2,7 +2,7 @@
 waits for its claim on a change (no polling), cancellable without leaving anything behind.
 
 The Node-level tests drive a real :class:`Node` over the simulated NVML (MIG) with the agent's
-own :class:`agent.kvpending.PendingView` as the pending source, as ``dm serve`` wires them.
+own :class:`agent.deviceplugin.kvpending.PendingView` as the pending source, as ``dm serve`` wires them.
 """
 
 from __future__ import annotations
@@ -14,14 +14,15 @@ from pathlib import Path
 import anyio
 import pytest
 
-from agent.deviceplugin import errors, ledger, partitioning
+from agent.deviceplugin import errors, partitioning
+from agent.deviceplugin import holdings as ledger
 from agent.deviceplugin.claims import Announcing, Claims
+from agent.deviceplugin.kvpending import PendingView
 from agent.deviceplugin.node import Node
 from agent.deviceplugin.partitioning import Partitions
 from agent.deviceplugin.settings import DevicePluginSettings
-from agent.devices import nvml
+from agent.devices.libs import nvml
 from agent.devices.simulation import fakenvml, profiles
-from agent.kvpending import PendingView
 from bus import devices
 from bus.records import PendingContainer
 

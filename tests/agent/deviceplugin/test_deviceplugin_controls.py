@@ -18,9 +18,9 @@ from agent.deviceplugin import errors
 from agent.deviceplugin.controls import driver_controls
 from agent.deviceplugin.injection import DriverStep
 from agent.devices import ascend, detection, sources
+from agent.devices.settings import DetectSettings
 from agent.devices.simulation.fakedcmi import SimulatedDcmi
 from agent.devices.vendor import VendorBackend
-from agent.settings import DetectSettings
 from agent.testing import FakeKubelet
 
 pytestmark = pytest.mark.anyio

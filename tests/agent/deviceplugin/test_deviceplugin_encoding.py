@@ -9,8 +9,8 @@ import msgspec
 import pytest
 
 from agent.deviceplugin import allocation, encoding, resources, responders
+from agent.deviceplugin.holdings import Ledger
 from agent.deviceplugin.injection import DeviceNode, Injection, Mount
-from agent.deviceplugin.ledger import Ledger
 from agent.deviceplugin.resources import HEALTHY, UNHEALTHY, Token
 from bus import devices
 from proto.deviceplugin import v1beta1 as dp

@@ -17,7 +17,7 @@ import pytest
 from agent.deviceplugin import partitioning
 from agent.deviceplugin.running import Plugins, device_plugins
 from agent.deviceplugin.settings import DevicePluginSettings
-from agent.devices import nvml
+from agent.devices.libs import nvml
 from agent.devices.simulation import fakenvml, profiles
 from agent.testing import FakeKubelet, unary
 from bus import devices, events

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from agent.deviceplugin import partitions
 from agent.deviceplugin.partitions import CardState, Instance, Occupied
-from agent.devices.nvml import GpuInstanceProfile
+from agent.devices.libs.nvml import GpuInstanceProfile
 
 
 def _p(

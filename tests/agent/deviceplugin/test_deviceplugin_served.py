@@ -14,7 +14,8 @@ import anyio
 import anyio.to_thread
 import pytest
 
-from agent.deviceplugin import errors, ledger, mirroring, resources
+from agent.deviceplugin import errors, mirroring, resources
+from agent.deviceplugin import holdings as ledger
 from agent.deviceplugin.node import Node
 from agent.deviceplugin.running import device_plugins
 from agent.deviceplugin.settings import DevicePluginSettings

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from agent.deviceplugin import errors
+from agent.deviceplugin.holdings import LiveContainer
 from agent.deviceplugin.injection import Injection
-from agent.deviceplugin.ledger import LiveContainer
 from agent.deviceplugin.node import Node
 from agent.deviceplugin.settings import DevicePluginSettings
 from bus import devices, events

@@ -8,8 +8,8 @@ from pathlib import Path
 import msgspec
 
 from agent.devices.hostfs import HostFS
+from agent.devices.libs.nvml import Nvml
 from agent.devices.nvidia import NvidiaBackend
-from agent.devices.nvml import Nvml
 from agent.devices.simulation import profiles, sysfs
 from agent.devices.simulation.fakenvml import SimulatedNvml
 

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 from vendor_helpers import accelerators, rig, validate_devices, wire
 
-from agent.devices import ascend, clib
+from agent.devices import ascend
+from agent.devices.libs import clib
 from agent.devices.simulation.fakedcmi import SimulatedDcmi
 
 DUO_AND_MCU = """

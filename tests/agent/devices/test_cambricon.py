@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from vendor_helpers import load, rig, wire
 
-from agent.devices import clib, cndev
+from agent.devices.libs import clib, cndev
 
 
 def test_the_mlu370_node_reads_as_configured(tmp_path: Path) -> None:

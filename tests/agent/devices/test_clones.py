@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from vendor_helpers import rig, validate_devices, wire
 
-from agent.devices import clib, hgml, ixml
+from agent.devices.libs import clib, hgml, ixml
 
 THEAD_MIG = """
 description: one PPU in MIG mode with two compute profiles and a copy-engine one (illustrative)

@@ -13,13 +13,15 @@ import msgspec
 import pytest
 from nvidia_helpers import Rig, rig
 
-from agent import metrics, oneshots
-from agent.devices import gpm, nvml
+from agent import oneshots
+from agent.devices import gpm
 from agent.devices.gpm import Activity, GpmSampler
-from agent.devices.nvml import Nvml, NvmlCallFailed
+from agent.devices.libs import nvml
+from agent.devices.libs.nvml import Nvml, NvmlCallFailed
+from agent.devices.settings import DetectSettings
 from agent.devices.simulation import profiles
 from agent.devices.simulation.fakenvml import NVMLError, SimulatedNvml
-from agent.settings import DetectSettings
+from agent.serve import metrics
 from bus import devices
 
 _ALL = (nvml.GPM_GRAPHICS_UTIL, nvml.GPM_SM_UTIL, nvml.GPM_SM_OCCUPANCY, nvml.GPM_DRAM_BW_UTIL,

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from agent.devices.gpm import MIN_INTERVAL_S, GpmSampler
-from agent.devices.nvml import Nvml, NvmlError
+from agent.devices.libs.nvml import Nvml, NvmlError
 
 
 def _gpm_cards(adapter: Nvml) -> list[tuple[int, str]]:

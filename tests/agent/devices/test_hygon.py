@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from vendor_helpers import rig, validate_devices, wire
 
-from agent.devices import rocmsmi
+from agent.devices.libs import rocmsmi
 
 
 def test_the_k100_ai_node_reads_as_captured(tmp_path: Path) -> None:

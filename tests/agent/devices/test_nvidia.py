@@ -9,7 +9,7 @@ import pytest
 from nvidia_helpers import rig
 
 from agent.devices import nvidia_facts
-from agent.devices.nvml import GpuInstanceProfile
+from agent.devices.libs.nvml import GpuInstanceProfile
 from agent.errors import DetectionError
 from bus import devices
 

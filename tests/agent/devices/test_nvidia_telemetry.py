@@ -11,7 +11,7 @@ import msgspec
 import pytest
 from nvidia_helpers import rig
 
-from agent import metrics
+from agent.serve import metrics
 from bus import devices
 
 _UUID = "GPU-6f1c2b9e-3a47-5d81-9c0e-1b2a3c4d5e6"

@@ -23,8 +23,9 @@ import pytest
 from gpustack_runtime.detector import pycndev, pydcmi, pyhgml, pyixml, pymxsml, pyrocmsmi
 from vendor_helpers import load, simulator
 
-from agent.devices import ascend, cambricon, clib, hygon, iluvatar, metax, mthreads, thead
+from agent.devices import ascend, cambricon, hygon, iluvatar, metax, mthreads, thead
 from agent.devices.hostfs import HostFS
+from agent.devices.libs import clib
 from agent.devices.vendor import Usage
 
 HOST = HostFS(Path("/nonexistent"))

@@ -15,12 +15,13 @@ from pathlib import Path
 import pytest
 from vendor_helpers import accelerators, rig, validate_devices, wire
 
-from agent.devices import clib, detection, sources, vendor
+from agent.devices import detection, sources, vendor
 from agent.devices.hostfs import HostFS
+from agent.devices.libs import clib
 from agent.devices.manufacturers import MANUFACTURERS
+from agent.devices.settings import DetectSettings
 from agent.devices.simulation import profiles, sysfs
 from agent.errors import DetectionError
-from agent.settings import DetectSettings
 
 
 @dataclass(frozen=True)
@@ -276,8 +277,8 @@ def test_the_seven_share_one_pci_scan_per_pass_and_open_nothing_on_an_nvidia_nod
 
 
 ADAPTERS = (
-    "agent.devices.dcmi", "agent.devices.cndev", "agent.devices.rocmsmi", "agent.devices.ixml",
-    "agent.devices.hgml", "agent.devices.mxsml", "agent.devices.mtml", "agent.devices.nvmlabi",
+    "agent.devices.libs.dcmi", "agent.devices.libs.cndev", "agent.devices.libs.rocmsmi", "agent.devices.libs.ixml",
+    "agent.devices.libs.hgml", "agent.devices.libs.mxsml", "agent.devices.libs.mtml", "agent.devices.libs.nvmlabi",
     "agent.devices.ascend", "agent.devices.metax", "agent.devices.simulation.fakedcmi",
 )  # fmt: skip
 

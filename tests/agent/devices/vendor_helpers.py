@@ -16,7 +16,7 @@ from agent.devices.hostfs import HostFS
 from agent.devices.simulation import profiles, sysfs
 from agent.devices.simulation.fakelib import SimulatedLibrary
 from agent.devices.simulation.libraries import _SIMULATORS
-from controlplane import crds
+from controlplane.schema import crds
 
 
 @dataclass

@@ -16,7 +16,7 @@ from models_harness import FILES, call, code_of, manager_settings, manifest_of, 
 from agent.models import running
 from agent.models.policy import MemoryPolicy
 from agent.models.settings import ModelManagerSettings, settings_from
-from bus import codec, connection, embedded, events, kv, reviewing, state, testing
+from bus import accessreviews, codec, connection, embedded, events, kv, state, testing
 from bus.records import ArtifactRecord, HuggingFaceSource, StoreSpecRecord
 from bus.settings import BusSettings
 from gpustack_operator.main import options_for
@@ -165,7 +165,7 @@ async def test_https_is_reviewed_over_the_bus_and_closed_without_it(tmp_path: Pa
             async with (
                 embedded.embedded_server(tmp_path / "nats", port=port),
                 connection.connect(bus_settings, retry=False) as conn,
-                reviewing.serve_reviews(conn, _Reviewer()),
+                accessreviews.serve_reviews(conn, _Reviewer()),
             ):
                 await testing.eventually(_answers(f"{base}/model/downloads", "scraper"))
                 assert (await _get(f"{base}/metrics", "scraper"))[0] == 200

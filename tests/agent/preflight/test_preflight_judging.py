@@ -9,7 +9,7 @@ import pytest
 from agent.preflight import checking, invocations, judging, staging
 from agent.preflight.checking import Probe, Result
 from agent.preflight.injection import DeviceNode, Injection, Mount
-from agent.preflight.resolving import Choice
+from agent.preflight.kubeletconfig import Choice
 
 LIB = "/usr/local/vgpu/libvgpu.so"
 SLICED = Injection(

@@ -15,8 +15,8 @@ import pytest
 from agent.devices.manufacturers import MANUFACTURERS
 from agent.preflight import checking, invocations, judging, staging
 from agent.preflight.injection import WORK_DIR
+from agent.preflight.kubeletconfig import Choice
 from agent.preflight.model import Row
-from agent.preflight.resolving import Choice
 from bus import devices
 
 LIB = "/var/lib/gpustack/operator/lib"

@@ -25,8 +25,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from promselect import all_regex, label_values, scrape_series, select_first
 
-from agent.running import Running, run
-from agent.serve_settings import ServeSettings, settings_from
+from agent.serve.running import Running, run
+from agent.serve.settings import ServeSettings, settings_from
 from agent.testing import FakeKubelet
 from bus import state
 from bus.connection import connect

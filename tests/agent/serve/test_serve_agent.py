@@ -23,8 +23,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from agent.devices import nvidia
 from agent.devices.simulation.fakenvml import SimulatedNvml
-from agent.running import Running, publish_logged, run
-from agent.serve_settings import ServeSettings
+from agent.serve.running import Running, publish_logged, run
+from agent.serve.settings import ServeSettings
 from agent.testing import FakeKubelet, Watch, fake_kubelet
 from bus import events, state
 from bus.connection import connect

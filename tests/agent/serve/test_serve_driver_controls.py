@@ -14,11 +14,11 @@ import anyio.to_thread
 import pytest
 
 from agent.devices import ascend
+from agent.devices.settings import DetectSettings
 from agent.devices.simulation.fakedcmi import SimulatedDcmi
 from agent.devices.vendor import VendorBackend
-from agent.running import Running, run
-from agent.serve_settings import ServeSettings
-from agent.settings import DetectSettings
+from agent.serve.running import Running, run
+from agent.serve.settings import ServeSettings
 from agent.testing import FakeKubelet, unary
 from bus.settings import BusSettings
 from bus.testing import eventually

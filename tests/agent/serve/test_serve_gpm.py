@@ -14,8 +14,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from agent.devices import nvidia
-from agent.running import Running, run
-from agent.serve_settings import ServeSettings
+from agent.serve.running import Running, run
+from agent.serve.settings import ServeSettings
 from agent.testing import FakeKubelet
 from bus import state
 from bus.connection import connect

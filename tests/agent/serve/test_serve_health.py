@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from agent import health
-from agent.metrics import AgentMetrics
-from agent.observing import Observer, keep_failed
-from agent.serve_settings import ServeSettings
+from agent.serve import health
+from agent.serve.metrics import AgentMetrics
+from agent.serve.observing import Observer, keep_failed
+from agent.serve.settings import ServeSettings
 from bus import devices, events
 from bus.settings import BusSettings
 

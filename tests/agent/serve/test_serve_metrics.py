@@ -23,8 +23,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from agent.deviceplugin.settings import DevicePluginSettings
 from agent.devices import nvidia
 from agent.devices.simulation.fakenvml import SimulatedNvml
-from agent.running import Running, run
-from agent.serve_settings import ServeSettings, settings_from
+from agent.serve.running import Running, run
+from agent.serve.settings import ServeSettings, settings_from
 from agent.testing import FakeKubelet, unary
 from bus import state
 from bus.connection import connect

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from agent import running
 from agent.deviceplugin import partitioning
 from agent.devices import sources
-from agent.settings import DetectSettings
+from agent.devices.settings import DetectSettings
+from agent.serve import running
 
 
 def test_mig_control_uses_the_detecting_adapter() -> None:

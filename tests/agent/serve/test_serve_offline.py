@@ -11,11 +11,11 @@ import anyio.to_thread
 import grpc
 import pytest
 
-from agent import ledgerfile, restoring
 from agent.devices import nvidia
 from agent.devices.simulation.fakenvml import SimulatedNvml
-from agent.running import Running, run
-from agent.serve_settings import ServeSettings
+from agent.serve import holdingsfile, restoring
+from agent.serve.running import Running, run
+from agent.serve.settings import ServeSettings
 from agent.testing import FakeKubelet, unary
 from bus import events
 from bus.settings import BusSettings
@@ -38,21 +38,21 @@ def _allocation(allocation: str, node: str = "test-node") -> events.AllocationEv
 
 
 def test_the_file_keeps_what_is_in_force_and_refuses_what_is_not_its_own() -> None:
-    held = ledgerfile.fold({}, _allocation("a"))
-    held = ledgerfile.fold(held, _allocation("b"))
+    held = holdingsfile.fold({}, _allocation("a"))
+    held = holdingsfile.fold(held, _allocation("b"))
     released = events.AllocationEvent(
         node="test-node", allocation_id="a", action="released", resource="nvidia.com/gpu"
     )
-    held = ledgerfile.fold(held, released)
-    data = ledgerfile.encode("test-node", held.values())
+    held = holdingsfile.fold(held, released)
+    data = holdingsfile.encode("test-node", held.values())
 
-    assert [e.allocation_id for e in ledgerfile.decode(data, "test-node")] == ["b"]
-    with pytest.raises(ledgerfile.Unusable, match="node 'test-node'"):
-        ledgerfile.decode(data, "other-node")
-    with pytest.raises(ledgerfile.Unusable, match="not a gpustack-device-ledger/v1 file"):
-        ledgerfile.decode(data.replace(b"/v1", b"/v9"), "test-node")
-    with pytest.raises(ledgerfile.Unusable):
-        ledgerfile.decode(b"\x00garbage", "test-node")
+    assert [e.allocation_id for e in holdingsfile.decode(data, "test-node")] == ["b"]
+    with pytest.raises(holdingsfile.Unusable, match="node 'test-node'"):
+        holdingsfile.decode(data, "other-node")
+    with pytest.raises(holdingsfile.Unusable, match="not a gpustack-device-ledger/v1 file"):
+        holdingsfile.decode(data.replace(b"/v1", b"/v9"), "test-node")
+    with pytest.raises(holdingsfile.Unusable):
+        holdingsfile.decode(b"\x00garbage", "test-node")
 
 
 async def test_a_corrupt_file_is_logged_and_the_ledger_starts_empty(
@@ -67,7 +67,7 @@ async def test_a_corrupt_file_is_logged_and_the_ledger_starts_empty(
 
 async def test_the_bus_unreachable_at_start_means_the_kept_ledger(tmp_path: Path) -> None:
     settings = ServeSettings.for_tests(str(tmp_path), bus=UNREACHABLE)
-    kept = ledgerfile.LedgerFile(settings.ledger_path, "test-node")
+    kept = holdingsfile.LedgerFile(settings.ledger_path, "test-node")
     async with anyio.create_task_group() as tg:
         await tg.start(kept.keep)
         kept.note(_allocation("a"))

@@ -13,8 +13,8 @@ import anyio.to_thread
 import grpc
 import pytest
 
-from agent.running import Running, run
-from agent.serve_settings import ServeSettings
+from agent.serve.running import Running, run
+from agent.serve.settings import ServeSettings
 from agent.testing import FakeKubelet, unary
 from bus import connection, kv, state, testing
 from bus.records import PendingContainer, PendingContainers

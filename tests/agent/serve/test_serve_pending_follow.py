@@ -9,7 +9,7 @@ import anyio
 import msgspec
 import pytest
 
-from agent import kvpending
+from agent.deviceplugin import kvpending
 from bus import kv
 from bus.errors import StateUnavailable
 from bus.records import PendingContainer, PendingContainers

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from agent import restoring
-from agent.deviceplugin.ledger import live_allocations
-from agent.serve_settings import ServeSettings
+from agent.deviceplugin.holdings import live_allocations
+from agent.serve import restoring
+from agent.serve.settings import ServeSettings
 from bus import connection, events, publishing, state, testing
 from bus.metrics import BusMetrics
 from bus.settings import BusSettings

@@ -8,9 +8,9 @@ import anyio
 import msgspec
 import pytest
 
-from agent import watching
-from agent.devices import nvml
+from agent.devices.libs import nvml
 from agent.devices.simulation import fakenvml, profiles
+from agent.serve import watching
 
 
 def _library(**card_overrides: object) -> fakenvml.SimulatedNvml:
