@@ -10,6 +10,7 @@ from typing import Final
 
 import msgspec
 
+from agent.models.peering import PeerSettings
 from agent.models.tuning import Tuning
 from agent.settings import node_name_from
 from bus import identity
@@ -43,6 +44,8 @@ class ModelManagerSettings(msgspec.Struct, frozen=True, kw_only=True):
     """``HF_HUB_OFFLINE`` and the proxies (the token is ``hub_token``)."""
     version: str = "0.1.0"
     tuning: Tuning = Tuning()
+    peers: PeerSettings = PeerSettings()
+    """Peer delivery (``--peer-port``, ``--peer-address``); off by default."""
 
     @property
     def socket_path(self) -> Path:
