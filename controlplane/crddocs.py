@@ -145,6 +145,7 @@ _NODEMODELSTORES: Final = {
     f"{_M}.reason": "Why the last attempt failed (e.g. IntegrityMismatch, SourceUnavailable).",
     f"{_M}.message": "Detail of the failure.",
     f"{_M}.retryTime": "No new attempt starts before this time (the failure's backoff).",
+    f"{_M}.source": "Hub, or Peer when more than half of its bytes came from peer nodes.",
     "status.modelCounts": "Models per state, over the whole cache.",
     "status.modelCounts.ready": "Complete, verified models.",
     "status.modelCounts.downloading": "Models being downloaded.",

@@ -167,6 +167,7 @@ _MODEL: Final = _obj(
         "reason": _S,
         "message": _S,
         "retryTime": {"type": "string", "format": "date-time"},
+        "source": {"type": "string", "enum": ["Hub", "Peer"]},
     },
     ("digest", "state"),
 )

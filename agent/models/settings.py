@@ -5,6 +5,7 @@ Nothing below :mod:`agent.models.running` reads flags or the environment.
 
 from __future__ import annotations
 
+import ipaddress
 from pathlib import Path
 from typing import Final
 
@@ -79,6 +80,7 @@ def settings_from(options: Options) -> ModelManagerSettings:
     me = identity.Identity(role="model-manager", node=node)
     bus = msgspec.structs.replace(bus, inbox_prefix=identity.inbox_prefix(me))
     return ModelManagerSettings(
+        peers=_peers_from(options),
         node_name=node,
         kubelet_dir=Path(paths["kubelet-dir"]),
         cache_root=Path(paths["cache-root"]),
@@ -91,6 +93,25 @@ def settings_from(options: Options) -> ModelManagerSettings:
         version=package_version(),
         tuning=_tuning_for(bus),
     )
+
+
+def _peers_from(options: Options) -> PeerSettings:
+    """``--peer-port`` and ``--peer-address`` (else ``$POD_IP``); off with port 0.
+
+    :raises SettingsError: a port without an address peers could reach, or an address that is
+        not an IP address.
+    """
+    port = options.integer("peer-port")
+    address = options.text("peer-address") or options.env.get("POD_IP", "")
+    if not port:
+        return PeerSettings()
+    if not address:
+        raise SettingsError("--peer-port needs --peer-address (or $POD_IP): where peers reach it")
+    try:
+        ipaddress.ip_address(address)
+    except ValueError as e:
+        raise SettingsError(f"--peer-address: {address!r} is not an IP address") from e
+    return PeerSettings(port=port, address=address)
 
 
 def _tuning_for(bus: BusSettings) -> Tuning:
