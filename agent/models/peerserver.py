@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import select
 import stat
 import time
 from collections.abc import AsyncIterator, Callable
@@ -54,6 +55,8 @@ __all__ = ["PeerServer", "parse_range", "serve"]
 log = logging.getLogger(__name__)
 
 _MANIFESTS_KEPT: Final = 64
+_STALL_S: Final = 30.0
+"""A reader that takes no byte for this long is dropped (as the Hub client's stall bound)."""
 _NOT_FOUND: Final = "no published tree of that digest holds that file"
 
 
@@ -110,8 +113,36 @@ def open_entry(tree: str, entry: Entry) -> int:
     return fd
 
 
+def send_all(out: int, src: int, offset: int, count: int, stall_s: float) -> None:
+    """``sendfile(2)`` ``count`` bytes of ``src`` from ``offset`` to the non-blocking socket
+    ``out``, waiting (``poll``) while it is full; blocking: run in a worker thread.
+
+    :raises TimeoutError: the socket took no byte for ``stall_s``.
+    :raises OSError: the peer went away (``EPIPE``, ``ECONNRESET``) or the file shrank.
+    """
+    poller = select.poll()
+    poller.register(out, select.POLLOUT)
+    while count:
+        try:
+            sent = os.sendfile(out, src, offset, count)
+        except BlockingIOError:
+            if not poller.poll(int(stall_s * 1000)):
+                raise TimeoutError(f"the peer took no byte for {stall_s:.0f}s") from None
+            continue
+        if sent == 0:
+            raise ConnectionResetError("the file ended early")
+        offset, count = offset + sent, count - sent
+
+
 class _FileResponse(web.StreamResponse):
-    """``count`` bytes of an open file from ``offset``, by ``sendfile`` where the loop can."""
+    """``count`` bytes of an open file from ``offset``, by ``sendfile(2)``.
+
+    Neither uvloop (the service's loop) nor TLS transports implement ``loop.sendfile``; so once
+    the head left the transport's buffer (at once, for a connection that is not backed up), a worker thread sends the body straight from the page
+    cache into the connection's socket (:func:`send_all`), which the loop does not write to
+    meanwhile (this handler is the connection's only writer, and it waits). Where the socket
+    cannot be had, the file is copied through the transport instead.
+    """
 
     def __init__(self, fobj: IO[bytes], offset: int, count: int, *, status: int) -> None:
         super().__init__(status=status)
@@ -126,13 +157,22 @@ class _FileResponse(web.StreamResponse):
         transport = request.transport
         if transport is None:
             raise ConnectionResetError("connection lost")
-        loop = asyncio.get_running_loop()
-        try:
-            await loop.sendfile(transport, self._fobj, self._offset, self._count, fallback=False)
-        except (NotImplementedError, RuntimeError):  # TLS, or a loop without sendfile
+        if not await self._sendfile(transport):
             await self._copy(writer)
         await super().write_eof()
         return writer
+
+    async def _sendfile(self, transport: asyncio.Transport) -> bool:
+        """Send the body by ``sendfile(2)``; False: not possible here (nothing was sent)."""
+        sock = transport.get_extra_info("socket")
+        if sock is None or transport.get_extra_info("sslcontext") is not None:
+            return False
+        if transport.get_write_buffer_size():  # the head did not leave at once: keep the order
+            return False
+        await anyio.to_thread.run_sync(
+            send_all, sock.fileno(), self._fobj.fileno(), self._offset, self._count, _STALL_S
+        )
+        return True
 
     async def _copy(self, writer: AbstractStreamWriter) -> None:
         left, at = self._count, self._offset
