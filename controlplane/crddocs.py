@@ -171,6 +171,8 @@ _MODELARTIFACTS: Final = {
     "status.resolved": "The resolution, fixed once made.",
     "status.resolved.revision": "The commit the revision resolved to.",
     "status.resolved.manifestDigest": "The digest of the canonical manifest (sha256:...).",
+    "status.resolved.digestSource": "Hub (listed at the Hub), or Expected: the Hub stayed "
+    "unreachable and expectedDigest was pinned (no revision; nodes fetch it from peers only).",
     "status.resolved.fileCount": "Files in the manifest.",
     "status.resolved.sizeBytes": "Bytes in the manifest.",
     "status.nodes": "Nodes by the state of their copy.",

@@ -277,6 +277,7 @@ MODELARTIFACT_SCHEMA: Final = _obj(
                     {
                         "revision": _S,
                         "manifestDigest": _DIGEST,
+                        "digestSource": {"type": "string", "enum": ["Hub", "Expected"]},
                         "fileCount": _i(),
                         "sizeBytes": _i(),
                     }

@@ -38,6 +38,7 @@ from kit.backoff import Backoff
 __all__ = [
     "Failure",
     "Spec",
+    "anchors",
     "backoff_s",
     "conditions",
     "node_counts",
@@ -47,6 +48,8 @@ __all__ = [
     "status",
 ]
 
+ANCHOR_AFTER: Final = 2
+"""Consecutive unreachable resolutions after which an ``expectedDigest`` is pinned."""
 _NODE_STATE: Final = {
     "pending": "downloading",
     "downloading": "downloading",
@@ -166,17 +169,37 @@ def status(
         out["observedGeneration"] = generation
     pinned: dict[str, Any] | None = old.get("resolved")
     if resolved is not None:
-        pinned = {
-            "revision": resolved.commit,
-            "manifestDigest": resolved.digest,
-            "fileCount": resolved.file_count,
-            "sizeBytes": resolved.size_bytes,
-        }
+        pinned = _pin(resolved)
     if pinned:
         out["resolved"] = pinned
     out["nodes"] = dict(counts)
     out["conditions"] = conditions(old.get("conditions") or (), bool(pinned), failure, now)
     return out
+
+
+def _pin(resolved: Resolved) -> dict[str, Any]:
+    """``status.resolved``: the commit and manifest listed at the Hub, or only the anchor."""
+    if resolved.digest_source == "Expected":
+        return {"manifestDigest": resolved.digest, "digestSource": "Expected"}
+    return {
+        "revision": resolved.commit,
+        "manifestDigest": resolved.digest,
+        "digestSource": "Hub",
+        "fileCount": resolved.file_count,
+        "sizeBytes": resolved.size_bytes,
+    }
+
+
+def anchors(spec: Spec | None, failure: Failure, unreachable: int) -> bool:
+    """Whether to pin ``spec``'s ``expectedDigest`` instead of waiting for the Hub: it has one,
+    and the Hub was unreachable (``SourceUnavailable``) for the :data:`ANCHOR_AFTER` th time in
+    a row. A refusal (``AccessDenied``, ``RevisionNotFound``) never anchors: the Hub answered."""
+    return (
+        spec is not None
+        and spec.expected_digest is not None
+        and failure.reason == "SourceUnavailable"
+        and unreachable >= ANCHOR_AFTER
+    )
 
 
 def record(body: Mapping[str, Any], spec: Spec | None) -> records.ArtifactRecord | None:
@@ -199,6 +222,7 @@ def record(body: Mapping[str, Any], spec: Spec | None) -> records.ArtifactRecord
         source=records.HuggingFaceSource(repository=hf.repository, revision=hf.revision),
         manifest_digest=pinned.get("manifestDigest"),
         revision=pinned.get("revision"),
+        digest_source=pinned.get("digestSource"),
         token_secret=secret,
         allow_patterns=spec.allow_patterns,
         ignore_patterns=spec.ignore_patterns,

@@ -56,7 +56,8 @@ def test_status_pins_once_and_counts_nodes() -> None:
     counts = {"ready": 1, "downloading": 0, "failed": 0}
     st = artifacts.status(body(), resolved=resolved, failure=None, counts=counts, now="t")
     assert st["resolved"] == {
-        "revision": "c" * 40, "manifestDigest": DIGEST, "fileCount": 3, "sizeBytes": 10,
+        "revision": "c" * 40, "manifestDigest": DIGEST, "digestSource": "Hub", "fileCount": 3,
+        "sizeBytes": 10,
     }  # fmt: skip
     assert st["observedGeneration"] == 1 and st["nodes"] == counts
     again = artifacts.status(body() | {"status": st}, resolved=None, failure=None, counts=counts,
@@ -102,3 +103,22 @@ def test_backoff_grows_while_temporary_and_caps_otherwise() -> None:
     assert delays == [1, 2, 4, 8, 16, 32, 60, 60]
     permanent = Failure(reason="AccessDenied", message="")
     assert artifacts.backoff_s(0, permanent, base_s=1, cap_s=60) == 60
+
+
+def test_only_an_unreachable_hub_twice_anchors_an_expected_digest() -> None:
+    spec = artifacts.Spec(
+        source=artifacts.Source(hugging_face=artifacts.HuggingFace(repository="org/m")),
+        expected_digest=DIGEST,
+    )
+    down = Failure(reason="SourceUnavailable", message="refused", temporary=True)
+    assert not artifacts.anchors(spec, down, 1)
+    assert artifacts.anchors(spec, down, artifacts.ANCHOR_AFTER)
+    refused = Failure(reason="AccessDenied", message="401")
+    assert not artifacts.anchors(spec, refused, 5)  # the Hub answered: no anchor
+    without = msgspec.structs.replace(spec, expected_digest=None)
+    assert not artifacts.anchors(without, down, 5)
+    st = artifacts.status(body(), resolved=Resolved.anchored(DIGEST), failure=None,
+                          counts={"ready": 0, "downloading": 0, "failed": 0}, now="t")  # fmt: skip
+    assert st["resolved"] == {"manifestDigest": DIGEST, "digestSource": "Expected"}
+    rec = artifacts.record(body() | {"status": st}, spec)
+    assert rec is not None and rec.resolved and rec.revision is None

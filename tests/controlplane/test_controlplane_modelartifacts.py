@@ -16,7 +16,7 @@ import pytest
 from controlplane_fakeapi import FakeApi, fake_api, node
 
 import hub
-from bus import codec, connection, events, kv, records, subjects
+from bus import codec, connection, embedded, events, kv, records, subjects
 from bus.settings import BusSettings
 from bus.testing import eventually, nats_server, settings_for
 from controlplane import errors, leading, resolving, running
@@ -69,13 +69,16 @@ class Flaky:
 
 
 @asynccontextmanager
-async def env(tmp_path: Path, flaky: int = 0) -> AsyncIterator[Env]:
+async def env(tmp_path: Path, flaky: int = 0, *, hub_down: bool = False) -> AsyncIterator[Env]:
+    """``hub_down``: the resolver's Hub is a loopback port nothing listens on."""
     fake_hub = hub_testing.FakeHub(tmp_path / "hub", page_size=2)
     async with (
         nats_server(tmp_path) as server,
         fake_api() as (fake, url),
         hub_testing.serving(fake_hub) as endpoints,
-        resolving.hub_resolver(endpoints.hub) as real,
+        resolving.hub_resolver(
+            f"http://127.0.0.1:{embedded.free_port()}" if hub_down else endpoints.hub
+        ) as real,
         anyio.create_task_group() as tg,
     ):
         settings = running.WorkerSettings(
@@ -226,3 +229,26 @@ async def test_temporary_failures_are_retried_and_spec_changes_refused(tmp_path:
         obj = await settled(e.fake, "f", "Degraded", "True", "SpecChanged")
         assert obj["status"]["resolved"] == pinned
         assert condition(obj, "Resolved")["status"] == "True"
+
+
+async def test_an_unreachable_hub_pins_the_expected_digest_for_peers_only(tmp_path: Path) -> None:
+    expected = "sha256:" + "e" * 64
+    async with env(tmp_path, hub_down=True) as e:
+        e.fake.put_object(ARTIFACTS, artifact("anchored", "org/model", expectedDigest=expected))
+        e.fake.put_object(ARTIFACTS, artifact("waiting", "org/model"))
+        obj = await settled(e.fake, "anchored", "Resolved", "True", "Resolved")
+        assert obj["status"]["resolved"] == {"manifestDigest": expected, "digestSource": "Expected"}
+        assert condition(obj, "Degraded")["status"] == "False"
+
+        async def pushed() -> bool:
+            return await record_of(e.bus, "anchored") is not None
+
+        await eventually(pushed)
+        raw = await record_of(e.bus, "anchored")
+        assert raw is not None
+        record = msgspec.json.decode(raw, type=records.ArtifactRecord)
+        assert record.manifest_digest == expected and record.revision is None
+        assert record.digest_source == "Expected" and record.resolved
+        # Without an expectedDigest there is nothing to pin: it keeps waiting for the Hub.
+        waiting = await settled(e.fake, "waiting", "Resolved", "False", "SourceUnavailable")
+        assert "resolved" not in waiting["status"]

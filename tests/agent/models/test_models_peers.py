@@ -9,14 +9,22 @@ import subprocess
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
 import anyio
 import msgspec
 import pytest
-from models_harness import FILES, code_of, manager_settings, manifest_of, publish_request
+from models_harness import (
+    FILES,
+    TUNING,
+    code_of,
+    manager_settings,
+    manifest_of,
+    publish_request,
+    unpublish,
+)
 
 from agent.models import running
 from agent.models.peering import PeerSettings
@@ -27,6 +35,7 @@ from bus.identity import Identity
 from bus.records import ArtifactRecord, HuggingFaceSource
 from hub import testing as hub_testing
 from kit import serving
+from proto.csi import v1 as csi
 
 pytestmark = pytest.mark.anyio
 
@@ -44,6 +53,15 @@ class Cluster:
     """The worker's connection (streams, the agents' bucket, the retained state)."""
     tmp: Path
     record: ArtifactRecord | None = None
+    asked: list[tuple[Path, str, Path]] = field(default_factory=list)
+    """(CSI socket, volume id, target) of every publish asked: unpublished when agents stop."""
+
+    async def ask(self, node: str, request: csi.NodePublishVolumeRequest) -> tuple[str, str]:
+        """NodePublishVolume on ``node``'s agent: (code name, message)."""
+        socket = self.settings(node).socket_path
+        self.asked.append((socket, request.volume_id, Path(request.target_path)))
+        code, message = await code_of(socket, request)
+        return code.name, message
 
     def settings(self, node: str) -> ModelManagerSettings:
         base = manager_settings(
@@ -53,7 +71,8 @@ class Cluster:
             bus=self.bus.settings_as(TOKENS[f"tok-{node}"], f"tok-{node}"),
             peers=PeerSettings(port=0, bind_address="127.0.0.1", address="127.0.0.1"),
         )
-        return msgspec.structs.replace(base, node_name=node)
+        quick = msgspec.structs.replace(TUNING, backoff_first_s=0.2, backoff_max_s=0.5)
+        return msgspec.structs.replace(base, node_name=node, tuning=quick)
 
     def file_requests(self) -> list[str]:
         return [s.path for s in self.hub.seen if "/resolve/" in s.path]
@@ -70,7 +89,7 @@ class Cluster:
         async def published() -> bool:
             return (settings.cache_root / "published" / hex_ / "marker").is_file()
 
-        await code_of(settings.socket_path, publish_request(self.record, target))
+        await self.ask(node, publish_request(self.record, target))
         await testing.eventually(published, timeout_s=30)
 
     async def source_on_bus(self, node: str) -> str | None:
@@ -120,8 +139,13 @@ async def agents(c: Cluster, *nodes: str) -> AsyncIterator[None]:
                 return p.synced() and s.socket_path.exists()
 
             await testing.eventually(synced)
-        yield
-        tg.cancel_scope.cancel()
+        try:
+            yield
+        finally:
+            for socket, volume_id, target in c.asked:  # a volume that mounted leaves no mount
+                if socket.exists():
+                    await unpublish(socket, volume_id, target)
+            tg.cancel_scope.cancel()
 
 
 @asynccontextmanager
@@ -296,3 +320,42 @@ async def test_ranges_from_curl_and_no_unlisted_path_or_partial_tree(
         other = "0" * 64
         (c.settings("node-a").cache_root / "partial" / other / "1" / "tree").mkdir(parents=True)
         assert (await curl(f"/peer/v1/trees/{other}"))[0] == 404
+
+
+async def test_an_artifact_pinned_to_its_expected_digest_is_filled_from_peers_only(
+    tmp_path: Path,
+) -> None:
+    hex_ = manifest_of(FILES).digest[7:]
+    async with cluster(tmp_path) as c, agents(c, "node-a", "node-b"):
+        assert c.record is not None
+        anchored = msgspec.structs.replace(
+            c.record, name="anchored", uid="u-2", revision=None, digest_source="Expected"
+        )
+        bucket = await kv.open_bucket(c.conn, kv.AGENTS_BUCKET)
+        await bucket.put_record(kv.artifact_key("team-a", "anchored"), anchored)
+        settings_b = c.settings("node-b")
+        target = settings_b.pods_dir / "q" / "volumes" / "kubernetes.io~csi" / "m" / "mount"
+        target.parent.mkdir(parents=True)
+        request = publish_request(anchored, target, volume_id="csi-anchored")
+
+        async def refused() -> bool:
+            code, message = await c.ask("node-b", request)
+            return code == "UNAVAILABLE" and "no peer holds it" in message
+
+        # node-b asks while no peer holds it: a failure that says so, and no Hub request
+        await testing.eventually(refused, timeout_s=30)
+        assert c.hub.seen == []
+        await c.publish("node-a")  # node-a fetches it from the Hub for its own artifact
+        hub_requests = len(c.hub.seen)
+        async with listener(c) as offers:
+            await offered(offers, "node-a", hex_)
+        published = settings_b.cache_root / "published" / hex_ / "marker"
+
+        async def filled() -> bool:
+            await c.ask("node-b", request)  # asks again once the backoff ends
+            return published.is_file()
+
+        await testing.eventually(filled, timeout_s=30)
+        assert len(c.hub.seen) == hub_requests  # every byte from node-a
+        tree = published.parent / "tree"
+        assert all((tree / p).read_bytes() == d for p, d in FILES.items())
