@@ -259,10 +259,16 @@ class PeerServer:
             span = parse_range(request.headers.get("Range"), entry.size)
         except ValueError:
             return _text(416, f"the range is past the end of {entry.size} bytes")
-        with anyio.move_on_after(self.settings.queue_s):
-            async with self._slots:
-                return await self._send(request, self.cache.tree(hex_), entry, span)
-        return _text(503, "every serving stream is busy")
+        taken = False
+        with anyio.move_on_after(self.settings.queue_s):  # the wait is bounded, not the sending
+            await self._slots.acquire()
+            taken = True
+        if not taken:
+            return _text(503, "every serving stream is busy")
+        try:
+            return await self._send(request, self.cache.tree(hex_), entry, span)
+        finally:
+            self._slots.release()
 
     async def _send(
         self,
