@@ -14,6 +14,7 @@ Ed25519 NKey whose seed never leaves the process; only its public half is announ
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -68,6 +69,10 @@ class Directory:
     node: str
     clock: Callable[[], float] = time.monotonic
     offers: dict[str, tuple[contract.PeerOffer, float]] = field(default_factory=dict)
+    newcomer: bool = False
+    """A node not known (or forgotten) offered: it has not heard our offer yet, so ours goes
+    out again at once rather than at the next period (a node that starts learns every peer's
+    key within a tick, not a period)."""
 
     def on_message(self, subject: str, payload: bytes) -> None:
         """Keep the offer in ``payload`` (a bad one is dropped; our own is ignored)."""
@@ -76,6 +81,7 @@ class Directory:
             log.debug("dropped a peer offer on %s", subject)
             return
         if offer.node != self.node:
+            self.newcomer |= offer.node not in self.offers
             self.offers[offer.node] = (offer, self.clock())
 
     def _live(self) -> list[contract.PeerOffer]:
@@ -86,8 +92,13 @@ class Directory:
         return [o for o, _ in self.offers.values()]
 
     def holders(self, hex_: str) -> list[contract.PeerOffer]:
-        """The live peers that offer ``hex_``, by node name (the download tries them in order)."""
-        return sorted((o for o in self._live() if hex_ in o.digests), key=lambda o: o.node)
+        """The live peers that offer ``hex_``, in the order the download tries them: an order
+        of this node's own (a hash of both names), so the nodes pulling one model spread over
+        the nodes that hold it instead of all asking the first by name."""
+        return sorted((o for o in self._live() if hex_ in o.digests), key=self._rank)
+
+    def _rank(self, offer: contract.PeerOffer) -> bytes:
+        return hashlib.sha256(f"{self.node}\0{offer.node}".encode()).digest()
 
     def keys(self) -> dict[str, str]:
         """node -> the public key of its live offer (whose signatures the server accepts)."""
@@ -105,8 +116,8 @@ async def follow(
     """Read every peer's offers and announce ``await own()`` until cancelled.
 
     The own offer is looked at every ``tick_s`` and sent when it changed (a tree was published
-    or collected: peers learn of it within a tick) or ``every_s`` passed since it was last
-    sent. None: nothing to offer. A publish that fails (not connected) is tried at the next
+    or collected: peers learn of it within a tick), when a node we did not know offered (it
+    missed ours), or when ``every_s`` passed since it was last sent. None: nothing to offer. A publish that fails (not connected) is tried at the next
     tick: an offer is a repeated claim, never a queued one.
     """
     async with conn.subscribe(contract.ALL, _quiet(directory.on_message)):
@@ -116,7 +127,8 @@ async def follow(
         while True:
             offer = await own()
             now = anyio.current_time()
-            if offer is not None and (offer != sent or now - sent_at >= every_s):
+            hello, directory.newcomer = directory.newcomer, False
+            if offer is not None and (hello or offer != sent or now - sent_at >= every_s):
                 try:
                     await conn.publish(subject, contract.encode_offer(offer))
                     sent, sent_at = offer, now

@@ -26,7 +26,7 @@ from models_harness import (
     unpublish,
 )
 
-from agent.models import running
+from agent.models import peering, running
 from agent.models.peering import PeerSettings
 from agent.models.policy import MemoryPolicy
 from agent.models.settings import ModelManagerSettings
@@ -215,6 +215,37 @@ async def test_a_lying_peer_costs_a_retry_and_the_tree_is_verified(
         assert again and {p.rsplit("/", 1)[-1] for p in again} == {BIG}
         tree = c.settings("node-b").cache_root / "published" / hex_ / "tree"
         assert (tree / BIG).read_bytes() == FILES[BIG]
+
+
+async def test_a_lying_peer_costs_a_retry_against_another_peer_not_the_hub(
+    tmp_path: Path,
+) -> None:
+    hex_ = manifest_of(FILES).digest[7:]
+    async with cluster(tmp_path) as c, agents(c, "node-a", "node-b", "node-c"):
+        async with listener(c, "node-b") as offers:
+            await c.publish("node-a")
+            await offered(offers, "node-a", hex_)
+            await c.publish("node-c")  # from node-a or the Hub: either way, published
+            await offered(offers, "node-c", hex_)
+            # the peer node-b tries first lies about one byte of the big file
+            directory = peering.Directory("node-b")
+            for offer in offers.values():
+                directory.on_message(peers.subject(offer.node), peers.encode_offer(offer))
+            liar = directory.holders(hex_)[0].node
+        big = c.settings(liar).cache_root / "published" / hex_ / "tree" / BIG
+        with big.open("r+b") as f:
+            f.seek(7)
+            f.write(bytes([FILES[BIG][7] ^ 1]))
+        before = len(c.file_requests())
+        await c.publish("node-b")
+        assert len(c.file_requests()) == before  # the other peer gave what the liar did not
+        tree = c.settings("node-b").cache_root / "published" / hex_ / "tree"
+        assert all((tree / p).read_bytes() == d for p, d in FILES.items())
+
+        async def from_peers() -> bool:
+            return await c.source_on_bus("node-b") == "Peer"
+
+        await testing.eventually(from_peers)
 
 
 async def _get(url: str, headers: dict[str, str]) -> tuple[int, bytes]:

@@ -102,3 +102,25 @@ def test_range_header(header: str | None, expected: tuple[int, int] | None) -> N
 def test_an_unsatisfiable_range_is_refused(header: str) -> None:
     with pytest.raises(ValueError):
         peerserver.parse_range(header, 100)
+
+
+def test_the_directory_forgets_lapsed_offers_and_greets_newcomers() -> None:
+    now = [0.0]
+    d = peering.Directory("me", clock=lambda: now[0])
+    mine = peers.PeerOffer(node="me", url="http://127.0.0.1:1", key=KEY.public_key)
+    d.on_message(peers.subject("me"), peers.encode_offer(mine))
+    assert d.keys() == {} and not d.newcomer  # our own offer echoed back is not a peer
+    other = peers.PeerOffer(node="a", url="http://127.0.0.1:2", key=KEY.public_key,
+                            digests=("cd" * 32,))  # fmt: skip
+    d.on_message(peers.subject("a"), peers.encode_offer(other))
+    assert d.newcomer and d.holders("cd" * 32) == [other] and d.holders("ef" * 32) == []
+    d.newcomer = False
+    now[0] = peers.OFFER_TTL_S - 1
+    d.on_message(peers.subject("a"), peers.encode_offer(other))  # a renewal: no greeting
+    assert not d.newcomer
+    now[0] += peers.OFFER_TTL_S + 1
+    assert d.keys() == {}  # lapsed
+    d.on_message(peers.subject("a"), b"garbage")
+    assert d.keys() == {} and not d.newcomer
+    d.on_message(peers.subject("a"), peers.encode_offer(other))
+    assert d.newcomer  # back after lapsing: greeted again
