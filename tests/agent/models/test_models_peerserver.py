@@ -1,5 +1,6 @@
-"""The peer server alone (agent/models/peerserver.py) over a real socket: its stream limit,
-and a slow reader, against aiohttp's client; the Range parser against what RFC 9110 says."""
+"""The peer pieces alone: the server (agent/models/peerserver.py) over a real socket (its stream
+limit, a slow reader, against aiohttp's client), the Range parser, the directory of offers, and
+the materializer passing over peers that fail to the Hub."""
 
 from __future__ import annotations
 
@@ -14,9 +15,16 @@ import aiohttp
 import anyio
 import msgspec
 import pytest
+from aiohttp import web
+from models_harness import TUNING
 
-from agent.models import layout, peering, peerserver
-from bus import jwt, peers
+from agent.models import downloading, layout, materializing, peerclient, peering, peerserver
+from agent.models.errors import Materializing
+from agent.models.metrics import ModelMetrics
+from bus import embedded, jwt, peers
+from hub import client as hub_client
+from hub import resolving
+from hub import testing as hub_testing
 from hub.manifest import Entry, Manifest
 
 pytestmark = pytest.mark.anyio
@@ -124,3 +132,62 @@ def test_the_directory_forgets_lapsed_offers_and_greets_newcomers() -> None:
     assert d.keys() == {} and not d.newcomer
     d.on_message(peers.subject("a"), peers.encode_offer(other))
     assert d.newcomer  # back after lapsing: greeted again
+
+
+async def test_a_dead_peer_and_a_peer_with_another_manifest_cost_only_the_fallback_to_the_hub(
+    tmp_path: Path,
+) -> None:
+    files = {"config.json": b"{}", "weights.bin": BIG[: 3 * 1024 * 1024]}
+    fake = hub_testing.FakeHub(tmp_path / "hub")
+    commit = fake.add("org/m", files)
+    # a peer that answers with the manifest of other files (signed requests or not)
+    other = Manifest.of([Entry("sha256", "ab" * 32, 1, "x")]).text()
+
+    async def liar(_: web.Request) -> web.Response:
+        return web.Response(text=other)
+
+    app = web.Application()
+    app.router.add_get("/peer/v1/trees/{hex}", liar)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    directory = peering.Directory("me")
+    try:
+        async with (
+            hub_testing.serving(fake) as ep,
+            hub_client.client(hub_client.HubSettings(endpoint=ep.hub)) as hub,
+        ):
+            manifest = await resolving.listing(hub, "org/m", commit, token=None)
+            hex_ = manifest.digest[7:]
+            for node, url in (("dead", f"http://127.0.0.1:{embedded.free_port()}"),
+                              ("liar", f"http://127.0.0.1:{port}")):  # fmt: skip
+                offer = peers.PeerOffer(node=node, url=url, key=KEY.public_key, digests=(hex_,))
+                directory.on_message(peers.subject(node), peers.encode_offer(offer))
+            assert len(directory.holders(hex_)) == 2
+            cache = layout.Cache.open(tmp_path / "cache")
+            async with peerclient.pull(directory, node="me", key=KEY) as pull:
+                done = anyio.Event()
+                m = materializing.Materializer(
+                    cache, hub, downloading.Limits(8, 0), tuning=TUNING, metrics=ModelMetrics(),
+                    changed=lambda: None if hex_ in m.jobs else done.set(), peers=pull,
+                )  # fmt: skip
+
+                async def reserve(_: str, __: int) -> None:
+                    return None
+
+                async with anyio.create_task_group() as tg:
+                    await tg.start(m.run, reserve)
+                    with pytest.raises(Materializing):
+                        m.ensure(hex_, materializing.Source("org/m", commit, None))
+                    with anyio.fail_after(30):
+                        await done.wait()
+                    tg.cancel_scope.cancel()
+    finally:
+        await runner.cleanup()
+    marker = cache.marker(hex_)
+    assert marker is not None and marker.source == "Hub"
+    tree = cache.tree(hex_)
+    assert all((tree / p).read_bytes() == d for p, d in files.items())
+    assert any("/resolve/" in s.path for s in fake.seen)
