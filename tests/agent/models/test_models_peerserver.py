@@ -191,3 +191,21 @@ async def test_a_dead_peer_and_a_peer_with_another_manifest_cost_only_the_fallba
     tree = cache.tree(hex_)
     assert all((tree / p).read_bytes() == d for p, d in files.items())
     assert any("/resolve/" in s.path for s in fake.seen)
+
+
+async def test_paths_that_need_escaping_are_signed_as_sent(tmp_path: Path) -> None:
+    files = {"dir/a b.txt": b"spaced", "\u00fc/\u6a21\u578b.json": b"{}", "p%20q#r?.bin": b"odd"}
+    hex_ = publish(tmp_path, files)
+    async with server(tmp_path) as url:
+        offer = peers.PeerOffer(node="srv", url=url, key=KEY.public_key, digests=(hex_,))
+        directory = peering.Directory("cli")
+        directory.on_message(peers.subject("srv"), peers.encode_offer(offer))
+        async with peerclient.pull(directory, node="cli", key=KEY) as pull:
+            manifest = await pull.manifest(offer, hex_)
+            source = pull.files(offer, hex_)
+            for entry in manifest.entries:
+                got = await source.whole("", "", entry.path, token=None, size=entry.size)
+                assert b"".join(got) == files[entry.path]
+                async with source.download("", "", entry.path, token=None, start=1) as body:
+                    rest = b"".join([bytes(p) async for p in body.pieces()])
+                assert (body.start, rest) == (1, files[entry.path][1:])
