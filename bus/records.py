@@ -76,6 +76,9 @@ class Download(_Record, frozen=True, kw_only=True):
     """HTTP requests in flight on the node, all downloads together (1..64)."""
     bytes_per_second: int = 0
     """Node-wide bandwidth limit; 0 means unlimited."""
+    peer_sync: bool = True
+    """Fetch from peer model agents that hold a digest before the Hub (``model-store-peer-sync``;
+    only where the agent serves peers, ``--peer-port``)."""
 
 
 class HubEndpoint(_Record, frozen=True, kw_only=True):

@@ -121,6 +121,8 @@ _NODEMODELSTORES: Final = {
     "spec.download": "Download tuning.",
     "spec.download.concurrency": "Files downloaded at once per model.",
     "spec.download.bytesPerSecond": "Bandwidth cap for the node's downloads; 0 for none.",
+    "spec.download.peerSync": "Fetch a model from another node that holds it before the Hub "
+    "(where the model agents serve peers).",
     "spec.hub": "Where models come from and how to reach it.",
     "spec.hub.huggingFaceEndpoint": "The Hugging Face Hub (or a mirror) models are fetched from.",
     "spec.hub.httpsProxy": "Proxy for the Hub's HTTPS requests.",

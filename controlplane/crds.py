@@ -188,6 +188,7 @@ NODEMODELSTORE_SCHEMA: Final = _obj(
                     {
                         "concurrency": {**_i(1, 64), "default": 8},
                         "bytesPerSecond": {**_i(0), "default": 0},
+                        "peerSync": {"type": "boolean", "default": True},
                     }
                 ),
                 "hub": _obj(

@@ -203,6 +203,11 @@ CATALOG: Final[tuple[Entry, ...]] = (
         "download bytes per second per node, a quantity (0: unlimited)", _bytes_per_second,
     ),
     _entry(
+        "model-store-peer-sync", "true",
+        "nodes fetch a model from another node's model agent that holds it before the Hub (where "
+        "the agents serve peers: model-manager --peer-port)", parsers.parse_bool,
+    ),
+    _entry(
         "workload-fit-affinity", "true",
         "pin admitted Kueue workloads to nodes whose free slices fit them", parsers.parse_bool,
     ),
@@ -245,6 +250,7 @@ class Values(msgspec.Struct, frozen=True, kw_only=True):
     model_store_low_watermark: int = 70
     model_store_download_concurrency: int = 8
     model_store_download_bandwidth: int = 0
+    model_store_peer_sync: bool = True
     workload_fit_affinity: bool = True
     node_management_manual: bool = False
     instance_type_mixed_on_node: bool = True

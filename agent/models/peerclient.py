@@ -187,9 +187,12 @@ class PeerPull:
 
     directory: Directory
     client: PeerClient
+    enabled: Callable[[], bool] = lambda: True
+    """The NodeModelStore spec's ``download.peerSync``, read at each download: off, no peer is
+    asked (this node still serves its own trees)."""
 
     def holders(self, hex_: str) -> list[contract.PeerOffer]:
-        return self.directory.holders(hex_)
+        return self.directory.holders(hex_) if self.enabled() else []
 
     async def manifest(self, offer: contract.PeerOffer, hex_: str) -> Manifest:
         return await self.client.manifest(offer, hex_)
@@ -204,6 +207,7 @@ async def pull(
     *,
     node: str,
     key: jwt.NKey,
+    enabled: Callable[[], bool] = lambda: True,
     connect_s: float = 10.0,
     stall_s: float = 30.0,
     max_connections: int = 64,
@@ -212,7 +216,7 @@ async def pull(
     peer), whose connections close on exit, within :data:`hub.http.CLOSE_TIMEOUT_S`."""
     transport = http.Client(connect_s=connect_s, stall_s=stall_s, max_connections=max_connections)
     try:
-        yield PeerPull(directory, PeerClient(transport, node=node, key=key))
+        yield PeerPull(directory, PeerClient(transport, node=node, key=key), enabled)
     finally:
         with anyio.CancelScope(shield=True):
             await transport.aclose()

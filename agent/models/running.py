@@ -179,7 +179,7 @@ async def plugin(
     limits = downloading.Limits(spec_now.download.concurrency, spec_now.download.bytes_per_second)
     async with (
         hub_client.client(_hub_settings(settings, spec)) as hub,
-        _peer_pull(peers) as pull,
+        _peer_pull(peers, policy) as pull,
     ):
         p = _assemble(settings, cache, hub, limits, policy, sink, metrics, clock, pull)
         await p.volumes.rebuild()
@@ -204,13 +204,22 @@ async def plugin(
 
 
 @asynccontextmanager
-async def _peer_pull(peers: peering.Peering | None) -> AsyncIterator[peerclient.PeerPull | None]:
+async def _peer_pull(
+    peers: peering.Peering | None, policy: Policy
+) -> AsyncIterator[peerclient.PeerPull | None]:
     """The materializer's way to peers (None: off, or ``model-store-peer-sync`` false), on an
     HTTP client of its own (the Hub's proxies never apply to a peer)."""
     if peers is None or not peers.settings.pull:
         yield None
         return
-    async with peerclient.pull(peers.directory, node=peers.node, key=peers.key) as own:
+
+    def enabled() -> bool:
+        spec = policy.spec()
+        return spec is None or bool(spec.problems()) or spec.download.peer_sync
+
+    async with peerclient.pull(
+        peers.directory, node=peers.node, key=peers.key, enabled=enabled
+    ) as own:
         yield own
 
 

@@ -32,7 +32,7 @@ from agent.models.policy import MemoryPolicy
 from agent.models.settings import ModelManagerSettings
 from bus import callout, codec, connection, events, jwt, kv, peers, state, testing
 from bus.identity import Identity
-from bus.records import ArtifactRecord, HuggingFaceSource
+from bus.records import ArtifactRecord, HuggingFaceSource, StoreSpecRecord
 from hub import testing as hub_testing
 from kit import serving
 from proto.csi import v1 as csi
@@ -246,6 +246,28 @@ async def test_a_lying_peer_costs_a_retry_against_another_peer_not_the_hub(
             return await c.source_on_bus("node-b") == "Peer"
 
         await testing.eventually(from_peers)
+
+
+async def test_a_node_whose_store_spec_turns_peer_sync_off_pulls_from_the_hub(
+    tmp_path: Path,
+) -> None:
+    hex_ = manifest_of(FILES).digest[7:]
+    async with cluster(tmp_path) as c:
+        bucket = await kv.open_bucket(c.conn, kv.AGENTS_BUCKET)
+        off = StoreSpecRecord(node="node-b", spec={"download": {"peerSync": False}})
+        await bucket.put_record(kv.nms_key("node-b"), off)
+        async with agents(c, "node-a", "node-b"):
+            await c.publish("node-a")
+            async with listener(c) as offers:
+                await offered(offers, "node-a", hex_)
+            before = len(c.file_requests())
+            await c.publish("node-b")
+            assert len(c.file_requests()) > before  # from the Hub, though node-a offers it
+
+            async def sources() -> bool:
+                return await c.source_on_bus("node-b") == "Hub"
+
+            await testing.eventually(sources)
 
 
 async def _get(url: str, headers: dict[str, str]) -> tuple[int, bytes]:
