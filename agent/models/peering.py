@@ -45,8 +45,6 @@ class PeerSettings(msgspec.Struct, frozen=True, kw_only=True):
     bind_address: str = "0.0.0.0"
     address: str = ""
     """The address other nodes reach this one at (the Pod IP); empty: no serving, no offer."""
-    pull: bool = True
-    """Prefer peers that hold a digest over the Hub (``model-store-peer-sync``)."""
     announce_s: float = 30.0
     serving_streams: int = 8
     """Files served at once; a request waits up to ``queue_s`` for a slot, then 503."""

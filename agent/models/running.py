@@ -207,9 +207,10 @@ async def plugin(
 async def _peer_pull(
     peers: peering.Peering | None, policy: Policy
 ) -> AsyncIterator[peerclient.PeerPull | None]:
-    """The materializer's way to peers (None: off, or ``model-store-peer-sync`` false), on an
-    HTTP client of its own (the Hub's proxies never apply to a peer)."""
-    if peers is None or not peers.settings.pull:
+    """The materializer's way to peers (None: no ``--peer-port``), asking none while the
+    NodeModelStore spec's ``download.peerSync`` is false, on an HTTP client of its own (the
+    Hub's proxies never apply to a peer)."""
+    if peers is None:
         yield None
         return
 
