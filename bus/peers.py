@@ -42,6 +42,7 @@ from bus.errors import InvalidNodeName, InvalidToken
 
 __all__ = [
     "ALL",
+    "MAX_DIGESTS",
     "OFFER_TTL_S",
     "PREFIX",
     "SCHEME",
@@ -64,6 +65,8 @@ OFFER_TTL_S: Final = 90.0
 SKEW_S: Final = 60.0
 """A signed request's time may differ from the server's by at most this much."""
 SCHEME: Final = "GPUStack-Peer"
+MAX_DIGESTS: Final = 4096
+"""Digests one offer names at most (about 270 KiB of JSON, under NATS's 1 MiB payload)."""
 MAX_OFFER_BYTES: Final = 512 * 1024
 _HEX: Final = re.compile(r"[0-9a-f]{64}")
 
@@ -79,7 +82,7 @@ class PeerOffer(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     """``http://<address>:<port>``: where ``/peer/v1/trees/...`` is served."""
     key: Annotated[str, Meta(min_length=56, max_length=56)]
     """A public user NKey (``U…``): the requests of this node are signed with its seed."""
-    digests: Annotated[tuple[Hex, ...], Meta(max_length=16384)] = ()
+    digests: Annotated[tuple[Hex, ...], Meta(max_length=MAX_DIGESTS)] = ()
     """The 64-hex manifest digests of the published trees it serves."""
 
 

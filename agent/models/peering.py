@@ -166,9 +166,11 @@ class Peering:
         self.directory = Directory(self.node)
 
     def offer(self, hexes: list[str]) -> contract.PeerOffer | None:
-        """This node's offer of the published ``hexes`` (None: not serving yet)."""
+        """This node's offer of the published ``hexes`` (None: not serving yet); at most
+        :data:`bus.peers.MAX_DIGESTS` of them, so the offer stays one valid message."""
         if self.url is None:
             return None
+        digests = tuple(sorted(hexes)[: contract.MAX_DIGESTS])
         return contract.PeerOffer(
-            node=self.node, url=self.url, key=self.key.public_key, digests=tuple(sorted(hexes))
+            node=self.node, url=self.url, key=self.key.public_key, digests=digests
         )

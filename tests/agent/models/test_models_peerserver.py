@@ -209,3 +209,14 @@ async def test_paths_that_need_escaping_are_signed_as_sent(tmp_path: Path) -> No
                 async with source.download("", "", entry.path, token=None, start=1) as body:
                     rest = b"".join([bytes(p) async for p in body.pieces()])
                 assert (body.start, rest) == (1, files[entry.path][1:])
+
+
+def test_an_offer_of_a_huge_cache_stays_one_valid_message() -> None:
+    p = peering.Peering("me", peering.PeerSettings(port=0), url="http://10.0.0.1:32445")
+    hexes = [f"{i:064x}" for i in range(peers.MAX_DIGESTS + 10)]
+    offer = p.offer(hexes)
+    assert offer is not None and len(offer.digests) == peers.MAX_DIGESTS
+    payload = peers.encode_offer(offer)
+    assert len(payload) < 1024 * 1024  # NATS's default max_payload
+    assert peers.decode_offer(peers.subject("me"), payload) == offer
+    assert peering.Peering("me", peering.PeerSettings(port=0)).offer(hexes) is None  # no URL yet
