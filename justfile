@@ -34,6 +34,7 @@ bench:
     {{python}} bench/bench_deviceplugin.py
     {{python}} bench/bench_serve.py
     {{python}} bench/bench_models.py
+    {{python}} bench/bench_peers.py
     {{python}} bench/pull_timeline.py
     {{python}} bench/bench_worker.py
     {{python}} bench/bench_worker.py --chain
@@ -48,6 +49,7 @@ bench-smoke:
     BENCH_SMOKE=1 {{python}} bench/bench_deviceplugin.py
     BENCH_SMOKE=1 {{python}} bench/bench_serve.py
     BENCH_SMOKE=1 {{python}} bench/bench_models.py --noop
+    BENCH_SMOKE=1 {{python}} bench/bench_peers.py
     BENCH_SMOKE=1 {{python}} bench/pull_timeline.py
     BENCH_SMOKE=1 {{python}} bench/bench_worker.py
     BENCH_SMOKE=1 {{python}} bench/bench_worker.py --chain

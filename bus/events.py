@@ -158,6 +158,9 @@ class ModelState(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     waiting_pods: Annotated[tuple[WaitingPod, ...], Meta(max_length=1024)] | None = None
     """For ``downloading``: the Pods whose volumes wait for it (asked within the last
     ``waiter_window_s``), so the worker can tell them how far it got. Optional, added in v1."""
+    source: Literal["Hub", "Peer"] | None = None
+    """Where most of its bytes came from: the model hub or peer model agents (NodeModelStore
+    ``status.models[].source``). Optional, added in v1."""
 
 
 class ModelsEvent(_Event, tag="models", frozen=True, kw_only=True):

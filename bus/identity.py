@@ -31,7 +31,7 @@ from typing import Any, Final, Literal, get_args
 
 import msgspec
 
-from bus import kv, subjects
+from bus import kv, peers, subjects
 from bus.state import HISTORY_STREAM, SAMPLES_STREAM, STATE_STREAM
 from bus.subjects import Kind
 
@@ -142,15 +142,19 @@ def permissions_for(identity: Identity) -> Permissions:
         )
     assert identity.node is not None  # the node roles, checked by Identity
     own = tuple(subjects.subject(identity.node, k) for k in KINDS_BY_ROLE[identity.role])
+    listens: tuple[str, ...] = ()
     if identity.role == "device-manager":
         reads = (*_history_reads(identity.node), *_pending_reads(identity.node))
     else:
-        reads = _agents_bucket_reads(identity.node)
+        # Its own peer offers, and every model agent's (bus.peers: the server's check of who
+        # publishes on peers.<N> is what binds a peer key to node N).
+        reads = (*_agents_bucket_reads(identity.node), peers.subject(identity.node))
+        listens = (peers.ALL,)
     # Every node agent may ask the worker to review a scraper's token (kit.access, H9).
     return Permissions(
         pub_allow=(*own, *reads, subjects.REVIEW),
         pub_deny=_PUB_DENY,
-        sub_allow=(inbox,),
+        sub_allow=(inbox, *listens),
         sub_deny=_SUB_DENY,
     )
 

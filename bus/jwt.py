@@ -30,7 +30,7 @@ import nkeys
 
 from bus.errors import InvalidToken
 
-__all__ = ["HEADER", "NKey", "decode", "encode", "public_key_type"]
+__all__ = ["HEADER", "NKey", "decode", "encode", "public_key_type", "verify"]
 
 KeyType = Literal["account", "user", "server", "operator"]
 HEADER: Final = {"typ": "JWT", "alg": "ed25519-nkey"}
@@ -143,3 +143,18 @@ def decode(
     if isinstance(exp, int | float) and exp and exp < (time.time() if now is None else now):
         raise InvalidToken("JWT expired")
     return claims
+
+
+def verify(public_key: str, data: bytes, signature: bytes, *, kind: KeyType = "user") -> None:
+    """Check that ``signature`` is ``public_key``'s Ed25519 signature of ``data``.
+
+    :raises InvalidToken: the key is malformed or of another type than ``kind``, or the
+        signature does not verify.
+    """
+    key_type, raw_key = _decode_public(public_key)
+    if key_type != kind:
+        raise InvalidToken(f"a {key_type} key, expected a {kind} key")
+    try:
+        nacl.signing.VerifyKey(raw_key).verify(data, signature)
+    except (nacl.exceptions.BadSignatureError, nacl.exceptions.ValueError) as e:
+        raise InvalidToken("signature does not verify") from e

@@ -80,6 +80,9 @@ class Download(_Record, frozen=True, kw_only=True):
     """HTTP requests in flight on the node, all downloads together (1..64)."""
     bytes_per_second: int = 0
     """Node-wide bandwidth limit; 0 means unlimited."""
+    peer_sync: bool = True
+    """Fetch from peer model agents that hold a digest before the Hub (``model-store-peer-sync``;
+    only where the agent serves peers, ``--peer-port``)."""
 
 
 class HubEndpoint(_Record, frozen=True, kw_only=True):
@@ -180,6 +183,10 @@ class ArtifactRecord(_Record, frozen=True, kw_only=True):
     """``status.resolved.manifestDigest``; absent until the artifact is resolved."""
     revision: str | None = None
     """``status.resolved.revision``: the 40-hex commit the digest was listed at."""
+    digest_source: str | None = None
+    """``status.resolved.digestSource``: ``Hub``, or ``Expected`` when the Hub could not be
+    reached and the artifact was pinned to its ``expectedDigest`` (no ``revision``: its nodes
+    fetch it from peers only). Absent from older control planes: ``Hub``."""
     token_secret: SecretRef | None = None
     allow_patterns: tuple[str, ...] = ()
     """``spec.allowPatterns``: the files the manifest was listed with."""
@@ -191,12 +198,15 @@ class ArtifactRecord(_Record, frozen=True, kw_only=True):
 
     @property
     def resolved(self) -> bool:
-        """Pinned to a digest and a commit: only then may a volume mount it.
+        """Pinned to a digest and a commit (or to its ``expectedDigest`` alone, which only peers
+        can fill): only then may a volume mount it.
 
         Derived, not sent: the control plane only writes what it pinned in ``status.resolved``,
         so a separate flag could only disagree with it.
         """
-        return self.manifest_digest is not None and self.revision is not None
+        return self.manifest_digest is not None and (
+            self.revision is not None or self.digest_source == "Expected"
+        )
 
 
 class PendingContainer(_Record, frozen=True, kw_only=True):

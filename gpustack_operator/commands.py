@@ -446,6 +446,19 @@ _MODEL_MANAGER = (
         kind="int",
         bounds=PORT,
     ),
+    Flag(
+        "peer-port",
+        "0",
+        "serve published models to this cluster's other model agents on this port, and pull "
+        "from them before the Hub (0: off; needs the bus)",
+        kind="int",
+        bounds=PORT,
+    ),
+    Flag(
+        "peer-address",
+        "",
+        "the address other nodes reach --peer-port at (default $POD_IP)",
+    ),
     *_AGENT_SERVING,
     *NATS_FLAGS,
 )

@@ -36,7 +36,7 @@ from hub.errors import (
 from hub.manifest import Entry
 from hub.urls import Url
 
-__all__ = ["Body", "HubClient", "HubSettings", "client"]
+__all__ = ["Body", "HubClient", "HubSettings", "client", "file_body"]
 
 USER_AGENT: Final = "gpustack-operator"
 MAX_REDIRECTS: Final = 10
@@ -375,6 +375,12 @@ def _body_of(response: http.Response, path: str) -> Body:
     if response.status == 416:
         raise IntegrityMismatch(f"{path}: the server says the range is past the end of the file")
     raise _failure(response.status, response.headers, path)
+
+
+def file_body(response: http.Response, path: str) -> Body:
+    """A file response as a :class:`Body` (206 with its range, 200 whole), or the refusal
+    raised as the Hub's would be: for other servers of files by path (a peer model agent)."""
+    return _body_of(response, path)
 
 
 def _content_range(value: str, path: str) -> tuple[int, int | None]:

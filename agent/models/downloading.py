@@ -31,9 +31,10 @@ Invariants: a file whose hash or size differs is deleted with its state and rais
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractAsyncContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import anyio
 import anyio.to_thread
@@ -44,7 +45,7 @@ from hub import client as hub_client
 from hub.errors import IntegrityMismatch, SourceUnavailable
 from hub.manifest import Entry
 
-__all__ = ["Limits", "Origin", "fetch"]
+__all__ = ["Files", "Limits", "Origin", "fetch"]
 
 
 class Limits:
@@ -80,11 +81,32 @@ def _in_loop() -> bool:
     return True
 
 
+class Files(Protocol):
+    """What serves a manifest's file bytes: the Hub (:class:`hub.client.HubClient`) or a peer
+    model agent (:class:`agent.models.peerclient.PeerFiles`); the verification here is the same
+    for both, so a peer is trusted for nothing but availability."""
+
+    def download(
+        self,
+        repository: str,
+        commit: str,
+        path: str,
+        *,
+        token: str | None,
+        start: int = 0,
+        end: int | None = None,
+    ) -> AbstractAsyncContextManager[hub_client.Body]: ...
+
+    async def whole(
+        self, repository: str, commit: str, path: str, *, token: str | None, size: int
+    ) -> list[bytes | memoryview]: ...
+
+
 @dataclass(frozen=True)
 class Origin:
     """Where the bytes of a manifest come from."""
 
-    hub: hub_client.HubClient
+    hub: Files
     repository: str
     commit: str
     token: str | None

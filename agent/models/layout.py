@@ -34,7 +34,7 @@ import weakref
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
-from typing import Final
+from typing import Final, Literal
 
 import msgspec
 
@@ -55,6 +55,8 @@ class Marker(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     size_bytes: int
     file_count: int
     published_time: datetime
+    source: Literal["Hub", "Peer"] = "Hub"
+    """Where most of its bytes came from (a marker written before peers existed: the Hub)."""
 
 
 class Ref(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):

@@ -28,7 +28,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Literal, Protocol
 
 import anyio
 import anyio.to_thread
@@ -38,10 +38,17 @@ from anyio.abc import TaskGroup, TaskStatus
 from agent.models import backoff, diskio, downloading, layout, publishing
 from agent.models.backoff import Failure
 from agent.models.errors import BackingOff, Materializing, NoSpace
+from agent.models.peerclient import PeerPull
 from agent.models.tuning import Tuning
 from hub import client as hub_client
 from hub import resolving
-from hub.errors import AccessDenied, HubError, IntegrityMismatch, InvalidManifest
+from hub.errors import (
+    AccessDenied,
+    HubError,
+    IntegrityMismatch,
+    InvalidManifest,
+    SourceUnavailable,
+)
 from hub.manifest import Manifest
 
 __all__ = ["Job", "JobMetrics", "Materializer", "Pod", "Source", "fraction"]
@@ -126,6 +133,16 @@ class Job:
     """Callers inside :meth:`Materializer.wait` right now (a job with waiters is asked for)."""
     pods: dict[str, tuple[Pod, float]] = field(default_factory=dict)
     """Pod key -> (the Pod, when it last asked): who waits for this digest."""
+    peer_bytes: int = 0
+    """Bytes of this attempt received from peer model agents..."""
+    hub_bytes: int = 0
+    """...and from the Hub."""
+
+    @property
+    def source(self) -> Literal["Hub", "Peer"]:
+        """``Peer`` when more than half of the bytes received came from peers (reference:
+        NodeModelStore ``status.models[].source``)."""
+        return "Peer" if self.peer_bytes * 2 > self.peer_bytes + self.hub_bytes else "Hub"
 
     def join(self, source: Source, now: float, pod: Pod | None = None) -> None:
         """Add ``source`` unless one with its key (repository, commit, credential) is listed.
@@ -200,9 +217,12 @@ class Materializer:
         metrics: JobMetrics,
         changed: Callable[[], None] = lambda: None,
         clock: Callable[[], float] = time.time,
+        peers: PeerPull | None = None,
     ) -> None:
         self.cache = cache
         self.hub = hub
+        self.peers = peers
+        """Peer model agents tried before the Hub (None: peer delivery is off)."""
         self.limits = limits
         self.tuning = tuning
         self.metrics = metrics
@@ -375,23 +395,73 @@ class Materializer:
         )
         number = record.last_attempt
         attempt = await anyio.to_thread.run_sync(self.cache.new_attempt, job.hex, number)
+        manifest = await self._from_peers(job, attempt, reserve)
+        if manifest is None:
+            manifest = await self._from_sources(job, attempt, reserve)
+        job.phase = "publishing"
+        await publishing.seal_files(attempt / "tree")
+        await anyio.to_thread.run_sync(
+            publishing.publish, self.cache, job.hex, number, attempt, manifest, job.source
+        )
+        self.metrics.publish_duration.observe(self._clock() - job.started)
+
+    async def _from_sources(self, job: Job, attempt: Path, reserve: Reserve) -> Manifest:
+        """Every file from the volumes' Hub sources, in order: a refusal moves to the next.
+
+        After peers gave bytes, a file that fails its hash costs one more try of the same
+        source: a lying peer's bytes of a file it did not finish are only found out at that
+        file's end (the mismatch deleted them, so the retry fetches them from the Hub).
+        """
         tried = 0
         while tried < len(job.sources):  # sources that join meanwhile are tried too
             job.trying = source = job.sources[tried]
+            if not source.commit:
+                tried += 1
+                if tried >= len(job.sources):
+                    raise SourceUnavailable(
+                        f"sha256:{job.hex[:12]}: no peer holds it and the artifact pins no "
+                        "commit to fetch it from the Hub (digestSource: Expected)"
+                    )
+                continue
             try:
-                manifest = await self._download(job, source, attempt, reserve)
-                break
+                try:
+                    return await self._download(job, source, attempt, reserve)
+                except IntegrityMismatch:
+                    if not job.peer_bytes:
+                        raise
+                    log.warning("sha256:%s: a peer's bytes failed; fetching again", job.hex[:12])
+                    return await self._download(job, source, attempt, reserve)
             except AccessDenied as e:
                 tried += 1
                 if tried >= len(job.sources):
                     raise
                 job.denied[source.key] = Failure(e.reason, str(e))
-        job.phase = "publishing"
-        await publishing.seal_files(attempt / "tree")
-        await anyio.to_thread.run_sync(
-            publishing.publish, self.cache, job.hex, number, attempt, manifest
-        )
-        self.metrics.publish_duration.observe(self._clock() - job.started)
+        raise SourceUnavailable(f"sha256:{job.hex[:12]}: no source")  # pragma: no cover
+
+    async def _from_peers(self, job: Job, attempt: Path, reserve: Reserve) -> Manifest | None:
+        """Every file from peer model agents that hold the digest, one peer at a time; None
+        when none could give them all (the Hub sources follow, keeping what was verified).
+
+        The peer's manifest must hash to the digest before any file is asked for, and every
+        file is verified as the Hub's are: a peer that lies or fails costs only the next try.
+        """
+        if self.peers is None:
+            return None
+        tuning = msgspec.structs.replace(self.tuning, retries=1)
+        for offer in self.peers.holders(job.hex):
+            job.phase = f"listing the files on peer {offer.node}"
+            try:
+                manifest = await self.peers.manifest(offer, job.hex)
+                origin = downloading.Origin(self.peers.files(offer, job.hex), "", "", None)
+                await self._fetch_all(job, manifest, origin, attempt, reserve, tuning, "peer")
+            except HubError as e:
+                log.warning(
+                    "sha256:%s: peer %s failed (%s: %s); trying the next source",
+                    job.hex[:12], offer.node, e.reason, e,
+                )  # fmt: skip
+                continue
+            return manifest
+        return None
 
     async def _list(self, job: Job, source: Source) -> Manifest:
         """The manifest of ``source``'s pinned commit, which must be ``job``'s digest.
@@ -425,16 +495,37 @@ class Materializer:
     ) -> Manifest:
         """Fetch every file of ``source``'s listing into ``attempt``."""
         manifest = await self._list(job, source)
+        origin = downloading.Origin(self.hub, source.repository, source.commit, source.token)
+        await self._fetch_all(job, manifest, origin, attempt, reserve, self.tuning, "hub")
+        return manifest
+
+    async def _fetch_all(
+        self,
+        job: Job,
+        manifest: Manifest,
+        origin: downloading.Origin,
+        attempt: Path,
+        reserve: Reserve,
+        tuning: Tuning,
+        via: Literal["hub", "peer"],
+    ) -> None:
+        """Fetch every file of ``manifest`` from ``origin`` into ``attempt`` (what is there
+        and verified stays)."""
         on_disk = await anyio.to_thread.run_sync(self.cache.partial_bytes, job.hex)
-        job.size, job.done = manifest.size, 0
+        if job.size != manifest.size:
+            job.size, job.done = manifest.size, 0
         await reserve(job.hex, max(0, manifest.size - on_disk))
         job.phase = "downloading"
-        origin = downloading.Origin(self.hub, source.repository, source.commit, source.token)
         present = set(await anyio.to_thread.run_sync(diskio.files_under, attempt / "tree"))
+        counter = self.metrics.download_bytes.labels(source=via)
 
         def moved(n: int) -> None:
             job.done = min(job.size, job.done + n)
-            self.metrics.download_bytes.labels(source="hub").inc(n)
+            if via == "peer":
+                job.peer_bytes += n
+            else:
+                job.hub_bytes += n
+            counter.inc(n)
 
         tree = attempt / "tree"
         state = attempt / "state"
@@ -451,13 +542,12 @@ class Materializer:
                     dest,
                     state / layout.state_name(entry.path),
                     limits=self.limits,
-                    tuning=self.tuning,
+                    tuning=tuning,
                     progress=moved,
                     present=str(dest) in present,
                 )
 
         with downloading.first_error():
             async with anyio.create_task_group() as tg:
-                for _ in range(min(self.tuning.files_per_attempt, len(manifest.entries))):
+                for _ in range(min(tuning.files_per_attempt, len(manifest.entries))):
                     tg.start_soon(fetcher)
-        return manifest

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Literal
 
 import anyio
 import anyio.to_thread
@@ -31,7 +32,14 @@ async def seal_files(tree: Path) -> None:
     await anyio.to_thread.run_sync(diskio.seal, tree)
 
 
-def publish(cache: layout.Cache, hex_: str, number: int, attempt: Path, manifest: Manifest) -> None:
+def publish(
+    cache: layout.Cache,
+    hex_: str,
+    number: int,
+    attempt: Path,
+    manifest: Manifest,
+    source: Literal["Hub", "Peer"] = "Hub",
+) -> None:
     """Seal ``attempt`` and rename it to ``published/<hex>`` (see the module docstring); an
     attempt whose digest an earlier run published meanwhile is discarded instead (same bytes).
     Blocking: run it in a worker thread."""
@@ -50,6 +58,7 @@ def publish(cache: layout.Cache, hex_: str, number: int, attempt: Path, manifest
         size_bytes=manifest.size,
         file_count=len(manifest.entries),
         published_time=datetime.now(UTC),
+        source=source,
     )
     layout.write_atomically(attempt / "marker", msgspec.json.encode(marker))
     if cache.is_published(hex_):

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import anyio
 import anyio.to_thread
@@ -60,6 +60,8 @@ class Facts:
     used_bytes: int | None = None
     capacity_bytes: int | None = None
     """``statvfs`` of the cache root: (used, total) bytes of its filesystem."""
+    sources: Mapping[str, Literal["Hub", "Peer"]] = field(default_factory=dict)
+    """hex -> where most bytes of a published tree or a running download came from."""
 
 
 def _time(unix: float | None) -> datetime | None:
@@ -87,7 +89,9 @@ def snapshot(node: str, facts: Facts) -> events.ModelsEvent:
     """
     models: list[events.ModelState] = []
     for hex_, size in sorted(facts.published.items()):
-        models.append(_state(hex_, facts, state="ready", bytes_total=size))
+        models.append(
+            _state(hex_, facts, state="ready", bytes_total=size, source=facts.sources.get(hex_))
+        )
     for hex_, (done, size) in sorted(facts.jobs.items()):
         if hex_ not in facts.published:
             pods = tuple(
@@ -102,6 +106,7 @@ def snapshot(node: str, facts: Facts) -> events.ModelsEvent:
                     bytes_done=done,
                     bytes_total=size,
                     waiting_pods=pods or None,
+                    source=facts.sources.get(hex_),
                 )
             )
     for hex_, record in sorted(facts.failures.items()):
@@ -131,7 +136,16 @@ def _shape(event: events.ModelsEvent) -> tuple[object, ...]:
         event.capacity_bytes,
         event.stored_bytes,
         tuple(
-            (m.model, m.state, m.referenced, m.last_used, m.reason, m.retry_time, m.waiting_pods)
+            (
+                m.model,
+                m.state,
+                m.referenced,
+                m.last_used,
+                m.reason,
+                m.retry_time,
+                m.waiting_pods,
+                m.source,
+            )
             for m in event.models
         ),
     )
@@ -145,7 +159,7 @@ def downloads_json(jobs: Mapping[str, Job]) -> bytes:
                 "digest": "sha256:" + j.hex,
                 "downloadedBytes": j.done,
                 "sizeBytes": j.size,
-                "source": "Hub",
+                "source": j.source,
             }
             for j in jobs.values()
         ]
@@ -203,12 +217,19 @@ class Reporter:
         references: dict[str, int],
         jobs: dict[str, tuple[int, int]],
         waiting: dict[str, tuple[Pod, ...]],
+        job_sources: dict[str, Literal["Hub", "Peer"]],
     ) -> Facts:
         """Read the cache (in a thread): published trees, failures, last uses, usage.
 
         ``references`` and ``jobs`` are copied on the event loop, which owns those dicts.
         """
-        published = {h: self.cache.size_of(h) for h in self.cache.published_hexes()}
+        published: dict[str, int] = {}
+        sources = dict(job_sources)
+        for h in self.cache.published_hexes():
+            marker = self.cache.marker(h)
+            published[h] = marker.size_bytes if marker is not None else self.cache.size_of(h)
+            if marker is not None:
+                sources[h] = marker.source
         failures = {}
         last_used = {}
         for h in self.cache.digest_hexes():
@@ -228,6 +249,7 @@ class Reporter:
             last_used=last_used,
             used_bytes=used,
             capacity_bytes=total,
+            sources=sources,
         )
 
     def _moved_enough(self, event: events.ModelsEvent) -> bool:
@@ -244,8 +266,9 @@ class Reporter:
     async def report_once(self) -> None:
         references = dict(self.references())
         jobs = {h: (j.done, j.size) for h, j in self.materializer.jobs.items()}
+        sources = {h: j.source for h, j in self.materializer.jobs.items()}
         waiting = {h: tuple(self.materializer.waiting(h)) for h in jobs}
-        facts = await anyio.to_thread.run_sync(self._facts, references, jobs, waiting)
+        facts = await anyio.to_thread.run_sync(self._facts, references, jobs, waiting, sources)
         event = snapshot(self.node, facts)
         self.last = event
         now = time.monotonic()

@@ -33,6 +33,9 @@ from agent.models import (
     kvpolicy,
     layout,
     materializing,
+    peerclient,
+    peering,
+    peerserver,
     policyfile,
     reporting,
     server,
@@ -46,6 +49,7 @@ from bus import connection, kv, publishing
 from bus.accessreviews import BusReviewer
 from bus.errors import BusError
 from bus.metrics import BusMetrics
+from bus.peers import PeerOffer
 from bus.presence import Presence
 from bus.records import StoreSpec
 from bus.settings import BusSettings
@@ -108,7 +112,7 @@ class _Parts:
     reporter: reporting.Reporter
 
 
-def _assemble(
+def _assemble(  # noqa: PLR0913 - the parts the composition root wires, each used once
     settings: ModelManagerSettings,
     cache: layout.Cache,
     hub: hub_client.HubClient,
@@ -117,6 +121,7 @@ def _assemble(
     sink: reporting.Sink | None,
     metrics: ModelMetrics,
     clock: Callable[[], float],
+    peers: peerclient.PeerPull | None = None,
 ) -> _Parts:
     """Build the parts in dependency order; each gets what it uses in its constructor.
 
@@ -128,8 +133,9 @@ def _assemble(
     claim = anyio.Lock()
     changes = reporting.Changes()
     materializer = materializing.Materializer(
-        cache, hub, limits, tuning=tuning, metrics=metrics, changed=changes.changed, clock=clock
-    )
+        cache, hub, limits, tuning=tuning, metrics=metrics, changed=changes.changed, clock=clock,
+        peers=peers,
+    )  # fmt: skip
     volumes = Volumes(
         cache, policy, materializer, pods_dir=settings.pods_dir, metrics=metrics, claim=claim,
         default_token=settings.hub_token, changed=changes.changed,
@@ -159,15 +165,23 @@ async def plugin(
     sink: reporting.Sink | None = None,
     registry: CollectorRegistry | None = None,
     clock: Callable[[], float] = time.time,
+    peers: peering.Peering | None = None,
 ) -> AsyncIterator[Plugin]:
-    """Run the plugin until the block exits. :raises CacheCorrupt: foreign cache root."""
+    """Run the plugin until the block exits. :raises CacheCorrupt: foreign cache root.
+
+    ``peers``: serve published trees to peer model agents and pull from them first (its
+    directory is fed, and its offer sent, by :func:`peering.follow` on the bus).
+    """
     cache = await anyio.to_thread.run_sync(layout.Cache.open, settings.cache_root)
     metrics = ModelMetrics(registry)
     spec = policy.spec()
     spec_now = spec if spec is not None and not spec.problems() else StoreSpec()
     limits = downloading.Limits(spec_now.download.concurrency, spec_now.download.bytes_per_second)
-    async with hub_client.client(_hub_settings(settings, spec)) as hub:
-        p = _assemble(settings, cache, hub, limits, policy, sink, metrics, clock)
+    async with (
+        hub_client.client(_hub_settings(settings, spec)) as hub,
+        _peer_pull(peers, policy) as pull,
+    ):
+        p = _assemble(settings, cache, hub, limits, policy, sink, metrics, clock, pull)
         await p.volumes.rebuild()
         async with anyio.create_task_group() as tg:
             await tg.start(p.materializer.run, p.collector.reserve)
@@ -178,12 +192,58 @@ async def plugin(
                 server.Identity(settings.version, lambda: p.volumes.ready and policy.synced()),
                 server.Node(settings.node_name, p.volumes),
             ]
-            async with server.serving(settings.socket_path, handlers) as socket:
+            async with (
+                server.serving(settings.socket_path, handlers) as socket,
+                _peer_serving(settings, cache, peers),
+            ):
                 yield Plugin(
                     settings, cache, p.volumes, p.materializer, p.collector, p.reporter,
                     metrics, socket,
                 )  # fmt: skip
             tg.cancel_scope.cancel()
+
+
+@asynccontextmanager
+async def _peer_pull(
+    peers: peering.Peering | None, policy: Policy
+) -> AsyncIterator[peerclient.PeerPull | None]:
+    """The materializer's way to peers (None: no ``--peer-port``), asking none while the
+    NodeModelStore spec's ``download.peerSync`` is false, on an HTTP client of its own (the
+    Hub's proxies never apply to a peer)."""
+    if peers is None:
+        yield None
+        return
+
+    def enabled() -> bool:
+        spec = policy.spec()
+        return spec is None or bool(spec.problems()) or spec.download.peer_sync
+
+    async with peerclient.pull(
+        peers.directory, node=peers.node, key=peers.key, enabled=enabled
+    ) as own:
+        yield own
+
+
+@asynccontextmanager
+async def _peer_serving(
+    settings: ModelManagerSettings, cache: layout.Cache, peers: peering.Peering | None
+) -> AsyncIterator[None]:
+    """Serve published trees to peers while inside; sets ``peers.url`` once listening."""
+    if peers is None:
+        yield
+        return
+    served = peerserver.PeerServer(settings.node_name, cache, peers.directory, peers.settings)
+    async with peerserver.serve(served) as endpoint:
+        peers.url = f"http://{_host(peers.settings.address or endpoint.host)}:{endpoint.port}"
+        log.info("serving published models to peers on %s", peers.url)
+        try:
+            yield
+        finally:
+            peers.url = None
+
+
+def _host(address: str) -> str:
+    return f"[{address}]" if ":" in address else address
 
 
 async def serve(settings: ModelManagerSettings, policy: MemoryPolicy) -> None:
@@ -202,8 +262,11 @@ async def serve(settings: ModelManagerSettings, policy: MemoryPolicy) -> None:
     if settings.bus is None:
         if settings.https.auth == "review":
             log.warning("no bus: /metrics and /model/downloads answer 503 (--metrics-auth=review)")
-        await _serve_plugin(settings, policy, None, registry, reviewer, None)
+        if settings.peers.enabled:
+            log.warning("no bus: no peer is known or admitted (--peer-port)")
+        await _serve_plugin(settings, policy, None, registry, reviewer, None, None)
         return
+    peers = peering.Peering(settings.node_name, settings.peers) if settings.peers.enabled else None
     presence = Presence(since=anyio.current_time())
     async with (
         # The worker creates the streams and buckets; an agent may not (bus.identity).
@@ -214,9 +277,9 @@ async def serve(settings: ModelManagerSettings, policy: MemoryPolicy) -> None:
     ):
         tg.start_soon(
             _follow_bus, settings.bus, settings.node_name, pub, policy, reviewer,
-            settings.cache_root, presence, name="bus",
+            settings.cache_root, presence, peers, name="bus",
         )  # fmt: skip
-        await _serve_plugin(settings, policy, pub, registry, reviewer, presence)
+        await _serve_plugin(settings, policy, pub, registry, reviewer, presence, peers)
 
 
 async def _follow_bus(
@@ -227,8 +290,10 @@ async def _follow_bus(
     reviewer: BusReviewer,
     cache_root: Path,
     presence: Presence,
+    peers: peering.Peering | None,
 ) -> None:
-    """Connect (retrying forever), then publish, review and follow the policy through it.
+    """Connect (retrying forever), then publish, review and follow the policy through it;
+    with ``peers``, also read the peers' offers and send this node's.
 
     Runs until cancelled; leaving flushes the outbox within ``drain_timeout_s``, then closes.
     A lost connection is replaced for ever (:mod:`bus.connection`), told to ``presence``.
@@ -245,6 +310,18 @@ async def _follow_bus(
             functools.partial(kvpolicy.follow, bucket, node, policy, changed=kept),
             name="policy-follower",
         )
+        if peers is not None:
+            tg.start_soon(_follow_peers, conn, peers, cache_root, name="peers")
+
+
+async def _follow_peers(conn: connection.Connection, peers: peering.Peering, root: Path) -> None:
+    """Peers' offers in, this node's out (its published digests, read from the cache)."""
+    cache = await anyio.to_thread.run_sync(layout.Cache.open, root)
+
+    async def own() -> PeerOffer | None:
+        return peers.offer(await anyio.to_thread.run_sync(cache.published_hexes))
+
+    await peering.follow(conn, peers.directory, own, every_s=peers.settings.announce_s)
 
 
 async def _assume_kept_policy(settings: ModelManagerSettings, policy: MemoryPolicy) -> None:
@@ -283,8 +360,9 @@ async def _serve_plugin(
     registry: CollectorRegistry,
     reviewer: BusReviewer,
     presence: Presence | None,
+    peers: peering.Peering | None,
 ) -> None:
-    """CSI and HTTPS. With a bus (``presence``), ``/readyz`` also needs it connected and
+    """CSI and HTTPS (and the peer endpoint, with ``peers``). With a bus (``presence``), ``/readyz`` also needs it connected and
     ``/livez`` fails once off it for longer than ``max_offline_s`` (a connection that never
     gives up and still is not back is stuck in a way only a restart may cure)."""
     bus = settings.bus
@@ -297,7 +375,7 @@ async def _serve_plugin(
             return True
         return presence.alive(anyio.current_time(), bus.max_offline_s)
 
-    async with plugin(settings, policy=policy, sink=pub, registry=registry) as running:
+    async with plugin(settings, policy=policy, sink=pub, registry=registry, peers=peers) as running:
         if pub is not None:
             pub.on_reconnect(running.reporter.republish)  # a server that lost it gets it back
 

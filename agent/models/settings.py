@@ -5,11 +5,14 @@ Nothing below :mod:`agent.models.running` reads flags or the environment.
 
 from __future__ import annotations
 
+import ipaddress
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Final
 
 import msgspec
 
+from agent.models.peering import PeerSettings
 from agent.models.tuning import Tuning
 from agent.settings import node_name_from
 from bus import identity
@@ -43,6 +46,8 @@ class ModelManagerSettings(msgspec.Struct, frozen=True, kw_only=True):
     """``HF_HUB_OFFLINE`` and the proxies (the token is ``hub_token``)."""
     version: str = "0.1.0"
     tuning: Tuning = Tuning()
+    peers: PeerSettings = PeerSettings()
+    """Peer delivery (``--peer-port``, ``--peer-address``); off by default."""
 
     @property
     def socket_path(self) -> Path:
@@ -61,6 +66,8 @@ class ModelManagerFlags(Flags, frozen=True, kw_only=True):
     kubelet_dir: str
     cache_root: str
     csi_socket: str
+    peer_port: int
+    peer_address: str
 
 
 def settings_from(options: Options) -> ModelManagerSettings:
@@ -87,6 +94,7 @@ def settings_from(options: Options) -> ModelManagerSettings:
     me = identity.Identity(role="model-manager", node=node)
     bus = msgspec.structs.replace(bus, inbox_prefix=identity.inbox_prefix(me))
     return ModelManagerSettings(
+        peers=_peers_from(flags, options.env),
         node_name=node,
         kubelet_dir=Path(flags.kubelet_dir),
         cache_root=Path(flags.cache_root),
@@ -99,6 +107,25 @@ def settings_from(options: Options) -> ModelManagerSettings:
         version=package_version(),
         tuning=_tuning_for(bus),
     )
+
+
+def _peers_from(flags: ModelManagerFlags, env: Mapping[str, str]) -> PeerSettings:
+    """``--peer-port`` and ``--peer-address`` (else ``$POD_IP``); off with port 0.
+
+    :raises SettingsError: a port without an address peers could reach, or an address that is
+        not an IP address.
+    """
+    port = flags.peer_port
+    address = flags.peer_address or env.get("POD_IP", "")
+    if not port:
+        return PeerSettings()
+    if not address:
+        raise SettingsError("--peer-port needs --peer-address (or $POD_IP): where peers reach it")
+    try:
+        ipaddress.ip_address(address)
+    except ValueError as e:
+        raise SettingsError(f"--peer-address: {address!r} is not an IP address") from e
+    return PeerSettings(port=port, address=address)
 
 
 def _tuning_for(bus: BusSettings) -> Tuning:

@@ -215,6 +215,11 @@ CATALOG: Final[tuple[Entry, ...]] = (
         "the image of ModelPrefetch warm-up Pods (needs sh, find and sha256sum)", _image,
     ),
     _entry(
+        "model-store-peer-sync", "true",
+        "nodes fetch a model from another node's model agent that holds it before the Hub (where "
+        "the agents serve peers: model-manager --peer-port)", parsers.parse_bool,
+    ),
+    _entry(
         "workload-fit-affinity", "true",
         "pin admitted Kueue workloads to nodes whose free slices fit them", parsers.parse_bool,
     ),
@@ -261,6 +266,7 @@ class Values(msgspec.Struct, frozen=True, kw_only=True):
     model_store_download_concurrency: int
     model_store_download_bandwidth: int
     model_prefetch_warmup_image: str
+    model_store_peer_sync: bool
     workload_fit_affinity: bool
     node_management_manual: bool
     instance_type_mixed_on_node: bool

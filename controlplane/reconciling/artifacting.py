@@ -86,6 +86,8 @@ class ArtifactReconciler:
         self._attempts: dict[Key, int] = {}
         self._failures: dict[Key, Failure] = {}
         self._waiting: set[Key] = set()
+        self._unreachable: dict[Key, int] = {}
+        """Consecutive resolutions the Hub did not answer (``expectedDigest`` anchoring)."""
         self._digests: dict[Key, str] = {}
         self._pushed: dict[Key, bytes] = {}
         self._tg: TaskGroup | None = None
@@ -172,10 +174,22 @@ class ArtifactReconciler:
             resolved = await self._resolve(key[0], spec)
         except errors.ResolveFailed as e:
             failure = Failure(reason=e.reason, message=e.message, temporary=e.temporary)
-            self._retry(key, failure)
-            return None, failure
+            unreachable = (
+                self._unreachable.get(key, 0) + 1 if e.reason == "SourceUnavailable" else 0
+            )
+            self._unreachable[key] = unreachable
+            if not artifacts.anchors(spec, failure, unreachable):
+                self._retry(key, failure)
+                return None, failure
+            assert spec.expected_digest is not None  # anchors() checked it
+            log.warning(
+                "modelartifact %s/%s: the Hub is unreachable (%s); pinned to expectedDigest %s, "
+                "which nodes fetch from peers only", *key, e.message, spec.expected_digest,
+            )  # fmt: skip
+            resolved = Resolved.anchored(spec.expected_digest)
         self._attempts.pop(key, None)
         self._failures.pop(key, None)
+        self._unreachable.pop(key, None)
         return resolved, None
 
     async def _resolve(self, namespace: str, spec: Spec) -> Resolved:
@@ -210,6 +224,8 @@ class ArtifactReconciler:
         last = self._outcomes.get(key)
         if key in self._waiting or not (due or key in self._recheck or (unsettled and not last)):
             return last.failure if last else None
+        if pinned.get("digestSource") == "Expected":
+            return None  # an anchor names no commit to list again: its digest is the user's own
         failure = None
         try:
             hf = spec.source.hub
@@ -325,6 +341,7 @@ class ArtifactReconciler:
                 await self._agents.delete(kv.artifact_key(*key))
         self._attempts.pop(key, None)
         self._failures.pop(key, None)
+        self._unreachable.pop(key, None)
         self._digests.pop(key, None)
         self._pushed.pop(key, None)
         self._strikes.pop(key, None)

@@ -43,6 +43,7 @@ from kit.backoff import Backoff
 __all__ = [
     "Failure",
     "Spec",
+    "anchors",
     "backoff_s",
     "conditions",
     "node_counts",
@@ -52,6 +53,8 @@ __all__ = [
     "status",
 ]
 
+ANCHOR_AFTER: Final = 2
+"""Consecutive unreachable resolutions after which an ``expectedDigest`` is pinned."""
 _NODE_STATE: Final = {
     "pending": "downloading",
     "downloading": "downloading",
@@ -217,14 +220,7 @@ def status(
         out["observedGeneration"] = generation
     pinned: dict[str, Any] | None = old.get("resolved")
     if resolved is not None:
-        pinned = {
-            "revision": resolved.commit,
-            "manifestDigest": resolved.digest,
-            "fileCount": resolved.file_count,
-            "sizeBytes": resolved.size_bytes,
-            "resolvedTime": now,
-            "lastValidatedTime": now,
-        }
+        pinned = {**_pin(resolved), "resolvedTime": now, "lastValidatedTime": now}
     elif pinned and passed:
         pinned = {**pinned, "lastValidatedTime": now}
     if pinned:
@@ -233,6 +229,31 @@ def status(
     held = bool(pinned) and not revoked
     out["conditions"] = conditions(old.get("conditions") or (), held, failure, now)
     return out
+
+
+def _pin(resolved: Resolved) -> dict[str, Any]:
+    """``status.resolved``: the commit and manifest listed at the Hub, or only the anchor."""
+    if resolved.digest_source == "Expected":
+        return {"manifestDigest": resolved.digest, "digestSource": "Expected"}
+    return {
+        "revision": resolved.commit,
+        "manifestDigest": resolved.digest,
+        "digestSource": "Hub",
+        "fileCount": resolved.file_count,
+        "sizeBytes": resolved.size_bytes,
+    }
+
+
+def anchors(spec: Spec | None, failure: Failure, unreachable: int) -> bool:
+    """Whether to pin ``spec``'s ``expectedDigest`` instead of waiting for the Hub: it has one,
+    and the Hub was unreachable (``SourceUnavailable``) for the :data:`ANCHOR_AFTER` th time in
+    a row. A refusal (``AccessDenied``, ``RevisionNotFound``) never anchors: the Hub answered."""
+    return (
+        spec is not None
+        and spec.expected_digest is not None
+        and failure.reason == "SourceUnavailable"
+        and unreachable >= ANCHOR_AFTER
+    )
 
 
 def record(
@@ -264,6 +285,7 @@ def record(
         source=records.HuggingFaceSource(repository=hf.repository, revision=hf.revision),
         manifest_digest=pinned.get("manifestDigest"),
         revision=pinned.get("revision"),
+        digest_source=pinned.get("digestSource"),
         token_secret=secret,
         allow_patterns=spec.allow_patterns,
         ignore_patterns=spec.ignore_patterns,

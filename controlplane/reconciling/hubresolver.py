@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from typing import Protocol
+from typing import Literal, Protocol
 
 import msgspec
 
@@ -29,6 +29,14 @@ class Resolved(msgspec.Struct, frozen=True, kw_only=True):
     digest: str
     file_count: int
     size_bytes: int
+    digest_source: Literal["Hub", "Expected"] = "Hub"
+    """``Expected``: the Hub could not be reached and the artifact was pinned to its
+    ``expectedDigest`` instead (no commit, no sizes: the nodes fetch it from peers only)."""
+
+    @classmethod
+    def anchored(cls, expected: str) -> Resolved:
+        """The pin of an artifact whose Hub stayed unreachable: its ``expectedDigest``."""
+        return cls(commit="", digest=expected, file_count=0, size_bytes=0, digest_source="Expected")
 
 
 class Resolver(Protocol):

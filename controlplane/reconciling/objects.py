@@ -28,7 +28,7 @@ __all__ = ["NMS_SPEC_DEFAULT", "devices", "node_model_store", "owner_references"
 
 NMS_SPEC_DEFAULT: Final[dict[str, Any]] = {
     "watermarks": {"highPercent": 80, "lowPercent": 70},
-    "download": {"concurrency": 8, "bytesPerSecond": 0},
+    "download": {"concurrency": 8, "bytesPerSecond": 0, "peerSync": True},
     "hub": {"huggingFaceEndpoint": "https://huggingface.co"},
 }
 

@@ -6,7 +6,8 @@ The status (camelCase, as the CRD in :mod:`controlplane.schema.crds` declares it
   ``usedPercent`` = floor(used * 100 / total), where *used* is what the model-manager's
   watermarks compare (the filesystem's used bytes, from ``statvfs``), or ``storedBytes`` from an
   agent that does not send it. Keys the node did not report are left out.
-- ``models[]``: one entry per digest (first wins), failed first, then downloading, then ready,
+- ``models[]``: one entry per digest (first wins; ``source`` Hub|Peer as the agent says,
+  for a downloading or ready model), failed first, then downloading, then ready,
   at most :data:`MAX_MODELS` (the CRD's ``maxItems``), so a huge cache never makes the whole
   status invalid.
 - ``modelCounts``: ready / downloading / failed over *all* models (printer columns).
@@ -146,6 +147,14 @@ def _model(m: events.ModelState) -> dict[str, Any]:
         out["referenced"] = max(0, m.referenced)
     if m.last_used is not None:
         out["lastUsedTime"] = rfc3339(m.last_used)
+    if m.source is not None and m.state != "failed":
+        out["source"] = m.source
+    return out | _failure(m)
+
+
+def _failure(m: events.ModelState) -> dict[str, Any]:
+    """A failed model's ``reason``, ``message`` and ``retryTime``."""
+    out: dict[str, Any] = {}
     if m.reason:
         out["reason"] = m.reason
     message = m.message

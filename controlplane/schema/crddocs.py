@@ -123,6 +123,8 @@ _NODEMODELSTORES: Final = {
     "spec.download": "Download tuning.",
     "spec.download.concurrency": "Files downloaded at once per model.",
     "spec.download.bytesPerSecond": "Bandwidth cap for the node's downloads; 0 for none.",
+    "spec.download.peerSync": "Fetch a model from another node that holds it before the Hub "
+    "(where the model agents serve peers).",
     "spec.hub": "Where models come from and how to reach it.",
     "spec.hub.huggingFaceEndpoint": "The Hugging Face Hub (or a mirror) models are fetched from.",
     "spec.hub.httpsProxy": "Proxy for the Hub's HTTPS requests.",
@@ -147,6 +149,7 @@ _NODEMODELSTORES: Final = {
     f"{_M}.reason": "Why the last attempt failed (e.g. IntegrityMismatch, SourceUnavailable).",
     f"{_M}.message": "Detail of the failure.",
     f"{_M}.retryTime": "No new attempt starts before this time (the failure's backoff).",
+    f"{_M}.source": "Hub, or Peer when more than half of its bytes came from peer nodes.",
     "status.modelCounts": "Models per state, over the whole cache.",
     "status.modelCounts.ready": "Complete, verified models.",
     "status.modelCounts.downloading": "Models being downloaded.",
@@ -179,6 +182,8 @@ _MODELARTIFACTS: Final = {
     "status.resolved": "The resolution, fixed once made.",
     "status.resolved.revision": "The commit the revision resolved to.",
     "status.resolved.manifestDigest": "The digest of the canonical manifest (sha256:...).",
+    "status.resolved.digestSource": "Hub (listed at the Hub), or Expected: the Hub stayed "
+    "unreachable and expectedDigest was pinned (no revision; nodes fetch it from peers only).",
     "status.resolved.fileCount": "Files in the manifest.",
     "status.resolved.sizeBytes": "Bytes in the manifest.",
     "status.resolved.resolvedTime": "When the revision was resolved and pinned.",

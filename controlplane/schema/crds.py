@@ -168,6 +168,7 @@ _MODEL: Final = _obj(
         "reason": _S,
         "message": _S,
         "retryTime": {"type": "string", "format": "date-time"},
+        "source": {"type": "string", "enum": ["Hub", "Peer"]},
     },
     ("digest", "state"),
 )
@@ -188,6 +189,7 @@ NODEMODELSTORE_SCHEMA: Final = _obj(
                     {
                         "concurrency": {**_i(1, 64), "default": 8},
                         "bytesPerSecond": {**_i(0), "default": 0},
+                        "peerSync": {"type": "boolean", "default": True},
                     }
                 ),
                 "hub": _obj(
@@ -314,6 +316,7 @@ MODELARTIFACT_SCHEMA: Final = _obj(
                     {
                         "revision": _S,
                         "manifestDigest": _DIGEST,
+                        "digestSource": {"type": "string", "enum": ["Hub", "Expected"]},
                         "fileCount": _i(),
                         "sizeBytes": _i(),
                         "resolvedTime": {"type": "string", "format": "date-time"},

@@ -60,6 +60,7 @@ def from_settings(values: Values) -> dict[str, Any]:
         "download": {
             "concurrency": values.model_store_download_concurrency,
             "bytesPerSecond": values.model_store_download_bandwidth,
+            "peerSync": values.model_store_peer_sync,
         },
         "hub": hub,
     }

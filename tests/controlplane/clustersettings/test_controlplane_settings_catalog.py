@@ -19,6 +19,7 @@ from controlplane.clustersettings import catalog as settingscatalog
 from controlplane.clustersettings.catalog import BY_NAME, CATALOG, InvalidSetting
 from controlplane.clustersettings.source import KvBackend, SecretBackend, SettingsSource
 from controlplane.k8s.client import KubeSettings, open_client
+from controlplane.stores import storespec
 
 SECRETS = "api/v1/secrets"
 NS = "gpustack-system"
@@ -290,3 +291,12 @@ def test_the_settings_table_in_the_docs_is_the_catalog() -> None:
     for entry in CATALOG:
         shown = rows[entry.name][1].strip("`")
         assert shown == (entry.default or "empty"), entry.name
+
+
+def test_peer_sync_is_a_boolean_setting_that_reaches_the_store_spec() -> None:
+    assert settingscatalog.check("model-store-peer-sync", "false") is False
+    with pytest.raises(settingscatalog.InvalidSetting):
+        settingscatalog.check("model-store-peer-sync", "sometimes")
+    values = settingscatalog.parse({"model-store-peer-sync": "false"})[0]
+    assert storespec.from_settings(values)["download"]["peerSync"] is False
+    assert storespec.from_settings(settingscatalog.Values())["download"]["peerSync"] is True

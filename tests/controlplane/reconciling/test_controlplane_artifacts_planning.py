@@ -56,8 +56,8 @@ def test_status_pins_once_and_counts_nodes() -> None:
     counts = {"ready": 1, "downloading": 0, "failed": 0}
     st = artifacts.status(body(), resolved=resolved, failure=None, counts=counts, now="t")
     assert st["resolved"] == {
-        "revision": "c" * 40, "manifestDigest": DIGEST, "fileCount": 3, "sizeBytes": 10,
-        "resolvedTime": "t", "lastValidatedTime": "t",
+        "revision": "c" * 40, "manifestDigest": DIGEST, "digestSource": "Hub", "fileCount": 3,
+        "sizeBytes": 10, "resolvedTime": "t", "lastValidatedTime": "t",
     }  # fmt: skip
     assert st["observedGeneration"] == 1 and st["nodes"] == counts
     again = artifacts.status(body() | {"status": st}, resolved=None, failure=None, counts=counts,
@@ -126,3 +126,23 @@ def test_a_revoked_artifact_keeps_its_pin_and_loses_its_record_digest() -> None:
                               now="t2", passed=True)  # fmt: skip
     assert passed["resolved"]["lastValidatedTime"] == "t2"
     assert passed["conditions"][0]["status"] == "True"
+
+
+def test_only_an_unreachable_hub_twice_anchors_an_expected_digest() -> None:
+    spec = artifacts.Spec(
+        source=artifacts.Source(hugging_face=artifacts.HuggingFace(repository="org/m")),
+        expected_digest=DIGEST,
+    )
+    down = Failure(reason="SourceUnavailable", message="refused", temporary=True)
+    assert not artifacts.anchors(spec, down, 1)
+    assert artifacts.anchors(spec, down, artifacts.ANCHOR_AFTER)
+    refused = Failure(reason="AccessDenied", message="401")
+    assert not artifacts.anchors(spec, refused, 5)  # the Hub answered: no anchor
+    without = msgspec.structs.replace(spec, expected_digest=None)
+    assert not artifacts.anchors(without, down, 5)
+    st = artifacts.status(body(), resolved=Resolved.anchored(DIGEST), failure=None,
+                          counts={"ready": 0, "downloading": 0, "failed": 0}, now="t")  # fmt: skip
+    assert st["resolved"] == {"manifestDigest": DIGEST, "digestSource": "Expected",
+                              "resolvedTime": "t", "lastValidatedTime": "t"}  # fmt: skip
+    rec = artifacts.record(body() | {"status": st}, spec)
+    assert rec is not None and rec.resolved and rec.revision is None

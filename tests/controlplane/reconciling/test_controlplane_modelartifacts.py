@@ -16,7 +16,7 @@ import pytest
 from controlplane_fakeapi import FakeApi, fake_api, node
 
 import hub
-from bus import codec, connection, events, kv, records, subjects
+from bus import codec, connection, embedded, events, kv, records, subjects
 from bus.settings import BusSettings
 from bus.testing import eventually, nats_server, settings_for
 from controlplane import errors
@@ -91,13 +91,18 @@ class Flaky:
 
 
 @asynccontextmanager
-async def env(tmp_path: Path, flaky: int = 0, resync_s: float = 3600.0) -> AsyncIterator[Env]:
+async def env(
+    tmp_path: Path, flaky: int = 0, resync_s: float = 3600.0, *, hub_down: bool = False
+) -> AsyncIterator[Env]:
+    """``hub_down``: the resolver's Hub is a loopback port nothing listens on."""
     fake_hub = hub_testing.FakeHub(tmp_path / "hub", page_size=2)
     async with (
         nats_server(tmp_path) as server,
         fake_api() as (fake, url),
         hub_testing.serving(fake_hub) as endpoints,
-        hubresolver.hub_resolver(endpoints.hub) as real,
+        hubresolver.hub_resolver(
+            f"http://127.0.0.1:{embedded.free_port()}" if hub_down else endpoints.hub
+        ) as real,
         anyio.create_task_group() as tg,
     ):
         settings = running.WorkerSettings(
@@ -318,3 +323,30 @@ async def test_revalidation_degrades_then_revokes_and_recovers(tmp_path: Path) -
         e.fake.remove("api/v1/secrets", "hf", "team")
         reconciler.add(key)
         await settled(e.fake, "priv", "Resolved", "False", "SecretNotFound")
+
+
+async def test_an_unreachable_hub_pins_the_expected_digest_for_peers_only(tmp_path: Path) -> None:
+    expected = "sha256:" + "e" * 64
+    async with env(tmp_path, hub_down=True) as e:
+        e.fake.put_object(ARTIFACTS, artifact("anchored", "org/model", expectedDigest=expected))
+        e.fake.put_object(ARTIFACTS, artifact("waiting", "org/model"))
+        obj = await settled(e.fake, "anchored", "Resolved", "True", "Resolved")
+        pinned = obj["status"]["resolved"]
+        assert {k: pinned[k] for k in ("manifestDigest", "digestSource")} == {
+            "manifestDigest": expected, "digestSource": "Expected",
+        }  # fmt: skip
+        assert "revision" not in pinned
+        assert condition(obj, "Degraded")["status"] == "False"
+
+        async def pushed() -> bool:
+            return await record_of(e.bus, "anchored") is not None
+
+        await eventually(pushed)
+        raw = await record_of(e.bus, "anchored")
+        assert raw is not None
+        record = msgspec.json.decode(raw, type=records.ArtifactRecord)
+        assert record.manifest_digest == expected and record.revision is None
+        assert record.digest_source == "Expected" and record.resolved
+        # Without an expectedDigest there is nothing to pin: it keeps waiting for the Hub.
+        waiting = await settled(e.fake, "waiting", "Resolved", "False", "SourceUnavailable")
+        assert "resolved" not in waiting["status"]

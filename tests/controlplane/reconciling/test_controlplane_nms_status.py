@@ -201,3 +201,24 @@ def test_progress_a_person_reads() -> None:
     ready_only = events.ModelsEvent(node="n1", ts=T0, models=(
         events.ModelState(model=D[0], digest=D[0], state="ready", bytes_total=4),))  # fmt: skip
     assert "downloading" not in status_of(ready_only)
+
+
+def test_the_source_of_a_model_is_where_most_of_its_bytes_came_from() -> None:
+    models = (
+        events.ModelState(model=D[0], digest=D[0], state="ready", bytes_total=4, source="Peer"),
+        events.ModelState(model=D[1], digest=D[1], state="downloading", bytes_done=1,
+                          bytes_total=9, source="Hub"),
+        events.ModelState(model=D[2], digest=D[2], state="failed", reason="SourceUnavailable",
+                          source="Peer"),
+        events.ModelState(model=D[3], digest=D[3], state="ready", bytes_total=4),  # older agent
+    )  # fmt: skip
+    event = events.ModelsEvent(node="n1", ts=T0, models=models)
+    status = status_of(event)
+    by_digest = {m["digest"]: m for m in status["models"]}
+    assert by_digest[D[0]]["source"] == "Peer"
+    assert by_digest[D[1]]["source"] == "Hub"
+    assert "source" not in by_digest[D[2]]  # a failed model holds no bytes of anywhere
+    assert "source" not in by_digest[D[3]]
+    VALIDATOR.validate({"apiVersion": "worker.gpustack.ai/v1alpha1", "kind": "NodeModelStore",
+                        "metadata": {"name": "n1"}, "spec": objects.NMS_SPEC_DEFAULT,
+                        "status": status})  # fmt: skip

@@ -44,7 +44,7 @@ def test_the_first_matching_store_in_name_order_overrides_field_by_field() -> No
     spec = storespec.with_store(base, storespec.winner(stores, {"pool": "a"}))
     assert spec["store"] == "a-small"
     assert spec["watermarks"] == {"highPercent": 60, "lowPercent": 70}
-    assert spec["download"] == {"concurrency": 8, "bytesPerSecond": 0}
+    assert spec["download"] == {"concurrency": 8, "bytesPerSecond": 0, "peerSync": True}
     assert storespec.winner(stores, {"pool": "c"}) is None
     statuses = storespec.store_statuses(stores, {"n1": {"pool": "a"}, "n2": {"pool": "b"}})
     assert statuses["a-small"]["nodes"] == 2
