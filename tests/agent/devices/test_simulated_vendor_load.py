@@ -8,9 +8,9 @@ import msgspec
 import pytest
 
 from agent.devices import sources
+from agent.devices.settings import DetectSettings
 from agent.devices.simulation import moving, profiles
 from agent.devices.simulation.load import reading
-from agent.settings import DetectSettings
 from bus import devices
 
 _T0 = 1_796_000_000.0
