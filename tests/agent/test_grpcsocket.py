@@ -30,7 +30,7 @@ from agent.testing import unary
 from bus.testing import eventually
 from proto.deviceplugin import v1beta1 as dp
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.every_loop]  # I/O of its own
 
 OPTIONS = "/v1beta1.DevicePlugin/GetDevicePluginOptions"
 LIST_AND_WATCH = "/v1beta1.DevicePlugin/ListAndWatch"
