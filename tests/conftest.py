@@ -1,8 +1,8 @@
 """Fixtures every test shares: the event loop of async tests, the leaked-task check, short
 scratch directories, and (on request) the default ports held for the whole run.
 
-**Which loop.** An ``anyio`` test runs on uvloop, the loop every service and one-shot command
-runs on in production (``gpustack_operator/process.py``, ``anyio.run(...,
+**Which loop.** An ``anyio`` test runs on uvloop, the loop every service (and ``mm pull``) runs
+on in production (``gpustack_operator/process.py``, ``anyio.run(...,
 backend_options={"use_uvloop": True})``). A test marked ``every_loop`` also runs on the plain
 asyncio loop. Mark a test (or a module, in ``pytestmark``) when the code it tests does its own
 I/O through the test's loop: it opens, serves or closes sockets, TLS or unix-socket transports,
