@@ -23,9 +23,9 @@ fmt:
     {{python}} -m ruff format .
     {{python}} -m ruff check --fix .
 
-# The test suite (the README's test command runs this).
+# The test suite on every core, as the README's test command runs it (`just test -n 0 ...`: serial).
 test *args:
-    {{python}} -m pytest {{args}}
+    {{python}} -m pytest -n auto {{args}}
 
 # Benchmarks (install the `bench` extra for every peer); figures go to docs/benchmarks.md by hand.
 bench:

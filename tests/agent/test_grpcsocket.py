@@ -1,7 +1,7 @@
 """``agent.grpcsocket.unix_server`` against grpcio (C-core) clients, on both event loops.
 
-The agent runs the device plugins under uvloop and the CSI driver under asyncio, so every test
-runs on both. Cancellation is exercised on purpose: before, during and after the bind, and at
+The agents serve the device plugins and the CSI driver on uvloop, and the server must hold on
+asyncio too (tests/conftest.py, ``every_loop``), so every test runs on both. Cancellation is exercised on purpose: before, during and after the bind, and at
 several delays while serving; each time nothing may be left (socket file, descriptor, task).
 """
 
@@ -30,7 +30,7 @@ from agent.testing import unary
 from bus.testing import eventually
 from proto.deviceplugin import v1beta1 as dp
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.every_loop]  # I/O of its own
 
 OPTIONS = "/v1beta1.DevicePlugin/GetDevicePluginOptions"
 LIST_AND_WATCH = "/v1beta1.DevicePlugin/ListAndWatch"

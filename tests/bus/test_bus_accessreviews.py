@@ -12,7 +12,7 @@ from bus import accessreviews, connection
 from bus.settings import BusSettings
 from kit.access import Decision
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.every_loop]  # I/O of its own
 
 
 class Table:

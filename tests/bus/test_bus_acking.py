@@ -9,7 +9,7 @@ from bus import acking, codec, connection, state, subjects, testing
 from bus.errors import BusError, PublishFailed
 from bus.settings import BusSettings
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.every_loop]  # I/O of its own
 
 
 def test_outcome_reads_acks_errors_and_silence() -> None:

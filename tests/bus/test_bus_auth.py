@@ -12,7 +12,7 @@ from bus import connection, embedded, errors, subjects, testing
 from bus.settings import BusSettings
 from kit import serving
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.every_loop]  # I/O of its own
 
 
 async def _round_trip(settings: BusSettings) -> None:

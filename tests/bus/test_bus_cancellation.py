@@ -35,7 +35,7 @@ from bus.metrics import BusMetrics
 from bus.settings import BusSettings
 from gpustack_operator import buswatching
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.every_loop]  # I/O of its own
 
 DELAYS = [0.0, 0.002, 0.01, 0.05]
 

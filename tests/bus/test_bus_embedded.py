@@ -14,7 +14,7 @@ import pytest
 from bus import connection, embedded, testing
 from bus.errors import NotConnected, ServerFailed
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.every_loop]  # I/O of its own
 
 
 def _alive(pid: int) -> bool:

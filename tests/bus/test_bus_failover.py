@@ -26,7 +26,7 @@ from bus.metrics import BusMetrics
 from bus.settings import BusSettings
 from kit import serving
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.every_loop]  # I/O of its own
 
 NODES = [f"gpu-{i}.example.com" for i in range(10)]
 

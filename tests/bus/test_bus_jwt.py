@@ -39,7 +39,12 @@ def test_a_seed_round_trips_to_the_same_key() -> None:
     assert again.sign(b"x") == ACCOUNT.sign(b"x")
 
 
-@pytest.mark.parametrize("seed", ["", "SAAA", "not a seed", ACCOUNT.public_key, "SÄ" * 30])
+@pytest.mark.parametrize(
+    "seed",
+    ["", "SAAA", "not a seed", ACCOUNT.public_key, "SÄ" * 30],
+    # Stable ids: the account key is made at import, and xdist's workers must collect alike.
+    ids=["empty", "short", "words", "public-key", "non-ascii"],
+)
 def test_garbage_is_not_a_seed(seed: str) -> None:
     with pytest.raises(InvalidToken):
         jwt.NKey(seed)
@@ -48,6 +53,7 @@ def test_garbage_is_not_a_seed(seed: str) -> None:
 @pytest.mark.parametrize(
     "key",
     ["", "A", "ABC", ACCOUNT.public_key[:-1] + ("A" if ACCOUNT.public_key[-1] != "A" else "B")],
+    ids=["empty", "one", "three", "bad-checksum"],
 )
 def test_a_public_key_with_a_bad_length_or_checksum_is_refused(key: str) -> None:
     with pytest.raises(InvalidToken):

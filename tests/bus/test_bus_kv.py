@@ -15,7 +15,7 @@ from bus import connection, kv, testing
 from bus.embedded import ServerProcess
 from bus.errors import StateUnavailable
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.every_loop]  # I/O of its own
 
 ROOT = Path(__file__).resolve().parents[2]
 

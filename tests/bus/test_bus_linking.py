@@ -19,7 +19,7 @@ from bus.errors import PublisherClosed
 from bus.metrics import BusMetrics
 from bus.settings import BusSettings
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.every_loop]  # I/O of its own
 
 
 def _health(node: str, accel: str, seq: int) -> events.HealthEvent:

@@ -14,7 +14,7 @@ from bus.embedded import ServerProcess
 from bus.metrics import BusMetrics
 from bus.settings import BusSettings
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.every_loop]  # I/O of its own
 
 Send = Callable[[acking.AckWindow, str, bytes, acking.OnDone], Awaitable[None]]
 

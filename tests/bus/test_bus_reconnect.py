@@ -23,7 +23,8 @@ from bus.metrics import BusMetrics
 from bus.presence import Presence
 from bus.settings import BusSettings
 
-pytestmark = [pytest.mark.anyio, pytest.mark.timeout(150)]  # the waits are generous
+# The waits are generous; the subject does I/O of its own (tests/conftest.py).
+pytestmark = [pytest.mark.anyio, pytest.mark.every_loop, pytest.mark.timeout(150)]
 
 NODE = "n1.example"
 

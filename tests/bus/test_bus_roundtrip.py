@@ -12,7 +12,7 @@ from bus import connection, events, publishing, state, subjects, subscribing, te
 from bus.metrics import BusMetrics
 from bus.settings import BusSettings
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.every_loop]  # I/O of its own
 
 
 async def test_every_event_type_round_trips(

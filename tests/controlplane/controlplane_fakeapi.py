@@ -56,6 +56,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
+import msgspec
 from aiohttp import web
 
 Key = tuple[str, str | None, str]  # (collection id, namespace, name)
@@ -67,10 +68,26 @@ REVIEWS = {
 }
 
 
+_ENCODER = msgspec.json.Encoder()
+_DECODER = msgspec.json.Decoder()
+
+
+def _clone(value: Any) -> Any:
+    """A deep copy of a JSON document, through msgspec's JSON (about 5 times as fast as
+    ``copy.deepcopy``, which took a fifth of a 500-node test's time); anything the round trip
+    does not give back equal (a tuple, a datetime, a non-string key) or cannot encode is
+    deep-copied instead."""
+    try:
+        again = _DECODER.decode(_ENCODER.encode(value))
+    except (TypeError, msgspec.MsgspecError):
+        return copy.deepcopy(value)
+    return again if again == value else copy.deepcopy(value)
+
+
 def merge(target: Any, patch: Any) -> Any:
     """RFC 7386 JSON merge patch."""
     if not isinstance(patch, dict):
-        return copy.deepcopy(patch)
+        return _clone(patch)
     out = dict(target) if isinstance(target, dict) else {}
     for k, v in patch.items():
         if v is None:
@@ -228,7 +245,7 @@ class FakeApi:
         self._notify(collection, "DELETED", self.objects.pop((collection, namespace, name)))
 
     def _notify(self, collection: str, kind: str, body: dict[str, Any]) -> None:
-        body = copy.deepcopy(body)
+        body = _clone(body)
         if kind == "DELETED":
             body["metadata"]["resourceVersion"] = str(next(self._rv))
         self._log.append((int(body["metadata"]["resourceVersion"]), collection, kind, body))
@@ -414,7 +431,7 @@ class FakeApi:
         key = (coll, ns or meta.get("namespace"), meta.get("name", ""))
         if key in self.objects:
             return _status(409, "AlreadyExists")
-        body = copy.deepcopy(body)
+        body = _clone(body)
         body.pop("status", None)
         invalid = self._invalid(coll, body)
         if invalid:
@@ -436,7 +453,7 @@ class FakeApi:
         if want is not None and want != current["metadata"]["resourceVersion"]:
             return _status(409, "the object has been modified")
         if sub == "status":
-            new = copy.deepcopy(current)
+            new = _clone(current)
             new["status"] = (
                 body.get("status") if replace else merge(current.get("status"), body.get("status"))
             )

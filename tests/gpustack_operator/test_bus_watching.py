@@ -17,7 +17,7 @@ from bus.metrics import BusMetrics
 from bus.settings import BusSettings
 from gpustack_operator import buswatching, buswide
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.every_loop]  # I/O of its own
 
 
 @pytest.fixture

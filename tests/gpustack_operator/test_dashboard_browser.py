@@ -47,14 +47,15 @@ def _settings(tmp_path: Path) -> standalone.StandaloneSettings:
 
 
 async def test_the_page_shows_the_simulated_node_and_reacts_to_a_failing_card(
-    tmp_path: Path,
+    tmp_path: Path, short_tmp_path: Path
 ) -> None:
     banners, banner_reader = anyio.create_memory_object_stream[str](1)
     earlier = fakenvml.opened()  # other tests' agents, not yet collected (held: ids stay unique)
     async with chromium(tmp_path / "chromium") as page:
         with banners, banner_reader:
             async with anyio.create_task_group() as tg:
-                await tg.start(functools.partial(standalone.run, _settings(tmp_path), out=banners))
+                settings = _settings(short_tmp_path)  # short: the plugins' sockets lie under it
+                await tg.start(functools.partial(standalone.run, settings, out=banners))
                 banner = await banner_reader.receive()
                 (line,) = [ln for ln in banner.splitlines() if "dashboard:" in ln]
                 url = line.split("dashboard:", 1)[1].strip()
@@ -120,12 +121,14 @@ def _figures(state: dict[str, Any]) -> list[tuple[str, str, str]]:
     return [(g["util"], g["temperature"], g["power"]) for g in state.get("gpus", [])]
 
 
-async def test_the_page_moves_shows_the_cache_and_who_holds_a_card(tmp_path: Path) -> None:
+async def test_the_page_moves_shows_the_cache_and_who_holds_a_card(
+    tmp_path: Path, short_tmp_path: Path
+) -> None:
     """Against ``standalone`` on the busy simulated node (its load pattern on the wall clock),
     a kubelet stand-in registering the plugins and answering pod-resources: the figures move,
     the charts carry their scale, the model cache shows its capacity with no model, and the
     card a pod was given shows the pod, its namespace, the slice and the units."""
-    settings = _settings(tmp_path)
+    settings = _settings(short_tmp_path)  # short: the plugins' sockets lie under it
     plugin_dir = Path(settings.agent.deviceplugin.kube_socket).parent
     plugin_dir.mkdir(parents=True)
     banners, banner_reader = anyio.create_memory_object_stream[str](1)

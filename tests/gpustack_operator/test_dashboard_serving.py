@@ -24,7 +24,7 @@ from kit import testing as testing_servers
 from kit.options import SettingsError
 from kit.serving import ServingFailed
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.every_loop]  # I/O of its own
 
 STATIC = Path(serving.__file__).parent / "static"
 

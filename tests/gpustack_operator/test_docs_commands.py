@@ -9,7 +9,8 @@ cut at the first pipe, redirection or ``&&`` (what follows is another program). 
   otherwise follows the bus forever) and any ``--nats-url`` pointed at that server;
 - ``help`` and ``completion``: as written (a page; a script bash must parse);
 - ``standalone``: with ``--run-for`` and free ports added (it otherwise runs until Ctrl-C on
-  fixed ports), and a private state directory.
+  fixed ports, which a ``standalone`` beside the tests holds), and a private state directory
+  with a short path (its device plugins' sockets lie under it).
 
 Skipped, each with its ``--help`` run instead (so its flags still have to parse):
 
@@ -123,7 +124,9 @@ def _with_url(argv: list[str], url: str) -> list[str]:
 
 
 @pytest.mark.parametrize(("where", "argv"), COMMANDS, ids=[w for w, _ in COMMANDS])
-def test_documented_command_runs(where: str, argv: list[str], tmp_path: Path) -> None:
+def test_documented_command_runs(
+    where: str, argv: list[str], tmp_path: Path, short_tmp_path: Path
+) -> None:
     path = _path(argv)
     if path in SKIPPED:
         result = _run([*path, "--help"], tmp_path)
@@ -135,8 +138,8 @@ def test_documented_command_runs(where: str, argv: list[str], tmp_path: Path) ->
         return
     if path == ("standalone",):
         argv = [*argv, "--run-for=1s", "--nats-port=0", "--worker-port=0",
-                "--device-manager-port=0", "--model-manager-port=0",
-                f"--state-dir={tmp_path / 'state'}"]  # fmt: skip
+                "--device-manager-port=0", "--model-manager-port=0", "--dashboard-port=0",
+                f"--state-dir={short_tmp_path / 'state'}"]  # fmt: skip
     elif path in (("help",), ("completion",)):
         _builtin(where, argv, tmp_path)
         return
@@ -221,14 +224,14 @@ def test_the_crd_count_in_the_docs_is_deploy_crds() -> None:
     assert all(f"`{name}`" in deploy for name in names), "the worker's resourceNames list"
 
 
-def test_standalone_serves_as_the_docs_say(tmp_path: Path) -> None:
+def test_standalone_serves_as_the_docs_say(short_tmp_path: Path) -> None:
     """docs/metrics.md: standalone's /metrics needs no token, its extension API answers 401;
     every counter a real scrape shows is documented under that name, ``_total`` included."""
     metrics_doc = (ROOT / "docs" / "metrics.md").read_text()
     assert "still answers 401" in " ".join(metrics_doc.split())
     argv = [CLI, "standalone", "--run-for=120s", "--simulate=nvidia-h200x8", "--nats-port=0",
             "--worker-port=0", "--device-manager-port=0", "--model-manager-port=0",
-            "--dashboard-port=0", f"--state-dir={tmp_path / 'state'}"]  # fmt: skip
+            "--dashboard-port=0", f"--state-dir={short_tmp_path / 'state'}"]  # fmt: skip
     env = {k: v for k, v in os.environ.items() if not k.startswith(("GPUSTACK_", "NATS_"))}
     with subprocess.Popen(argv, stderr=subprocess.PIPE, text=True, env=env) as proc:
         try:

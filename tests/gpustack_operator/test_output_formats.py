@@ -39,11 +39,6 @@ async def _cli(*args: str, **env: str) -> tuple[int, str, str]:
     return done.returncode, done.stdout.decode(), done.stderr.decode()
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 async def test_mm_manifest_prints_json_and_yaml_documents(tmp_path: Path) -> None:
     hub = hub_testing.FakeHub(tmp_path / "hub", lfs_threshold=16)
     commit = hub.add("org/tiny", FILES)

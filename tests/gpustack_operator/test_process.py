@@ -277,7 +277,8 @@ def _stops_on_sigterm(service: Pid1) -> str:
 
 
 @pid1
-def test_dm_serve_as_pid1_stops_and_removes_its_sockets(tmp_path: Path) -> None:
+def test_dm_serve_as_pid1_stops_and_removes_its_sockets(short_tmp_path: Path) -> None:
+    tmp_path = short_tmp_path  # the plugins' sockets lie under it: a socket path has 107 bytes
     plugins = tmp_path / "device-plugins"
     plugins.mkdir()
     kubelet = FakeKubelet(plugins / "kubelet.sock")
@@ -368,7 +369,8 @@ def test_bus_watch_as_pid1_stops(tmp_path: Path, nats: str) -> None:
 
 
 @pid1
-def test_standalone_as_pid1_stops_and_leaves_nothing(tmp_path: Path) -> None:
+def test_standalone_as_pid1_stops_and_leaves_nothing(short_tmp_path: Path) -> None:
+    tmp_path = short_tmp_path  # the plugins' sockets lie under it: a socket path has 107 bytes
     state = tmp_path / "state"
     service = Pid1(
         [

@@ -29,8 +29,11 @@ pytestmark = pytest.mark.anyio
 
 
 def _settings(tmp_path: Path) -> standalone.StandaloneSettings:
+    """Every port free (none of standalone's defaults: one may run beside the tests), and a short
+    state directory (``short_tmp_path``: the device plugins' sockets lie under it)."""
     argv = [f"--state-dir={tmp_path / 'state'}", "--nats-port=0", "--worker-port=0",
-            "--device-manager-port=0", "--model-manager-port=0", "--simulate=nvidia-h200x8",
+            "--device-manager-port=0", "--model-manager-port=0", "--dashboard-port=0",
+            "--simulate=nvidia-h200x8",
             "--node-name=laptop.example", "--monitor-period=0.5s", "--no-fast-failed",
             "--bind-address=127.0.0.1"]  # fmt: skip
     return standalone.settings_from(options_for(("standalone",), argv))
@@ -48,7 +51,8 @@ def test_every_endpoint_is_open_on_loopback_by_default(tmp_path: Path) -> None:
     }
 
 
-async def test_devices_reach_the_kv_ledger_through_the_worker(tmp_path: Path) -> None:
+async def test_devices_reach_the_kv_ledger_through_the_worker(short_tmp_path: Path) -> None:
+    tmp_path = short_tmp_path
     settings = _settings(tmp_path)
     banners, banner_reader = anyio.create_memory_object_stream[str](1)
     # Both ends closed by the test, whatever happens: an unclosed stream end is a
@@ -192,7 +196,8 @@ async def _the_workload_webhook_is_served_beside_the_pod_ones(banner: str) -> No
     assert answers[1] == (400, b"request.object is a ConfigMap, not the Workload the review names")
 
 
-def test_the_command_stops_cleanly_on_sigint_and_leaves_no_server(tmp_path: Path) -> None:
+def test_the_command_stops_cleanly_on_sigint_and_leaves_no_server(short_tmp_path: Path) -> None:
+    tmp_path = short_tmp_path
     cli = os.path.join(os.path.dirname(sys.executable), "gpustack-operator")
     with subprocess.Popen(
         [
@@ -207,6 +212,8 @@ def test_the_command_stops_cleanly_on_sigint_and_leaves_no_server(tmp_path: Path
             "--worker-port",
             "0",
             "--device-manager-port",
+            "0",
+            "--model-manager-port",
             "0",
             "--dashboard-port",
             "0",
@@ -246,9 +253,12 @@ def _reaped(pid: int) -> bool:
     return not Path(f"/proc/{pid}").exists()
 
 
-async def test_a_dead_nats_server_is_reaped_and_started_again_on_its_port(tmp_path: Path) -> None:
+async def test_a_dead_nats_server_is_reaped_and_started_again_on_its_port(
+    short_tmp_path: Path,
+) -> None:
     """The embedded server is killed: standalone reaps it (no ``<defunct>`` left), starts it
     again on the same port with the same store, and the device agent publishes there again."""
+    tmp_path = short_tmp_path
     settings = _settings(tmp_path)
     store = tmp_path / "state" / "nats"
     async with anyio.create_task_group() as tg:

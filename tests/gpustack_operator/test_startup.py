@@ -68,7 +68,8 @@ def test_a_busy_port_in_standalone_is_one_line(tmp_path: Path) -> None:
         done = _run(
             ["standalone", "--simulate=nvidia-h200x8", f"--state-dir={tmp_path}",
              "--nats-port=0", f"--worker-port={port}", "--device-manager-port=0",
-             "--model-manager-port=0", "--bind-address=127.0.0.1", "--node-name=n1"],
+             "--model-manager-port=0", "--dashboard-port=0", "--bind-address=127.0.0.1",
+             "--node-name=n1"],
             dict(os.environ),
         )  # fmt: skip
     assert done.returncode == 1

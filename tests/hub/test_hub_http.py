@@ -22,7 +22,7 @@ from hub.errors import SourceUnavailable
 from hub.urls import Url
 from kit.serving import self_signed_certificate
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.every_loop]  # I/O of its own
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 

@@ -21,7 +21,7 @@ from hub import http
 from hub.errors import SourceUnavailable
 from hub.urls import Url
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.every_loop]  # I/O of its own
 
 BIG = 5 * 1024 * 1024 + 7
 """Over hub.framing.HIGH_WATER: reading pauses and resumes while it streams."""

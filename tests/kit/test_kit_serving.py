@@ -17,7 +17,7 @@ from test_kit_access import Table
 
 from kit import serving, testing
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.every_loop]  # I/O of its own
 
 
 def _client_context(pem: bytes) -> ssl.SSLContext:

@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry
 
 from kit import serving
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.every_loop]  # I/O of its own
 
 TIGHT = serving.Limits(header_timeout_s=1.0, body_timeout_s=1.0)
 GENEROUS_S = 30.0

@@ -23,6 +23,8 @@ from agent.testing import FakeKubelet
 from bus import devices
 from bus.testing import eventually
 
+pytestmark = pytest.mark.every_loop  # I/O of its own (tests/conftest.py)
+
 BOUND_S = 5.0
 """How long an event may take to arrive before the test fails (a bound, not a speed claim)."""
 

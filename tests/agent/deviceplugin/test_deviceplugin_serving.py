@@ -21,7 +21,7 @@ from bus.testing import eventually
 from proto.deviceplugin import v1beta1 as dp
 from proto.podresources import v1 as podresources
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.every_loop]  # I/O of its own
 
 
 @asynccontextmanager

@@ -25,7 +25,7 @@ from agent.models import mounting
 from bus.records import ArtifactRecord
 from proto.csi import v1 as csi
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.every_loop]  # I/O of its own
 
 
 async def test_identity_and_node_info(rig: Rig) -> None:

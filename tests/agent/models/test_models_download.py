@@ -22,7 +22,7 @@ from hub import testing
 from hub.errors import IntegrityMismatch
 from hub.manifest import Entry
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.every_loop]  # I/O of its own
 
 BIG = content(3 * 1024 * 1024 + 5, 7)
 ENTRY = Entry("sha256", hashlib.sha256(BIG).hexdigest(), len(BIG), "big.bin")

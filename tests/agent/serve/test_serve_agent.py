@@ -21,7 +21,7 @@ import anyio.to_thread
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent.devices import nvidia
+from agent.devices import nvidia, sources
 from agent.devices.simulation.fakenvml import SimulatedNvml
 from agent.serve.running import Running, publish_logged, run
 from agent.serve.settings import ServeSettings
@@ -38,7 +38,7 @@ from bus.subscribing import subscribe
 from bus.testing import eventually, example_events, nats_server, settings_for
 from kit import serving
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.every_loop]  # I/O of its own
 
 
 async def _get(server: serving.Server, path: str) -> tuple[int, str]:
@@ -225,20 +225,19 @@ def _sockets(directory: Path) -> list[str]:
     return sorted(p.name for p in directory.glob("*.sock"))
 
 
-def _sim_trees() -> set[str]:
-    shm = "/dev/shm"
-    return (
-        {n for n in os.listdir(shm) if n.startswith("gpustack-sim-")}
-        if os.path.isdir(shm)
-        else set()
-    )
+def _sim_trees(scratch: Path) -> set[str]:
+    return {n for n in os.listdir(scratch) if n.startswith("gpustack-sim-")}
 
 
 @pytest.mark.parametrize("delay", [0.0, 0.01, 0.05, 0.15, 0.4])
 async def test_cancelled_mid_start_leaves_nothing_behind(
-    tmp_path: Path, kubelet: FakeKubelet, delay: float
+    tmp_path: Path, kubelet: FakeKubelet, delay: float, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    trees = _sim_trees()
+    # The simulated tree is laid out in a scratch directory of this test's own, not the shared
+    # /dev/shm where other tests and runs (xdist's other worker) make and remove theirs.
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setattr(sources, "_scratch_dir", lambda: str(scratch))
     threads = set(threading.enumerate())
     tasks = asyncio.all_tasks()
     settings = ServeSettings.for_tests(
@@ -259,7 +258,7 @@ async def test_cancelled_mid_start_leaves_nothing_behind(
     gc.collect()
 
     assert _sockets(tmp_path) == ["kubelet.sock"]
-    assert _sim_trees() - trees == set()  # other processes' trees may come and go
+    assert _sim_trees(scratch) == set()
     assert asyncio.all_tasks() - tasks == set()
     ours = set(threading.enumerate()) - threads
     # anyio keeps idle pool workers; the fake kubelet's own pool is the peer's, not ours

@@ -12,6 +12,8 @@ from agent.devices.libs import nvml
 from agent.devices.simulation import fakenvml, profiles
 from agent.serve import watching
 
+pytestmark = pytest.mark.every_loop  # I/O of its own (tests/conftest.py)
+
 
 def _library(**card_overrides: object) -> fakenvml.SimulatedNvml:
     host = profiles.load("nvidia-h200x8").nvidia

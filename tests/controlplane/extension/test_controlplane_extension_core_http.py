@@ -20,7 +20,7 @@ from controlplane.extension.core.model import GroupVersion, ResourceSpec, Subres
 from controlplane.extension.core.server import ApiServer, json_response
 from controlplane.extension.core.tables import Column
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.every_loop]  # I/O of its own
 
 WIDGETS = ResourceSpec(
     plural="widgets", singular="widget", kind="Widget", namespaced=False,

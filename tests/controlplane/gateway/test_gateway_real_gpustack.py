@@ -58,12 +58,6 @@ PASSWORD = "Test-Passw0rd!"
 ADMIN = {"Authorization": "Basic " + base64.b64encode(f"admin:{PASSWORD}".encode()).decode()}
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    """One loop: the server's start-up dominates, and a second loop would prove nothing more."""
-    return "asyncio"
-
-
 def _require() -> None:
     missing = [
         w

@@ -23,7 +23,7 @@ from controlplane.k8s.client import KubeClient, KubeSettings, open_client
 from controlplane.k8s.informing import Informer
 from controlplane.resources import NODES, Ref
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.every_loop]  # I/O of its own
 COLL = "api/v1/nodes"
 PATH = "/api/v1/nodes"
 
