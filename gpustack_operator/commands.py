@@ -465,7 +465,20 @@ _SNAPSHOT = (
         "leave out files matching these globs (repeatable, or a,b)",
         kind="list",
     ),
+    Flag(
+        "hub",
+        "huggingface",
+        "which hub the repository is on: huggingface, or modelscope (the token from "
+        "MODELSCOPE_API_TOKEN, the endpoint from MODELSCOPE_DOMAIN)",
+        choices=("huggingface", "modelscope"),
+    ),
     Flag("hf-endpoint", "", "the Hub (default $HF_ENDPOINT, else https://huggingface.co)"),
+    Flag(
+        "modelscope-endpoint",
+        "",
+        "ModelScope, with --hub modelscope (default https:// + $MODELSCOPE_DOMAIN, else "
+        "https://www.modelscope.cn)",
+    ),
 )
 """Which snapshot of a repository, from which Hub (``mm manifest`` and ``mm pull``)."""
 _OUTPUT_TEXT = Flag(
@@ -643,9 +656,14 @@ COMMANDS = (
     ),
     Command(
         ("model-manager", "manifest"),
-        "Resolve a Hugging Face repository at a revision and print its manifest and digest.",
+        "Resolve a Hugging Face or ModelScope repository at a revision and print its manifest "
+        "and digest.",
         (
-            Flag("revision", "main", "branch, tag or commit to resolve"),
+            Flag(
+                "revision",
+                "",
+                "branch, tag or commit to resolve (default main; master on ModelScope)",
+            ),
             *_SNAPSHOT,
             _OUTPUT_TEXT,
         ),
@@ -658,13 +676,21 @@ COMMANDS = (
             "\n"
             "# Only the weights and the config, as JSON\n"
             "gpustack-operator mm manifest Qwen/Qwen3-0.6B --allow-pattern '*.safetensors,*.json' -o json\n"
+            "\n"
+            "# The same repository on ModelScope (branch master)\n"
+            "gpustack-operator mm manifest Qwen/Qwen3-0.6B --hub modelscope\n"
         ),
     ),
     Command(
         ("model-manager", "pull"),
-        "Download and verify a Hugging Face snapshot into the node's model cache, as a mount would.",
+        "Download and verify a Hugging Face or ModelScope snapshot into the node's model cache, "
+        "as a mount would.",
         (
-            Flag("revision", "main", "branch, tag or commit to pull"),
+            Flag(
+                "revision",
+                "",
+                "branch, tag or commit to pull (default main; master on ModelScope)",
+            ),
             Flag("cache-root", "/var/lib/gpustack/models", "the node's cache directory"),
             *_SNAPSHOT,
             _OUTPUT_TEXT,
@@ -678,6 +704,9 @@ COMMANDS = (
             "\n"
             "# The result as JSON, for a script\n"
             "gpustack-operator mm pull Qwen/Qwen3-0.6B --cache-root /tmp/models -o json\n"
+            "\n"
+            "# From ModelScope\n"
+            "gpustack-operator mm pull Qwen/Qwen3-0.6B --hub modelscope --cache-root /tmp/models\n"
         ),
     ),
     Command(

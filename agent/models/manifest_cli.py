@@ -1,7 +1,9 @@
 """``gpustack-operator model-manager manifest REPOSITORY``: print what a ModelArtifact would pin.
 
 Standard output: the resolved commit, the canonical manifest text and the digest, so a person
-can set ``expectedDigest``. ``HF_ENDPOINT``, the token (``HF_TOKEN``, ``HUGGING_FACE_HUB_TOKEN`` or
+can set ``expectedDigest``. With ``--hub modelscope`` the repository is on ModelScope
+(``MODELSCOPE_DOMAIN``, ``MODELSCOPE_API_TOKEN``: :mod:`hub.modelscope_env`); otherwise
+``HF_ENDPOINT``, the token (``HF_TOKEN``, ``HUGGING_FACE_HUB_TOKEN`` or
 the login file under ``HF_HOME``), ``HF_HUB_OFFLINE`` and the proxies come from the environment
 (:func:`hub.endpoints.environment`). Patterns
 are comma separated or repeated (``--allow-pattern '*.json' --allow-pattern '*.safetensors'``).
@@ -18,7 +20,7 @@ import anyio
 import msgspec
 
 from hub import client as hub_client
-from hub import endpoints, resolving
+from hub import endpoints, kinds, resolving
 from hub.errors import HubError
 from hub.manifest import Manifest
 from kit import rendering
@@ -115,6 +117,7 @@ class ManifestSettings(msgspec.Struct, frozen=True, kw_only=True):
     allow: tuple[str, ...]
     ignore: tuple[str, ...]
     hub_env: endpoints.HubEnvironment = endpoints.HubEnvironment()
+    hub_kind: kinds.Kind = kinds.HUGGING_FACE
     output: Output = "text"
 
     @property
@@ -126,25 +129,35 @@ def settings_from(options: Options) -> ManifestSettings:
     """:raises SettingsError: no single repository id, or an endpoint that is not a URL."""
     if len(options.positionals) != 1:
         raise SettingsError("needs exactly one REPOSITORY (owner/name)")
-    env = endpoints.environment(options.env)
     try:
-        return ManifestSettings(
-            repository=endpoints.repository(options.positionals[0]),
-            revision=options.text("revision") or "main",
-            endpoint=endpoints.endpoint_from(options.optional_text("hf-endpoint"), options.env),
-            token=env.token,
-            allow=options.items("allow-pattern"),
-            ignore=options.items("ignore-pattern"),
-            hub_env=env,
-            output=cast(Output, options.text("output")),
+        snapshot = kinds.snapshot_from(
+            options.text("hub"),
+            options.positionals[0],
+            options.text("revision"),
+            hf_endpoint=options.optional_text("hf-endpoint"),
+            modelscope_endpoint=options.optional_text("modelscope-endpoint"),
+            env=options.env,
         )
     except endpoints.InvalidName as e:
         raise SettingsError(str(e)) from e
+    return ManifestSettings(
+        repository=snapshot.repository,
+        revision=snapshot.revision,
+        endpoint=snapshot.endpoint,
+        token=snapshot.env.token,
+        allow=options.items("allow-pattern"),
+        ignore=options.items("ignore-pattern"),
+        hub_env=snapshot.env,
+        hub_kind=snapshot.kind,
+        output=cast(Output, options.text("output")),
+    )
 
 
 def manifest_command(settings: ManifestSettings) -> int:
     async def main() -> Manifest:
-        async with hub_client.client(settings.hub) as hub:
+        async with hub_client.client(
+            settings.hub, kind=kinds.client_class(settings.hub_kind)
+        ) as hub:
             return await resolving.resolve(
                 settings.repository,
                 settings.revision,

@@ -35,7 +35,7 @@ from agent.models import downloading, layout, materializing
 from agent.models.errors import CacheCorrupt, CacheUnusable, Materializing, NoSpace
 from agent.models.tuning import Tuning
 from hub import client as hub_client
-from hub import endpoints, resolving
+from hub import endpoints, kinds, resolving
 from hub.errors import HubError
 from hub.manifest import Manifest
 from kit.options import Options, SettingsError
@@ -58,6 +58,7 @@ class PullSettings(msgspec.Struct, frozen=True, kw_only=True):
     allow: tuple[str, ...] = ()
     ignore: tuple[str, ...] = ()
     hub_env: endpoints.HubEnvironment = endpoints.HubEnvironment()
+    hub_kind: kinds.Kind = kinds.HUGGING_FACE
     tuning: Tuning = Tuning(waiter_window_s=float("inf"))
     output: Literal["text", "json", "yaml"] = "text"
 
@@ -73,21 +74,29 @@ def settings_from(options: Options) -> PullSettings:
     root = options.text("cache-root")
     if not root.startswith("/"):
         raise SettingsError(f"--cache-root must be an absolute path, not {root!r}")
-    env = endpoints.environment(options.env)
     try:
-        return PullSettings(
-            repository=endpoints.repository(options.positionals[0]),
-            revision=options.text("revision") or "main",
-            cache_root=Path(root),
-            endpoint=endpoints.endpoint_from(options.optional_text("hf-endpoint"), options.env),
-            token=env.token,
-            allow=options.items("allow-pattern"),
-            ignore=options.items("ignore-pattern"),
-            hub_env=env,
-            output=cast(Literal["text", "json", "yaml"], options.text("output")),
+        snapshot = kinds.snapshot_from(
+            options.text("hub"),
+            options.positionals[0],
+            options.text("revision"),
+            hf_endpoint=options.optional_text("hf-endpoint"),
+            modelscope_endpoint=options.optional_text("modelscope-endpoint"),
+            env=options.env,
         )
     except endpoints.InvalidName as e:
         raise SettingsError(str(e)) from e
+    return PullSettings(
+        repository=snapshot.repository,
+        revision=snapshot.revision,
+        cache_root=Path(root),
+        endpoint=snapshot.endpoint,
+        token=snapshot.env.token,
+        allow=options.items("allow-pattern"),
+        ignore=options.items("ignore-pattern"),
+        hub_env=snapshot.env,
+        hub_kind=snapshot.kind,
+        output=cast(Literal["text", "json", "yaml"], options.text("output")),
+    )
 
 
 class PullFailed(Exception):
@@ -157,7 +166,7 @@ async def pull(settings: PullSettings, tty: TextIO | None = None) -> tuple[Manif
     failed (its reason and message, as the ledger recorded them).
     """
     cache = await anyio.to_thread.run_sync(layout.Cache.open, settings.cache_root)
-    async with hub_client.client(settings.hub) as hub:
+    async with hub_client.client(settings.hub, kind=kinds.client_class(settings.hub_kind)) as hub:
         manifest = await resolving.resolve(
             settings.repository,
             settings.revision,
