@@ -123,6 +123,7 @@ _NODEMODELSTORES: Final = {
     "spec.download.bytesPerSecond": "Bandwidth cap for the node's downloads; 0 for none.",
     "spec.hub": "Where models come from and how to reach it.",
     "spec.hub.huggingFaceEndpoint": "The Hugging Face Hub (or a mirror) models are fetched from.",
+    "spec.hub.modelScopeEndpoint": "The ModelScope endpoint ModelScope models are fetched from.",
     "spec.hub.httpsProxy": "Proxy for the Hub's HTTPS requests.",
     "spec.hub.noProxy": "Hosts reached without the proxy, comma separated.",
     "spec.hub.caBundleConfigMap": "ConfigMap holding extra CA certificates for the Hub.",
@@ -153,16 +154,24 @@ _NODEMODELSTORES: Final = {
 }
 
 _HF: Final = "spec.source.huggingFace"
+_MS: Final = "spec.source.modelScope"
 _MODELARTIFACTS: Final = {
-    "": "A model a namespace may mount: a Hugging Face repository at a revision, resolved once "
-    "to a manifest digest that every node verifies its copy against.",
+    "": "A model a namespace may mount: a Hugging Face or ModelScope repository at a revision, "
+    "resolved once to a manifest digest that every node verifies its copy against.",
     "spec": "What to fetch. Immutable: create another ModelArtifact for another model.",
-    "spec.source": "Where the model comes from.",
+    "spec.source": "Where the model comes from: exactly one of huggingFace and modelScope.",
     _HF: "A Hugging Face Hub repository.",
     f"{_HF}.repository": "The repository, owner/name.",
     f"{_HF}.revision": "Branch, tag or commit; resolved to a commit once.",
     f"{_HF}.secretRef": "A Secret in this namespace holding the Hub token (key `token`).",
     f"{_HF}.secretRef.name": "The Secret's name.",
+    _MS: "A ModelScope model repository (the endpoint is the setting "
+    "model-artifact-modelscope-endpoint).",
+    f"{_MS}.repository": "The model id, owner/name.",
+    f"{_MS}.revision": "Branch, tag or commit (default master); resolved to a commit once.",
+    f"{_MS}.secretRef": "A Secret in this namespace holding the ModelScope access token (key "
+    "`token`).",
+    f"{_MS}.secretRef.name": "The Secret's name.",
     "spec.allowPatterns": "Only files matching these globs.",
     "spec.ignorePatterns": "Leave out files matching these globs.",
     "spec.expectedDigest": "Refuse the artifact unless it resolves to this manifest digest.",

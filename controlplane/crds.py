@@ -195,6 +195,10 @@ NODEMODELSTORE_SCHEMA: Final = _obj(
                             "type": "string",
                             "default": "https://huggingface.co",
                         },
+                        "modelScopeEndpoint": {
+                            "type": "string",
+                            "default": "https://www.modelscope.cn",
+                        },
                         "httpsProxy": _S,
                         "noProxy": _S,
                         "caBundleConfigMap": _S,
@@ -225,6 +229,20 @@ NODEMODELSTORE_SCHEMA: Final = _obj(
 )
 
 _DIGEST: Final = {"type": "string", "pattern": "^sha256:[0-9a-f]{64}$"}
+
+
+def _hub(revision: str) -> dict[str, Any]:
+    """A hub source: a repository at a revision (the hub's default branch), with a token."""
+    return _obj(
+        {
+            "repository": {"type": "string", "minLength": 1, "maxLength": 256},
+            "revision": {"type": "string", "maxLength": 255, "default": revision},
+            "secretRef": _obj({"name": _S}, ("name",)),
+        },
+        ("repository",),
+    )
+
+
 _PATTERNS: Final = {
     "type": "array",
     "maxItems": 32,
@@ -238,27 +256,16 @@ MODELARTIFACT_SCHEMA: Final = _obj(
         "spec": {
             **_obj(
                 {
-                    "source": _obj(
-                        {
-                            "huggingFace": _obj(
-                                {
-                                    "repository": {
-                                        "type": "string",
-                                        "minLength": 1,
-                                        "maxLength": 256,
-                                    },
-                                    "revision": {
-                                        "type": "string",
-                                        "maxLength": 255,
-                                        "default": "main",
-                                    },
-                                    "secretRef": _obj({"name": _S}, ("name",)),
-                                },
-                                ("repository",),
-                            )
-                        },
-                        ("huggingFace",),
-                    ),
+                    "source": {
+                        **_obj({"huggingFace": _hub("main"), "modelScope": _hub("master")}),
+                        "oneOf": [{"required": ["huggingFace"]}, {"required": ["modelScope"]}],
+                        "x-kubernetes-validations": [
+                            {
+                                "rule": "has(self.huggingFace) != has(self.modelScope)",
+                                "message": "exactly one of huggingFace and modelScope",
+                            }
+                        ],
+                    },
                     "allowPatterns": _PATTERNS,
                     "ignorePatterns": _PATTERNS,
                     "expectedDigest": _DIGEST,
@@ -426,6 +433,7 @@ def definitions() -> dict[str, dict[str, Any]]:
                 _col("Repository", ".spec.source.huggingFace.repository"),
                 _col("Resolved", '.status.conditions[?(@.type=="Resolved")].status'),
                 _col("Ready", ".status.nodes.ready", "integer"),
+                _col("ModelScope", ".spec.source.modelScope.repository", priority=1),
                 _col("Digest", ".status.resolved.manifestDigest", priority=1),
             ],
         ),

@@ -216,6 +216,9 @@ async def _assemble(
         sink=sink, resolver=resolver, ledger=ledger, metrics=metrics, agents=agents,
         retry_base_s=settings.artifact_retry_base_s, retry_cap_s=settings.artifact_retry_cap_s,
     )  # fmt: skip
+    artifacts.resolvers["modelscope"] = await stack.enter_async_context(
+        resolving.modelscope_resolver(lambda: source.values.model_artifact_modelscope_endpoint)
+    )
     annotator = PodAnnotator(ledger)
     processor = Processor(
         ledger=ledger, reconciler=reconciler, sink=sink, metrics=metrics,

@@ -40,8 +40,8 @@ from agent.models.backoff import Failure
 from agent.models.errors import BackingOff, Materializing, NoSpace
 from agent.models.tuning import Tuning
 from hub import client as hub_client
-from hub import resolving
-from hub.errors import AccessDenied, HubError, IntegrityMismatch, InvalidManifest
+from hub import kinds, resolving
+from hub.errors import AccessDenied, HubError, IntegrityMismatch, InvalidManifest, SourceUnavailable
 from hub.manifest import Manifest
 
 __all__ = ["Job", "JobMetrics", "Materializer", "Pod", "Source", "fraction"]
@@ -97,11 +97,17 @@ class Source:
     listed: Manifest | None = field(default=None, repr=False, compare=False)
     """This source's listing when the caller just made it (``mm pull`` resolved the revision
     a moment ago): the attempt uses it instead of listing again."""
+    hub: kinds.Kind = kinds.HUGGING_FACE
+    """Which hub the repository is on (its client is :meth:`Materializer.client`)."""
 
     @property
     def key(self) -> str:
-        """What a failure of this source holds back (no token in it: see :mod:`.backoff`)."""
-        return backoff.source_key(self.repository, self.commit, self.token)
+        """What a failure of this source holds back (no token in it: see :mod:`.backoff`).
+        A ModelScope repository's key names the hub, so it never shares a Hugging Face one's."""
+        where = (
+            self.repository if self.hub == kinds.HUGGING_FACE else f"{self.hub}:{self.repository}"
+        )
+        return backoff.source_key(where, self.commit, self.token)
 
 
 @dataclass
@@ -200,9 +206,12 @@ class Materializer:
         metrics: JobMetrics,
         changed: Callable[[], None] = lambda: None,
         clock: Callable[[], float] = time.time,
+        modelscope: hub_client.HubClient | None = None,
     ) -> None:
         self.cache = cache
         self.hub = hub
+        self.modelscope = modelscope
+        """The ModelScope client (None: ModelScope sources fail as SourceUnavailable)."""
         self.limits = limits
         self.tuning = tuning
         self.metrics = metrics
@@ -393,6 +402,14 @@ class Materializer:
         )
         self.metrics.publish_duration.observe(self._clock() - job.started)
 
+    def client(self, source: Source) -> hub_client.HubClient:
+        """The client of ``source``'s hub. :raises SourceUnavailable: no ModelScope client."""
+        if source.hub == kinds.HUGGING_FACE:
+            return self.hub
+        if self.modelscope is None:
+            raise SourceUnavailable("this node has no ModelScope client")
+        return self.modelscope
+
     async def _list(self, job: Job, source: Source) -> Manifest:
         """The manifest of ``source``'s pinned commit, which must be ``job``'s digest.
 
@@ -402,7 +419,7 @@ class Materializer:
         job.phase = "listing the files"
         try:
             manifest = source.listed or await resolving.listing(
-                self.hub,
+                self.client(source),
                 source.repository,
                 source.commit,
                 token=source.token,
@@ -429,7 +446,9 @@ class Materializer:
         job.size, job.done = manifest.size, 0
         await reserve(job.hex, max(0, manifest.size - on_disk))
         job.phase = "downloading"
-        origin = downloading.Origin(self.hub, source.repository, source.commit, source.token)
+        origin = downloading.Origin(
+            self.client(source), source.repository, source.commit, source.token
+        )
         present = set(await anyio.to_thread.run_sync(diskio.files_under, attempt / "tree"))
 
         def moved(n: int) -> None:

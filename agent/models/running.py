@@ -50,6 +50,7 @@ from bus.records import StoreSpec
 from bus.reviewing import BusReviewer
 from bus.settings import BusSettings
 from hub import client as hub_client
+from hub.modelscope import ModelScopeClient
 from kit import backoff, serving
 from kit.options import SettingsError
 
@@ -89,6 +90,18 @@ def _hub_settings(settings: ModelManagerSettings, spec: StoreSpec | None) -> hub
         no_proxy = tuple(p.strip() for p in spec.hub.no_proxy.split(",") if p.strip())
         own = msgspec.structs.replace(own, no_proxy=no_proxy)
     return own
+
+
+def _modelscope_settings(
+    settings: ModelManagerSettings, spec: StoreSpec | None
+) -> hub_client.HubSettings:
+    """As :func:`_hub_settings` (proxies, CA) with ModelScope's endpoint: the spec's
+    ``hub.modelScopeEndpoint`` once synced, else ``MODELSCOPE_DOMAIN``. ``HF_HUB_OFFLINE`` is
+    Hugging Face's switch and does not stop ModelScope."""
+    endpoint = (spec.hub.model_scope_endpoint if spec is not None else None) or (
+        settings.modelscope_endpoint
+    )
+    return msgspec.structs.replace(_hub_settings(settings, spec), endpoint=endpoint, offline=False)
 
 
 async def _follow_spec(policy: Policy, limits: downloading.Limits, every_s: float) -> None:
@@ -166,8 +179,13 @@ async def plugin(
     spec = policy.spec()
     spec_now = spec if spec is not None and not spec.problems() else StoreSpec()
     limits = downloading.Limits(spec_now.download.concurrency, spec_now.download.bytes_per_second)
-    async with hub_client.client(_hub_settings(settings, spec)) as hub:
+    ms_settings = _modelscope_settings(settings, spec)
+    async with (
+        hub_client.client(_hub_settings(settings, spec)) as hub,
+        hub_client.client(ms_settings, kind=ModelScopeClient) as modelscope,
+    ):
         p = _assemble(settings, cache, hub, limits, policy, sink, metrics, clock)
+        p.materializer.modelscope = modelscope
         await p.volumes.rebuild()
         async with anyio.create_task_group() as tg:
             await tg.start(p.materializer.run, p.collector.reserve)

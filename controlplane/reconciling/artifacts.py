@@ -70,8 +70,25 @@ class HuggingFace(_Camel, frozen=True, kw_only=True):
     secret_ref: SecretName | None = None
 
 
+class ModelScope(_Camel, frozen=True, kw_only=True):
+    repository: str
+    revision: str = "master"
+    secret_ref: SecretName | None = None
+
+
 class Source(_Camel, frozen=True, kw_only=True):
-    hugging_face: HuggingFace
+    """``spec.source``: exactly one hub (:func:`parse_spec` refuses none or both)."""
+
+    hugging_face: HuggingFace | None = None
+    model_scope: ModelScope | None = None
+
+    @property
+    def hub(self) -> tuple[str, HuggingFace | ModelScope]:
+        """``(hub kind, its source)``: ``modelscope`` or ``huggingface`` (:mod:`hub.kinds`)."""
+        if self.model_scope is not None:
+            return "modelscope", self.model_scope
+        assert self.hugging_face is not None  # parse_spec guarantees one
+        return "huggingface", self.hugging_face
 
 
 class Spec(_Camel, frozen=True, kw_only=True):
@@ -97,8 +114,13 @@ def parse_spec(body: Mapping[str, Any]) -> Spec | Failure:
         spec = msgspec.convert(body.get("spec") or {}, Spec)
     except msgspec.ValidationError as e:
         return Failure(reason="InvalidSpec", message=f"spec: {e}")
-    if not spec.source.hugging_face.repository:
-        return Failure(reason="InvalidSpec", message="spec.source.huggingFace.repository is empty")
+    hf, ms = spec.source.hugging_face, spec.source.model_scope
+    if (hf is None) == (ms is None):
+        message = "spec.source must name exactly one of huggingFace and modelScope"
+        return Failure(reason="InvalidSpec", message=message)
+    field = "huggingFace" if hf is not None else "modelScope"
+    if not spec.source.hub[1].repository:
+        return Failure(reason="InvalidSpec", message=f"spec.source.{field}.repository is empty")
     return spec
 
 
@@ -185,18 +207,24 @@ def record(body: Mapping[str, Any], spec: Spec | None) -> records.ArtifactRecord
     namespace, name = meta.get("namespace") or "", meta.get("name") or ""
     if spec is None or not name:
         return None
-    hf = spec.source.hugging_face
+    hf, ms = spec.source.hugging_face, spec.source.model_scope
+    _, chosen = spec.source.hub
     pinned = (body.get("status") or {}).get("resolved") or {}
     secret = (
-        records.SecretRef(namespace=namespace, name=hf.secret_ref.name)
-        if hf.secret_ref is not None
+        records.SecretRef(namespace=namespace, name=chosen.secret_ref.name)
+        if chosen.secret_ref is not None
         else None
     )
     return records.ArtifactRecord(
         namespace=namespace,
         name=name,
         uid=meta.get("uid") or "",
-        source=records.HuggingFaceSource(repository=hf.repository, revision=hf.revision),
+        source=records.HuggingFaceSource(repository=hf.repository, revision=hf.revision)
+        if hf is not None
+        else None,
+        model_scope=records.ModelScopeSource(repository=ms.repository, revision=ms.revision)
+        if ms is not None
+        else None,
         manifest_digest=pinned.get("manifestDigest"),
         revision=pinned.get("revision"),
         token_secret=secret,

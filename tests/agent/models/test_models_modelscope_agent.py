@@ -1,0 +1,96 @@
+"""The model agent materializes a ``source.modelScope`` artifact: a real CSI call (grpcio) to the
+real plugin, which downloads from a real fake ModelScope (:mod:`hub.testing_modelscope`) found
+through the NodeModelStore spec's ``hub.modelScopeEndpoint``, and publishes a tree whose digest
+the test computes itself from the bytes."""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from pathlib import Path
+
+import grpc
+import pytest
+from models_harness import Sink, code_of, manager_settings, publish_request, settled
+
+from agent.models import running
+from agent.models.policy import MemoryPolicy
+from bus.records import ArtifactRecord, HubEndpoint, ModelScopeSource, StoreSpec
+from hub.testing_modelscope import FakeModelScope, serving
+
+pytestmark = pytest.mark.anyio
+FILES = {
+    "configuration.json": b'{"task": "text-generation"}',
+    "model.safetensors": bytes(range(256)) * 3000,
+    "sub/dir/tokenizer.model": b"\x00\x01tokens" * 100,
+}
+
+
+def independent_digest(files: dict[str, bytes]) -> str:
+    text = "gpustack-manifest v1\n"
+    for path in sorted(files, key=lambda p: p.encode()):
+        text += f"sha256:{hashlib.sha256(files[path]).hexdigest()} {len(files[path])} {path}\n"
+    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
+
+
+def record_of(fake: FakeModelScope, repository: str, *, token: str | None = None) -> ArtifactRecord:
+    commit = fake.add(repository, FILES, token=token)
+    return ArtifactRecord(
+        namespace="team",
+        name="ms",
+        uid=str(uuid.uuid4()),
+        model_scope=ModelScopeSource(repository=repository),
+        manifest_digest=independent_digest(FILES),
+        revision=commit,
+    )
+
+
+async def _materialize(
+    tmp: Path, url: str, record: ArtifactRecord, *, token: str | None = None
+) -> tuple[grpc.StatusCode, str, Path]:
+    """Ask the plugin for the volume once (it answers ABORTED while it downloads), wait for the
+    job to end; the first answer, its message, and the tree's path."""
+    spec = StoreSpec(hub=HubEndpoint(model_scope_endpoint=url))
+    policy = MemoryPolicy([record], spec)
+    settings = manager_settings(tmp, "http://127.0.0.1:9", hub_token="hf-node-secret")
+    target = settings.pods_dir / "pod-1" / "volumes" / "kubernetes.io~csi" / "model" / "mount"
+    target.parent.mkdir(parents=True)
+    async with running.plugin(settings, policy=policy, sink=Sink()) as plugin:
+        code, message = await code_of(plugin.socket, publish_request(record, target, token=token))
+        await settled(plugin)
+    hex_ = (record.manifest_digest or "").removeprefix("sha256:")
+    return code, message, settings.cache_root / "published" / hex_ / "tree"
+
+
+async def test_a_modelscope_volume_is_materialized_to_the_independent_digest(
+    tmp_path: Path,
+) -> None:
+    fake = FakeModelScope()
+    async with serving(fake) as url:
+        record = record_of(fake, "qwen/Tiny")
+        code, message, tree = await _materialize(tmp_path, url, record)
+    assert code == grpc.StatusCode.ABORTED, message  # downloading: kubelet asks again
+    assert {p: (tree / p).read_bytes() for p in FILES} == FILES
+    files = fake.file_requests()
+    assert {s.query["FilePath"] for s in files} == set(FILES)
+    assert all(s.query["Revision"] == record.revision for s in files)
+    # The node's own (Hugging Face) token never reaches ModelScope.
+    assert all(s.authorization is None and s.cookie is None for s in fake.seen)
+
+
+async def test_a_private_modelscope_volume_uses_the_volume_token(tmp_path: Path) -> None:
+    fake = FakeModelScope()
+    async with serving(fake) as url:
+        record = record_of(fake, "org/private", token="ms-good")
+        _, _, tree = await _materialize(tmp_path, url, record, token="ms-good")
+    assert {p: (tree / p).read_bytes() for p in FILES} == FILES
+    assert {s.cookie for s in fake.file_requests()} == {"ms-good"}
+
+
+async def test_a_corrupted_modelscope_file_is_never_published(tmp_path: Path) -> None:
+    fake = FakeModelScope()
+    async with serving(fake) as url:
+        record = record_of(fake, "qwen/Tiny")
+        fake.corrupt.add("model.safetensors")
+        _, _, tree = await _materialize(tmp_path, url, record)
+    assert not tree.exists()
