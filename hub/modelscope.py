@@ -314,7 +314,6 @@ class _Walk:
         self.client, self.repository, self.commit, self.token = client, repository, commit, token
         self.entries: list[Entry] = []
         self.requests = 0
-        self.seen: set[str] = set()
 
     async def _files(self, root: str | None, *, recursive: bool) -> list[_File]:
         self.requests += 1
@@ -328,9 +327,8 @@ class _Walk:
         _inside(raw.path, root)
         if raw.type == "tree":
             return
-        if raw.path in self.seen:
-            return  # a directory re-listed after a cut answer names its files again
-        self.seen.add(raw.path)
+        # No de-duplication: a cut answer is dropped whole, so a path named twice is the
+        # server's error, and :meth:`Manifest.of` refuses it (InvalidManifest).
         self.entries.append(_entry(raw))
         if len(self.entries) > MAX_ENTRIES:
             raise SourceUnavailable(f"files of {self.repository}: over {MAX_ENTRIES} files")
