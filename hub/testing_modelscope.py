@@ -22,7 +22,8 @@ What is assumed where no public source says: an unknown ref answers an empty ``C
 a private repository answers 401 without a credential and 403 with a wrong one.
 
 Faults are opt-in: a file served with one byte flipped (:attr:`FakeModelScope.corrupt`), git refs
-that disagree with the API (:attr:`FakeModelScope.git_override`). Every request is recorded
+that disagree with the API (:attr:`FakeModelScope.git_override`), entries added to every listing
+(:attr:`FakeModelScope.extra`). Every request is recorded
 (:attr:`FakeModelScope.seen`) so a test can count file requests and check credentials.
 
 Test harness only: production code never imports this module.
@@ -74,6 +75,8 @@ class FakeModelScope:
         self.corrupt: set[str] = set()
         self.git_override: dict[str, str] = {}
         """Ref -> commit the git refs advertise instead of the true one."""
+        self.extra: list[dict[str, Any]] = []
+        """Raw entries appended to every ``repo/files`` answer (a hostile listing)."""
         self.seen: list[Seen] = []
         self._counter = itertools.count(1)
 
@@ -160,7 +163,7 @@ class FakeModelScope:
             raise _error(404, "revision not found")
         recursive = request.query.get("Recursive", "false").lower() == "true"
         root = request.query.get("Root", "").strip("/")
-        listed = _listing(tree, root, recursive)[: self.cap]
+        listed = (_listing(tree, root, recursive) + self.extra)[: self.cap]
         data = {"Files": listed, "LatestCommitter": None}
         return web.json_response({"Code": 200, "Success": True, "Message": "", "Data": data})
 

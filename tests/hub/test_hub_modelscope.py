@@ -14,7 +14,7 @@ import pytest
 from hub import client as hub_client
 from hub import modelscope, modelscope_env, resolving
 from hub.endpoints import InvalidName
-from hub.errors import AccessDenied, RevisionNotFound, SourceUnavailable
+from hub.errors import AccessDenied, InvalidManifest, RevisionNotFound, SourceUnavailable
 from hub.manifest import Entry, Manifest
 from hub.testing_modelscope import FakeModelScope, serving
 
@@ -115,6 +115,24 @@ async def test_a_directory_with_the_cap_of_direct_entries_is_refused() -> None:
     async with serving(fake) as url:
         with pytest.raises(SourceUnavailable, match="10 or more direct entries"):
             await resolve(url, "org/flat", cap=10)
+
+
+@pytest.mark.parametrize(
+    ("extra", "error"),
+    [
+        ({"Path": "a", "Type": "blob", "Size": 1, "Sha256": "0" * 64}, "duplicate path"),
+        ({"Path": "b", "Type": "blob", "Size": 1}, "no Sha256"),
+        ({"Path": "../escape", "Type": "blob", "Size": 1, "Sha256": "0" * 64}, "'..'"),
+        ({"Path": "c", "Type": "blob", "Size": 1, "Sha256": "XYZ"}, "object id"),
+    ],
+)
+async def test_hostile_listings_are_invalid_manifests(extra: dict[str, object], error: str) -> None:
+    fake = FakeModelScope()
+    fake.add("org/m", {"a": b"1"})
+    fake.extra.append(extra)
+    async with serving(fake) as url:
+        with pytest.raises(InvalidManifest, match=error):
+            await resolve(url, "org/m")
 
 
 async def test_git_refs_that_disagree_refuse_the_commit() -> None:

@@ -10,10 +10,11 @@ import uuid
 from pathlib import Path
 
 import grpc
+import msgspec
 import pytest
 from models_harness import Sink, code_of, manager_settings, publish_request, settled
 
-from agent.models import running
+from agent.models import backoff, materializing, policy, running
 from agent.models.policy import MemoryPolicy
 from bus.records import ArtifactRecord, HubEndpoint, ModelScopeSource, StoreSpec
 from hub.testing_modelscope import FakeModelScope, serving
@@ -94,3 +95,45 @@ async def test_a_corrupted_modelscope_file_is_never_published(tmp_path: Path) ->
         fake.corrupt.add("model.safetensors")
         _, _, tree = await _materialize(tmp_path, url, record)
     assert not tree.exists()
+
+
+class OldSource(msgspec.Struct):
+    repository: str
+
+
+class OldRecord(msgspec.Struct, rename="camel"):
+    """``ArtifactRecord`` as agents before ModelScope read it."""
+
+    namespace: str
+    name: str
+    uid: str
+    source: OldSource
+
+
+def test_a_modelscope_source_never_shares_a_hugging_face_backoff() -> None:
+    """Same repository id, commit and token on both hubs: two sources, two backoff keys."""
+    hf = materializing.Source("org/m", "a" * 40, None)
+    ms = materializing.Source("org/m", "a" * 40, None, hub="modelscope")
+    assert hf.key != ms.key and hf.key == backoff.source_key("org/m", "a" * 40, None)
+
+
+def test_a_record_naming_no_hub_is_refused_and_old_records_still_decode() -> None:
+    record = ArtifactRecord(
+        namespace="team", name="x", uid="u", manifest_digest="sha256:" + "a" * 64, revision="c"
+    )
+    ask = policy.VolumeAsk("team", "x", "u", "sha256:" + "a" * 64)
+    with pytest.raises(policy.Denied, match="the ModelArtifact is not on a model hub"):
+        policy.authorize(ask, record)
+    # A record a worker wrote before ModelScope existed still reads as a Hugging Face one.
+    old = b'{"namespace":"t","name":"n","uid":"u","source":{"repository":"org/m"}}'
+    assert msgspec.json.decode(old, type=ArtifactRecord).hub == ("huggingface", "org/m")
+
+    # A reader from before ModelScope (``source`` required) cannot decode a ModelScope
+    # record, so it skips it rather than fetching the repository from Hugging Face.
+    new = msgspec.json.encode(
+        ArtifactRecord(
+            namespace="t", name="n", uid="u", model_scope=ModelScopeSource(repository="o/m")
+        )
+    )
+    with pytest.raises(msgspec.ValidationError, match="source"):
+        msgspec.json.decode(new, type=OldRecord)
