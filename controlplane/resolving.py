@@ -101,7 +101,8 @@ class ModelScopeResolver:
     """:class:`Resolver` for ``source.modelScope``, against the endpoint the setting
     ``model-artifact-modelscope-endpoint`` names *now* (``endpoint`` is read at each resolve,
     so a changed setting applies to the next artifact without a restart). One session per
-    endpoint, the last one kept."""
+    endpoint used (a handful over a process's life: one per value the setting took), all
+    closed when the worker stops."""
 
     def __init__(self, endpoint: Callable[[], str], stack: AsyncExitStack) -> None:
         self._endpoint = endpoint
