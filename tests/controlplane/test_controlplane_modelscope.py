@@ -51,6 +51,7 @@ class Env:
     fake: FakeApi
     modelscope: FakeModelScope
     bus: BusSettings
+    worker: running.Worker
 
 
 @asynccontextmanager
@@ -74,10 +75,11 @@ async def env(tmp_path: Path) -> AsyncIterator[Env]:
             artifact_retry_base_s=0.01,
             artifact_retry_cap_s=0.5,
             settings_seed=seed,
+            settings_period_s=0.1,
             hub_endpoint="http://127.0.0.1:9",  # no Hugging Face here: never asked
         )
-        await tg.start(lambda task_status: running.run(settings, task_status=task_status))
-        yield Env(fake, fake_ms, settings.bus)
+        w = await tg.start(lambda task_status: running.run(settings, task_status=task_status))
+        yield Env(fake, fake_ms, settings.bus, w)
         tg.cancel_scope.cancel()
 
 
@@ -141,6 +143,38 @@ async def test_a_modelscope_artifact_resolves_and_reaches_the_agents(tmp_path: P
         assert rec.model_scope == records.ModelScopeSource(repository="qwen/Tiny")
         assert rec.token_secret == records.SecretRef(namespace="team", name="ms")
         assert rec.manifest_digest == independent_digest(FILES) and rec.revision == commit
+
+
+async def test_a_changed_endpoint_setting_applies_to_the_next_artifact(tmp_path: Path) -> None:
+    """The setting is read at each resolution: after it changes in the settings Secret, the
+    next artifact resolves against the new endpoint, with no restart."""
+    other = FakeModelScope()
+    moved = {"moved.bin": b"served by the other endpoint"}
+    async with env(tmp_path) as e, serving(other) as other_url:
+        first = e.modelscope.add("org/m", FILES)
+        second = other.add("org/m", moved)
+        e.fake.put_object(ARTIFACTS, artifact("one", {"modelScope": {"repository": "org/m"}}))
+        one = await settled(e.fake, "one", "Resolved", "True", "Resolved")
+        assert one["status"]["resolved"]["revision"] == first
+
+        key = ("api/v1/secrets", "gpustack-system", settingscatalog.SECRET_NAME)
+        secret = e.fake.objects[key]
+        name = "model-artifact-modelscope-endpoint"
+        secret["data"] = {**secret["data"], name: base64.b64encode(other_url.encode()).decode()}
+
+        async def changed() -> bool:
+            source = e.worker.settings
+            return source is not None and (
+                source.values.model_artifact_modelscope_endpoint == other_url
+            )
+
+        await eventually(changed)
+        e.fake.put_object(ARTIFACTS, artifact("two", {"modelScope": {"repository": "org/m"}}))
+        two = await settled(e.fake, "two", "Resolved", "True", "Resolved")
+    assert two["status"]["resolved"]["revision"] == second
+    assert two["status"]["resolved"]["manifestDigest"] == independent_digest(moved)
+    # The first artifact stays pinned where it resolved.
+    assert e.fake.objects[(ARTIFACTS, "team", "one")]["status"]["resolved"]["revision"] == first
 
 
 async def test_modelscope_refusals_name_the_reason(tmp_path: Path) -> None:
