@@ -469,15 +469,15 @@ _SNAPSHOT = (
         "hub",
         "huggingface",
         "which hub the repository is on: huggingface, or modelscope (the token from "
-        "MODELSCOPE_API_TOKEN, the endpoint from MODELSCOPE_DOMAIN)",
+        "MODELSCOPE_API_TOKEN, the endpoint from MODELSCOPE_ENDPOINT or MODELSCOPE_DOMAIN)",
         choices=("huggingface", "modelscope"),
     ),
     Flag("hf-endpoint", "", "the Hub (default $HF_ENDPOINT, else https://huggingface.co)"),
     Flag(
         "modelscope-endpoint",
         "",
-        "ModelScope, with --hub modelscope (default https:// + $MODELSCOPE_DOMAIN, else "
-        "https://www.modelscope.cn)",
+        "ModelScope, with --hub modelscope (default $MODELSCOPE_ENDPOINT, else "
+        "$MODELSCOPE_DOMAIN, else https://www.modelscope.cn)",
     ),
 )
 """Which snapshot of a repository, from which Hub (``mm manifest`` and ``mm pull``)."""

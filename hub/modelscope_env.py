@@ -1,11 +1,14 @@
 """Where ModelScope is and which token to use: the conventions of ModelScope's own SDK and CLI.
 
-- endpoint: a flag, else ``MODELSCOPE_DOMAIN`` (a bare domain such as ``www.modelscope.ai``, to
-  which the SDK prefixes ``https://``; a full ``http(s)://`` URL is taken as it is), else
-  :data:`DEFAULT_ENDPOINT`. Checked with the client's own URL parser, so a value it would refuse
-  at the first request is refused where a command exits 2;
-- token: ``MODELSCOPE_API_TOKEN`` (what ``HubApi().login()`` reads), else none: public
-  repositories need none;
+- endpoint: a flag, else ``MODELSCOPE_ENDPOINT`` (the current SDK's, ``modelscope_hub``), else
+  ``MODELSCOPE_DOMAIN`` (the older SDK's, now deprecated there but still read), else
+  :data:`DEFAULT_ENDPOINT`; either variable may be a bare domain such as ``www.modelscope.ai``,
+  to which ``https://`` is prefixed as the SDK does, or a full ``http(s)://`` URL. Checked with
+  the client's own URL parser, so a value it would refuse at the first request is refused where
+  a command exits 2;
+- token: ``MODELSCOPE_API_TOKEN`` (what both SDKs read), else none: public repositories need
+  none. The SDK's login file (``~/.modelscope/credentials/cookies``) is a pickled cookie jar and
+  is deliberately not read: unpickling a file is running code;
 - proxies as for Hugging Face (``HTTPS_PROXY``, ``HTTP_PROXY``, ``NO_PROXY``, either case);
   ``HF_HUB_OFFLINE`` is Hugging Face's switch and does not apply here.
 
@@ -30,12 +33,20 @@ DEFAULT_ENDPOINT: Final = "https://www.modelscope.cn"
 _REPOSITORY = re.compile(r"[A-Za-z0-9][\w.-]{0,95}/[A-Za-z0-9][\w.-]{0,95}")
 
 
+def _with_scheme(value: str) -> str:
+    value = value.strip()
+    if value and not value.lower().startswith(("http://", "https://")):
+        return "https://" + value
+    return value
+
+
 def endpoint_from(flag: str | None, env: Mapping[str, str]) -> str:
-    """The endpoint: ``flag``, else ``MODELSCOPE_DOMAIN``, else the public ModelScope."""
-    domain = (env.get("MODELSCOPE_DOMAIN") or "").strip()
-    if domain and not domain.startswith(("http://", "https://")):
-        domain = "https://" + domain
-    url = flag or domain or DEFAULT_ENDPOINT
+    """The endpoint: ``flag``, else ``MODELSCOPE_ENDPOINT``, else ``MODELSCOPE_DOMAIN``, else
+    the public ModelScope."""
+    from_env = _with_scheme(env.get("MODELSCOPE_ENDPOINT") or "") or _with_scheme(
+        env.get("MODELSCOPE_DOMAIN") or ""
+    )
+    url = flag or from_env or DEFAULT_ENDPOINT
     try:
         parsed = Url(url)
     except ValueError as e:

@@ -42,7 +42,8 @@ class ModelManagerSettings(msgspec.Struct, frozen=True, kw_only=True):
     hub_env: endpoints.HubEnvironment = endpoints.HubEnvironment()
     """``HF_HUB_OFFLINE`` and the proxies (the token is ``hub_token``)."""
     modelscope_endpoint: str = modelscope_env.DEFAULT_ENDPOINT
-    """``MODELSCOPE_DOMAIN``; the NodeModelStore spec's ``hub.modelScopeEndpoint`` overrides it.
+    """``MODELSCOPE_ENDPOINT`` or ``MODELSCOPE_DOMAIN``; the NodeModelStore spec's
+    ``hub.modelScopeEndpoint`` overrides it.
     A ModelScope volume uses its artifact's token only: the node has no default one (a Hugging
     Face token is never sent to ModelScope)."""
     version: str = "0.1.0"
@@ -78,7 +79,7 @@ def settings_from(options: Options) -> ModelManagerSettings:
     try:
         modelscope_endpoint = modelscope_env.endpoint_from(None, options.env)
     except endpoints.InvalidName as e:
-        raise SettingsError(f"MODELSCOPE_DOMAIN: {e}") from e
+        raise SettingsError(f"MODELSCOPE_ENDPOINT or MODELSCOPE_DOMAIN: {e}") from e
     hub_env = endpoints.environment(options.env)
     node = node_name_from(options)
     me = identity.Identity(role="model-manager", node=node)

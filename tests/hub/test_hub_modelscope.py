@@ -190,9 +190,14 @@ def test_pkt_line_refs_and_malformed_ones() -> None:
         ({}, "https://www.modelscope.cn"),
         ({"MODELSCOPE_DOMAIN": "www.modelscope.ai"}, "https://www.modelscope.ai"),
         ({"MODELSCOPE_DOMAIN": "http://mirror.local:8080/"}, "http://mirror.local:8080"),
+        (
+            {"MODELSCOPE_ENDPOINT": "modelscope.ai", "MODELSCOPE_DOMAIN": "x.cn"},
+            "https://modelscope.ai",
+        ),
+        ({"MODELSCOPE_ENDPOINT": "", "MODELSCOPE_DOMAIN": "x.cn"}, "https://x.cn"),
     ],
 )
-def test_endpoint_follows_modelscope_domain(env: dict[str, str], expected: str) -> None:
+def test_endpoint_follows_the_sdk_variables(env: dict[str, str], expected: str) -> None:
     assert modelscope_env.endpoint_from(None, env) == expected
     assert modelscope_env.endpoint_from("https://flag.example", env) == "https://flag.example"
 
