@@ -29,6 +29,7 @@ convention) and the ``m_session_id`` cookie the SDK sends to ``/api/v1``.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import re
 from collections.abc import Mapping
@@ -56,6 +57,9 @@ LISTING_CAP: Final = 3000
 MAX_LISTINGS: Final = 2000
 """``repo/files`` requests one listing may make (directories re-listed): a hostile server's
 tree must end."""
+SPURIOUS_DENIALS: Final = 3
+"""Times a 403 on a directory listing is asked again once the walk has read the repository."""
+DENIAL_RETRY_S: Final = 0.2
 MAX_ENTRIES: Final = 100_000
 MAX_BODY: Final = 16 * 1024 * 1024
 _HEX40: Final = re.compile(r"[0-9a-f]{40}")
@@ -314,14 +318,30 @@ class _Walk:
         self.client, self.repository, self.commit, self.token = client, repository, commit, token
         self.entries: list[Entry] = []
         self.requests = 0
+        self.listed = False
+        """Some listing of this walk succeeded: the credential is proven."""
 
     async def _files(self, root: str | None, *, recursive: bool) -> list[_File]:
-        self.requests += 1
-        if self.requests > MAX_LISTINGS:
-            raise SourceUnavailable(f"files of {self.repository}: over {MAX_LISTINGS} listings")
-        return await self.client.files(
-            self.repository, self.commit, root, recursive=recursive, token=self.token
-        )
+        """One listing; a 403 after an earlier listing of this walk succeeded is asked again
+        (at most :data:`SPURIOUS_DENIALS` times): ModelScope's SDK documents that the server
+        now and then denies a tree request on a repository just read, and a walk of hundreds
+        of requests would otherwise fail on one of them. A first refusal is taken as it is."""
+        for attempt in range(SPURIOUS_DENIALS + 1):
+            self.requests += 1
+            if self.requests > MAX_LISTINGS:
+                raise SourceUnavailable(f"files of {self.repository}: over {MAX_LISTINGS} listings")
+            try:
+                answer = await self.client.files(
+                    self.repository, self.commit, root, recursive=recursive, token=self.token
+                )
+            except AccessDenied:
+                if not self.listed or attempt == SPURIOUS_DENIALS:
+                    raise
+                await asyncio.sleep(DENIAL_RETRY_S * (attempt + 1))
+                continue
+            self.listed = True
+            return answer
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def _add(self, raw: _File, root: str | None) -> None:
         _inside(raw.path, root)

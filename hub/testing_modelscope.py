@@ -75,6 +75,9 @@ class FakeModelScope:
         self.corrupt: set[str] = set()
         self.git_override: dict[str, str] = {}
         """Ref -> commit the git refs advertise instead of the true one."""
+        self.deny_once: set[str] = set()
+        """``Root`` values (``""``: the repository) whose next listing answers 403, once: the
+        spurious denial ModelScope's SDK documents."""
         self.extra: list[dict[str, Any]] = []
         """Raw entries appended to every ``repo/files`` answer (a hostile listing)."""
         self.seen: list[Seen] = []
@@ -163,6 +166,9 @@ class FakeModelScope:
             raise _error(404, "revision not found")
         recursive = request.query.get("Recursive", "false").lower() == "true"
         root = request.query.get("Root", "").strip("/")
+        if root in self.deny_once:
+            self.deny_once.discard(root)
+            raise _error(403, "access denied")
         listed = (_listing(tree, root, recursive) + self.extra)[: self.cap]
         data = {"Files": listed, "LatestCommitter": None}
         return web.json_response({"Code": 200, "Success": True, "Message": "", "Data": data})

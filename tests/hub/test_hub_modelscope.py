@@ -135,6 +135,19 @@ async def test_hostile_listings_are_invalid_manifests(extra: dict[str, object], 
             await resolve(url, "org/m")
 
 
+async def test_a_spurious_denial_mid_walk_is_asked_again_but_a_first_one_stands() -> None:
+    fake = FakeModelScope(cap=10)
+    files = {f"d{d}/f{i}.bin": f"{d}-{i}".encode() for d in range(3) for i in range(5)}
+    fake.add("org/many", files)
+    fake.deny_once.add("d1")
+    async with serving(fake) as url:
+        manifest = await resolve(url, "org/many", cap=10)
+        assert manifest.digest == independent_digest(files)
+        fake.deny_once.add("")
+        with pytest.raises(AccessDenied):
+            await resolve(url, "org/many", cap=10)
+
+
 async def test_git_refs_that_disagree_refuse_the_commit() -> None:
     fake = FakeModelScope()
     fake.add("org/m", {"a": b"1"})
