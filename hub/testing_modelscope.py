@@ -75,6 +75,8 @@ class FakeModelScope:
         self.corrupt: set[str] = set()
         self.git_override: dict[str, str] = {}
         """Ref -> commit the git refs advertise instead of the true one."""
+        self.tags: set[str] = set()
+        """Refs advertised by git as annotated tags (a tag object, then the peeled commit)."""
         self.deny_once: set[str] = set()
         """``Root`` values (``""``: the repository) whose next listing answers 403, once: the
         spurious denial ModelScope's SDK documents."""
@@ -154,7 +156,12 @@ class FakeModelScope:
         body = _pkt(lines[0]) + b"0000"
         for ref, commit in sorted(repo.refs.items()):
             commit = self.git_override.get(ref, commit)
-            body += _pkt(f"{commit} refs/heads/{ref}\n".encode())
+            if ref in self.tags:
+                tag_object = hashlib.sha1(f"tag {ref}".encode()).hexdigest()
+                body += _pkt(f"{tag_object} refs/tags/{ref}\n".encode())
+                body += _pkt(f"{commit} refs/tags/{ref}^{{}}\n".encode())
+            else:
+                body += _pkt(f"{commit} refs/heads/{ref}\n".encode())
         body += b"0000"
         return web.Response(body=body, content_type="application/x-git-upload-pack-advertisement")
 

@@ -157,6 +157,19 @@ async def test_git_refs_that_disagree_refuse_the_commit() -> None:
             await resolve(url, "org/m")
 
 
+async def test_an_annotated_tag_is_cross_checked_with_its_peeled_commit() -> None:
+    """git advertises a tag object and, peeled (``^{}``), the commit: the commit is what the
+    API's answer must equal (the tag object's id would be a false disagreement)."""
+    fake = FakeModelScope()
+    commit = fake.add("org/m", {"a": b"1"}, revision="v1.0")
+    fake.tags.add("v1.0")
+    async with serving(fake) as url:
+        assert (await resolve(url, "org/m", "v1.0")).commit == commit
+        fake.git_override["v1.0"] = "e" * 40
+        with pytest.raises(SourceUnavailable, match="git refs say e{40}"):
+            await resolve(url, "org/m", "v1.0")
+
+
 async def test_unknown_revision_and_commit_pins() -> None:
     fake = FakeModelScope()
     commit = fake.add("org/m", {"a": b"1"}, revision="v1")
