@@ -34,8 +34,10 @@ _REPOSITORY = re.compile(r"[A-Za-z0-9][\w.-]{0,95}/[A-Za-z0-9][\w.-]{0,95}")
 
 
 def _with_scheme(value: str) -> str:
+    """A bare domain gets ``https://``; a value with any scheme is left for the URL check
+    (so ``ftp://host`` is refused, not read as the host ``ftp``)."""
     value = value.strip()
-    if value and not value.lower().startswith(("http://", "https://")):
+    if value and "://" not in value:
         return "https://" + value
     return value
 

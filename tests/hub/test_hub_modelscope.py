@@ -234,6 +234,9 @@ def test_environment_token_and_refusals() -> None:
     assert got.token == "ms-1" and not got.offline
     with pytest.raises(InvalidName):
         modelscope_env.endpoint_from("https://u:p@host", {})
+    for bad in ("ftp://host", "http://[::1"):
+        with pytest.raises(InvalidName):
+            modelscope_env.endpoint_from(None, {"MODELSCOPE_ENDPOINT": bad})
     with pytest.raises(InvalidName):
         modelscope_env.repository("single")
     with pytest.raises(InvalidName):

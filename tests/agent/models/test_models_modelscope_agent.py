@@ -16,8 +16,11 @@ from models_harness import Sink, code_of, manager_settings, publish_request, set
 
 from agent.models import backoff, materializing, policy, running
 from agent.models.policy import MemoryPolicy
+from agent.models.settings import ModelManagerSettings, settings_from
 from bus.records import ArtifactRecord, HubEndpoint, ModelScopeSource, StoreSpec
+from gpustack_operator.main import options_for
 from hub.testing_modelscope import FakeModelScope, serving
+from kit.options import SettingsError
 
 pytestmark = pytest.mark.anyio
 FILES = {
@@ -137,3 +140,35 @@ def test_a_record_naming_no_hub_is_refused_and_old_records_still_decode() -> Non
     )
     with pytest.raises(msgspec.ValidationError, match="source"):
         msgspec.json.decode(new, type=OldRecord)
+
+
+def test_the_model_agent_reads_the_modelscope_environment() -> None:
+    def settings(env: dict[str, str]) -> ModelManagerSettings:
+        return settings_from(options_for(("model-manager",), [], env))
+
+    assert settings({}).modelscope_endpoint == "https://www.modelscope.cn"
+    assert settings({"MODELSCOPE_DOMAIN": "www.modelscope.ai"}).modelscope_endpoint == (
+        "https://www.modelscope.ai"
+    )
+    both = {"MODELSCOPE_ENDPOINT": "http://mirror:8080", "MODELSCOPE_DOMAIN": "x.cn"}
+    assert settings(both).modelscope_endpoint == "http://mirror:8080"
+    with pytest.raises(SettingsError, match="MODELSCOPE_ENDPOINT or MODELSCOPE_DOMAIN"):
+        settings({"MODELSCOPE_ENDPOINT": "http://[::1"})
+
+
+async def test_a_bad_modelscope_endpoint_stops_the_agent_in_one_line() -> None:
+    """The real console script: exit 2, one line, before any socket is opened."""
+    import os
+    import sys
+
+    import anyio
+
+    cli = os.path.join(os.path.dirname(sys.executable), "gpustack-operator")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MODELSCOPE_", "GPUSTACK_"))}
+    with anyio.fail_after(60):  # a bug that let it start must fail here, not hang the run
+        result = await anyio.run_process(
+            [cli, "mm", "--node-name", "n1"], env={**env, "MODELSCOPE_ENDPOINT": "ftp://x"},
+            check=False,
+        )  # fmt: skip
+    err = result.stderr.decode()
+    assert result.returncode == 2 and err.count("\n") == 1 and "MODELSCOPE_ENDPOINT" in err, err
