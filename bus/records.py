@@ -39,6 +39,7 @@ __all__ = [
     "Download",
     "HubEndpoint",
     "HuggingFaceSource",
+    "ModelScopeSource",
     "PendingContainer",
     "PendingContainers",
     "SecretRef",
@@ -88,6 +89,8 @@ class Download(_Record, frozen=True, kw_only=True):
 class HubEndpoint(_Record, frozen=True, kw_only=True):
     hugging_face_endpoint: str | None = None
     """None: the plugin's own default (``HF_ENDPOINT``, else https://huggingface.co)."""
+    model_scope_endpoint: str | None = None
+    """None: the plugin's own default (``MODELSCOPE_DOMAIN``, else https://www.modelscope.cn)."""
     https_proxy: str | None = None
     no_proxy: str | None = None
     ca_bundle: str | None = None
@@ -119,9 +122,12 @@ class StoreSpec(_Record, frozen=True, kw_only=True):
             found.append(f"download.concurrency {d.concurrency} is not in 1..64")
         if d.bytes_per_second < 0:
             found.append(f"download.bytesPerSecond {d.bytes_per_second} is negative")
-        endpoint = self.hub.hugging_face_endpoint
-        if endpoint is not None and not endpoint.startswith(("https://", "http://")):
-            found.append("hub.huggingFaceEndpoint is not an http(s) URL")
+        for name, endpoint in (
+            ("huggingFaceEndpoint", self.hub.hugging_face_endpoint),
+            ("modelScopeEndpoint", self.hub.model_scope_endpoint),
+        ):
+            if endpoint is not None and not endpoint.startswith(("https://", "http://")):
+                found.append(f"hub.{name} is not an http(s) URL")
         found.extend(f"pinned {p!r} is not a digest" for p in self.pinned if not is_digest(p))
         return found
 
@@ -146,7 +152,7 @@ class SecretRef(_Record, frozen=True, kw_only=True):
 
 
 class HuggingFaceSource(_Record, frozen=True, kw_only=True):
-    """``spec.source.huggingFace``: the only source a ModelArtifact can have today."""
+    """``spec.source.huggingFace``."""
 
     repository: str
     revision: str = "main"
@@ -172,13 +178,24 @@ class BindingQuota(_Record, frozen=True, kw_only=True):
     of those stores holding it (ready or downloading), as the control plane last counted."""
 
 
+class ModelScopeSource(_Record, frozen=True, kw_only=True):
+    """``spec.source.modelScope``: a ModelScope model repository."""
+
+    repository: str
+    revision: str = "master"
+
+
 class ArtifactRecord(_Record, frozen=True, kw_only=True):
     """One ``ModelArtifact`` as the node agents see it: what authorizes and fills a volume."""
 
     namespace: str
     name: str
     uid: str
-    source: HuggingFaceSource
+    source: HuggingFaceSource | None = None
+    """``spec.source.huggingFace``; None for a ModelScope artifact. (Written always before
+    ModelScope existed: an agent that old cannot decode a ModelScope record, so skips it rather
+    than fetch it from the wrong hub.)"""
+    model_scope: ModelScopeSource | None = None
     manifest_digest: str | None = None
     """``status.resolved.manifestDigest``; absent until the artifact is resolved."""
     revision: str | None = None
@@ -195,6 +212,16 @@ class ArtifactRecord(_Record, frozen=True, kw_only=True):
     """``status.resolved.sizeBytes`` (added within v1): what a new download of it costs."""
     quotas: tuple[BindingQuota, ...] = ()
     """The ModelStoreBindings of the artifact's namespace (added within v1)."""
+
+    @property
+    def hub(self) -> tuple[str, str] | None:
+        """``(hub kind, repository)``: ``huggingface`` or ``modelscope`` (the names of
+        :mod:`hub.kinds`); None when the record names no hub source."""
+        if self.model_scope is not None:
+            return ("modelscope", self.model_scope.repository)
+        if self.source is not None:
+            return ("huggingface", self.source.repository)
+        return None
 
     @property
     def resolved(self) -> bool:

@@ -423,7 +423,9 @@ _DM_SERVE = (
 )
 
 _CACHE_ROOT = Flag("cache-root", "/var/lib/gpustack/models", "the node's cache directory")
-_REVISION = Flag("revision", "main", "branch, tag or commit to resolve")
+_REVISION = Flag(
+    "revision", "", "branch, tag or commit to resolve (default main; master on ModelScope)"
+)
 
 _MODEL_MANAGER = (
     Flag(
@@ -479,7 +481,20 @@ _SNAPSHOT = (
         "leave out files matching these globs (repeatable, or a,b)",
         kind="list",
     ),
+    Flag(
+        "hub",
+        "huggingface",
+        "which hub the repository is on: huggingface, or modelscope (the token from "
+        "MODELSCOPE_API_TOKEN, the endpoint from MODELSCOPE_ENDPOINT or MODELSCOPE_DOMAIN)",
+        choices=("huggingface", "modelscope"),
+    ),
     Flag("hf-endpoint", "", "the Hub (default $HF_ENDPOINT, else https://huggingface.co)"),
+    Flag(
+        "modelscope-endpoint",
+        "",
+        "ModelScope, with --hub modelscope (default $MODELSCOPE_ENDPOINT, else "
+        "$MODELSCOPE_DOMAIN, else https://www.modelscope.cn)",
+    ),
 )
 """Which snapshot of a repository, from which Hub (``mm manifest`` and ``mm pull``)."""
 _OUTPUT_TEXT = Flag(
@@ -657,7 +672,8 @@ COMMANDS = (
     ),
     Command(
         ("model-manager", "manifest"),
-        "Resolve a Hugging Face repository at a revision and print its manifest and digest.",
+        "Resolve a Hugging Face or ModelScope repository at a revision and print its manifest "
+        "and digest.",
         (
             _REVISION,
             *_SNAPSHOT,
@@ -672,13 +688,19 @@ COMMANDS = (
             "\n"
             "# Only the weights and the config, as JSON\n"
             "gpustack-operator mm manifest Qwen/Qwen3-0.6B --allow-pattern '*.safetensors,*.json' -o json\n"
+            "\n"
+            "# The same repository on ModelScope (branch master)\n"
+            "gpustack-operator mm manifest Qwen/Qwen3-0.6B --hub modelscope\n"
         ),
     ),
     Command(
         ("model-manager", "pull"),
-        "Download and verify a Hugging Face snapshot into the node's model cache, as a mount would.",
+        "Download and verify a Hugging Face or ModelScope snapshot into the node's model cache, "
+        "as a mount would.",
         (
-            dataclasses.replace(_REVISION, help="branch, tag or commit to pull"),
+            dataclasses.replace(
+                _REVISION, help="branch, tag or commit to pull (default main; master on ModelScope)"
+            ),
             _CACHE_ROOT,
             *_SNAPSHOT,
             _OUTPUT_TEXT,
@@ -692,6 +714,9 @@ COMMANDS = (
             "\n"
             "# The result as JSON, for a script\n"
             "gpustack-operator mm pull Qwen/Qwen3-0.6B --cache-root /tmp/models -o json\n"
+            "\n"
+            "# From ModelScope\n"
+            "gpustack-operator mm pull Qwen/Qwen3-0.6B --hub modelscope --cache-root /tmp/models\n"
         ),
     ),
     Command(

@@ -1,4 +1,5 @@
-"""The Hugging Face Hub as both sides of the system use it: client, manifest, records.
+"""The model hubs (Hugging Face, ModelScope) as both sides of the system use them: clients,
+manifest, records.
 
 A package of its own, beside ``bus``, because the control plane resolves ModelArtifacts with the
 same code the node plugin verifies downloads with: one implementation means one digest. Of the

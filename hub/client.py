@@ -308,6 +308,14 @@ class HubClient:
         except (http.HttpError, OSError) as e:
             raise SourceUnavailable(f"{what}: {e or type(e).__name__}") from e
 
+    def file_url(self, repository: str, commit: str, path: str) -> Url:
+        """Where ``path``'s bytes at ``commit`` are fetched from (a hub of another kind, such
+        as :class:`hub.modelscope.ModelScopeClient`, names them its own way)."""
+        return self._url(
+            f"/{quote(repository, safe='/')}/resolve/{quote(commit, safe='')}"
+            f"/{quote(path, safe='/')}"
+        )
+
     @asynccontextmanager
     async def download(
         self,
@@ -324,10 +332,7 @@ class HubClient:
         A server that ignores ``Range`` answers 200 with the whole file: ``Body.start`` is then 0
         and the caller must restart the file. :raises HubError: on a refusal.
         """
-        url = self._url(
-            f"/{quote(repository, safe='/')}/resolve/{quote(commit, safe='')}"
-            f"/{quote(path, safe='/')}"
-        )
+        url = self.file_url(repository, commit, path)
         ranged = start > 0 or end is not None
         extra = {"Range": f"bytes={start}-{'' if end is None else end - 1}"} if ranged else None
         async with self._get(url, token, extra) as response:
@@ -344,10 +349,7 @@ class HubClient:
         :raises SourceUnavailable: cut, stalled or short (the caller asks again).
         :raises HubError: a refusal.
         """
-        url = self._url(
-            f"/{quote(repository, safe='/')}/resolve/{quote(commit, safe='')}"
-            f"/{quote(path, safe='/')}"
-        )
+        url = self.file_url(repository, commit, path)
         response = await self._open(url, token)
         try:
             body = _body_of(response, path)
@@ -397,8 +399,11 @@ def _content_range(value: str, path: str) -> tuple[int, int | None]:
 
 
 @asynccontextmanager
-async def client(settings: HubSettings) -> AsyncIterator[HubClient]:
-    """A :class:`HubClient` whose connections close on exit."""
+async def client(
+    settings: HubSettings, *, kind: type[HubClient] = HubClient
+) -> AsyncIterator[HubClient]:
+    """A :class:`HubClient` (or ``kind``, such as :class:`hub.modelscope.ModelScopeClient`)
+    whose connections close on exit."""
     transport = http.Client(
         connect_s=settings.connect_timeout_s,
         stall_s=settings.stall_timeout_s,
@@ -406,7 +411,7 @@ async def client(settings: HubSettings) -> AsyncIterator[HubClient]:
         ca_file=settings.ca_file,
     )
     try:
-        yield HubClient(transport, settings)
+        yield kind(transport, settings)
     finally:
         # Even when cancelled: the wait is bounded (http.CLOSE_TIMEOUT_S), then it aborts.
         closing = asyncio.ensure_future(transport.aclose())

@@ -1,7 +1,9 @@
 """``gpustack-operator model-manager manifest REPOSITORY``: print what a ModelArtifact would pin.
 
 Standard output: the resolved commit, the canonical manifest text and the digest, so a person
-can set ``expectedDigest``. ``HF_ENDPOINT``, the token (``HF_TOKEN``, ``HUGGING_FACE_HUB_TOKEN`` or
+can set ``expectedDigest``. With ``--hub modelscope`` the repository is on ModelScope
+(``MODELSCOPE_DOMAIN``, ``MODELSCOPE_API_TOKEN``: :mod:`hub.modelscope_env`); otherwise
+``HF_ENDPOINT``, the token (``HF_TOKEN``, ``HUGGING_FACE_HUB_TOKEN`` or
 the login file under ``HF_HOME``), ``HF_HUB_OFFLINE`` and the proxies come from the environment
 (:func:`hub.endpoints.environment`). Patterns
 are comma separated or repeated (``--allow-pattern '*.json' --allow-pattern '*.safetensors'``).
@@ -18,7 +20,7 @@ import anyio
 import msgspec
 
 from hub import client as hub_client
-from hub import endpoints, resolving
+from hub import endpoints, kinds, resolving
 from hub.errors import HubError
 from hub.manifest import Manifest
 from kit import rendering
@@ -115,6 +117,7 @@ class ManifestSettings(msgspec.Struct, frozen=True, kw_only=True):
     allow: tuple[str, ...]
     ignore: tuple[str, ...]
     hub_env: endpoints.HubEnvironment = endpoints.HubEnvironment()
+    hub_kind: kinds.Kind = kinds.HUGGING_FACE
     output: Output = "text"
 
     @property
@@ -125,19 +128,19 @@ class ManifestSettings(msgspec.Struct, frozen=True, kw_only=True):
 class SnapshotFlags(Flags, frozen=True, kw_only=True):
     """Which snapshot of a repository, from which Hub, shown how (``mm manifest``, ``mm pull``)."""
 
+    hub: str
     revision: str
+    """Empty: the hub's default branch (``main``; ``master`` on ModelScope)."""
     allow_pattern: tuple[str, ...]
     ignore_pattern: tuple[str, ...]
     hf_endpoint: str
+    modelscope_endpoint: str
     output: str
 
 
 def snapshot_flags(options: Options) -> SnapshotFlags:
-    """:raises SettingsError: an empty ``--revision`` (its default is the command table's)."""
-    flags = options.read_flags(SnapshotFlags)
-    if not flags.revision:
-        raise SettingsError("--revision: empty; name a branch, tag or commit (default main)")
-    return flags
+    """The snapshot flags of ``mm manifest`` and ``mm pull``, read once."""
+    return options.read_flags(SnapshotFlags)
 
 
 def settings_from(options: Options) -> ManifestSettings:
@@ -145,25 +148,35 @@ def settings_from(options: Options) -> ManifestSettings:
     if len(options.positionals) != 1:
         raise SettingsError("needs exactly one REPOSITORY (owner/name)")
     flags = snapshot_flags(options)
-    env = endpoints.environment(options.env)
     try:
-        return ManifestSettings(
-            repository=endpoints.repository(options.positionals[0]),
-            revision=flags.revision,
-            endpoint=endpoints.endpoint_from(flags.hf_endpoint or None, options.env),
-            token=env.token,
-            allow=flags.allow_pattern,
-            ignore=flags.ignore_pattern,
-            hub_env=env,
-            output=cast(Output, flags.output),
+        snapshot = kinds.snapshot_from(
+            flags.hub,
+            options.positionals[0],
+            flags.revision,
+            hf_endpoint=flags.hf_endpoint or None,
+            modelscope_endpoint=flags.modelscope_endpoint or None,
+            env=options.env,
         )
     except endpoints.InvalidName as e:
         raise SettingsError(str(e)) from e
+    return ManifestSettings(
+        repository=snapshot.repository,
+        revision=snapshot.revision,
+        endpoint=snapshot.endpoint,
+        token=snapshot.env.token,
+        allow=flags.allow_pattern,
+        ignore=flags.ignore_pattern,
+        hub_env=snapshot.env,
+        hub_kind=snapshot.kind,
+        output=cast(Output, flags.output),
+    )
 
 
 def manifest_command(settings: ManifestSettings) -> int:
     async def main() -> Manifest:
-        async with hub_client.client(settings.hub) as hub:
+        async with hub_client.client(
+            settings.hub, kind=kinds.client_class(settings.hub_kind)
+        ) as hub:
             return await resolving.resolve(
                 settings.repository,
                 settings.revision,

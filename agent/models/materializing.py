@@ -41,7 +41,7 @@ from agent.models.errors import BackingOff, Materializing, NoSpace
 from agent.models.peerclient import PeerPull
 from agent.models.tuning import Tuning
 from hub import client as hub_client
-from hub import resolving
+from hub import kinds, resolving
 from hub.errors import (
     AccessDenied,
     HubError,
@@ -104,11 +104,17 @@ class Source:
     listed: Manifest | None = field(default=None, repr=False, compare=False)
     """This source's listing when the caller just made it (``mm pull`` resolved the revision
     a moment ago): the attempt uses it instead of listing again."""
+    hub: kinds.Kind = kinds.HUGGING_FACE
+    """Which hub the repository is on (its client is :meth:`Materializer.client`)."""
 
     @property
     def key(self) -> str:
-        """What a failure of this source holds back (no token in it: see :mod:`.backoff`)."""
-        return backoff.source_key(self.repository, self.commit, self.token)
+        """What a failure of this source holds back (no token in it: see :mod:`.backoff`).
+        A ModelScope repository's key names the hub, so it never shares a Hugging Face one's."""
+        where = (
+            self.repository if self.hub == kinds.HUGGING_FACE else f"{self.hub}:{self.repository}"
+        )
+        return backoff.source_key(where, self.commit, self.token)
 
 
 @dataclass
@@ -207,7 +213,7 @@ class Materializer:
     constructor: the collector that reserves must see the jobs, so it is built after this.
     """
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 - keyword-only: the sources (hub, ModelScope, peers) and hooks
         self,
         cache: layout.Cache,
         hub: hub_client.HubClient,
@@ -218,11 +224,14 @@ class Materializer:
         changed: Callable[[], None] = lambda: None,
         clock: Callable[[], float] = time.time,
         peers: PeerPull | None = None,
+        modelscope: hub_client.HubClient | None = None,
     ) -> None:
         self.cache = cache
         self.hub = hub
         self.peers = peers
         """Peer model agents tried before the Hub (None: peer delivery is off)."""
+        self.modelscope = modelscope
+        """The ModelScope client (None: ModelScope sources fail as SourceUnavailable)."""
         self.limits = limits
         self.tuning = tuning
         self.metrics = metrics
@@ -463,6 +472,14 @@ class Materializer:
             return manifest
         return None
 
+    def client(self, source: Source) -> hub_client.HubClient:
+        """The client of ``source``'s hub. :raises SourceUnavailable: no ModelScope client."""
+        if source.hub == kinds.HUGGING_FACE:
+            return self.hub
+        if self.modelscope is None:
+            raise SourceUnavailable("this node has no ModelScope client")
+        return self.modelscope
+
     async def _list(self, job: Job, source: Source) -> Manifest:
         """The manifest of ``source``'s pinned commit, which must be ``job``'s digest.
 
@@ -472,7 +489,7 @@ class Materializer:
         job.phase = "listing the files"
         try:
             manifest = source.listed or await resolving.listing(
-                self.hub,
+                self.client(source),
                 source.repository,
                 source.commit,
                 token=source.token,
@@ -495,7 +512,9 @@ class Materializer:
     ) -> Manifest:
         """Fetch every file of ``source``'s listing into ``attempt``."""
         manifest = await self._list(job, source)
-        origin = downloading.Origin(self.hub, source.repository, source.commit, source.token)
+        origin = downloading.Origin(
+            self.client(source), source.repository, source.commit, source.token
+        )
         await self._fetch_all(job, manifest, origin, attempt, reserve, self.tuning, "hub")
         return manifest
 

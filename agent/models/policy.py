@@ -109,6 +109,8 @@ def authorize(ask: VolumeAsk, record: ArtifactRecord | None) -> ArtifactRecord:
             f"the ModelArtifact is not the one the volume names: {who}: uid {record.uid}, "
             f"the volume says {ask.artifact_uid}"
         )
+    if record.hub is None:
+        raise Denied(f"the ModelArtifact is not on a model hub: {who}")
     if not record.resolved:
         raise Denied(f"the ModelArtifact is not resolved: {who}")
     if record.manifest_digest != ask.digest:

@@ -36,7 +36,7 @@ from agent.models.errors import CacheCorrupt, CacheUnusable, Materializing, NoSp
 from agent.models.manifest_cli import snapshot_flags
 from agent.models.tuning import Tuning
 from hub import client as hub_client
-from hub import endpoints, resolving
+from hub import endpoints, kinds, resolving
 from hub.errors import HubError
 from hub.manifest import Manifest
 from kit.options import Flags, Options, SettingsError
@@ -59,6 +59,7 @@ class PullSettings(msgspec.Struct, frozen=True, kw_only=True):
     allow: tuple[str, ...] = ()
     ignore: tuple[str, ...] = ()
     hub_env: endpoints.HubEnvironment = endpoints.HubEnvironment()
+    hub_kind: kinds.Kind = kinds.HUGGING_FACE
     tuning: Tuning = Tuning(waiter_window_s=float("inf"))
     output: Literal["text", "json", "yaml"] = "text"
 
@@ -79,21 +80,29 @@ def settings_from(options: Options) -> PullSettings:
     if not root.startswith("/"):
         raise SettingsError(f"--cache-root must be an absolute path, not {root!r}")
     flags = snapshot_flags(options)
-    env = endpoints.environment(options.env)
     try:
-        return PullSettings(
-            repository=endpoints.repository(options.positionals[0]),
-            revision=flags.revision,
-            cache_root=Path(root),
-            endpoint=endpoints.endpoint_from(flags.hf_endpoint or None, options.env),
-            token=env.token,
-            allow=flags.allow_pattern,
-            ignore=flags.ignore_pattern,
-            hub_env=env,
-            output=cast(Literal["text", "json", "yaml"], flags.output),
+        snapshot = kinds.snapshot_from(
+            flags.hub,
+            options.positionals[0],
+            flags.revision,
+            hf_endpoint=flags.hf_endpoint or None,
+            modelscope_endpoint=flags.modelscope_endpoint or None,
+            env=options.env,
         )
     except endpoints.InvalidName as e:
         raise SettingsError(str(e)) from e
+    return PullSettings(
+        repository=snapshot.repository,
+        revision=snapshot.revision,
+        cache_root=Path(root),
+        endpoint=snapshot.endpoint,
+        token=snapshot.env.token,
+        allow=flags.allow_pattern,
+        ignore=flags.ignore_pattern,
+        hub_env=snapshot.env,
+        hub_kind=snapshot.kind,
+        output=cast(Literal["text", "json", "yaml"], flags.output),
+    )
 
 
 class PullFailed(Exception):
@@ -163,7 +172,7 @@ async def pull(settings: PullSettings, tty: TextIO | None = None) -> tuple[Manif
     failed (its reason and message, as the ledger recorded them).
     """
     cache = await anyio.to_thread.run_sync(layout.Cache.open, settings.cache_root)
-    async with hub_client.client(settings.hub) as hub:
+    async with hub_client.client(settings.hub, kind=kinds.client_class(settings.hub_kind)) as hub:
         manifest = await resolving.resolve(
             settings.repository,
             settings.revision,

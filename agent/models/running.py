@@ -54,6 +54,7 @@ from bus.presence import Presence
 from bus.records import StoreSpec
 from bus.settings import BusSettings
 from hub import client as hub_client
+from hub.modelscope import ModelScopeClient
 from kit import backoff, serving
 from kit.options import SettingsError
 
@@ -95,6 +96,18 @@ def _hub_settings(settings: ModelManagerSettings, spec: StoreSpec | None) -> hub
     return own
 
 
+def _modelscope_settings(
+    settings: ModelManagerSettings, spec: StoreSpec | None
+) -> hub_client.HubSettings:
+    """As :func:`_hub_settings` (proxies, CA) with ModelScope's endpoint: the spec's
+    ``hub.modelScopeEndpoint`` once synced, else ``MODELSCOPE_DOMAIN``. ``HF_HUB_OFFLINE`` is
+    Hugging Face's switch and does not stop ModelScope."""
+    endpoint = (spec.hub.model_scope_endpoint if spec is not None else None) or (
+        settings.modelscope_endpoint
+    )
+    return msgspec.structs.replace(_hub_settings(settings, spec), endpoint=endpoint, offline=False)
+
+
 async def _follow_spec(policy: Policy, limits: downloading.Limits, every_s: float) -> None:
     """Apply download limits from the NodeModelStore spec as it changes (invalid: ignored)."""
     while True:
@@ -122,6 +135,7 @@ def _assemble(  # noqa: PLR0913 - the parts the composition root wires, each use
     metrics: ModelMetrics,
     clock: Callable[[], float],
     peers: peerclient.PeerPull | None = None,
+    modelscope: hub_client.HubClient | None = None,
 ) -> _Parts:
     """Build the parts in dependency order; each gets what it uses in its constructor.
 
@@ -134,7 +148,7 @@ def _assemble(  # noqa: PLR0913 - the parts the composition root wires, each use
     changes = reporting.Changes()
     materializer = materializing.Materializer(
         cache, hub, limits, tuning=tuning, metrics=metrics, changed=changes.changed, clock=clock,
-        peers=peers,
+        peers=peers, modelscope=modelscope,
     )  # fmt: skip
     volumes = Volumes(
         cache, policy, materializer, pods_dir=settings.pods_dir, metrics=metrics, claim=claim,
@@ -179,9 +193,10 @@ async def plugin(
     limits = downloading.Limits(spec_now.download.concurrency, spec_now.download.bytes_per_second)
     async with (
         hub_client.client(_hub_settings(settings, spec)) as hub,
+        hub_client.client(_modelscope_settings(settings, spec), kind=ModelScopeClient) as ms,
         _peer_pull(peers, policy) as pull,
     ):
-        p = _assemble(settings, cache, hub, limits, policy, sink, metrics, clock, pull)
+        p = _assemble(settings, cache, hub, limits, policy, sink, metrics, clock, pull, ms)
         await p.volumes.rebuild()
         async with anyio.create_task_group() as tg:
             await tg.start(p.materializer.run, p.collector.reserve)

@@ -18,7 +18,7 @@ from agent.settings import node_name_from
 from bus import identity
 from bus import settings as bus_settings
 from bus.settings import BusSettings
-from hub import endpoints
+from hub import endpoints, modelscope_env
 from kit.options import Flags, Options, SettingsError
 from kit.serving import HttpsSettings, ServingFlags, https_from
 from kit.version import package_version
@@ -44,6 +44,11 @@ class ModelManagerSettings(msgspec.Struct, frozen=True, kw_only=True):
     ``token`` secret."""
     hub_env: endpoints.HubEnvironment = endpoints.HubEnvironment()
     """``HF_HUB_OFFLINE`` and the proxies (the token is ``hub_token``)."""
+    modelscope_endpoint: str = modelscope_env.DEFAULT_ENDPOINT
+    """``MODELSCOPE_ENDPOINT`` or ``MODELSCOPE_DOMAIN``; the NodeModelStore spec's
+    ``hub.modelScopeEndpoint`` overrides it.
+    A ModelScope volume uses its artifact's token only: the node has no default one (a Hugging
+    Face token is never sent to ModelScope)."""
     version: str = "0.1.0"
     tuning: Tuning = Tuning()
     peers: PeerSettings = PeerSettings()
@@ -89,6 +94,10 @@ def settings_from(options: Options) -> ModelManagerSettings:
         hub_endpoint = endpoints.endpoint_from(None, options.env)
     except endpoints.InvalidName as e:
         raise SettingsError(f"HF_ENDPOINT: {e}") from e
+    try:
+        modelscope_endpoint = modelscope_env.endpoint_from(None, options.env)
+    except endpoints.InvalidName as e:
+        raise SettingsError(f"MODELSCOPE_ENDPOINT or MODELSCOPE_DOMAIN: {e}") from e
     hub_env = endpoints.environment(options.env)
     node = node_name_from(options)
     me = identity.Identity(role="model-manager", node=node)
@@ -104,6 +113,7 @@ def settings_from(options: Options) -> ModelManagerSettings:
         hub_endpoint=hub_endpoint,
         hub_token=hub_env.token,
         hub_env=hub_env,
+        modelscope_endpoint=modelscope_endpoint,
         version=package_version(),
         tuning=_tuning_for(bus),
     )

@@ -51,6 +51,7 @@ from agent.models.metrics import ModelMetrics
 from agent.models.policy import Policy, VolumeAsk, authorize, check_quota
 from agent.models.tuning import Tuning
 from bus.records import ArtifactRecord
+from hub import kinds
 from hub.manifest import is_digest
 
 __all__ = ["PublishRequest", "Volumes", "kubelet_volume_id", "validate", "wait_window"]
@@ -269,15 +270,21 @@ class Volumes:
                 raise
         self.metrics.mounts.labels(result="pending").inc()
         self._waited.add(hex_)
-        token = req.secrets.get("token") or self.default_token
+        kind, repository = record.hub or ("huggingface", "")
+        hub = kinds.MODELSCOPE if kind == kinds.MODELSCOPE else kinds.HUGGING_FACE
+        # The node's own token is a Hugging Face one: never sent to ModelScope.
+        token = req.secrets.get("token") or (
+            self.default_token if hub == kinds.HUGGING_FACE else None
+        )
         self.materializer.ensure(
             hex_,
             Source(
-                record.source.repository,
+                repository,
                 record.revision or "",
                 token,
                 record.allow_patterns,
                 record.ignore_patterns,
+                hub=hub,
             ),
             pod=_pod(req.context),
         )

@@ -172,7 +172,8 @@ CATALOG: Final[tuple[Entry, ...]] = (
     ),
     _entry(
         "model-artifact-modelscope-endpoint", "https://www.modelscope.cn",
-        "the ModelScope endpoint", _url, inert=True,
+        "the ModelScope endpoint ModelArtifacts with source.modelScope resolve against and "
+        "nodes download from", _url,
     ),
     _entry(
         "model-artifact-https-proxy", "",

@@ -76,7 +76,9 @@ class ArtifactReconciler:
         self._outcomes: dict[Key, revalidating.Outcome] = {}
         self._recheck: set[Key] = set()
         self._sink = sink
-        self._resolver = resolver
+        self.resolvers: dict[str, Resolver] = {"huggingface": resolver}
+        """Hub kind -> its resolver; ``modelscope`` is added by the assembly (absent: an
+        artifact of that hub stays unresolved, SourceUnavailable)."""
         self._ledger = ledger
         self._metrics = metrics
         self._agents = agents
@@ -193,11 +195,17 @@ class ArtifactReconciler:
         return resolved, None
 
     async def _resolve(self, namespace: str, spec: Spec) -> Resolved:
-        hf = spec.source.hub
-        token = await self._token(namespace, hf.secret_ref.name) if hf.secret_ref else None
-        resolved = await self._resolver.resolve(
-            hf.repository,
-            hf.revision,
+        kind, source = spec.source.hub
+        resolver = self.resolvers.get(kind)
+        if resolver is None:
+            raise errors.ResolveFailed(
+                "SourceUnavailable", f"no {kind} resolver is configured", temporary=True
+            )
+        secret = source.secret_ref
+        token = await self._token(namespace, secret.name) if secret else None
+        resolved = await resolver.resolve(
+            source.repository,
+            source.revision,
             token=token,
             allow=spec.allow_patterns,
             ignore=spec.ignore_patterns,
@@ -206,7 +214,7 @@ class ArtifactReconciler:
         if expected and resolved.digest != expected:
             raise errors.ResolveFailed(
                 "DigestMismatch",
-                f"expectedDigest is {expected} but {hf.repository}@{resolved.commit[:12]} "
+                f"expectedDigest is {expected} but {source.repository}@{resolved.commit[:12]} "
                 f"lists {resolved.digest} ({resolved.file_count} files)",
             )
         return resolved
@@ -228,10 +236,16 @@ class ArtifactReconciler:
             return None  # an anchor names no commit to list again: its digest is the user's own
         failure = None
         try:
-            hf = spec.source.hub
-            token = await self._token(key[0], hf.secret_ref.name) if hf.secret_ref else None
-            await self._resolver.revalidate(
-                hf.repository, str(pinned.get("revision") or ""),
+            kind, source = spec.source.hub
+            resolver = self.resolvers.get(kind)
+            if resolver is None:
+                raise errors.ResolveFailed(
+                    "SourceUnavailable", f"no {kind} resolver is configured", temporary=True
+                )
+            secret = source.secret_ref
+            token = await self._token(key[0], secret.name) if secret else None
+            await resolver.revalidate(
+                source.repository, str(pinned.get("revision") or ""),
                 str(pinned.get("manifestDigest") or ""), token=token,
                 allow=spec.allow_patterns, ignore=spec.ignore_patterns,
             )  # fmt: skip

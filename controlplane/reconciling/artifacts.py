@@ -78,6 +78,12 @@ class HuggingFace(_Camel, frozen=True, kw_only=True):
     secret_ref: SecretName | None = None
 
 
+class ModelScope(_Camel, frozen=True, kw_only=True):
+    repository: str
+    revision: str = "master"
+    secret_ref: SecretName | None = None
+
+
 class Claim(_Camel, frozen=True, kw_only=True):
     claim_name: str
     path: str = ""
@@ -88,27 +94,35 @@ class Image(_Camel, frozen=True, kw_only=True):
 
 
 class Source(_Camel, frozen=True, kw_only=True):
-    """Exactly one of the fields (the CRD's rule); only a Hub source resolves in this build."""
+    """Exactly one of the fields (the CRD's rule); only the hub sources resolve in this build."""
 
     hugging_face: HuggingFace | None = None
+    model_scope: ModelScope | None = None
     persistent_volume_claim: Claim | None = None
     image: Image | None = None
 
     @property
-    def hub(self) -> HuggingFace:
-        """The Hub source of a :class:`Spec` that :func:`parse_spec` accepted (always one)."""
+    def hub(self) -> tuple[str, HuggingFace | ModelScope]:
+        """``(hub kind, its source)``: ``modelscope`` or ``huggingface`` (:mod:`hub.kinds`), of
+        a :class:`Spec` that :func:`parse_spec` accepted (always one).
+
+        :raises ValueError: not a hub source.
+        """
+        if self.model_scope is not None:
+            return "modelscope", self.model_scope
         if self.hugging_face is None:
-            raise ValueError("not a Hub source")
-        return self.hugging_face
+            raise ValueError("not a hub source")
+        return "huggingface", self.hugging_face
 
 
 UNSUPPORTED: Final = {
     "persistentVolumeClaim": "a persistentVolumeClaim source is not supported by this build: the "
     "node's model agent holds no Kubernetes rights and cannot mount a claim, so nothing could "
-    "list or copy its files; copy the model into a Hugging Face repository or mirror instead",
+    "list or copy its files; copy the model into a Hugging Face or ModelScope repository or "
+    "mirror instead",
     "image": "an image source is not supported by this build: the model agent has no OCI "
-    "registry client to fetch and verify image layers; publish the model to a Hugging Face "
-    "repository or mirror instead",
+    "registry client to fetch and verify image layers; publish the model to a Hugging Face or "
+    "ModelScope repository or mirror instead",
 }
 """Why each source this build refuses is refused (the condition's message)."""
 
@@ -137,16 +151,20 @@ def parse_spec(body: Mapping[str, Any]) -> Spec | Failure:
     except msgspec.ValidationError as e:
         return Failure(reason="InvalidSpec", message=f"spec: {e}")
     source = spec.source
+    hubs = [k for k, v in (("huggingFace", source.hugging_face),
+                           ("modelScope", source.model_scope)) if v is not None]  # fmt: skip
     named = [k for k, v in (("persistentVolumeClaim", source.persistent_volume_claim),
                             ("image", source.image)) if v is not None]  # fmt: skip
-    if source.hugging_face is None:
+    if len(hubs) + len(named) > 1:
+        message = "spec.source must name exactly one source (huggingFace or modelScope)"
+        return Failure(reason="InvalidSpec", message=message)
+    if not hubs:
         if named:
             return Failure(reason="SourceNotSupported", message=UNSUPPORTED[named[0]])
-        return Failure(reason="InvalidSpec", message="spec.source names no source")
-    if named:
-        return Failure(reason="InvalidSpec", message="spec.source names more than one source")
-    if not source.hugging_face.repository:
-        return Failure(reason="InvalidSpec", message="spec.source.huggingFace.repository is empty")
+        message = "spec.source must name exactly one source (huggingFace or modelScope)"
+        return Failure(reason="InvalidSpec", message=message)
+    if not source.hub[1].repository:
+        return Failure(reason="InvalidSpec", message=f"spec.source.{hubs[0]}.repository is empty")
     return spec
 
 
@@ -267,22 +285,28 @@ def record(
     namespace, name = meta.get("namespace") or "", meta.get("name") or ""
     if spec is None or not name:
         return None
-    hf = spec.source.hub
+    hf, ms = spec.source.hugging_face, spec.source.model_scope
+    _, chosen = spec.source.hub
     status = body.get("status") or {}
     pinned = status.get("resolved") or {}
     if any(c.get("type") == "Resolved" and c.get("status") == "False"
            for c in status.get("conditions") or ()):  # fmt: skip
         pinned = {}  # revoked by a revalidation: no new mount
     secret = (
-        records.SecretRef(namespace=namespace, name=hf.secret_ref.name)
-        if hf.secret_ref is not None
+        records.SecretRef(namespace=namespace, name=chosen.secret_ref.name)
+        if chosen.secret_ref is not None
         else None
     )
     return records.ArtifactRecord(
         namespace=namespace,
         name=name,
         uid=meta.get("uid") or "",
-        source=records.HuggingFaceSource(repository=hf.repository, revision=hf.revision),
+        source=records.HuggingFaceSource(repository=hf.repository, revision=hf.revision)
+        if hf is not None
+        else None,
+        model_scope=records.ModelScopeSource(repository=ms.repository, revision=ms.revision)
+        if ms is not None
+        else None,
         manifest_digest=pinned.get("manifestDigest"),
         revision=pinned.get("revision"),
         digest_source=pinned.get("digestSource"),

@@ -8,8 +8,8 @@ carrying the status reason and whether retrying soon can help.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Literal, Protocol
 
 import msgspec
@@ -18,8 +18,16 @@ import hub
 from controlplane import errors
 from hub import client as hub_client
 from hub import errors as hub_errors
+from hub.modelscope import ModelScopeClient
 
-__all__ = ["HubResolver", "Resolved", "Resolver", "hub_resolver"]
+__all__ = [
+    "HubResolver",
+    "ModelScopeResolver",
+    "Resolved",
+    "Resolver",
+    "hub_resolver",
+    "modelscope_resolver",
+]
 
 
 class Resolved(msgspec.Struct, frozen=True, kw_only=True):
@@ -145,3 +153,68 @@ async def hub_resolver(endpoint: str) -> AsyncIterator[HubResolver]:
     """A :class:`HubResolver` for ``endpoint``; its connections close on exit."""
     async with hub_client.client(hub_client.HubSettings(endpoint=endpoint)) as client:
         yield HubResolver(client)
+
+
+class ModelScopeResolver:
+    """:class:`Resolver` for ``source.modelScope``, against the endpoint the setting
+    ``model-artifact-modelscope-endpoint`` names *now* (``endpoint`` is read at each resolve,
+    so a changed setting applies to the next artifact without a restart). One session per
+    endpoint used (a handful over a process's life: one per value the setting took), all
+    closed when the worker stops."""
+
+    def __init__(self, endpoint: Callable[[], str], stack: AsyncExitStack) -> None:
+        self._endpoint = endpoint
+        self._stack = stack
+        self._clients: dict[str, hub_client.HubClient] = {}
+
+    async def _client(self, endpoint: str) -> hub_client.HubClient:
+        client = self._clients.get(endpoint)
+        if client is None:
+            settings = hub_client.HubSettings(endpoint=endpoint)
+            client = await self._stack.enter_async_context(
+                hub_client.client(settings, kind=ModelScopeClient)
+            )
+            self._clients[endpoint] = client
+        return client
+
+    async def resolve(
+        self,
+        repository: str,
+        revision: str,
+        *,
+        token: str | None,
+        allow: Sequence[str],
+        ignore: Sequence[str],
+    ) -> Resolved:
+        try:
+            client = await self._client(self._endpoint())
+        except hub_errors.HubError as e:
+            raise errors.ResolveFailed(e.reason, str(e), temporary=True) from e
+        resolver = HubResolver(client)
+        return await resolver.resolve(repository, revision, token=token, allow=allow, ignore=ignore)
+
+    async def revalidate(
+        self,
+        repository: str,
+        commit: str,
+        digest: str,
+        *,
+        token: str | None,
+        allow: Sequence[str],
+        ignore: Sequence[str],
+    ) -> None:
+        """As :meth:`HubResolver.revalidate`, at the endpoint the setting names now."""
+        try:
+            client = await self._client(self._endpoint())
+        except hub_errors.HubError as e:
+            raise errors.ResolveFailed(e.reason, str(e), temporary=True) from e
+        await HubResolver(client).revalidate(
+            repository, commit, digest, token=token, allow=allow, ignore=ignore
+        )
+
+
+@asynccontextmanager
+async def modelscope_resolver(endpoint: Callable[[], str]) -> AsyncIterator[ModelScopeResolver]:
+    """A :class:`ModelScopeResolver`; every session it opened closes on exit."""
+    async with AsyncExitStack() as stack:
+        yield ModelScopeResolver(endpoint, stack)

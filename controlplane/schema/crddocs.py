@@ -127,6 +127,7 @@ _NODEMODELSTORES: Final = {
     "(where the model agents serve peers).",
     "spec.hub": "Where models come from and how to reach it.",
     "spec.hub.huggingFaceEndpoint": "The Hugging Face Hub (or a mirror) models are fetched from.",
+    "spec.hub.modelScopeEndpoint": "The ModelScope endpoint ModelScope models are fetched from.",
     "spec.hub.httpsProxy": "Proxy for the Hub's HTTPS requests.",
     "spec.hub.noProxy": "Hosts reached without the proxy, comma separated.",
     "spec.hub.caBundleConfigMap": "ConfigMap holding extra CA certificates for the Hub.",
@@ -158,11 +159,13 @@ _NODEMODELSTORES: Final = {
 }
 
 _HF: Final = "spec.source.huggingFace"
+_MS: Final = "spec.source.modelScope"
 _MODELARTIFACTS: Final = {
-    "": "A model a namespace may mount: a Hugging Face repository at a revision, resolved once "
-    "to a manifest digest that every node verifies its copy against.",
+    "": "A model a namespace may mount: a Hugging Face or ModelScope repository at a revision, "
+    "resolved once to a manifest digest that every node verifies its copy against.",
     "spec": "What to fetch. Immutable: create another ModelArtifact for another model.",
-    "spec.source": "Where the model comes from: exactly one of its fields.",
+    "spec.source": "Where the model comes from: exactly one of its fields (only huggingFace and "
+    "modelScope resolve in this build).",
     "spec.source.persistentVolumeClaim": "A PersistentVolumeClaim holding the files. Accepted "
     "but not resolved by this build (Degraded=True, SourceNotSupported).",
     "spec.source.persistentVolumeClaim.claimName": "The claim, in this namespace.",
@@ -175,6 +178,13 @@ _MODELARTIFACTS: Final = {
     f"{_HF}.revision": "Branch, tag or commit; resolved to a commit once.",
     f"{_HF}.secretRef": "A Secret in this namespace holding the Hub token (key `token`).",
     f"{_HF}.secretRef.name": "The Secret's name.",
+    _MS: "A ModelScope model repository (the endpoint is the setting "
+    "model-artifact-modelscope-endpoint).",
+    f"{_MS}.repository": "The model id, owner/name.",
+    f"{_MS}.revision": "Branch, tag or commit (default master); resolved to a commit once.",
+    f"{_MS}.secretRef": "A Secret in this namespace holding the ModelScope access token (key "
+    "`token`).",
+    f"{_MS}.secretRef.name": "The Secret's name.",
     "spec.allowPatterns": "Only files matching these globs.",
     "spec.ignorePatterns": "Leave out files matching these globs.",
     "spec.expectedDigest": "Refuse the artifact unless it resolves to this manifest digest.",

@@ -198,6 +198,10 @@ NODEMODELSTORE_SCHEMA: Final = _obj(
                             "type": "string",
                             "default": "https://huggingface.co",
                         },
+                        "modelScopeEndpoint": {
+                            "type": "string",
+                            "default": "https://www.modelscope.cn",
+                        },
                         "httpsProxy": _S,
                         "noProxy": _S,
                         "caBundleConfigMap": _S,
@@ -234,11 +238,26 @@ NODEMODELSTORE_SCHEMA: Final = _obj(
 
 _DIGEST: Final = {"type": "string", "pattern": "^sha256:[0-9a-f]{64}$"}
 SOURCE_RULE: Final = (
-    "[has(self.huggingFace), has(self.persistentVolumeClaim), has(self.image)]"
+    "[has(self.huggingFace), has(self.modelScope), has(self.persistentVolumeClaim),"
+    " has(self.image)]"
     ".filter(x, x).size() == 1"
 )
 """CEL: a ModelArtifact's source is exactly one (each new source adds its ``has``)."""
 _QUANTITY_RE: Final = r"^[0-9]+(\.[0-9]+)?([eE][0-9]+|[kMGTPE]i?|m)?$"
+
+
+def _hub(revision: str) -> dict[str, Any]:
+    """A hub source: a repository at a revision (the hub's default branch), with a token."""
+    return _obj(
+        {
+            "repository": {"type": "string", "minLength": 1, "maxLength": 256},
+            "revision": {"type": "string", "maxLength": 255, "default": revision},
+            "secretRef": _obj({"name": _S}, ("name",)),
+        },
+        ("repository",),
+    )
+
+
 _PATTERNS: Final = {
     "type": "array",
     "maxItems": 32,
@@ -272,22 +291,8 @@ MODELARTIFACT_SCHEMA: Final = _obj(
                                     },
                                     ("reference",),
                                 ),
-                                "huggingFace": _obj(
-                                    {
-                                        "repository": {
-                                            "type": "string",
-                                            "minLength": 1,
-                                            "maxLength": 256,
-                                        },
-                                        "revision": {
-                                            "type": "string",
-                                            "maxLength": 255,
-                                            "default": "main",
-                                        },
-                                        "secretRef": _obj({"name": _S}, ("name",)),
-                                    },
-                                    ("repository",),
-                                ),
+                                "huggingFace": _hub("main"),
+                                "modelScope": _hub("master"),
                             }
                         ),
                         "minProperties": 1,
@@ -553,6 +558,7 @@ def definitions() -> dict[str, dict[str, Any]]:
                 _col("Repository", ".spec.source.huggingFace.repository"),
                 _col("Resolved", '.status.conditions[?(@.type=="Resolved")].status'),
                 _col("Ready", ".status.nodes.ready", "integer"),
+                _col("ModelScope", ".spec.source.modelScope.repository", priority=1),
                 _col("Digest", ".status.resolved.manifestDigest", priority=1),
             ],
         ),

@@ -45,7 +45,10 @@ _MISSING: Final = object()
 
 def from_settings(values: Values) -> dict[str, Any]:
     """The spec every node gets before any ModelStore or user edit."""
-    hub: dict[str, Any] = {"huggingFaceEndpoint": values.model_artifact_huggingface_endpoint}
+    hub: dict[str, Any] = {
+        "huggingFaceEndpoint": values.model_artifact_huggingface_endpoint,
+        "modelScopeEndpoint": values.model_artifact_modelscope_endpoint,
+    }
     if values.model_artifact_https_proxy:
         hub["httpsProxy"] = values.model_artifact_https_proxy
     if values.model_artifact_no_proxy:

@@ -221,6 +221,9 @@ async def _assemble(
     meter = BindingMeter(ledger, on_quotas=artifacts.quotas_changed)
     artifacts.quotas = meter.quotas
     artifacts.revalidate_s = lambda: source.values.model_artifact_revalidate_interval
+    artifacts.resolvers["modelscope"] = await stack.enter_async_context(
+        hubresolver.modelscope_resolver(lambda: source.values.model_artifact_modelscope_endpoint)
+    )
     annotator = PodAnnotator(ledger)
     eventer = PodEventer()
     nodes = None

@@ -99,6 +99,8 @@ def _spec() -> GroupVersion:
                    "revision and digest known"),
                 _c("Ready", ".status.nodes.ready", "nodes holding it", "integer"),
                 _c("Downloading", ".status.nodes.downloading", "nodes downloading it", "integer"),
+                _c("ModelScope", ".spec.source.modelScope.repository",
+                   "the ModelScope repository", priority=1),
                 _c("Digest", ".status.resolved.manifestDigest", "the manifest digest",
                    priority=1),
             ),

@@ -193,8 +193,8 @@ async def test_settings_get_update_patch_and_masking(tmp_path: Path) -> None:
             )  # fmt: skip
             deleted = await http.delete(conc, ssl=proxy)
             inert = await http.patch(
-                f"{c.url}{SETTINGS}/model-artifact-modelscope-endpoint", ssl=proxy,
-                data=json.dumps({"spec": {"value": "https://modelscope.example"}}),
+                f"{c.url}{SETTINGS}/model-artifact-revalidate-interval", ssl=proxy,
+                data=json.dumps({"spec": {"value": "2h"}}),
                 headers={"Content-Type": "application/merge-patch+json"},
             )  # fmt: skip
             inert_body = await inert.json()
@@ -217,15 +217,15 @@ async def test_settings_get_update_patch_and_masking(tmp_path: Path) -> None:
     assert proxy_row["cells"][1] == "(sensitive)"
     # A setting this build stores but never reads says so, and kubectl shows a warning on a write.
     assert "Warning" not in patched.headers and "Warning" not in updated.headers
-    assert inert.status == 200 and inert_body["status"]["value"] == "https://modelscope.example"
+    assert inert.status == 200 and inert_body["status"]["value"] == "2h"
     assert inert.headers["Warning"] == (
-        '299 - "model-artifact-modelscope-endpoint: stored for compatibility; this build does '
+        '299 - "model-artifact-revalidate-interval: stored for compatibility; this build does '
         'not act on it"'
     )
     descriptions = {r["cells"][0]: r["cells"][3] for r in table["rows"]}
     inert_names = {n for n, d in descriptions.items() if d.endswith("does not act on it)")}
     assert inert_names == {
-        "model-artifact-delivery-mode", "model-artifact-modelscope-endpoint",
+        "model-artifact-delivery-mode",
     }  # fmt: skip
 
 
@@ -400,14 +400,12 @@ async def test_kubectl_shows_the_warning_of_an_inert_setting(tmp_path: Path) -> 
                 capture_output=True, text=True, timeout=60, check=False,
             )  # fmt: skip
 
-        inert = await anyio.to_thread.run_sync(
-            replace, "model-artifact-modelscope-endpoint", "https://ms.example"
-        )
+        inert = await anyio.to_thread.run_sync(replace, "model-artifact-revalidate-interval", "3h")
         read = await anyio.to_thread.run_sync(replace, "model-store-download-concurrency", "6")
     assert inert.returncode == 0, inert.stderr
-    assert json.loads(inert.stdout)["status"]["value"] == "https://ms.example"
+    assert json.loads(inert.stdout)["status"]["value"] == "3h"
     assert (
-        "Warning: model-artifact-modelscope-endpoint: stored for compatibility; this build does "
+        "Warning: model-artifact-revalidate-interval: stored for compatibility; this build does "
         "not act on it" in inert.stderr
     )
     assert read.returncode == 0, read.stderr
