@@ -156,12 +156,14 @@ def parse_spec(body: Mapping[str, Any]) -> Spec | Failure:
     named = [k for k, v in (("persistentVolumeClaim", source.persistent_volume_claim),
                             ("image", source.image)) if v is not None]  # fmt: skip
     if len(hubs) + len(named) > 1:
-        message = "spec.source must name exactly one source (huggingFace or modelScope)"
+        message = (
+            "spec.source names more than one source: name exactly one of huggingFace and modelScope"
+        )
         return Failure(reason="InvalidSpec", message=message)
     if not hubs:
         if named:
             return Failure(reason="SourceNotSupported", message=UNSUPPORTED[named[0]])
-        message = "spec.source must name exactly one source (huggingFace or modelScope)"
+        message = "spec.source names no source: name exactly one of huggingFace and modelScope"
         return Failure(reason="InvalidSpec", message=message)
     if not source.hub[1].repository:
         return Failure(reason="InvalidSpec", message=f"spec.source.{hubs[0]}.repository is empty")
