@@ -5,7 +5,8 @@ codec, the wire shapes of devices and the records pushed to agents (``records``)
 ``bounds``, the NATS transport (``connection``, ``dialing`` and ``jetstream`` are the only ``nats``
 importers), publishing (its ``outbox``, ``acking``), subscribing, retained state and key-value
 buckets (``kv``), the embedded server, who may do what (``identity``, ``jwt`` for NKeys, the auth
-``callout``, ``accessreviews`` for the agents' HTTPS endpoints), ``presence`` (for ``/livez``),
+``callout``, ``accessreviews`` for the agents' HTTPS endpoints), ``peers`` (the model agents'
+peer offers and signed requests), ``presence`` (for ``/livez``),
 ``metrics``, the bus's settings and errors, and ``testing`` (real servers for tests only).
 HTTP, YAML and the Hub live beside it (``kit``, ``hub``); the command-line tools live in the launcher.
 

@@ -12,7 +12,9 @@ package imports only those below it):
   ``kubectl explain`` says about them;
 - :mod:`.chain`: the scheduling chain (InstanceTypes, Kueue objects, the admission check);
 - :mod:`.admission`: the Pod webhooks and the fractional request model; :mod:`.gateway`: the
-  worker-gateway process; :mod:`.stores`: the ModelStore pool and each node's store spec;
+  worker-gateway process; :mod:`.stores`: the ModelStore pool and each node's store spec,
+  ModelStoreBinding and ModelPrefetch decisions; :mod:`.delivery`: the leader's loops that
+  meter bindings and carry out prefetches;
 - :mod:`.reconciling`: bus events folded into node state, and the reconcilers that write it;
   :mod:`.access`: who may connect (the bus auth callout, token and access reviews, the secrets
   made at first start); :mod:`.clustersettings`: the ``Setting`` catalog and where settings live;

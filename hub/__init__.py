@@ -8,7 +8,9 @@ carry digests, and the bus may not import the hub).
 
 Modules: ``client`` (the Hub client), ``resolving`` (a repository at a revision into its
 ``manifest``), ``http``, ``framing`` and ``urls`` (a small HTTP/1.1 client and what it fetches),
-``endpoints`` (where the Hub is, which names may be sent), ``errors``, ``testing`` (a fake Hub).
+``endpoints`` (where the Hub is, which names may be sent), ``errors``, ``testing`` (a fake Hub);
+ModelScope: ``modelscope`` (its client), ``modelscope_env`` (its environment), ``kinds`` (the
+one huggingface/modelscope choice), ``testing_modelscope`` (a fake ModelScope).
 """
 
 from __future__ import annotations

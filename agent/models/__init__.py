@@ -11,6 +11,9 @@ See docs/models.md for the volume contract, the on-disk layout and the bus repor
   published tree, once), :mod:`.downloading`, :mod:`.assembling`, :mod:`.diskio` and
   :mod:`.publishing` (its steps), :mod:`.backoff`, :mod:`.collecting` (reclaiming space),
   :mod:`.reporting` (the cache as bus events), :mod:`.tuning` (its constants), :mod:`.errors`;
+- peers: :mod:`.peering` (the live offers, this node's own), :mod:`.peerserver` (published
+  trees served to signed requests), :mod:`.peerclient` (a peer's files behind the Hub client's
+  interface);
 - the one-shots: :mod:`.pull` (``model-manager pull``), :mod:`.manifest_cli`
   (``model-manager manifest``).
 """

@@ -4,4 +4,5 @@
 pure functions over typed data; ``review`` speaks AdmissionReview; ``webhooks`` and
 ``certificates`` are the only parts that do I/O. ``pods`` is the typed Pod admission reads,
 ``folds`` the memory folds, ``cards`` the accelerator groups the worker's ledger knows.
+``modelrules`` keeps ModelStoreBinding and ModelPrefetch updates within their rules.
 """

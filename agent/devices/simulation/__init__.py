@@ -12,5 +12,6 @@ cards. Everything detected this way is marked ``simulated: true`` on the wire.
 - the seven library-read manufacturers: :mod:`.libraries` (which stands in for which),
   :mod:`.fakelib` (what they share), :mod:`.layouts` (the output structures' sizes),
   :mod:`.fakedcmi`, :mod:`.fakecndev`, :mod:`.fakerocmsmi`, :mod:`.fakenvmlabi`,
-  :mod:`.fakemxsml`, :mod:`.fakemtml`.
+  :mod:`.fakemxsml`, :mod:`.fakemtml`; :mod:`.moving` moves their cards with the seeded load
+  pattern, as the NVIDIA ones move.
 """
