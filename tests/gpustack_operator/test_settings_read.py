@@ -58,6 +58,7 @@ PACKAGES = ("gpustack_operator", "agent", "controlplane", "hub", "kit", "bus", "
 EDGE = {
     *(c.settings.partition(":")[0] for c in COMMANDS),
     "bus.settings",  # the --nats-* flags every NATS-speaking command shares
+    "agent.settings",  # --node-name: the one node-name rule every agent's builder shares
     "kit.options",
     "gpustack_operator.main",
     "gpustack_operator.commands",
@@ -176,7 +177,6 @@ def test_worker_help_has_no_flag_that_does_nothing(capsys: pytest.CaptureFixture
         (["worker", "--kube-conn-qps=nan"], "--kube-conn-qps"),
         (["mm", "manifest", "../../etc"], "repository"),
         (["mm", "manifest", "org/m", "--hf-endpoint=not-a-url"], "http(s) URL"),
-        (["mm", "pull", "org/m", "--revision="], "--revision"),
         (["dm", "serve", "stray"], "unexpected arguments"),
         (["dm", "detect", "--manufacturer=nvidai"], "--manufacturer"),
         (["mm", "--node-name=a*b"], "not a Kubernetes node name"),

