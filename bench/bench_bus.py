@@ -15,7 +15,8 @@ Run: ``.venv/bin/python bench/bench_bus.py [--messages N]``. Starts its own nats
    to the same kind of pipe (what ``nats sub --raw`` does), and the in-process counting
    subscriber of part 1. The rate is lines over the time from the first to the last line; a
    subscriber that falls behind drops messages (reported) rather than stalling the run.
-   ``--watch-only`` runs this part alone.
+   ``--watch-only`` runs this part alone, ``--runs N`` sets its interleaved runs, and
+   ``--watch-before SRC`` adds the ``bus watch`` of another source tree (before/after in one run).
 """
 
 from __future__ import annotations
@@ -260,9 +261,11 @@ def _drain(fd: int, quiet_s: float) -> None:
                 return
 
 
-def piped_run(argv: list[str], url: str, count: int) -> LineCount:
+def piped_run(
+    argv: list[str], url: str, count: int, env: dict[str, str] | None = None
+) -> LineCount:
     """Start the subscriber ``argv``, wait for its first line, publish ``count``, count lines."""
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
     assert proc.stdout is not None
     fd = proc.stdout.fileno()
     try:
@@ -281,8 +284,11 @@ def piped_run(argv: list[str], url: str, count: int) -> LineCount:
     return got
 
 
-async def watch_runs(server_url: str, count: int, runs: int) -> dict[str, list[float]]:
-    """Rates of each subscriber over ``runs`` interleaved runs (peers measured in the same run)."""
+async def watch_runs(
+    server_url: str, count: int, runs: int, before: str | None = None
+) -> dict[str, list[float]]:
+    """Rates of each subscriber over ``runs`` interleaved runs (peers measured in the same run);
+    ``before``: a source tree whose ``bus watch`` runs too (*watch-before*: before/after)."""
     settings = BusSettings(url=server_url)
     async with connection.connect(settings) as conn:
         await state.ensure_streams(conn, settings)  # as a deployment has them: watch reads state
@@ -291,12 +297,19 @@ async def watch_runs(server_url: str, count: int, runs: int) -> dict[str, list[f
     watch = [CLI, "bus", "watch", "-o", "json", "--nats-url", server_url]
     watch += ["--subject", subjects.filter_for(kind="samples")]
     bare = [sys.executable, __file__, "--bare-sub", server_url]
-    rates: dict[str, list[float]] = {"bare-count": [], "bare-pipe": [], "watch": []}
-    rates.update({"bare-pipe-cpu": [], "watch-cpu": []})
+    subscribers: list[tuple[str, list[str], dict[str, str] | None]] = [
+        ("bare-pipe", bare, None),
+        ("watch", watch, None),
+    ]
+    if before is not None:
+        subscribers.append(("watch-before", watch, {**os.environ, "PYTHONPATH": before}))
+    rates: dict[str, list[float]] = {"bare-count": []}
+    for name, _, _ in subscribers:
+        rates.update({name: [], f"{name}-cpu": []})
     for _ in range(runs):
         rates["bare-count"].append(await bare_run(server_url, count))
-        for name, argv in (("bare-pipe", bare), ("watch", watch)):
-            got = await anyio.to_thread.run_sync(piped_run, argv, server_url, count)
+        for name, argv, env in subscribers:
+            got = await anyio.to_thread.run_sync(piped_run, argv, server_url, count, env)
             if got.lines < count:
                 print(f"  {name}: {count - got.lines} of {count} messages dropped")
             rates[name].append(got.rate)
@@ -315,22 +328,36 @@ def report_watch(rates: dict[str, list[float]]) -> None:
         f"  ({med['watch'] / med['bare-pipe']:.2f} of bare-pipe,"
         f" {med['watch'] / med['bare-count']:.2f} of bare-count)"
     )
+    if "watch-before" in med:
+        print(
+            f"bus watch, before          : {med['watch-before']:10,.0f} msg/s"
+            f"  ({med['watch-before'] / med['bare-pipe']:.2f} of bare-pipe)"
+        )
     cpu_bare, cpu_watch = med["bare-pipe-cpu"], med["watch-cpu"]
     print(f"CPU per message, bare-pipe  : {cpu_bare:10.1f} µs")
     print(
         f"CPU per message, bus watch  : {cpu_watch:10.1f} µs"
         f"  (a CPU-bound rate of {cpu_bare / cpu_watch:.2f} of bare-pipe)"
     )
+    if "watch-before-cpu" in med:
+        cpu_before = med["watch-before-cpu"]
+        print(
+            f"CPU per message, before     : {cpu_before:10.1f} µs"
+            f"  (a CPU-bound rate of {cpu_bare / cpu_before:.2f} of bare-pipe)"
+        )
 
 
-async def main(count: int, publish_only: bool, watch_only: bool) -> None:
+async def main(
+    count: int, publish_only: bool, watch_only: bool, runs: int | None, before: str | None
+) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         async with embedded.embedded_server(Path(tmp) / "nats") as server:
             settings = BusSettings(url=server.url)
             size = len(codec.encode(sample_event("node-0.local")))
             print(f"nats-server {server.url}; {count} messages of {size} bytes per run")
             if watch_only:
-                report_watch(await watch_runs(server.url, count, 1 if SMOKE else 5))
+                runs = runs or (1 if SMOKE else 5)
+                report_watch(await watch_runs(server.url, count, runs, before))
                 return
             if not publish_only:
                 runs = 1 if SMOKE else 3
@@ -346,7 +373,8 @@ async def main(count: int, publish_only: bool, watch_only: bool) -> None:
             print(f"publish samples, {nodes} nodes : {samples_rate:10,.0f} events/s")
             print(f"publish devices (acked)     : {state_rate:10,.0f} events/s")
             if not publish_only:
-                report_watch(await watch_runs(server.url, count, 1 if SMOKE else 3))
+                runs = runs or (1 if SMOKE else 3)
+                report_watch(await watch_runs(server.url, count, runs, before))
 
 
 if __name__ == "__main__":
@@ -356,10 +384,16 @@ if __name__ == "__main__":
     parser.add_argument("--bare-sub", metavar="URL")
     parser.add_argument("--publish-only", action="store_true")
     parser.add_argument("--watch-only", action="store_true")
+    parser.add_argument("--runs", type=int, help="watch runs (default 5 with --watch-only, else 3)")
+    parser.add_argument(
+        "--watch-before", metavar="SRC", help="also run the `bus watch` of this source tree"
+    )
     args = parser.parse_args()
     if args.publisher:
         anyio.run(publisher_process, args.publisher, args.messages)
     elif args.bare_sub:
         anyio.run(bare_sub_process, args.bare_sub)
     else:
-        anyio.run(main, args.messages, args.publish_only, args.watch_only)
+        anyio.run(
+            main, args.messages, args.publish_only, args.watch_only, args.runs, args.watch_before
+        )

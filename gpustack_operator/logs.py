@@ -17,7 +17,6 @@ behind the redaction at the points that log URLs, for lines from libraries that 
 from __future__ import annotations
 
 import fnmatch
-import json
 import logging
 import os
 import sys
@@ -183,7 +182,10 @@ class JsonFormatter(logging.Formatter):
 
 def _dumps(entry: dict[str, object]) -> str:
     """The entry as one JSON line; an extra JSON cannot hold (tuple keys, a cycle) as its repr,
-    rather than the line lost to a "Logging error" dump on stderr."""
+    rather than the line lost to a "Logging error" dump on stderr. :mod:`json` is imported at
+    the first JSON line: a command logging text (most one-shots) never pays for it."""
+    import json
+
     try:
         return json.dumps(entry, default=repr, ensure_ascii=False, separators=(",", ":"))
     except (TypeError, ValueError):

@@ -26,8 +26,10 @@ from __future__ import annotations
 
 import math
 import re
-from fractions import Fraction
-from typing import Final
+from typing import TYPE_CHECKING, Final
+
+if TYPE_CHECKING:  # imported where a quantity is parsed: a command that parses none skips it
+    from fractions import Fraction
 
 __all__ = [
     "MAX_TEXT",
@@ -61,13 +63,15 @@ _COMPONENT: Final = re.compile(r"([0-9]*)(?:\.([0-9]*))?([^0-9.]*)")
 _QUANTITY: Final = re.compile(
     r"([+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+))([eE][+-]?[0-9]{1,2}|[KMGTPE]i|[numkMGTPE])?"
 )
-_SUFFIX: Final[dict[str, Fraction]] = {
-    "n": Fraction(1, 10**9), "u": Fraction(1, 10**6), "m": Fraction(1, 1000), "": Fraction(1),
-    "k": Fraction(10**3), "M": Fraction(10**6), "G": Fraction(10**9), "T": Fraction(10**12),
-    "P": Fraction(10**15), "E": Fraction(10**18),
-    "Ki": Fraction(2**10), "Mi": Fraction(2**20), "Gi": Fraction(2**30), "Ti": Fraction(2**40),
-    "Pi": Fraction(2**50), "Ei": Fraction(2**60),
+_SUFFIX: Final[dict[str, tuple[int, int]]] = {
+    "n": (1, 10**9), "u": (1, 10**6), "m": (1, 1000), "": (1, 1),
+    "k": (10**3, 1), "M": (10**6, 1), "G": (10**9, 1), "T": (10**12, 1),
+    "P": (10**15, 1), "E": (10**18, 1),
+    "Ki": (2**10, 1), "Mi": (2**20, 1), "Gi": (2**30, 1), "Ti": (2**40, 1),
+    "Pi": (2**50, 1), "Ei": (2**60, 1),
 }  # fmt: skip
+"""Each suffix's factor as a fraction (numerator, denominator): :mod:`fractions` is imported
+only when a quantity is parsed (it cost every command's start-up several ms)."""
 _MAX_NUMBER: Final = 64
 """Digits beyond this are no real configuration (and bound the work of a hostile text)."""
 
@@ -188,6 +192,8 @@ def parse_quantity(value: str | int) -> Fraction:
     The API server re-serializes quantities in their canonical form, so ``1600000`` arrives as
     ``1600k``: the suffixes must be read. No space is allowed, as ``resource.ParseQuantity``.
     """
+    from fractions import Fraction
+
     if isinstance(value, int):
         return Fraction(value)
     match = _QUANTITY.fullmatch(value) if len(value) <= _MAX_NUMBER else None
@@ -196,4 +202,4 @@ def parse_quantity(value: str | int) -> Fraction:
     number, suffix = match.group(1), match.group(2) or ""
     if suffix not in _SUFFIX:  # a decimal exponent (``E`` alone is exa, ``Ei`` exbi)
         return Fraction(number) * Fraction(10) ** int(suffix[1:])
-    return Fraction(number) * _SUFFIX[suffix]
+    return Fraction(number) * Fraction(*_SUFFIX[suffix])

@@ -61,6 +61,19 @@ class Limits:
         self.requests.total_tokens = concurrency
         self.rate = bytes_per_second
 
+    async def begin_request(self) -> None:
+        """Take a request slot (give it back with :meth:`end_request`): at once when one is
+        free, without the loop turn anyio's ``acquire`` takes even then (a cancel-shielded
+        checkpoint and a cancel scope: per small file, a pull of thousands paid it for each);
+        otherwise wait for one as ``acquire`` does."""
+        try:
+            self.requests.acquire_nowait()
+        except anyio.WouldBlock:
+            await self.requests.acquire()
+
+    def end_request(self) -> None:
+        self.requests.release()
+
     async def take(self, n: int) -> None:
         """Wait until ``n`` bytes may be received (no wait when unlimited)."""
         if self.rate <= 0:
@@ -206,15 +219,18 @@ class _Whole(_Job):
             return
         failures = 0
         while True:
+            await self.limits.begin_request()
             try:
-                async with self.limits.requests:
-                    body = await _whole_body(self.origin, entry, self.limits)
-                break
+                body = await _whole_body(self.origin, entry, self.limits)
             except SourceUnavailable:
                 failures += 1
                 if failures > tuning.retries:
                     raise
-                await anyio.sleep(min(tuning.retry_delay_s * failures, 10.0))
+            else:
+                break
+            finally:
+                self.limits.end_request()  # before the retry's wait, as ever
+            await anyio.sleep(min(tuning.retry_delay_s * failures, 10.0))
         if not await anyio.to_thread.run_sync(diskio.land, self.dest, entry, body):
             with anyio.CancelScope(shield=True):
                 await anyio.to_thread.run_sync(assembling.forget, self.dest, self.state_path)

@@ -27,7 +27,6 @@ import contextlib
 import hashlib
 import os
 import re
-import shutil
 import threading
 import time
 import weakref
@@ -232,7 +231,7 @@ class Cache:
         dest = self.trash / f"{path.name}-{time.time_ns()}"
         _unseal(path)
         path.rename(dest)
-        shutil.rmtree(dest, ignore_errors=True)
+        _rmtree(dest)
 
     def remove(self, hex_: str) -> None:
         """Remove a published tree and any partial of ``hex_``."""
@@ -242,7 +241,7 @@ class Cache:
     def empty_trash(self) -> None:
         for p in self.trash.iterdir():
             _unseal(p)
-            shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+            _rmtree(p) if p.is_dir() else p.unlink(missing_ok=True)
 
     # ------------------------------------------------------------------ records
 
@@ -331,3 +330,11 @@ def _du(path: Path) -> int:
             with contextlib.suppress(OSError):
                 total += os.lstat(os.path.join(dirpath, name)).st_blocks * 512
     return total
+
+
+def _rmtree(path: Path) -> None:
+    """``shutil.rmtree``, ignoring errors; :mod:`shutil` (and the compression modules it
+    imports) only when a tree is deleted, not at every ``mm pull``'s start."""
+    import shutil
+
+    shutil.rmtree(path, ignore_errors=True)

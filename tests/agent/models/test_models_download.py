@@ -12,11 +12,13 @@ from pathlib import Path
 
 import anyio
 import grpc
+import msgspec
 import pytest
 from models_harness import FILES, TUNING, Rig, code_of, content, publish_request, settled
 
 from agent.models import downloading
 from agent.models.errors import NoSpace
+from bus import testing as bus_testing
 from hub import client as hub_client
 from hub import testing
 from hub.errors import IntegrityMismatch
@@ -334,3 +336,48 @@ async def test_corrupt_bytes_of_a_small_file_leave_no_file(
         await _fetch_small(origin, tmp_path, [])
 
     assert not (tmp_path / "tree" / "small.bin").exists()
+
+
+async def test_a_small_file_waits_to_retry_without_holding_a_request_slot(tmp_path: Path) -> None:
+    """The one request slot (``Limits(1, ...)``) is given back when a small file's response is
+    cut, before the retry's wait: another file may use it meanwhile; the retry then takes it
+    again and the file lands whole."""
+    small = content(40 * 1024, 3)
+    entry = Entry("sha256", hashlib.sha256(small).hexdigest(), len(small), "small.bin")
+    fake = testing.FakeHub(tmp_path / "hub")
+    commit = fake.add("org/s", {"small.bin": small})
+    fake.break_once["small.bin"] = 1000
+    limits = downloading.Limits(1, 0)
+    done = anyio.Event()
+    async with (
+        testing.serving(fake) as endpoints,
+        hub_client.client(hub_client.HubSettings(endpoint=endpoints.hub)) as hub,
+        anyio.create_task_group() as tg,
+    ):
+
+        async def fetch() -> None:
+            await downloading.fetch(
+                downloading.Origin(hub, "org/s", commit, None),
+                entry,
+                tmp_path / "tree" / "small.bin",
+                tmp_path / "state",
+                limits=limits,
+                tuning=msgspec.structs.replace(TUNING, retry_delay_s=1.0),
+                progress=lambda _: None,
+                present=False,
+            )
+            done.set()
+
+        async def waiting_to_retry() -> bool:  # the cut was served and no slot is held
+            return "small.bin" not in fake.break_once and not limits.requests.borrowed_tokens
+
+        tg.start_soon(fetch)
+        await bus_testing.eventually(waiting_to_retry, interval_s=0.005)
+        # the slot is free while the retry waits: no second request for the file yet
+        assert sum(seen.path.endswith("/small.bin") for seen in fake.seen) == 1  # one resolve
+        assert not done.is_set()
+        limits.requests.acquire_nowait()  # another file's request takes it meanwhile
+        limits.requests.release()
+        with anyio.fail_after(10):
+            await done.wait()
+    assert (tmp_path / "tree" / "small.bin").read_bytes() == small

@@ -210,11 +210,15 @@ async def test_a_whole_pull_through_the_console_script_imports_no_service_stack(
 ) -> None:
     """Not only the module: the command as run, start to exit (the launcher, its flags and
     logging, the pull, the seal, the output), loads none of the service stacks, YAML, the
-    Kubernetes client or the metrics library, each of which would cost the one-shot's start."""
+    Kubernetes client or the metrics library, each of which would cost the one-shot's start;
+    nor the standard modules it needs only on other paths (``fractions`` for a quantity,
+    ``tempfile``/``shutil`` for a temporary file or a deleted tree, ``json`` for a JSON log
+    line), each several ms of a start-up that is most of a small pull."""
     rig.artifact("org/model", FILES)
     forbidden = (
         "yaml", "prometheus_client", "kubernetes_asyncio", "aiohttp", "yarl", "grpclib",
         "nats", "aiofiles", "bus.connection", "kit.serving", "controlplane",
+        "fractions", "tempfile", "shutil", "json",
     )  # fmt: skip
     code = (
         "import atexit, sys\n"
