@@ -299,4 +299,4 @@ def test_peer_sync_is_a_boolean_setting_that_reaches_the_store_spec() -> None:
         settingscatalog.check("model-store-peer-sync", "sometimes")
     values = settingscatalog.parse({"model-store-peer-sync": "false"})[0]
     assert storespec.from_settings(values)["download"]["peerSync"] is False
-    assert storespec.from_settings(settingscatalog.Values())["download"]["peerSync"] is True
+    assert storespec.from_settings(settingscatalog.DEFAULTS)["download"]["peerSync"] is True
