@@ -24,6 +24,7 @@ from controlplane.reconciling.nodestates import Ledger
 from controlplane.schema import crds
 from controlplane.stores import prefetches
 from controlplane.stores.modelstores import ModelStores
+from kit.latest import Latest
 
 pytestmark = pytest.mark.anyio
 
@@ -149,9 +150,9 @@ async def test_pins_reach_the_node_model_store_spec_the_agent_reads() -> None:
     written into the spec the node's agent reads, and gone with the prefetch."""
     ledger = Ledger()
     changed: list[str] = []
-    prefetcher = Prefetcher(ledger, on_pins=changed.append)
-    stores = ModelStores(lambda: DEFAULTS)
-    stores.pins = prefetcher.pins
+    pins: Latest[str, tuple[str, ...]] = Latest(())
+    prefetcher = Prefetcher(ledger, pins=pins, on_pins=changed.append)
+    stores = ModelStores(lambda: DEFAULTS, pins.get)
     async with fake_api() as (fake, url), open_client(KubeSettings(host=url)) as api:
         cluster(fake)
         fake.put_object(MPF, prefetch(retention={"ttlAfterLastUse": "72h"}))
