@@ -355,8 +355,9 @@ async def run(
             if worker.group is not None:
                 start_forever(tg, "worker-group", worker.group.run)
             tg.start_soon(heap.pace_collections, name="heap")  # see kit.heap: p99 at scale
-            if api is not None and settings.leader_election:
-                tg.start_soon(_elected, api, settings, lead, on_change, name="election")
+            if api is not None and settings.leader is not None:
+                tg.start_soon(_elected, api, settings.leader, settings.identity, lead, on_change,
+                              name="election")  # fmt: skip
             else:
                 on_change(True)
                 tg.start_soon(lead, name="leader")
@@ -416,11 +417,12 @@ def _start_chain(
 
 async def _elected(
     api: client.KubeClient,
-    settings: WorkerSettings,
+    leader: leading.LeaderSettings,
+    identity: str,
     lead: Callable[[], Awaitable[None]],
     on_change: Callable[[bool], None],
 ) -> None:
-    await leading.run_elected(api, settings.leader, settings.identity, lead, on_change=on_change)
+    await leading.run_elected(api, leader, identity, lead, on_change=on_change)
 
 
 async def _keep_settings(worker: Worker, settings: WorkerSettings) -> None:

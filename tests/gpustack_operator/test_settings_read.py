@@ -234,7 +234,6 @@ def _mirrors() -> list[tuple[tuple[str, ...], str, type, str]]:
     the table may not import them (``dm detect`` loads no service stack)."""
     from bus.settings import BusSettings
     from controlplane.k8s.client import KubeSettings
-    from controlplane.worker.leading import LeaderSettings
     from controlplane.worker.settings import WorkerSettings
     from kit.serving import HttpsSettings
 
@@ -244,9 +243,6 @@ def _mirrors() -> list[tuple[tuple[str, ...], str, type, str]]:
         (worker, "kube-conn-burst", KubeSettings, "burst"),
         (worker, "kube-conn-timeout", KubeSettings, "timeout_s"),
         (worker, "informer-cache-resync-period", KubeSettings, "relist_s"),
-        (worker, "kube-leader-election-id", LeaderSettings, "name"),
-        (worker, "kube-leader-lease", LeaderSettings, "lease_s"),
-        (worker, "kube-leader-renew-timeout", LeaderSettings, "renew_timeout_s"),
         (worker, "model-manager-service-account", WorkerSettings, "model_manager_service_account"),
         (worker, "nats-state-replicas", BusSettings, "state_replicas"),
         (worker, "nats-state-max-age", BusSettings, "state_max_age_s"),
@@ -285,6 +281,7 @@ def test_fields_a_builder_fills_from_a_flag_have_no_default_of_their_own() -> No
     from agent.deviceplugin.settings import DevicePluginSettings
     from agent.serve.settings import ServeSettings
     from controlplane.gateway.settings import GatewaySettings, Upstream
+    from controlplane.worker.leading import LeaderSettings
 
     plugin = {f.name: f.default for f in dataclasses.fields(DevicePluginSettings)}
     assert all(
@@ -294,10 +291,30 @@ def test_fields_a_builder_fills_from_a_flag_have_no_default_of_their_own() -> No
         ServeSettings: ("state_dir", "metrics_http_port", "metrics_names"),
         Upstream: ("port", "timeout_s", "qps", "burst"),
         GatewaySettings: ("readiness_timeout_s", "relist_s"),
+        LeaderSettings: ("name", "namespace", "lease_s", "renew_timeout_s"),
     }
     for struct, names in required.items():
         fields = {f.name: f for f in msgspec.structs.fields(struct)}
         assert all(fields[n].required for n in names), struct.__name__
+
+
+@pytest.mark.parametrize(
+    ("argv", "elects"), [([], True), (["--kube-leader-election=false"], False)]
+)
+def test_the_worker_elects_a_leader_with_the_flags_lease_unless_told_not_to(
+    argv: list[str], elects: bool, tmp_path: Path
+) -> None:
+    from controlplane.worker.settings import settings_from
+
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text("apiVersion: v1\nkind: Config\n")
+    env = {"KUBECONFIG": str(kubeconfig)}
+    leader = settings_from(options_for(("worker",), argv, env)).leader
+    if not elects:
+        assert leader is None
+        return
+    assert leader is not None
+    assert (leader.name, leader.lease_s, leader.renew_timeout_s) == ("worker.gpustack.ai", 15, 10)
 
 
 def test_one_flag_name_has_one_default_across_commands() -> None:

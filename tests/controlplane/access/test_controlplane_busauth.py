@@ -212,7 +212,7 @@ async def test_the_worker_serves_the_callout_and_ingests_what_agents_publish(
             bus=bus,
             kube=KubeSettings(host=url, backoff_s=0.01),
             https=HttpsSettings(bind_address="127.0.0.1", port=0),
-            leader=leading.LeaderSettings(name="w", namespace=NS, lease_s=1.0),
+            leader=leading.LeaderSettings(name="w", namespace=NS, lease_s=1.0, renew_timeout_s=0.6),
             bus_auth=msgspec.structs.replace(AUTH, issuer_seed_file=str(tmp_path / "issuer.nk")),
         )
         await tg.start(running.run, settings)
