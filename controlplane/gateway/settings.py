@@ -96,6 +96,7 @@ def settings_from(options: Options) -> GatewaySettings:
             qps=flags.kube_conn_qps,
             burst=flags.kube_conn_burst,
             timeout_s=kube_timeout,
+            relist_s=flags.informer_cache_resync_period,
         )
     mode = flags.worker_conn_mode
     if mode == "loopback" and kube is None:

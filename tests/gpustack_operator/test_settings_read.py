@@ -233,16 +233,11 @@ def _mirrors() -> list[tuple[tuple[str, ...], str, type, str]]:
     composing commands (``standalone``'s bus and worker) and most tests build without flags, and
     the table may not import them (``dm detect`` loads no service stack)."""
     from bus.settings import BusSettings
-    from controlplane.k8s.client import KubeSettings
     from controlplane.worker.settings import WorkerSettings
     from kit.serving import HttpsSettings
 
     worker = ("worker",)
     return [
-        (worker, "kube-conn-qps", KubeSettings, "qps"),
-        (worker, "kube-conn-burst", KubeSettings, "burst"),
-        (worker, "kube-conn-timeout", KubeSettings, "timeout_s"),
-        (worker, "informer-cache-resync-period", KubeSettings, "relist_s"),
         (worker, "model-manager-service-account", WorkerSettings, "model_manager_service_account"),
         (worker, "nats-state-replicas", BusSettings, "state_replicas"),
         (worker, "nats-state-max-age", BusSettings, "state_max_age_s"),
@@ -281,6 +276,7 @@ def test_fields_a_builder_fills_from_a_flag_have_no_default_of_their_own() -> No
     from agent.deviceplugin.settings import DevicePluginSettings
     from agent.serve.settings import ServeSettings
     from controlplane.gateway.settings import GatewaySettings, Upstream
+    from controlplane.k8s.client import KubeSettings
     from controlplane.worker.leading import LeaderSettings
 
     plugin = {f.name: f.default for f in dataclasses.fields(DevicePluginSettings)}
@@ -292,6 +288,7 @@ def test_fields_a_builder_fills_from_a_flag_have_no_default_of_their_own() -> No
         Upstream: ("port", "timeout_s", "qps", "burst"),
         GatewaySettings: ("readiness_timeout_s", "relist_s"),
         LeaderSettings: ("name", "namespace", "lease_s", "renew_timeout_s"),
+        KubeSettings: ("qps", "burst", "timeout_s", "relist_s"),
     }
     for struct, names in required.items():
         fields = {f.name: f for f in msgspec.structs.fields(struct)}

@@ -460,7 +460,7 @@ async def test_with_a_cluster_the_configurations_carry_the_ca_that_verifies_the_
     async with nats_server(tmp_path) as server, fake_api() as (fake, api_url):
         settings = running.WorkerSettings(
             concurrency=16,
-            bus=settings_for(server), kube=KubeSettings(host=api_url, backoff_s=0.01),
+            bus=settings_for(server), kube=KubeSettings.for_tests(api_url, backoff_s=0.01),
             https=HttpsSettings(bind_address="127.0.0.1", port=0, auth="none"),
             webhooks=hooks_settings,
         )  # fmt: skip

@@ -25,7 +25,7 @@ class Clock:
 
 
 async def test_a_cache_is_due_before_the_first_list_after_a_period_and_after_a_drop() -> None:
-    async with fake_api() as (_fake, url), open_client(KubeSettings(host=url)) as api:
+    async with fake_api() as (_fake, url), open_client(KubeSettings.for_tests(url)) as api:
         listed = Listed(api, SETTINGS, Clock())  # lists at 100.0
         assert listed.due(0.0, 60.0)
         await listed.refresh(SETTINGS)
@@ -36,7 +36,7 @@ async def test_a_cache_is_due_before_the_first_list_after_a_period_and_after_a_d
 
 async def test_kueue_absent_is_left_out_and_tried_again_only_after_the_backoff() -> None:
     clock = Clock()
-    async with fake_api() as (fake, url), open_client(KubeSettings(host=url)) as api:
+    async with fake_api() as (fake, url), open_client(KubeSettings.for_tests(url)) as api:
         fake.absent.add("apis/kueue.x-k8s.io")
         fake.put_object("api/v1/namespaces", {"metadata": {"name": "default"}})
         listed = Listed(api, SETTINGS, clock)
@@ -54,7 +54,7 @@ async def test_kueue_absent_is_left_out_and_tried_again_only_after_the_backoff()
 
 
 async def test_kueue_unmanaged_is_never_listed() -> None:
-    async with fake_api() as (fake, url), open_client(KubeSettings(host=url)) as api:
+    async with fake_api() as (fake, url), open_client(KubeSettings.for_tests(url)) as api:
         settings = ChainSettings(manage_kueue=False)
         listed = Listed(api, settings, Clock())
         assert set(await listed.refresh(settings)) == set(CHAIN_KINDS)
