@@ -226,16 +226,17 @@ def worker_child(args: argparse.Namespace) -> None:
 
     instrument(args.all_port)
 
+    flags = options_for(("worker",)).read_flags(WorkerFlags)
+    kube = KubeSettings(
+        host=args.api, qps=args.kube_qps, burst=args.kube_burst,
+        timeout_s=flags.kube_conn_timeout, relist_s=flags.informer_cache_resync_period,
+    )  # fmt: skip
     settings = running.WorkerSettings(
         # As the command runs it: --gopool-worker-factor (its default) reconciles per core.
-        concurrency=reconcile_concurrency(
-            options_for(("worker",)).read_flags(WorkerFlags).gopool_worker_factor
-        ),
+        concurrency=reconcile_concurrency(flags.gopool_worker_factor),
         # Short reconnect waits, but the default bound on a request, as the worker runs.
         bus=BusSettings.for_tests(args.url, request_timeout_s=BusSettings().request_timeout_s),
-        kube=KubeSettings(host=args.api, qps=args.kube_qps, burst=args.kube_burst)
-        if args.api
-        else None,
+        kube=kube if args.api else None,
         https=HttpsSettings(bind_address="127.0.0.1", port=args.port, auth="none"),
         resync_s=args.resync_s,
     )
@@ -677,7 +678,7 @@ async def chain_bench(args: argparse.Namespace) -> dict[str, Any]:
         names = node_names(args.n)
         for name in names:
             ledger.apply(events.DevicesEvent(node=name, groups=groups(name)))
-        settings = KubeSettings(host=f"http://127.0.0.1:{api_port}", qps=1e6, burst=1_000_000)
+        settings = KubeSettings.for_tests(f"http://127.0.0.1:{api_port}", qps=1e6, burst=1_000_000)
         observe = lambda verb, result: requests.update([verb])
         async with open_client(settings, observe=observe) as api, anyio.create_task_group() as tg:
             await _namespaces(api)

@@ -131,7 +131,7 @@ def settings_from(options: Options) -> StandaloneSettings:
     except endpoints.InvalidName as e:
         raise SettingsError(f"HF_ENDPOINT: {e}") from e
     worker = WorkerSettings(
-        bus=bus, kube=None, https=https(flags.worker_port), leader_election=False,
+        bus=bus, kube=None, https=https(flags.worker_port),
         hub_endpoint=hub_endpoint, concurrency=RECONCILES,
     )  # fmt: skip
     models = ModelManagerSettings(

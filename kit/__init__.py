@@ -9,6 +9,7 @@
 - :mod:`kit.values`: one parser per value type (settings, flags, webhooks);
 - :mod:`kit.files`: files a process keeps on its node, read bounded and written whole;
 - :mod:`kit.backoff`: the one capped exponential backoff schedule;
+- :mod:`kit.latest`: the latest decision per key, held for its readers, the changed keys told;
 - :mod:`kit.tasks`: long-lived named tasks that never end unnoticed;
 - :mod:`kit.heap`: pacing the garbage collector of a process with a large long-lived heap;
 - :mod:`kit.k8snames`: Kubernetes names generated within the API's limits;

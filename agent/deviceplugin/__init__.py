@@ -8,7 +8,8 @@ there, the seven others in :mod:`vendors`, their shared caps and HAMi-core in :m
 layer only does I/O: :mod:`server` serves one resource on its socket (its hot replies written to
 the wire by :mod:`encoding`, which also turns an injection into kubelet's message),
 :mod:`partitions` decides MIG profiles, placements and reclaim (pure) and :mod:`partitioning`
-creates and destroys the instances through NVML in worker threads, :mod:`registration` keeps every server registered with kubelet across kubelet restarts,
+creates and destroys the instances through NVML in worker threads (:mod:`instances` finds or
+creates the one a partitioned Allocate gets, after waiting for its claim), :mod:`registration` keeps every server registered with kubelet across kubelet restarts,
 :mod:`podresources` asks kubelet who holds which device, and :mod:`running` wires them into one
 async context manager, :func:`running.device_plugins`. :mod:`kvpending` follows the node's pending
 sliced and partitioned containers from the bus; :mod:`pending` picks the one an Allocate serves.

@@ -12,8 +12,8 @@ The node also drives the host side of an injection (:mod:`workdirs`): the per-al
 directories a sliced container mounts, and the small files a slicing runtime reads there, are
 created before Allocate answers and removed when the allocation is released, or at once when its
 Allocate is refused. Which pending container a grant serves is :class:`Claims`' table, changed
-only through its ``reserve``/``release``; a partitioned Allocate that must wait for its claim
-waits on :meth:`Claims.wait_for` (woken by a change, never polling). A driver step the injection
+only through its ``reserve``/``release``. A partitioned Allocate's MIG instance, and the wait for
+its claim, are :mod:`instances`' (the node only charges the holding once it exists). A driver step the injection
 needs (:class:`injection.DriverStep`) is performed through the control registered for its kind
 before the grant is charged; with none registered the grant is refused, naming the step, so a
 container never starts without the isolation its mode promises.
@@ -32,7 +32,6 @@ from agent.deviceplugin import (
     cdi,
     errors,
     mirroring,
-    partitioning,
     resources,
     responders,
     workdirs,
@@ -40,6 +39,7 @@ from agent.deviceplugin import (
 from agent.deviceplugin import holdings as ledger
 from agent.deviceplugin.claims import Claims, KubeletKey, PendingSource
 from agent.deviceplugin.injection import DriverStep, Injection
+from agent.deviceplugin.instances import MIG_MANUFACTURER, Instances
 from agent.deviceplugin.partitioning import Partitions
 from agent.deviceplugin.server import Key, ResourceServicer
 from agent.deviceplugin.settings import DevicePluginSettings
@@ -102,9 +102,13 @@ class Node:
         self._listener = links.listener
         self._publish = publish
         self._clock = clock
-        self.partitions = partitions
-        """Creates and reclaims MIG instances; None: partitioned grants name ``<GPU>:<MIG>``
-        indexes of instances made by someone else (no actuation)."""
+        self._instances = (
+            Instances(partitions, self.claims, wait_s=settings.pending_wait_s)
+            if partitions is not None
+            else None
+        )
+        """Finds or creates a partitioned grant's MIG instance (:mod:`instances`); None:
+        partitioned grants name ``<GPU>:<MIG>`` indexes of instances made by someone else."""
         self._retained: Sequence[events.AllocationEvent] | None = tuple(initial_allocations)
         self._cards: dict[str, resources.Card] = {}
         self._views: dict[str, allocation.View] = {}
@@ -189,7 +193,7 @@ class Node:
     ) -> tuple[resources.Mode, tuple[tuple[str, int], ...]] | None:
         """(mode, charges) of an allocation; a partitioned one is charged on the card its
         recorded instance lives on, not on its tokens' cards."""
-        record = self._record(resource, device_ids)
+        record = self._instances.recorded(resource, device_ids) if self._instances else None
         view = self._views.get(resource)
         card = self._cards.get(record.card_id) if record is not None else None
         if view is not None and card is not None:
@@ -197,20 +201,14 @@ class Node:
             return view.mode, holding.charges
         return allocation.resolve(self._views, resource, device_ids)
 
-    def _record(self, resource: str, device_ids: Sequence[str]) -> partitioning.Record | None:
-        if self.partitions is None or not device_ids:
-            return None
-        record = self.partitions.records.get(ledger.allocation_id(resource, device_ids))
-        return record if record and set(record.device_ids) == set(device_ids) else None
-
     def _apply(self, changes: Sequence[ledger.Change]) -> None:
         for change in changes:
             self._publish(change.event(self._settings.node_name))
             if change.action == "released":
                 self.claims.release(change.holding.allocation_id)
                 workdirs.remove(self._settings.host_work_dir, change.holding.allocation_id)
-                if self.partitions is not None and change.holding.mode == "partitioned":
-                    self.partitions.note_released(change.holding.allocation_id)
+                if self._instances is not None and change.holding.mode == "partitioned":
+                    self._instances.released(change.holding.allocation_id)
         if changes:
             self._refresh()
 
@@ -323,34 +321,14 @@ class Node:
                 self.claims.note_kubelet(containers)
 
     async def allocate_partitioned(self, key: Key, device_ids: Sequence[str]) -> Injection:
-        """Give the container its own MIG instance: reuse the one recorded for this allocation
-        (a kubelet retry, or an allocation adopted after a restart), else create one. The ledger
-        is charged only once the instance and its record exist, so a failure changes nothing.
+        """Give the container its own MIG instance (:meth:`Instances.get`: the one recorded for
+        this allocation, else a new one). The ledger is charged only once the instance and its
+        record exist, so a failure changes nothing.
         """
-        if self.partitions is None or key[0] != "nvidia":  # MIG control is NVML's
+        if self._instances is None or key[0] != MIG_MANUFACTURER:
             return self.allocate(key, device_ids)
         view = self._view(key)
-        allocation.partition_request(view, device_ids)
-        alloc = ledger.allocation_id(view.resource, device_ids)
-        record = self._record(view.resource, device_ids)
-        request = self.claims.reserved(alloc)
-        if record is None:
-            if self.partitions.pending(alloc):
-                raise errors.Conflict(f"the instance of {alloc} is being created; retry")
-            request = await self._partition_claim(view, device_ids)
-            self.claims.reserve(alloc, request)  # reserved now: creating the instance awaits
-            cards = [
-                c
-                for c in self._cards.values()
-                if c.manufacturer == key[0] and c.partition_count > 0
-            ]
-            try:
-                record = await self.partitions.create(
-                    alloc, view.resource, device_ids, cards, profile=request.profile
-                )
-            except BaseException:
-                self.claims.release(alloc)
-                raise
+        record, request = await self._instances.get(view, device_ids, self._cards)
         card = self._cards.get(record.card_id)
         if card is not None and self.ledger.holder(view.resource, device_ids) is None:
             holding = allocation.partition_holding(
@@ -358,7 +336,7 @@ class Node:
             )
             holding = replace(holding, profile=record.profile_name, partition_id=record.mig_uuid)
             if request is not None:
-                self.claims.reserve(alloc, request)
+                self.claims.reserve(ledger.allocation_id(view.resource, device_ids), request)
             self._apply(self.ledger.charge(holding))
         self._allocated()
         return Injection(envs={"NVIDIA_VISIBLE_DEVICES": record.mig_uuid})
@@ -376,32 +354,6 @@ class Node:
                     "driver control for"
                 )
             control(step)
-
-    async def _partition_claim(
-        self, view: allocation.View, device_ids: Sequence[str]
-    ) -> PendingContainer:
-        """The pending container a new partitioned Allocate serves, and so its profile.
-
-        The worker publishes a Pod's claim within a second or so of its binding, which may be
-        after kubelet's Allocate: wait up to ``pending_wait_s`` for it (:meth:`Claims.wait_for`:
-        woken by each new pending list; a cancelled wait reserves nothing).
-
-        :raises errors.Conflict: no pending container asks for this, or it names no profile
-            (kubelet shows the Pod ``UnexpectedAdmissionError``; never a guessed profile).
-        """
-        wait_s = self._settings.pending_wait_s
-        request = await self.claims.wait_for(view.resource, len(device_ids), wait_s)
-        if request is None:
-            raise errors.Conflict(
-                f"no pending container on this node asks for {len(device_ids)} "
-                f"{view.resource}; its partition profile is unknown"
-            )
-        if not request.profile:
-            raise errors.Conflict(
-                f"{request.namespace}/{request.pod} container {request.container} names no "
-                f"partition profile ({view.resource}.<kind>-<profile>: 1)"
-            )
-        return request
 
     def held_partitions(self) -> set[str]:
         return {h.allocation_id for h in self.ledger.holdings() if h.mode == "partitioned"}

@@ -16,9 +16,11 @@ class DevicePluginSettings:
     """Path of ``kubelet.sock``; our sockets live in its directory as ``<mfr>.<mode>.sock``."""
     node_name: str
     """The Kubernetes node name, stamped on every published allocation event."""
-    no_shared: bool = False
-    no_sliced: bool = False
-    no_partitioned: bool = False
+    no_shared: bool
+    no_sliced: bool
+    no_partitioned: bool
+    """``--no-shared``/``--no-sliced``/``--no-partitioned``: no default here, the command table's
+    is the one (the builder, or a test's :meth:`for_tests`, says each)."""
     host_lib_dir: str = "/var/lib/gpustack/operator/lib"
     """Host directory holding the preload libraries sliced containers get mounted."""
     host_work_dir: str = "/var/lib/gpustack/operator/pods"
@@ -64,11 +66,14 @@ class DevicePluginSettings:
 
     @classmethod
     def for_tests(cls, directory: str, **kw: Any) -> DevicePluginSettings:
-        """Settings for a fake kubelet in ``directory``: short retries, no pod-resources, work
-        directories under ``directory``."""
+        """Settings for a fake kubelet in ``directory``: every mode served, short retries, no
+        pod-resources, work directories under ``directory``."""
         base = cls(
             kube_socket=os.path.join(directory, "kubelet.sock"),
             node_name="test-node",
+            no_shared=False,
+            no_sliced=False,
+            no_partitioned=False,
             pod_resources_socket=None,
             host_work_dir=os.path.join(directory, "pods"),
             register_retry_s=0.1,

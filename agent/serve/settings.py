@@ -44,12 +44,12 @@ class ServeSettings(msgspec.Struct, frozen=True, kw_only=True):
     """Seconds a card down for a transient reason stays Unhealthy before it is re-checked."""
     xid_wait_s: float = 1.0
     """Seconds one NVML event wait may block a worker thread (bounds shutdown, not latency)."""
-    state_dir: str = "/var/lib/gpustack/device-manager"
+    state_dir: str
     """The node's own state (``--state-dir``): the ledger kept for a start without the bus."""
-    metrics_http_port: int = 0
+    metrics_http_port: int
     """``--metrics-port``: also serve ``/metrics`` over plain HTTP, with no token, on this port
     of the HTTPS endpoint's address (as DCGM exporter does on 9400); 0: not at all."""
-    metrics_names: str = "gpustack"
+    metrics_names: str
     """``--metrics-names``: ``gpustack``, ``dcgm`` or ``both`` (:data:`agent.serve.metrics.NAMINGS`)."""
 
     @property
@@ -67,7 +67,8 @@ class ServeSettings(msgspec.Struct, frozen=True, kw_only=True):
     def for_tests(
         cls, directory: str, *, bus: BusSettings, simulate: str = "nvidia-h200x8", **kw: object
     ) -> ServeSettings:
-        """Short periods, a fake kubelet in ``directory``, HTTPS on a free loopback port."""
+        """Short periods, a fake kubelet in ``directory``, HTTPS on a free loopback port, no
+        plain-HTTP metrics, this operator's metric names."""
         base = cls(
             node_name="test-node",
             version="0.0.0-test",
@@ -85,6 +86,8 @@ class ServeSettings(msgspec.Struct, frozen=True, kw_only=True):
             health_quarantine_s=0.5,
             xid_wait_s=0.05,
             state_dir=os.path.join(directory, "device-manager"),
+            metrics_http_port=0,
+            metrics_names="gpustack",
         )
         return msgspec.structs.replace(base, **kw)
 

@@ -2,7 +2,8 @@
 labels and the ``gpustack-node-devices`` admission check (docs/scheduling.md).
 
 - I/O: :mod:`.checking` (the admission check controller), :mod:`.workloads` (the Workload
-  fit-pin webhook), :mod:`.reconciler` (the state between passes and the listing),
+  fit-pin webhook), :mod:`.reconciler` (the loop and the state between passes), :mod:`.listing` (what
+  it last listed, when to list again, the wait for Kueue's CRDs),
   :mod:`.converging` (the writes, planned by :func:`controlplane.reconciling.planning.plan` and
   performed by the one executor :mod:`controlplane.reconciling.applying`);
 - pure decisions: :mod:`.fit` (does work fit a node's cards), :mod:`.kueue` (the desired chain),

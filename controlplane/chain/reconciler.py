@@ -26,8 +26,9 @@ listed again, after an API error. Its own label patches' answers go into the inf
 - a node is looked at again when its Node or its ledger state changed, and every node at least
   every ``period_s``; a pass whose nodes' signatures all compare equal plans nothing.
 
-The class keeps only the state between passes (cache, dirty nodes, the Kueue wait) and the I/O;
-its decisions are pure: node labels in :mod:`~controlplane.chain.nodelabels`, the pass's plan,
+The class keeps only the loop and the state between passes (dirty nodes, what each node gave,
+the last plan); what was listed, when to list again and the Kueue wait are
+:mod:`~controlplane.chain.listing`'s; its decisions are pure: node labels in :mod:`~controlplane.chain.nodelabels`, the pass's plan,
 statuses and activation in :mod:`~controlplane.chain.deciding`. Other components read its results
 through read-only accessors (:attr:`ChainReconciler.nodes`, :attr:`~ChainReconciler.flavor_nodes`,
 :meth:`~ChainReconciler.entrance`) and change its settings only through :meth:`retune`.
@@ -47,8 +48,9 @@ import anyio.lowlevel
 from bus import events
 from controlplane import errors
 from controlplane.chain import converging, deciding, naming, nodelabels
-from controlplane.chain.deciding import Cache, KueueWait, PassPlan
+from controlplane.chain.deciding import PassPlan
 from controlplane.chain.inventory import NodeFacts, facts_of
+from controlplane.chain.listing import Listed
 from controlplane.chain.settings import ChainSettings
 from controlplane.k8s.client import KubeClient
 from controlplane.k8s.informing import Informer
@@ -79,7 +81,6 @@ class ChainReconciler:
         clock: Callable[[], float] = time.monotonic,
         wallclock: Callable[[], datetime] = events.now,
     ) -> None:
-        self._api = api
         self._sink = KubeSink(api)
         self._ledger = ledger
         self._nodes = nodes
@@ -92,9 +93,8 @@ class ChainReconciler:
         self._metrics = metrics
         self._clock = clock
         self._wallclock = wallclock
-        self._cache: Cache | None = None
-        self._listed_at = float("-inf")
-        self._kueue = KueueWait.of(settings)
+        self._listed = Listed(api, settings, clock)
+        """The cache of the chain's objects and the wait for Kueue (:mod:`.listing`)."""
         self._last: PassPlan | None = None
         """The last pass's plan (what the accessors answer from)."""
         self._replan = False
@@ -113,7 +113,7 @@ class ChainReconciler:
     @property
     def kueue_present(self) -> bool:
         """Kueue's CRDs answered the last list."""
-        return self._kueue.present
+        return self._listed.kueue_present
 
     @property
     def nodes(self) -> Mapping[str, NodeFacts]:
@@ -146,17 +146,11 @@ class ChainReconciler:
                 log.warning(
                     "scheduling chain: %s; listing again in %.1fs", e, self._settings.retry_s
                 )
-                self._cache = None
+                self._listed.drop()
                 self._seen.clear()
                 await anyio.sleep(self._settings.retry_s)
                 continue
             await anyio.sleep(self._settings.fit_coalesce_s)
-
-    def instance_type_objects(self) -> list[dict[str, Any]]:
-        """The InstanceType objects as last listed or written (empty before the first list)."""
-        if self._cache is None:
-            return []
-        return list(self._cache[naming.INSTANCETYPES].values())
 
     async def reconcile(self) -> None:
         """One pass: list when due, look at the dirty nodes (every node on a full pass), plan
@@ -169,8 +163,8 @@ class ChainReconciler:
         started = self._clock()
         changed, self._replan = self._replan, False
         full = self._nodes.lists != self._lists_seen
-        if self._cache is None or started - self._listed_at >= self._settings.period_s:
-            await self._list()
+        if self._listed.due(started, self._settings.period_s):
+            await self._listed.refresh(self._settings)
             changed = full = True
         self._lists_seen = self._nodes.lists
         changed = await self._look_at_nodes(full) or changed
@@ -181,8 +175,8 @@ class ChainReconciler:
 
     async def _converge(self) -> None:
         """Plan from the managed nodes and the cache, then write what differs."""
-        cache = self._cache
-        assert cache is not None
+        cache = self._listed.cache
+        assert cache is not None  # listed first by the same pass, or by an earlier one
         managed = [
             facts
             for name in self._nodes.objects
@@ -193,7 +187,9 @@ class ChainReconciler:
         now = self._wallclock().strftime("%Y-%m-%dT%H:%M:%SZ")
         await converging.converge_instance_types(self._sink, plan, cache, now)
         await converging.converge_set(self._sink, naming.INSTANCETYPEFLAVORS, plan.catalog, cache)
-        if self._kueue.present and await converging.converge_kueue(self._sink, plan, cache, now):
+        if self._listed.kueue_present and await converging.converge_kueue(
+            self._sink, plan, cache, now
+        ):
             self._replan = True  # the queues list the check once it is Active
 
     async def _look_at_nodes(self, full: bool) -> bool:
@@ -213,42 +209,6 @@ class ChainReconciler:
             if body is not None and await self._label_node(body):
                 changed = True
         return changed
-
-    async def _list(self) -> None:
-        cache: Cache = {}
-        for resource in (
-            naming.NAMESPACES,
-            naming.INSTANCETYPES,
-            naming.INSTANCETYPEFLAVORS,
-        ):
-            cache[resource] = {
-                deciding.ref_of(resource, b): b for b in await self._api.list(resource)
-            }
-        if self._settings.manage_kueue and self._kueue.due(self._clock()):
-            await self._list_kueue(cache)
-        elif self._kueue.present and self._cache is not None:
-            for resource in naming.KUEUE_KINDS:
-                cache[resource] = self._cache.get(resource, {})
-        self._cache = cache
-        self._listed_at = self._clock()
-
-    async def _list_kueue(self, cache: Cache) -> None:
-        try:
-            for resource in naming.KUEUE_KINDS:
-                cache[resource] = {
-                    deciding.ref_of(resource, b): b for b in await self._api.list(resource)
-                }
-        except errors.NotFound:
-            wait = self._kueue.missed(self._clock())
-            log.warning(
-                "Kueue's CRDs (%s/%s) are not installed: the Kueue objects wait; trying "
-                "again in %.0fs", naming.KUEUE_GROUP, naming.KUEUE_VERSION, wait,
-            )  # fmt: skip
-            for resource in naming.KUEUE_KINDS:
-                cache.pop(resource, None)
-            return
-        if self._kueue.found():
-            log.info("Kueue's CRDs are installed: managing the Kueue objects")
 
     def _signature(self, body: Mapping[str, Any]) -> tuple[Any, ...]:
         return nodelabels.signature(

@@ -36,6 +36,7 @@ from controlplane.resources import (
     Resource,
 )
 from controlplane.stores import bindings
+from kit.latest import Latest
 
 __all__ = ["BindingMeter", "list_or_none", "node_labels", "without_times"]
 
@@ -62,16 +63,24 @@ async def node_labels(api: KubeClient, nodes: Informer | None) -> dict[str, Mapp
 class BindingMeter:
     """The bindings' usage as last counted, and the quotas the agents get."""
 
-    def __init__(self, ledger: Ledger, on_quotas: Callable[[str], None] = lambda _ns: None):
+    def __init__(
+        self,
+        ledger: Ledger,
+        *,
+        quotas: Latest[str, Quotas] | None = None,
+        on_quotas: Callable[[str], None] = lambda _ns: None,
+    ) -> None:
+        """``quotas`` is where the decided quotas go (made first, its ``get`` given to the
+        artifact reconciler); ``on_quotas`` is told each namespace whose quotas changed."""
         self._ledger = ledger
         self._on_quotas = on_quotas
-        self._quotas: dict[str, Quotas] = {}
+        self._quotas: Latest[str, Quotas] = quotas if quotas is not None else Latest(())
         self.bindings: list[dict[str, Any]] = []
         """The bindings as last listed (the prefetch reconciler reads ``allowPinned``)."""
 
     def quotas(self, namespace: str) -> Quotas:
         """What the artifact records of ``namespace`` carry (empty: no binding there)."""
-        return self._quotas.get(namespace, ())
+        return self._quotas.get(namespace)
 
     def models(self) -> dict[str, tuple[events.ModelState, ...] | None]:
         return {n: s.models for n in self._ledger.nodes() if (s := self._ledger.get(n))}
@@ -104,11 +113,7 @@ class BindingMeter:
         self._hand_on(bindings.quotas(found, usage))
 
     def _hand_on(self, fresh: dict[str, Quotas]) -> None:
-        changed = {
-            ns for ns in fresh.keys() | self._quotas.keys() if fresh.get(ns) != self._quotas.get(ns)
-        }
-        self._quotas = fresh
-        for ns in sorted(changed):
+        for ns in self._quotas.replace(fresh):
             self._on_quotas(ns)
 
     async def run(self, api: KubeClient, period_s: float, nodes: Informer | None) -> None:

@@ -36,6 +36,7 @@ from controlplane.resources import (
     Ref,
 )
 from controlplane.stores import bindings, prefetches
+from kit.latest import Latest
 
 __all__ = ["Prefetcher"]
 
@@ -57,17 +58,20 @@ class Prefetcher:
         self,
         ledger: Ledger,
         *,
+        pins: Latest[str, tuple[str, ...]] | None = None,
         image: Callable[[], str] = lambda: DEFAULT_IMAGE,
         on_pins: Callable[[str], None] = lambda _node: None,
     ) -> None:
+        """``pins`` is where the decided pins go (made first, its ``get`` given to the
+        ModelStores); ``on_pins`` is told each node whose pins changed."""
         self._ledger = ledger
         self._image = image
         self._on_pins = on_pins
-        self._pins: dict[str, tuple[str, ...]] = {}
+        self._pins: Latest[str, tuple[str, ...]] = pins if pins is not None else Latest(())
 
     def pins(self, node: str) -> tuple[str, ...]:
         """The digests prefetches pin on ``node`` (sorted; empty: none)."""
-        return self._pins.get(node, ())
+        return self._pins.get(node)
 
     async def refresh(self, api: KubeClient, nodes: Informer | None = None) -> None:
         """Decide every prefetch and apply the plans (see the module's docstring)."""
@@ -137,9 +141,7 @@ class Prefetcher:
             await api.patch(ref, {"status": plan.status}, subresource="status")
 
     def _hand_on(self, fresh: dict[str, tuple[str, ...]]) -> None:
-        changed = {n for n in fresh.keys() | self._pins.keys() if fresh.get(n) != self._pins.get(n)}
-        self._pins = fresh
-        for node in sorted(changed):
+        for node in self._pins.replace(fresh):
             self._on_pins(node)
 
     async def run(self, api: KubeClient, period_s: float, nodes: Informer | None) -> None:

@@ -34,12 +34,14 @@ class Upstream(msgspec.Struct, frozen=True, kw_only=True):
 
     mode: Mode
     scheme: str = "http"
-    port: int = 30080
+    port: int
     kube: client.KubeSettings | None = None
     """Loopback: the cluster every subscription reads."""
-    timeout_s: float = 300.0
-    qps: float = 200.0
-    burst: int = 400
+    timeout_s: float
+    qps: float
+    burst: int
+    """``port``, ``timeout_s``, ``qps`` and ``burst`` have no default here: the command
+    table's (``--worker-conn-gpustack-api-port``, ``--kube-conn-*``) is the one."""
 
     def base_url(self, cluster: str) -> str:
         """The proxy prefix every Kubernetes path of ``cluster`` goes under (gpustack-api)."""
@@ -53,11 +55,12 @@ class GatewaySettings(msgspec.Struct, frozen=True, kw_only=True):
     https: HttpsSettings
     kube: client.KubeSettings | None
     """The API that reviews tokens on the HTTPS port; None: none."""
-    readiness_timeout_s: float = 30.0
+    readiness_timeout_s: float
+    """``--worker-readiness-check-timeout`` (its default is the command table's)."""
     readiness_poll_s: float = 2.0
     backoff_s: tuple[float, float] = (5.0, 60.0)
     """First and largest pause between readiness checks that failed."""
-    relist_s: float = 3600.0
+    relist_s: float
     """A subscribed kind is listed again this often (``--informer-cache-resync-period``)."""
 
 
@@ -93,6 +96,7 @@ def settings_from(options: Options) -> GatewaySettings:
             qps=flags.kube_conn_qps,
             burst=flags.kube_conn_burst,
             timeout_s=kube_timeout,
+            relist_s=flags.informer_cache_resync_period,
         )
     mode = flags.worker_conn_mode
     if mode == "loopback" and kube is None:

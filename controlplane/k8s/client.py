@@ -89,15 +89,26 @@ class KubeSettings(msgspec.Struct, frozen=True, kw_only=True):
 
     host: str | None = None
     kubeconfig: str | None = None
-    qps: float = 200.0
-    burst: int = 400
-    timeout_s: float = 300.0
+    qps: float
+    """``--kube-conn-qps`` (this and the next three have no default here: the command table's
+    is the one; tests say theirs through :meth:`for_tests`)."""
+    burst: int
+    """``--kube-conn-burst``."""
+    timeout_s: float
+    """``--kube-conn-timeout``: the bound on one request."""
     max_retries: int = 5
     backoff_s: float = 0.2
     max_backoff_s: float = 5.0
-    relist_s: float = 3600.0
+    relist_s: float
     """``--informer-cache-resync-period``: a watch resumed this long after the last full list of
     its collection starts over with a full list instead (0: never)."""
+
+    @classmethod
+    def for_tests(cls, host: str | None = None, **kw: Any) -> KubeSettings:
+        """A client of a test's API server at ``host``: never throttled by its own rate limit,
+        a hung request failing within a minute, no relist during a test."""
+        base = cls(host=host, qps=1000.0, burst=2000, timeout_s=60.0, relist_s=3600.0)
+        return msgspec.structs.replace(base, **kw)
 
     @property
     def backoff(self) -> Backoff:

@@ -19,8 +19,9 @@ import base64
 import binascii
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from contextlib import aclosing
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Final
 
@@ -42,7 +43,7 @@ from controlplane.reconciling.queueing import AsyncKeyQueue
 from controlplane.reconciling.sinks import Sink
 from controlplane.resources import MODELARTIFACTS, SECRETS, Observed, Ref
 
-__all__ = ["ArtifactReconciler"]
+__all__ = ["ArtifactReconciler", "Inputs"]
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +53,19 @@ MAX_KEYS: Final = 20_000
 TOKEN_KEY: Final = "token"
 
 
+@dataclass(frozen=True)
+class Inputs:
+    """What the reconciler reads from the worker's other parts, asked each time it needs them
+    (given at construction: the meter and the settings are made beside it, not wired later)."""
+
+    quotas: Callable[[str], tuple[records.BindingQuota, ...]] = lambda _ns: ()
+    """A namespace's ModelStoreBinding quotas, carried in its records (the meter's latest)."""
+    revalidate_s: Callable[[], float] = lambda: 86400.0
+    """``model-artifact-revalidate-interval`` as the settings hold it now."""
+    clock: Callable[[], float] = time.monotonic
+    """What times a reconcile (the metrics' durations)."""
+
+
 class ArtifactReconciler:
     """Owns the artifact queue, the retry timers and what was pushed to the agents."""
 
@@ -59,31 +73,27 @@ class ArtifactReconciler:
         self,
         *,
         sink: Sink,
-        resolver: Resolver,
+        resolvers: Mapping[str, Resolver],
         ledger: Ledger,
         metrics: WorkerMetrics,
         agents: kv.Bucket | None = None,
         retry_base_s: float = 1.0,
         retry_cap_s: float = 300.0,
-        clock: Callable[[], float] = time.monotonic,
+        inputs: Inputs = Inputs(),
     ) -> None:
-        self.quotas: Callable[[str], tuple[records.BindingQuota, ...]] = lambda _ns: ()
-        """The namespace's ModelStoreBinding quotas, carried in its records (the meter's)."""
-        self.revalidate_s: Callable[[], float] = lambda: 86400.0
-        """``model-artifact-revalidate-interval`` (the settings' current value)."""
+        self.inputs = inputs
         self.recheck_s = revalidating.RECHECK_S
         self._strikes: dict[Key, str] = {}
         self._outcomes: dict[Key, revalidating.Outcome] = {}
         self._recheck: set[Key] = set()
         self._sink = sink
-        self.resolvers: dict[str, Resolver] = {"huggingface": resolver}
-        """Hub kind -> its resolver; ``modelscope`` is added by the assembly (absent: an
-        artifact of that hub stays unresolved, SourceUnavailable)."""
+        self.resolvers = dict(resolvers)
+        """Hub kind (:mod:`hub.kinds`) -> its resolver (absent: an artifact of that hub stays
+        unresolved, SourceUnavailable)."""
         self._ledger = ledger
         self._metrics = metrics
         self._agents = agents
         self._base_s, self._cap_s = retry_base_s, retry_cap_s
-        self._clock = clock
         self.queue: AsyncKeyQueue[Key] = AsyncKeyQueue(MAX_KEYS)
         self._attempts: dict[Key, int] = {}
         self._failures: dict[Key, Failure] = {}
@@ -136,7 +146,7 @@ class ArtifactReconciler:
                 self.queue.done(key)
 
     async def reconcile(self, key: Key) -> None:
-        started = self._clock()
+        started = self.inputs.clock()
         ref = Ref(resource=MODELARTIFACTS, name=key[1], namespace=key[0])
         observed = await self._sink.get(ref)
         if observed is None:
@@ -151,9 +161,9 @@ class ArtifactReconciler:
         outcome = self._outcomes.get(key)
         if outcome is not None and outcome.passed:
             self._outcomes[key] = msgspec.structs.replace(outcome, passed=False)
-        await self._push(key, artifacts.record(written, spec, self.quotas(key[0])))
+        await self._push(key, artifacts.record(written, spec, self.inputs.quotas(key[0])))
         self._metrics.reconcile_seconds.labels(kind="modelartifact").observe(
-            self._clock() - started
+            self.inputs.clock() - started
         )
 
     async def _attempt(
@@ -228,7 +238,7 @@ class ArtifactReconciler:
         unsettled = revalidating.revoked(conditions, pinned) or any(
             c.get("type") == "Degraded" and c.get("status") == "True" for c in conditions
         )
-        due = revalidating.due(pinned, datetime.now(UTC), self.revalidate_s())
+        due = revalidating.due(pinned, datetime.now(UTC), self.inputs.revalidate_s())
         last = self._outcomes.get(key)
         if key in self._waiting or not (due or key in self._recheck or (unsettled and not last)):
             return last.failure if last else None

@@ -34,17 +34,21 @@ log = logging.getLogger(__name__)
 class ModelStores:
     """The stores as last listed (none without a cluster)."""
 
-    def __init__(self, values: Callable[[], Values]) -> None:
+    def __init__(
+        self,
+        values: Callable[[], Values],
+        pins: Callable[[str], tuple[str, ...]] = lambda _node: (),
+    ) -> None:
+        """``pins``: the digests ModelPrefetches pin on a node (the prefetcher's latest)."""
         self._values = values
+        self._pins = pins
         self.stores: list[dict[str, Any]] = []
-        self.pins: Callable[[str], tuple[str, ...]] = lambda _node: ()
-        """The digests ModelPrefetches pin on a node (the prefetcher's)."""
 
     def spec_for(self, labels: Mapping[str, str], node: str = "") -> dict[str, Any]:
         """The desired NodeModelStore spec of ``node`` with ``labels`` (its pins included)."""
         spec = storespec.from_settings(self._values())
         spec = storespec.with_store(spec, storespec.winner(self.stores, labels))
-        pinned = self.pins(node) if node else ()
+        pinned = self._pins(node) if node else ()
         if pinned:
             spec["pinned"] = list(pinned)
         return spec

@@ -32,10 +32,13 @@ Decision = Literal["create", "renew", "take", "follow"]
 
 
 class LeaderSettings(msgspec.Struct, frozen=True, kw_only=True):
-    name: str = "worker.gpustack.ai"
-    namespace: str = "gpustack-system"
-    lease_s: float = 15.0
-    renew_timeout_s: float = 10.0
+    """The election's Lease: every field from a flag (``--kube-leader-*``, ``--namespace``),
+    whose default is the command table's, so none is repeated here."""
+
+    name: str
+    namespace: str
+    lease_s: float
+    renew_timeout_s: float
 
     @property
     def retry_s(self) -> float:

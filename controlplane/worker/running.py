@@ -42,7 +42,7 @@ from controlplane.chain.reconciler import ChainReconciler
 from controlplane.chain.settings import ChainSettings
 from controlplane.clustersettings import catalog as settingscatalog
 from controlplane.clustersettings.source import KvBackend, SecretBackend, SettingsSource
-from controlplane.delivery.metering import BindingMeter
+from controlplane.delivery.metering import BindingMeter, Quotas
 from controlplane.delivery.prefetching import Prefetcher
 from controlplane.extension import registration
 from controlplane.extension.workergroup import group as workergroup
@@ -51,7 +51,7 @@ from controlplane.k8s.informing import Informer
 from controlplane.metrics import WorkerMetrics
 from controlplane.reconciling import hubresolver
 from controlplane.reconciling.annotating import PodAnnotator
-from controlplane.reconciling.artifacting import ArtifactReconciler
+from controlplane.reconciling.artifacting import ArtifactReconciler, Inputs
 from controlplane.reconciling.hubresolver import Resolver
 from controlplane.reconciling.nodes import NodeReconciler
 from controlplane.reconciling.nodestates import Ledger
@@ -66,6 +66,7 @@ from controlplane.worker import endpoint, leading
 from controlplane.worker.settings import WorkerSettings
 from kit import heap
 from kit.backoff import Backoff
+from kit.latest import Latest
 from kit.tasks import start_forever
 
 __all__ = ["Worker", "WorkerSettings", "run"]
@@ -112,10 +113,13 @@ async def _sink(
 
 
 async def _settings_source(
-    settings: WorkerSettings, conn: connection.Connection, api: client.KubeClient | None
+    settings: WorkerSettings,
+    conn: connection.Connection,
+    api: client.KubeClient | None,
+    pins: Latest[str, tuple[str, ...]],
 ) -> tuple[SettingsSource, ModelStores]:
     """The Settings, seeded or backfilled (every replica): the Secret, else the bus KV; and the
-    ModelStores, which make the NodeModelStore specs from them."""
+    ModelStores, which make the NodeModelStore specs from them and the prefetches' ``pins``."""
     if api is None:
         bucket = await kv.open_bucket(conn, kv.LEDGER_BUCKET, replicas=settings.bus.state_replicas)
         backend: KvBackend | SecretBackend = KvBackend(bucket, settings.namespace)
@@ -123,7 +127,7 @@ async def _settings_source(
         backend = SecretBackend(api, settings.namespace)
     source = SettingsSource(backend, settings.settings_seed, period_s=settings.settings_period_s)
     await source.prepare()
-    return source, ModelStores(lambda: source.values)
+    return source, ModelStores(lambda: source.values, pins.get)
 
 
 async def _bootstrap(settings: WorkerSettings) -> WorkerSettings:
@@ -209,21 +213,25 @@ async def _assemble(
     await stack.enter_async_context(_callout(settings, conn, api, verify))
     if resolver is None:
         resolver = await stack.enter_async_context(hubresolver.hub_resolver(settings.hub_endpoint))
-    source, stores = await _settings_source(settings, conn, api)
+    pins: Latest[str, tuple[str, ...]] = Latest(())  # the prefetcher's, read by the stores
+    quotas: Latest[str, Quotas] = Latest(())  # the meter's, read by the artifact reconciler
+    source, stores = await _settings_source(settings, conn, api, pins)
     ledger = Ledger(max_nodes=settings.max_nodes)
     reconciler = NodeReconciler(
         ledger=ledger, sink=sink, metrics=metrics, agents=agents, store_specs=stores
     )
-    artifacts = ArtifactReconciler(
-        sink=sink, resolver=resolver, ledger=ledger, metrics=metrics, agents=agents,
-        retry_base_s=settings.artifact_retry_base_s, retry_cap_s=settings.artifact_retry_cap_s,
-    )  # fmt: skip
-    meter = BindingMeter(ledger, on_quotas=artifacts.quotas_changed)
-    artifacts.quotas = meter.quotas
-    artifacts.revalidate_s = lambda: source.values.model_artifact_revalidate_interval
-    artifacts.resolvers["modelscope"] = await stack.enter_async_context(
+    modelscope = await stack.enter_async_context(
         hubresolver.modelscope_resolver(lambda: source.values.model_artifact_modelscope_endpoint)
     )
+    artifacts = ArtifactReconciler(
+        sink=sink, resolvers={"huggingface": resolver, "modelscope": modelscope}, ledger=ledger,
+        metrics=metrics, agents=agents,
+        retry_base_s=settings.artifact_retry_base_s, retry_cap_s=settings.artifact_retry_cap_s,
+        inputs=Inputs(
+            quotas=quotas.get, revalidate_s=lambda: source.values.model_artifact_revalidate_interval
+        ),
+    )  # fmt: skip
+    meter = BindingMeter(ledger, quotas=quotas, on_quotas=artifacts.quotas_changed)
     annotator = PodAnnotator(ledger)
     eventer = PodEventer()
     nodes = None
@@ -240,10 +248,9 @@ async def _assemble(
     if nodes is not None:
         nodes.listen(processor.node_changed)
     prefetcher = Prefetcher(
-        ledger, image=lambda: source.values.model_prefetch_warmup_image,
+        ledger, pins=pins, image=lambda: source.values.model_prefetch_warmup_image,
         on_pins=processor.refresh_node,
     )  # fmt: skip
-    stores.pins = prefetcher.pins
     sub = await stack.enter_async_context(
         subscribing.subscribe(
             conn,
@@ -352,8 +359,9 @@ async def run(
             if worker.group is not None:
                 start_forever(tg, "worker-group", worker.group.run)
             tg.start_soon(heap.pace_collections, name="heap")  # see kit.heap: p99 at scale
-            if api is not None and settings.leader_election:
-                tg.start_soon(_elected, api, settings, lead, on_change, name="election")
+            if api is not None and settings.leader is not None:
+                tg.start_soon(_elected, api, settings.leader, settings.identity, lead, on_change,
+                              name="election")  # fmt: skip
             else:
                 on_change(True)
                 tg.start_soon(lead, name="leader")
@@ -413,11 +421,12 @@ def _start_chain(
 
 async def _elected(
     api: client.KubeClient,
-    settings: WorkerSettings,
+    leader: leading.LeaderSettings,
+    identity: str,
     lead: Callable[[], Awaitable[None]],
     on_change: Callable[[bool], None],
 ) -> None:
-    await leading.run_elected(api, settings.leader, settings.identity, lead, on_change=on_change)
+    await leading.run_elected(api, leader, identity, lead, on_change=on_change)
 
 
 async def _keep_settings(worker: Worker, settings: WorkerSettings) -> None:

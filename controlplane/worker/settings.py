@@ -46,8 +46,9 @@ class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
     kube: client.KubeSettings | None
     """None: no cluster, keep the ledger in the bus (KV sink)."""
     https: HttpsSettings
-    leader_election: bool = True
-    leader: leading.LeaderSettings = leading.LeaderSettings()
+    leader: leading.LeaderSettings | None = None
+    """The election among the replicas (``--kube-leader-election``); None: this replica leads
+    without one (``standalone``, a single worker), as it does without a Kubernetes API."""
     identity: str = ""
     concurrency: int
     """Reconciles at once: ``--gopool-worker-factor`` per core (:func:`reconcile_concurrency`)."""
@@ -173,13 +174,14 @@ def settings_from(options: Options) -> WorkerSettings:
         bus_auth=_bus_auth(flags, kube, namespace),
         kube=kube,
         https=https,
-        leader_election=flags.kube_leader_election,
         leader=leading.LeaderSettings(
             name=flags.kube_leader_election_id,
             namespace=namespace,
             lease_s=flags.kube_leader_lease,
             renew_timeout_s=flags.kube_leader_renew_timeout,
-        ),
+        )
+        if flags.kube_leader_election
+        else None,
         identity=env.get("POD_NAME") or f"{socket.gethostname()}_{os.getpid()}",
         hub_endpoint=hub_endpoint,
         webhooks=webhooks,

@@ -51,7 +51,7 @@ INVENTORY = ("api/v1/configmaps", NS, "gpustack-applications")
 
 async def _kubectl_apply(url: str, objs: list[dict[str, Any]]) -> None:
     """What ``kubectl apply --server-side -k`` sends: one apply per object, manager kubectl."""
-    async with open_client(KubeSettings(host=url)) as api:
+    async with open_client(KubeSettings.for_tests(url)) as api:
         for obj in objs:
             ns = obj["metadata"].get("namespace")
             resource = resource_of(obj["apiVersion"], obj["kind"], bool(ns))
@@ -69,7 +69,7 @@ def _deployed_worker(objs: list[dict[str, Any]], url: str, nats: embedded.Server
     assert conf.bus.password is None  # nothing of the Secret comes through the environment
     bus = testing.settings_for(nats, user=conf.bus.user, inbox_prefix=conf.bus.inbox_prefix)
     return msgspec.structs.replace(
-        conf, kube=KubeSettings(host=url, backoff_s=0.01), bus=bus,
+        conf, kube=KubeSettings.for_tests(url, backoff_s=0.01), bus=bus,
         https=msgspec.structs.replace(conf.https, bind_address="127.0.0.1", port=0),
     )  # fmt: skip
 

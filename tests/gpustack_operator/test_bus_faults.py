@@ -131,7 +131,7 @@ async def test_every_agent_publishes_again_after_a_nats_fault(tmp_path: Path, fa
         # restart does among hundreds of agents: their first tries meet no callout responder.
         bus["worker"] = msgspec.structs.replace(bus["worker"], reconnect_wait_s=3.0)
         worker = running.WorkerSettings(
-            concurrency=16, bus=bus["worker"], kube=None, https=HTTPS, leader_election=False,
+            concurrency=16, bus=bus["worker"], kube=None, https=HTTPS,
             resync_s=300.0,
             bus_auth=BusAuthSettings(issuer_seed_file=str(creds.directory / "issuer.nk")),
         )  # fmt: skip

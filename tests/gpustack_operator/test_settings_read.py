@@ -229,40 +229,19 @@ def test_an_invalid_setting_seed_stops_the_worker(
 
 
 def _mirrors() -> list[tuple[tuple[str, ...], str, type, str]]:
-    from agent.deviceplugin.settings import DevicePluginSettings
-    from agent.serve.settings import ServeSettings
+    """Struct defaults the command table cannot own: the structs live in layers below it that
+    composing commands (``standalone``'s bus and worker) and most tests build without flags, and
+    the table may not import them (``dm detect`` loads no service stack)."""
     from bus.settings import BusSettings
-    from controlplane.gateway.settings import GatewaySettings, Upstream
-    from controlplane.k8s.client import KubeSettings
-    from controlplane.worker.leading import LeaderSettings
     from controlplane.worker.settings import WorkerSettings
     from kit.serving import HttpsSettings
 
-    worker, gateway, serve = ("worker",), ("worker-gateway",), ("device-manager", "serve")
+    worker = ("worker",)
     return [
-        (worker, "kube-conn-qps", KubeSettings, "qps"),
-        (worker, "kube-conn-burst", KubeSettings, "burst"),
-        (worker, "kube-conn-timeout", KubeSettings, "timeout_s"),
-        (worker, "informer-cache-resync-period", KubeSettings, "relist_s"),
-        (worker, "kube-leader-election-id", LeaderSettings, "name"),
-        (worker, "kube-leader-lease", LeaderSettings, "lease_s"),
-        (worker, "kube-leader-renew-timeout", LeaderSettings, "renew_timeout_s"),
         (worker, "model-manager-service-account", WorkerSettings, "model_manager_service_account"),
         (worker, "nats-state-replicas", BusSettings, "state_replicas"),
         (worker, "nats-state-max-age", BusSettings, "state_max_age_s"),
         (worker, "bind-address", HttpsSettings, "bind_address"),
-        (gateway, "worker-conn-gpustack-api-port", Upstream, "port"),
-        (gateway, "kube-conn-timeout", Upstream, "timeout_s"),
-        (gateway, "kube-conn-qps", Upstream, "qps"),
-        (gateway, "kube-conn-burst", Upstream, "burst"),
-        (gateway, "worker-readiness-check-timeout", GatewaySettings, "readiness_timeout_s"),
-        (gateway, "informer-cache-resync-period", GatewaySettings, "relist_s"),
-        (serve, "no-shared", DevicePluginSettings, "no_shared"),
-        (serve, "no-sliced", DevicePluginSettings, "no_sliced"),
-        (serve, "no-partitioned", DevicePluginSettings, "no_partitioned"),
-        (serve, "state-dir", ServeSettings, "state_dir"),
-        (serve, "metrics-port", ServeSettings, "metrics_http_port"),
-        (serve, "metrics-names", ServeSettings, "metrics_names"),
     ]
 
 
@@ -284,6 +263,55 @@ def test_struct_defaults_that_mirror_a_flag_agree_with_its_default() -> None:
         else:
             default = next(f.default for f in msgspec.structs.fields(struct) if f.name == field)
         assert default == convert(flag, flag.default), (struct.__name__, field)
+
+
+def test_fields_a_builder_fills_from_a_flag_have_no_default_of_their_own() -> None:
+    """Each default written once: the fields these structs fill from a flag have no default of
+    their own, so the command table's is the only one (tests say their values through
+    ``for_tests`` or explicitly)."""
+    import dataclasses
+
+    import msgspec
+
+    from agent.deviceplugin.settings import DevicePluginSettings
+    from agent.serve.settings import ServeSettings
+    from controlplane.gateway.settings import GatewaySettings, Upstream
+    from controlplane.k8s.client import KubeSettings
+    from controlplane.worker.leading import LeaderSettings
+
+    plugin = {f.name: f.default for f in dataclasses.fields(DevicePluginSettings)}
+    assert all(
+        plugin[f] is dataclasses.MISSING for f in ("no_shared", "no_sliced", "no_partitioned")
+    )
+    required = {
+        ServeSettings: ("state_dir", "metrics_http_port", "metrics_names"),
+        Upstream: ("port", "timeout_s", "qps", "burst"),
+        GatewaySettings: ("readiness_timeout_s", "relist_s"),
+        LeaderSettings: ("name", "namespace", "lease_s", "renew_timeout_s"),
+        KubeSettings: ("qps", "burst", "timeout_s", "relist_s"),
+    }
+    for struct, names in required.items():
+        fields = {f.name: f for f in msgspec.structs.fields(struct)}
+        assert all(fields[n].required for n in names), struct.__name__
+
+
+@pytest.mark.parametrize(
+    ("argv", "elects"), [([], True), (["--kube-leader-election=false"], False)]
+)
+def test_the_worker_elects_a_leader_with_the_flags_lease_unless_told_not_to(
+    argv: list[str], elects: bool, tmp_path: Path
+) -> None:
+    from controlplane.worker.settings import settings_from
+
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text("apiVersion: v1\nkind: Config\n")
+    env = {"KUBECONFIG": str(kubeconfig)}
+    leader = settings_from(options_for(("worker",), argv, env)).leader
+    if not elects:
+        assert leader is None
+        return
+    assert leader is not None
+    assert (leader.name, leader.lease_s, leader.renew_timeout_s) == ("worker.gpustack.ai", 15, 10)
 
 
 def test_one_flag_name_has_one_default_across_commands() -> None:

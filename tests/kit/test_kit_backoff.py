@@ -62,10 +62,10 @@ async def test_wait_sleeps_the_scheduled_delay() -> None:
 
 
 def test_the_kube_client_retries_on_the_shared_schedule() -> None:
-    settings = KubeSettings(backoff_s=0.2, max_backoff_s=5.0)
+    settings = KubeSettings.for_tests(backoff_s=0.2, max_backoff_s=5.0)
     assert [settings.backoff.delay_s(n) for n in range(6)] == [0.2, 0.4, 0.8, 1.6, 3.2, 5.0]
     assert settings.backoff.delay_s(0, at_least_s=30) == 5.0  # Retry-After, capped
-    assert KubeSettings(backoff_s=9.0, max_backoff_s=5.0).backoff.delay_s(0) == 5.0
+    assert KubeSettings.for_tests(backoff_s=9.0, max_backoff_s=5.0).backoff.delay_s(0) == 5.0
 
 
 async def test_re_ensuring_the_bus_outlives_a_thousand_failures(
@@ -134,7 +134,9 @@ async def test_the_kube_client_waits_the_schedule_and_honours_retry_after(
         await real_sleep(0)
 
     try:
-        settings = KubeSettings(host=f"http://127.0.0.1:{port}", backoff_s=0.1, max_backoff_s=1.0)
+        settings = KubeSettings.for_tests(
+            f"http://127.0.0.1:{port}", backoff_s=0.1, max_backoff_s=1.0
+        )
         async with client.open_client(settings) as api:
             monkeypatch.setattr(anyio, "sleep", sleep)
             got = await api.request("GET", "/api/v1/nodes/n")

@@ -25,7 +25,7 @@ def _data(fake: FakeApi) -> dict[str, str]:
 
 
 async def _ensure(url: str) -> bootstrap.BusAuth:
-    async with open_client(KubeSettings(host=url)) as api:
+    async with open_client(KubeSettings.for_tests(url)) as api:
         return await bootstrap.ensure_bus_auth(api, NS, NAME)
 
 

@@ -113,7 +113,7 @@ def test_the_issuer_must_be_an_account_seed(tmp_path: Path) -> None:
 async def cluster(tmp_path: Path) -> AsyncIterator[tuple[FakeApi, testing.CalloutBus]]:
     async with (
         fake_api() as (fake, url),
-        client.open_client(KubeSettings(host=url, backoff_s=0.01)) as api,
+        client.open_client(KubeSettings.for_tests(url, backoff_s=0.01)) as api,
         testing.callout_server(tmp_path, busauth.review_verifier(api, AUTH)) as bus,
     ):
         async with connection.connect(bus.worker, retry=False) as conn:
@@ -210,9 +210,9 @@ async def test_the_worker_serves_the_callout_and_ingests_what_agents_publish(
         settings = running.WorkerSettings(
             concurrency=16,
             bus=bus,
-            kube=KubeSettings(host=url, backoff_s=0.01),
+            kube=KubeSettings.for_tests(url, backoff_s=0.01),
             https=HttpsSettings(bind_address="127.0.0.1", port=0),
-            leader=leading.LeaderSettings(name="w", namespace=NS, lease_s=1.0),
+            leader=leading.LeaderSettings(name="w", namespace=NS, lease_s=1.0, renew_timeout_s=0.6),
             bus_auth=msgspec.structs.replace(AUTH, issuer_seed_file=str(tmp_path / "issuer.nk")),
         )
         await tg.start(running.run, settings)

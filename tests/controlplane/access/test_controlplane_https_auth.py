@@ -64,7 +64,7 @@ async def peers(tmp_path: Path) -> AsyncIterator[tuple[FakeApi, str, BusSettings
 
 async def _worker(tg: anyio.abc.TaskGroup, bus: BusSettings, url: str) -> running.Worker:
     https = serving.HttpsSettings(bind_address="127.0.0.1", port=0, auth="review")
-    settings = worker_settings(bus, url, https=https, leader_election=False)
+    settings = worker_settings(bus, url, https=https, leader=None)
     worker: running.Worker = await tg.start(running.run, settings)
     return worker
 

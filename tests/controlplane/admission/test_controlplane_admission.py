@@ -99,7 +99,7 @@ async def webhooks(tmp_path: Path, *, groups: bool = True) -> AsyncIterator[Webh
         settings = running.WorkerSettings(
             concurrency=16,
             bus=bus, kube=None, https=HttpsSettings(bind_address="127.0.0.1", port=0, auth="none"),
-            leader_election=False, resync_s=0.3,
+            resync_s=0.3,
         )  # fmt: skip
         worker: running.Worker = await tg.start(running.run, settings)
         async with aiohttp.ClientSession() as session:
@@ -460,8 +460,8 @@ async def test_with_a_cluster_the_configurations_carry_the_ca_that_verifies_the_
     async with nats_server(tmp_path) as server, fake_api() as (fake, api_url):
         settings = running.WorkerSettings(
             concurrency=16,
-            bus=settings_for(server), kube=KubeSettings(host=api_url, backoff_s=0.01),
-            https=HttpsSettings(bind_address="127.0.0.1", port=0, auth="none"), leader_election=False,
+            bus=settings_for(server), kube=KubeSettings.for_tests(api_url, backoff_s=0.01),
+            https=HttpsSettings(bind_address="127.0.0.1", port=0, auth="none"),
             webhooks=hooks_settings,
         )  # fmt: skip
         bundles = []

@@ -114,7 +114,7 @@ async def install(
     catalog = installing.Catalog(
         namespace=NS, pins=table, own=applications.own(IMAGE, manufacturers), mirror=mirror
     )
-    async with open_client(KubeSettings(host=url)) as api:
+    async with open_client(KubeSettings.for_tests(url)) as api:
         return await installing.install(api, frozenset(enabled), catalog)
 
 
@@ -364,7 +364,7 @@ async def test_the_agents_run_the_workers_image_and_follow_manufacturer_and_disa
 async def test_the_agents_image_is_the_one_the_workers_pod_runs() -> None:
     pod = _doc("Pod", "worker-0", NS, spec={"containers": [
         {"name": "gateway", "image": "other:1"}, {"name": "worker", "image": IMAGE}]})  # fmt: skip
-    async with fake_api() as (fake, url), open_client(KubeSettings(host=url)) as api:
+    async with fake_api() as (fake, url), open_client(KubeSettings.for_tests(url)) as api:
         fake.put_object("api/v1/pods", pod)
         found = await agents.own_image(api, NS, "worker-0")
         unknown = await agents.own_image(api, NS, "gone")

@@ -161,7 +161,7 @@ def _secret_data(fake: FakeApi) -> dict[str, str]:
 
 @pytest.mark.anyio
 async def test_first_start_seeds_the_secret_later_starts_only_backfill() -> None:
-    async with fake_api() as (fake, url), open_client(KubeSettings(host=url)) as api:
+    async with fake_api() as (fake, url), open_client(KubeSettings.for_tests(url)) as api:
         seed = settingscatalog.seed({"GPUSTACK_MODEL_STORE_HIGH_WATERMARK": "90"})
         first = SettingsSource(SecretBackend(api, NS), seed)
         await first.prepare()
@@ -185,7 +185,7 @@ async def test_first_start_seeds_the_secret_later_starts_only_backfill() -> None
 
 @pytest.mark.anyio
 async def test_a_change_is_picked_up_by_refresh_and_announced() -> None:
-    async with fake_api() as (_, url), open_client(KubeSettings(host=url)) as api:
+    async with fake_api() as (_, url), open_client(KubeSettings.for_tests(url)) as api:
         source = SettingsSource(SecretBackend(api, NS), settingscatalog.seed({}))
         await source.prepare()
         assert await source.refresh() is False
@@ -207,7 +207,7 @@ def source_ref() -> Any:
 
 @pytest.mark.anyio
 async def test_writes_are_validated_and_conditional() -> None:
-    async with fake_api() as (fake, url), open_client(KubeSettings(host=url)) as api:
+    async with fake_api() as (fake, url), open_client(KubeSettings.for_tests(url)) as api:
         source = SettingsSource(SecretBackend(api, NS), settingscatalog.seed({}))
         await source.prepare()
         await source.write("model-store-download-concurrency", "16")

@@ -24,6 +24,7 @@ from controlplane.reconciling.nodestates import Ledger
 from controlplane.schema import crds
 from controlplane.stores import prefetches
 from controlplane.stores.modelstores import ModelStores
+from kit.latest import Latest
 
 pytestmark = pytest.mark.anyio
 
@@ -98,7 +99,7 @@ async def test_a_prefetch_delivers_with_one_warmup_pod_per_missing_node_and_pins
     prefetcher = Prefetcher(ledger, image="img:1".strip, on_pins=pinned_nodes.append)
     spec = {"placement": {"nodeSelector": {"matchLabels": {"gpu": "yes"}}}, "minReady": 1,
             "retention": {"pinned": True}}  # fmt: skip
-    async with fake_api() as (fake, url), open_client(KubeSettings(host=url)) as api:
+    async with fake_api() as (fake, url), open_client(KubeSettings.for_tests(url)) as api:
         cluster(fake)
         fake.put_object(MPF, prefetch(**spec))
         await prefetcher.refresh(api)
@@ -149,10 +150,10 @@ async def test_pins_reach_the_node_model_store_spec_the_agent_reads() -> None:
     written into the spec the node's agent reads, and gone with the prefetch."""
     ledger = Ledger()
     changed: list[str] = []
-    prefetcher = Prefetcher(ledger, on_pins=changed.append)
-    stores = ModelStores(lambda: DEFAULTS)
-    stores.pins = prefetcher.pins
-    async with fake_api() as (fake, url), open_client(KubeSettings(host=url)) as api:
+    pins: Latest[str, tuple[str, ...]] = Latest(())
+    prefetcher = Prefetcher(ledger, pins=pins, on_pins=changed.append)
+    stores = ModelStores(lambda: DEFAULTS, pins.get)
+    async with fake_api() as (fake, url), open_client(KubeSettings.for_tests(url)) as api:
         cluster(fake)
         fake.put_object(MPF, prefetch(retention={"ttlAfterLastUse": "72h"}))
         await prefetcher.refresh(api)
@@ -177,7 +178,7 @@ async def test_pins_reach_the_node_model_store_spec_the_agent_reads() -> None:
 )
 async def test_what_degrades_a_prefetch(setup: dict[str, bool], reason: str) -> None:
     prefetcher = Prefetcher(Ledger())
-    async with fake_api() as (fake, url), open_client(KubeSettings(host=url)) as api:
+    async with fake_api() as (fake, url), open_client(KubeSettings.for_tests(url)) as api:
         cluster(fake, **setup)
         fake.put_object(MPF, prefetch(retention={"pinned": True}))
         await prefetcher.refresh(api)
@@ -190,7 +191,7 @@ async def test_what_degrades_a_prefetch(setup: dict[str, bool], reason: str) -> 
 
 async def test_a_missing_binding_makes_no_pod() -> None:
     prefetcher = Prefetcher(Ledger())
-    async with fake_api() as (fake, url), open_client(KubeSettings(host=url)) as api:
+    async with fake_api() as (fake, url), open_client(KubeSettings.for_tests(url)) as api:
         cluster(fake)
         fake.put_object(MPF, {**prefetch(), "spec": {"artifactRef": {"name": "llm"},
                                                      "bindingRef": {"name": "nope"}}})  # fmt: skip
@@ -208,7 +209,7 @@ async def test_unused_past_the_ttl_the_prefetch_lapses_and_unpins() -> None:
     prefetcher = Prefetcher(ledger)
     spec = {"placement": {"nodeSelector": {"matchLabels": {"gpu": "yes"}}},
             "retention": {"pinned": True, "ttlAfterLastUse": "1h"}}  # fmt: skip
-    async with fake_api() as (fake, url), open_client(KubeSettings(host=url)) as api:
+    async with fake_api() as (fake, url), open_client(KubeSettings.for_tests(url)) as api:
         cluster(fake)
         fake.put_object(MPF, prefetch(**spec))
         await prefetcher.refresh(api)
@@ -223,7 +224,7 @@ async def test_unused_past_the_ttl_the_prefetch_lapses_and_unpins() -> None:
 
 async def test_instance_type_placement_picks_the_nodes_offering_it() -> None:
     prefetcher = Prefetcher(Ledger())
-    async with fake_api() as (fake, url), open_client(KubeSettings(host=url)) as api:
+    async with fake_api() as (fake, url), open_client(KubeSettings.for_tests(url)) as api:
         cluster(fake)
         fake.put_object(ITS, {"metadata": {"name": "h100"},
                               "spec": {"acceleratorGroup": "nvidia-h100", "os": "linux",
@@ -270,7 +271,7 @@ async def test_a_refused_write_stops_only_its_own_prefetch() -> None:
     """The API refuses the first warm-up Pod once: that prefetch waits for the next round, the
     other one (sorted after it) is delivered in the same round."""
     prefetcher = Prefetcher(Ledger())
-    async with fake_api() as (fake, url), open_client(KubeSettings(host=url)) as api:
+    async with fake_api() as (fake, url), open_client(KubeSettings.for_tests(url)) as api:
         cluster(fake)
         fake.put_object(
             MPF, prefetch(placement={"nodeSelector": {"matchLabels": {"pool": "a", "gpu": "yes"}}})

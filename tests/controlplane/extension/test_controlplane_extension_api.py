@@ -350,9 +350,10 @@ async def test_the_gateway_beside_the_worker_is_mirrored_as_aggregatedinstancety
         fake.serving(),
         cluster(tmp_path, disable_auths=True, gateway_unix_path=str(sock)) as c,
     ):
+        upstream = Upstream(mode="gpustack-api", port=fake.port, timeout_s=5.0, qps=50, burst=100)
         gw_settings = GatewaySettings(
-            upstream=Upstream(mode="gpustack-api", port=fake.port), unix_path=str(sock),
-            https=HttpsSettings(auth="none"), kube=None, readiness_timeout_s=0.5,
+            upstream=upstream, unix_path=str(sock), https=HttpsSettings(auth="none"), kube=None,
+            readiness_timeout_s=0.5, relist_s=3600.0,
         )  # fmt: skip
         url = c.url + "/apis/gpustack.ai/v1/aggregatedinstancetypes"
         ctx = client_context(tmp_path, None)

@@ -33,7 +33,7 @@ async def api_with(names: list[str]) -> AsyncIterator[tuple[FakeApi, KubeClient]
     async with fake_api() as (fake, url):
         for name in names:
             fake.put_object(COLL, node(name))
-        async with open_client(KubeSettings(host=url, backoff_s=0.01)) as api:
+        async with open_client(KubeSettings.for_tests(url, backoff_s=0.01)) as api:
             yield fake, api
 
 

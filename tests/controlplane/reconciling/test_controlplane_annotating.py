@@ -147,7 +147,7 @@ async def test_the_annotator_writes_the_entry_onto_the_pod_it_names() -> None:
     annotator = PodAnnotator(ledger, retry_s=0.01)
     async with (
         fake_api() as (fake, url),
-        open_client(KubeSettings(host=url, backoff_s=0.01)) as api,
+        open_client(KubeSettings.for_tests(url, backoff_s=0.01)) as api,
         anyio.create_task_group() as tg,
     ):
         fake.put_object(PODS, pod(annotations={ANNOTATION: json.dumps({"side": {"x": 1}})}))
@@ -180,7 +180,7 @@ async def test_a_pod_that_refuses_the_patch_for_good_is_given_up_and_others_stil
     other["metadata"].update(name="q", uid="uid-q")
     async with (
         fake_api() as (fake, url),
-        open_client(KubeSettings(host=url, backoff_s=0.01)) as api,
+        open_client(KubeSettings.for_tests(url, backoff_s=0.01)) as api,
         anyio.create_task_group() as tg,
     ):
         fake.put_object(PODS, pod())
@@ -206,7 +206,7 @@ async def test_an_allocation_before_its_nodes_cards_is_written_once_they_arrive(
     annotator = PodAnnotator(ledger, retry_s=0.2)
     async with (
         fake_api() as (fake, url),
-        open_client(KubeSettings(host=url, backoff_s=0.01)) as api,
+        open_client(KubeSettings.for_tests(url, backoff_s=0.01)) as api,
         anyio.create_task_group() as tg,
     ):
         fake.put_object(PODS, pod())

@@ -31,7 +31,7 @@ OURS = {"app.kubernetes.io/part-of": "gpustack-operator"}
 async def sink() -> AsyncIterator[tuple[FakeApi, KubeSink]]:
     async with (
         fake_api() as (fake, url),
-        open_client(KubeSettings(host=url, backoff_s=0.01)) as api,
+        open_client(KubeSettings.for_tests(url, backoff_s=0.01)) as api,
     ):
         yield fake, KubeSink(api)
 

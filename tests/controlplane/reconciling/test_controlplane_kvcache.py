@@ -169,7 +169,7 @@ async def test_a_node_that_publishes_before_its_node_exists_is_reconciled_when_i
         settings = running.WorkerSettings(
             concurrency=16,
             bus=bus,
-            kube=KubeSettings(host=url, backoff_s=0.01),
+            kube=KubeSettings.for_tests(url, backoff_s=0.01),
             https=HttpsSettings(bind_address="127.0.0.1", port=0, auth="none"),
             leader=leading.LeaderSettings(
                 name="w", namespace="ns", lease_s=1.0, renew_timeout_s=0.6

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import dataclasses
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -108,7 +109,7 @@ async def env(
         settings = running.WorkerSettings(
             concurrency=16,
             bus=settings_for(server),
-            kube=KubeSettings(host=url, backoff_s=0.01),
+            kube=KubeSettings.for_tests(url, backoff_s=0.01),
             https=HttpsSettings(bind_address="127.0.0.1", port=0, auth="none"),
             leader=leading.LeaderSettings(name="w", namespace="ns", lease_s=5, renew_timeout_s=3),
             identity="w1",
@@ -285,7 +286,8 @@ async def test_revalidation_degrades_then_revokes_and_recovers(tmp_path: Path) -
         assert pinned["lastValidatedTime"] == pinned["resolvedTime"]
         reconciler = e.worker.artifacts
         reconciler.recheck_s = 0.05
-        reconciler.revalidate_s = lambda: 0.0  # due at every reconcile
+        due_always = dataclasses.replace(reconciler.inputs, revalidate_s=lambda: 0.0)
+        reconciler.inputs = due_always  # due at every reconcile
         key = ("team", "priv")
 
         e.hub.repos["org/private"].token = "rotated"

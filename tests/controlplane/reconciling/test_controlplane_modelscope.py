@@ -69,7 +69,7 @@ async def env(tmp_path: Path) -> AsyncIterator[Env]:
         settings = running.WorkerSettings(
             concurrency=16,
             bus=settings_for(server),
-            kube=KubeSettings(host=url, backoff_s=0.01),
+            kube=KubeSettings.for_tests(url, backoff_s=0.01),
             https=HttpsSettings(bind_address="127.0.0.1", port=0, auth="none"),
             leader=leading.LeaderSettings(name="w", namespace="ns", lease_s=5, renew_timeout_s=3),
             identity="w1",

@@ -91,7 +91,7 @@ async def test_the_worker_follows_pods_and_rewrites_each_nodes_record(tmp_path: 
         nats_server(tmp_path) as server,
         fake_api() as (fake, url),
         connection.connect(settings_for(server), retry=False) as conn,
-        open_client(KubeSettings(host=url, backoff_s=0.01)) as api,
+        open_client(KubeSettings.for_tests(url, backoff_s=0.01)) as api,
         anyio.create_task_group() as tg,
     ):
         agents = await kv.open_bucket(conn, kv.AGENTS_BUCKET)

@@ -124,7 +124,7 @@ async def _eventer(clock: list[float]) -> AsyncIterator[tuple[FakeApi, KubeClien
     eventer = PodEventer(every_s=20.0, retry_s=0.01, clock=lambda: clock[0])
     async with (
         fake_api() as (fake, url),
-        open_client(KubeSettings(host=url, backoff_s=0.01)) as api,
+        open_client(KubeSettings.for_tests(url, backoff_s=0.01)) as api,
         anyio.create_task_group() as tg,
     ):
         _place(fake, A)
@@ -217,7 +217,7 @@ async def test_the_worker_posts_events_on_the_pods_a_models_event_names(tmp_path
         settings = running.WorkerSettings(
             concurrency=16,
             bus=bus,
-            kube=KubeSettings(host=url, backoff_s=0.01),
+            kube=KubeSettings.for_tests(url, backoff_s=0.01),
             https=HttpsSettings(bind_address="127.0.0.1", port=0, auth="none"),
             leader=leading.LeaderSettings(
                 name="w", namespace="ns", lease_s=1.0, renew_timeout_s=0.6

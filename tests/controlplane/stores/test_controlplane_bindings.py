@@ -86,7 +86,7 @@ async def test_usage_counts_each_digest_once_per_node_of_the_bound_stores() -> N
     """s1: D0 on n1 and n2 (200), D1 downloading on n1 (50), D1 failed on n2 (nothing),
     team-b's D2 not team-a's: 250. s2 adds n3's D0 and D1 (150)."""
     handed: list[str] = []
-    async with fake_api() as (fake, url), open_client(KubeSettings(host=url)) as api:
+    async with fake_api() as (fake, url), open_client(KubeSettings.for_tests(url)) as api:
         meter = BindingMeter(cluster(fake), on_quotas=handed.append)
         fake.put_object(MSB, binding("fits", "s1", quota="300"))
         fake.put_object(MSB, binding("over", "s1", "s2", quota=300))
@@ -119,7 +119,7 @@ async def test_usage_counts_each_digest_once_per_node_of_the_bound_stores() -> N
 
 async def test_a_binding_whose_usage_changes_hands_its_namespace_on_again() -> None:
     handed: list[str] = []
-    async with fake_api() as (fake, url), open_client(KubeSettings(host=url)) as api:
+    async with fake_api() as (fake, url), open_client(KubeSettings.for_tests(url)) as api:
         ledger = cluster(fake)
         meter = BindingMeter(ledger, on_quotas=handed.append)
         fake.put_object(MSB, binding("fits", "s1", quota="300"))

@@ -76,7 +76,7 @@ async def test_streams_buckets_and_node_state_come_back_after_a_store_loss(
     async with testing.nats_server(tmp_path) as server, anyio.create_task_group() as tg:
         bus = testing.settings_for(server)
         worker = running.WorkerSettings(
-            concurrency=16, bus=bus, kube=None, https=HTTPS, leader_election=False, resync_s=300.0
+            concurrency=16, bus=bus, kube=None, https=HTTPS, resync_s=300.0
         )
         await tg.start(running.run, worker)
         with fake_kubelet(tmp_path / "kubelet.sock"):

@@ -102,7 +102,7 @@ async def cluster(tmp_path: Path, simulate: str = "nvidia-h200x8") -> AsyncItera
         fake.put_object("api/v1/nodes", node(NODE))
         with fake_kubelet(tmp_path / "kubelet.sock") as kubelet:
             worker: running.Worker = await tg.start(
-                running.run, worker_settings(bus, url, leader_election=False)
+                running.run, worker_settings(bus, url, leader=None)
             )
             serve = ServeSettings.for_tests(
                 str(tmp_path), bus=bus, node_name=NODE, simulate=simulate

@@ -47,7 +47,7 @@ def settings(bus: BusSettings, api_url: str, **over: Any) -> running.WorkerSetti
     base = running.WorkerSettings(
         concurrency=16,
         bus=bus,
-        kube=KubeSettings(host=api_url, backoff_s=0.01),
+        kube=KubeSettings.for_tests(api_url, backoff_s=0.01),
         https=HttpsSettings(bind_address="127.0.0.1", port=0, auth="none"),
         leader=leading.LeaderSettings(name="w", namespace="ns", lease_s=5.0, renew_timeout_s=3.0),
         identity="w1",

@@ -29,7 +29,7 @@ def settings(bus: object, api_url: str) -> running.WorkerSettings:
     return running.WorkerSettings(
         concurrency=16,
         bus=bus,  # type: ignore[arg-type]
-        kube=KubeSettings(host=api_url, backoff_s=0.01),
+        kube=KubeSettings.for_tests(api_url, backoff_s=0.01),
         https=HttpsSettings(bind_address="127.0.0.1", port=0, auth="none"),
         leader=leading.LeaderSettings(name="w", namespace="ns", lease_s=1.0, renew_timeout_s=0.6),
         identity="w1",

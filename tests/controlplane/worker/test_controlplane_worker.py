@@ -38,7 +38,7 @@ def worker_settings(bus_url: object, api_url: str | None, **over: object) -> run
     base = running.WorkerSettings(
         concurrency=16,
         bus=bus_url,  # type: ignore[arg-type]
-        kube=None if api_url is None else KubeSettings(host=api_url, backoff_s=0.01),
+        kube=None if api_url is None else KubeSettings.for_tests(api_url, backoff_s=0.01),
         https=HttpsSettings(bind_address="127.0.0.1", port=0, auth="none"),
         leader=leading.LeaderSettings(name="w", namespace="ns", lease_s=1.0, renew_timeout_s=0.6),
         identity="w1",

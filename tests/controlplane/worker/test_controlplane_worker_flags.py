@@ -172,7 +172,7 @@ async def test_informer_resync_period_starts_watches_over_with_a_full_list() -> 
     async def added_on_resume(relist_s: float) -> tuple[int, int]:
         async with fake_api() as (fake, url):
             fake.put_object("api/v1/nodes", node("n1"))
-            settings = KubeSettings(host=url, relist_s=relist_s)
+            settings = KubeSettings.for_tests(url, relist_s=relist_s)
             async with open_client(settings) as api:
                 first = [e async for e in api.watch(NODES, timeout_s=1)]
                 since = first[-1].object["metadata"]["resourceVersion"]
@@ -215,7 +215,7 @@ async def test_the_api_proxy_is_taken_from_the_environment_once(
         fake.put_object("api/v1/nodes", node("n1"))
         monkeypatch.setenv("HTTP_PROXY", url)
         monkeypatch.setenv("NO_PROXY", "kube.invalid" if bypassed else "elsewhere.invalid")
-        settings = KubeSettings(host="http://kube.invalid:6443", max_retries=0)
+        settings = KubeSettings.for_tests("http://kube.invalid:6443", max_retries=0)
         async with open_client(settings) as api:
             monkeypatch.delenv("HTTP_PROXY")  # read once: a later change has no effect
             if bypassed:
@@ -241,5 +241,5 @@ async def test_an_unusable_kubeconfig_is_one_clear_error(tmp_path: Path, text: s
     else:
         path.write_text(text)
     with pytest.raises(SinkUnavailable, match="no usable Kubernetes configuration"):
-        async with open_client(KubeSettings(kubeconfig=str(path))):
+        async with open_client(KubeSettings.for_tests(kubeconfig=str(path))):
             pass
