@@ -175,11 +175,11 @@ async def test_a_second_node_pulls_from_its_peer_without_touching_the_hub(
     tmp_path: Path,
 ) -> None:
     async with cluster(tmp_path) as c, agents(c, "node-a", "node-b"):
-        await c.publish("node-a")
+        async with listener(c) as offers:  # before the publish: its offer is not missed
+            await c.publish("node-a")
+            await offered(offers, "node-a", manifest_of(FILES).digest[7:])
         hub_files = len(c.file_requests())
         assert hub_files >= len(FILES) - 1  # node-a fetched every (non-empty) file from the Hub
-        async with listener(c) as offers:
-            await offered(offers, "node-a", manifest_of(FILES).digest[7:])
         await c.publish("node-b")
         assert len(c.file_requests()) == hub_files  # not one file request more
         tree = c.settings("node-b").cache_root / "published" / manifest_of(FILES).digest[7:]
@@ -200,15 +200,17 @@ async def test_a_lying_peer_costs_a_retry_and_the_tree_is_verified(
 ) -> None:
     hex_ = manifest_of(FILES).digest[7:]
     async with cluster(tmp_path) as c, agents(c, "node-a", "node-b"):
-        await c.publish("node-a")
+        # the listener subscribes before node-a publishes: node-a announces its new digest
+        # once (the next announcement is a period away), and a late listener misses it
+        async with listener(c) as offers:
+            await c.publish("node-a")
+            await offered(offers, "node-a", hex_)
         # node-a's published copy of the big file gets one byte flipped (root writes a 0444 file)
         big = c.settings("node-a").cache_root / "published" / hex_ / "tree" / BIG
         with big.open("r+b") as f:
             f.seek(FILES[BIG].__len__() // 2)
             f.write(bytes([FILES[BIG][len(FILES[BIG]) // 2] ^ 0xFF]))
         before = c.file_requests()
-        async with listener(c) as offers:
-            await offered(offers, "node-a", hex_)
         await c.publish("node-b")
         again = c.file_requests()[len(before) :]
         # only the file the peer lied about came from the Hub, every other byte from the peer
@@ -257,8 +259,8 @@ async def test_a_node_whose_store_spec_turns_peer_sync_off_pulls_from_the_hub(
         off = StoreSpecRecord(node="node-b", spec={"download": {"peerSync": False}})
         await bucket.put_record(kv.nms_key("node-b"), off)
         async with agents(c, "node-a", "node-b"):
-            await c.publish("node-a")
             async with listener(c) as offers:
+                await c.publish("node-a")
                 await offered(offers, "node-a", hex_)
             before = len(c.file_requests())
             await c.publish("node-b")
@@ -398,10 +400,10 @@ async def test_an_artifact_pinned_to_its_expected_digest_is_filled_from_peers_on
         # node-b asks while no peer holds it: a failure that says so, and no Hub request
         await testing.eventually(refused, timeout_s=30)
         assert c.hub.seen == []
-        await c.publish("node-a")  # node-a fetches it from the Hub for its own artifact
-        hub_requests = len(c.hub.seen)
         async with listener(c) as offers:
+            await c.publish("node-a")  # node-a fetches it from the Hub for its own artifact
             await offered(offers, "node-a", hex_)
+        hub_requests = len(c.hub.seen)
         published = settings_b.cache_root / "published" / hex_ / "marker"
 
         async def filled() -> bool:
