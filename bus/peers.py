@@ -25,6 +25,11 @@ node, the asking node, a time, the path), sent as ``Authorization: GPUStack-Peer
 the asking node offered, the time within :data:`SKEW_S`, and that it names the server itself (a
 signature for another server is refused). A replay within the skew only fetches again bytes
 its captor already saw; content is verified by digest on the reader's side in any case.
+
+A server that holds no live offer of the asking node answers 401 with the challenge
+``GPUStack-Peer error="unknown-node"`` (:func:`challenge`): offers are at-most-once, so a peer
+may not have the asker's yet (it is on its way) or may have missed it; the asker answers by
+announcing again and asking once more. Every other 401 is a plain ``GPUStack-Peer``.
 """
 
 from __future__ import annotations
@@ -47,10 +52,13 @@ __all__ = [
     "PREFIX",
     "SCHEME",
     "SKEW_S",
+    "UNKNOWN_NODE",
     "PeerOffer",
     "authorization",
+    "challenge",
     "decode_offer",
     "encode_offer",
+    "is_unknown_node",
     "parse_authorization",
     "request_text",
     "subject",
@@ -68,6 +76,10 @@ SCHEME: Final = "GPUStack-Peer"
 MAX_DIGESTS: Final = 4096
 """Digests one offer names at most (about 270 KiB of JSON, under NATS's 1 MiB payload)."""
 MAX_OFFER_BYTES: Final = 512 * 1024
+UNKNOWN_NODE: Final = "unknown-node"
+"""The reason a 401 gives when the asking node has no live offer at the server (its offer is
+still on its way, or the server missed it): the one refusal the asker can cure, by
+announcing again (:func:`challenge`)."""
 _HEX: Final = re.compile(r"[0-9a-f]{64}")
 
 Hex = Annotated[str, Meta(pattern=r"^[0-9a-f]{64}$")]
@@ -169,6 +181,17 @@ def verify_request(
         raise InvalidToken(f"request time {at} is more than {SKEW_S:.0f}s from {now:.0f}")
     jwt.verify(key, request_text(server, client, at, path), signature)
     return client
+
+
+def challenge(*, unknown_node: bool) -> str:
+    """The ``WWW-Authenticate`` value of a 401: with ``error="unknown-node"`` when the server
+    holds no offer of the node the request names (the one refusal a re-announcement cures)."""
+    return f'{SCHEME} error="{UNKNOWN_NODE}"' if unknown_node else SCHEME
+
+
+def is_unknown_node(value: str | None) -> bool:
+    """Whether a 401's ``WWW-Authenticate`` says :data:`UNKNOWN_NODE` (pure)."""
+    return value is not None and value.strip() == challenge(unknown_node=True)
 
 
 def is_hex(value: str) -> bool:

@@ -8,7 +8,9 @@ same interface as :class:`hub.client.HubClient` (:class:`agent.models.downloadin
 every byte is verified by the very code that verifies the Hub's (per-file SHA-256 or git blob
 SHA-1, and the size). A peer is trusted for nothing but being there.
 
-Every request is signed with this node's peer key (:func:`bus.peers.authorization`); its
+Every request is signed with this node's peer key (:func:`bus.peers.authorization`); a peer
+that refuses it as from an unknown node (it has not, or not yet, heard our offer) is asked once
+more after our offer went out again (:meth:`PeerClient.open`). Its
 errors are the Hub's (:mod:`hub.errors`): refused (401/403/404) is :class:`AccessDenied`,
 anything else :class:`SourceUnavailable`, which the materializer answers by trying the next
 peer or the Hub.
@@ -17,7 +19,7 @@ peer or the Hub.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Final
@@ -36,6 +38,8 @@ from hub.urls import Url
 
 __all__ = ["PeerClient", "PeerFiles", "PeerPull", "pull"]
 
+_ANNOUNCE_S: Final = 5.0
+"""How long a download refused as unknown waits for its node's offer to go out again."""
 MAX_MANIFEST_BYTES: Final = 16 * 1024 * 1024
 """A manifest of 100,000 files of long paths stays well under this."""
 
@@ -56,11 +60,15 @@ class PeerClient:
         node: str,
         key: jwt.NKey,
         clock: Callable[[], float] = time.time,
+        announce: Callable[[float], Awaitable[bool]] | None = None,
     ) -> None:
         self._http = transport
         self.node = node
         self.key = key
         self._clock = clock
+        self._announce = announce
+        """Send our offer again, waiting up to the given seconds until it went out
+        (:meth:`agent.models.peering.Directory.announce`); None: never retried."""
 
     def _url(self, offer: contract.PeerOffer, path: str) -> Url:
         try:
@@ -72,7 +80,26 @@ class PeerClient:
         self, offer: contract.PeerOffer, path: str, extra: dict[str, str] | None = None
     ) -> http.Response:
         """GET ``path`` (already percent-encoded) from ``offer``'s node, signed for it; the
-        caller releases the response. :raises SourceUnavailable: no answer."""
+        caller releases the response. :raises SourceUnavailable: no answer.
+
+        A 401 that says the peer does not know us (``unknown-node``: it missed our offer, or
+        it is still on its way) is answered once: our offer is sent again, then the request
+        (the peer waits a moment for an offer it lacks, so the retry finds it there).
+        """
+        response = await self._get(offer, path, extra)
+        if (
+            response.status != 401
+            or self._announce is None
+            or not contract.is_unknown_node(response.headers.get("www-authenticate"))
+        ):
+            return response
+        response.release()
+        await self._announce(_ANNOUNCE_S)  # not sent in time: the retry is refused as before
+        return await self._get(offer, path, extra)
+
+    async def _get(
+        self, offer: contract.PeerOffer, path: str, extra: dict[str, str] | None
+    ) -> http.Response:
         url = self._url(offer, path)
         signed = contract.authorization(
             self.key, offer.node, self.node, int(self._clock()), url.target
@@ -216,7 +243,8 @@ async def pull(
     peer), whose connections close on exit, within :data:`hub.http.CLOSE_TIMEOUT_S`."""
     transport = http.Client(connect_s=connect_s, stall_s=stall_s, max_connections=max_connections)
     try:
-        yield PeerPull(directory, PeerClient(transport, node=node, key=key), enabled)
+        client = PeerClient(transport, node=node, key=key, announce=directory.announce)
+        yield PeerPull(directory, client, enabled)
     finally:
         with anyio.CancelScope(shield=True):
             await transport.aclose()

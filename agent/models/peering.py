@@ -48,7 +48,13 @@ class PeerSettings(msgspec.Struct, frozen=True, kw_only=True):
     announce_s: float = 30.0
     serving_streams: int = 8
     """Files served at once; a request waits up to ``queue_s`` for a slot, then 503."""
+    streams_per_source: int = 4
+    """Files served at once to one asking node (within ``serving_streams``): one node pulling
+    many files never takes every stream from the others."""
     queue_s: float = 5.0
+    hello_wait_s: float = 2.0
+    """How long a request of a node with no live offer here waits for one to arrive (a node
+    that just started asks as its first offer travels), then 401 ``unknown-node``."""
 
     @property
     def enabled(self) -> bool:
@@ -68,9 +74,17 @@ class Directory:
     clock: Callable[[], float] = time.monotonic
     offers: dict[str, tuple[contract.PeerOffer, float]] = field(default_factory=dict)
     newcomer: bool = False
-    """A node not known (or forgotten) offered: it has not heard our offer yet, so ours goes
-    out again at once rather than at the next period (a node that starts learns every peer's
-    key within a tick, not a period)."""
+    """A node not known (or forgotten) offered, or a peer refused us as unknown
+    (:meth:`announce`): ours goes out again at the next tick rather than at the next period (a
+    node that starts learns every peer's key within a tick, not a period)."""
+    waiting: int = 0
+    """Requests waiting in :meth:`wait_for` now (the peer server bounds them)."""
+    _arrived: anyio.Event | None = None
+    """Set (and dropped) when an offer arrives: what :meth:`wait_for` waits on."""
+    _sent: anyio.Event | None = None
+    """Set (and dropped) when our offer went out: what :meth:`announce` waits on."""
+    _wake: anyio.Event | None = None
+    """Set by :meth:`announce` to end :meth:`nap` early."""
 
     def on_message(self, subject: str, payload: bytes) -> None:
         """Keep the offer in ``payload`` (a bad one is dropped; our own is ignored)."""
@@ -81,6 +95,43 @@ class Directory:
         if offer.node != self.node:
             self.newcomer |= offer.node not in self.offers
             self.offers[offer.node] = (offer, self.clock())
+            if self._arrived is not None:
+                self._arrived.set()
+                self._arrived = None
+
+    async def wait_for(self, node: str, timeout_s: float) -> bool:
+        """Whether ``node`` has a live offer, waiting up to ``timeout_s`` for one to arrive (a
+        node that just started may ask before its first offer reached us: it is on its way)."""
+        self.waiting += 1
+        try:
+            with anyio.move_on_after(timeout_s):
+                while not self.knows(node):
+                    if self._arrived is None:
+                        self._arrived = anyio.Event()
+                    await self._arrived.wait()
+        finally:
+            self.waiting -= 1
+        return self.knows(node)
+
+    def sent(self) -> None:
+        """Our offer went out (:func:`follow` says so): wakes :meth:`announce`."""
+        if self._sent is not None:
+            self._sent.set()
+            self._sent = None
+
+    async def announce(self, timeout_s: float) -> bool:
+        """Have our offer sent again at the next tick, and wait (up to ``timeout_s``) until it
+        was: a peer that answered "unknown node" missed it. False: not sent in time (no
+        connection, or nothing to offer yet)."""
+        if self._sent is None:
+            self._sent = anyio.Event()
+        sent, self.newcomer = self._sent, True
+        if self._wake is not None:
+            self._wake.set()
+        with anyio.move_on_after(timeout_s):
+            await sent.wait()
+            return True
+        return False
 
     def _live(self) -> list[contract.PeerOffer]:
         now = self.clock()
@@ -97,6 +148,17 @@ class Directory:
 
     def _rank(self, offer: contract.PeerOffer) -> bytes:
         return hashlib.sha256(f"{self.node}\0{offer.node}".encode()).digest()
+
+    async def nap(self, seconds: float) -> None:
+        """Sleep ``seconds``, or less when :meth:`announce` asks for our offer meanwhile."""
+        self._wake = anyio.Event()
+        with anyio.move_on_after(seconds):
+            await self._wake.wait()
+        self._wake = None
+
+    def knows(self, node: str) -> bool:
+        """Whether ``node`` has a live offer here (its signatures can be checked)."""
+        return node in self.keys()
 
     def keys(self) -> dict[str, str]:
         """node -> the public key of its live offer (whose signatures the server accepts)."""
@@ -115,7 +177,7 @@ async def follow(
 
     The own offer is looked at every ``tick_s`` and sent when it changed (a tree was published
     or collected: peers learn of it within a tick), when a node we did not know offered (it
-    missed ours), or when ``every_s`` passed since it was last sent. None: nothing to offer. A publish that fails (not connected) is tried at the next
+    missed ours) or a peer refused us as unknown (:meth:`Directory.announce`), or when ``every_s`` passed since it was last sent. None: nothing to offer. A publish that fails (not connected) is tried at the next
     tick: an offer is a repeated claim, never a queued one.
     """
     async with conn.subscribe(contract.ALL, _quiet(directory.on_message)):
@@ -125,14 +187,15 @@ async def follow(
         while True:
             offer = await own()
             now = anyio.current_time()
-            hello, directory.newcomer = directory.newcomer, False
-            if offer is not None and (hello or offer != sent or now - sent_at >= every_s):
+            due = directory.newcomer or offer != sent or now - sent_at >= every_s
+            if offer is not None and due:
                 try:
                     await conn.publish(subject, contract.encode_offer(offer))
-                    sent, sent_at = offer, now
+                    sent, sent_at, directory.newcomer = offer, now, False
+                    directory.sent()
                 except BusError as e:
                     log.debug("peer offer not sent: %s", e)
-            await anyio.sleep(tick_s)
+            await directory.nap(tick_s)
 
 
 def _quiet(handler: Callable[[str, bytes], None]) -> Callable[[str, bytes], None]:

@@ -19,9 +19,13 @@ Invariants:
   the tree with ``O_NOFOLLOW`` from its directory, and only a regular file of the manifest's
   size: a symlink anywhere, or a file of another size, is 404;
 - every request carries a signature of a live peer (:func:`bus.peers.verify_request`), else
-  401 with a one-line reason; nothing is served anonymously;
-- at most ``serving_streams`` files are sent at once; a request waits ``queue_s`` for a slot,
-  then gets 503 (the reader tries another peer or the Hub).
+  401 with a one-line reason; nothing is served anonymously. A node with no live offer here is
+  waited for (``hello_wait_s``: its first offer may still travel), then refused with
+  ``WWW-Authenticate: GPUStack-Peer error="unknown-node"``, which its client answers by
+  announcing again and asking once more (:mod:`agent.models.peerclient`);
+- at most ``serving_streams`` files are sent at once, at most ``streams_per_source`` of them to
+  one asking node; a request waits ``queue_s`` for both, then gets 503 (the reader tries
+  another peer or the Hub).
 """
 
 from __future__ import annotations
@@ -50,14 +54,18 @@ from hub.errors import InvalidManifest
 from hub.manifest import Entry, parse
 from kit import serving
 
-__all__ = ["PeerServer", "parse_range", "serve"]
+__all__ = ["PeerServer", "Streams", "parse_range", "serve"]
 
 log = logging.getLogger(__name__)
 
 _MANIFESTS_KEPT: Final = 64
+_WAITING_MAX: Final = 32
+"""Requests of unknown nodes held at once for their offer (more are refused at once: a
+stranger must not hold many connections open by naming nodes that do not exist)."""
 _STALL_S: Final = 30.0
 """A reader that takes no byte for this long is dropped (as the Hub client's stall bound)."""
 _NOT_FOUND: Final = "no published tree of that digest holds that file"
+_BUSY: Final = "every serving stream is busy"
 
 
 def parse_range(value: str | None, size: int) -> tuple[int, int] | None:
@@ -198,7 +206,25 @@ class PeerServer:
 
     def __post_init__(self) -> None:
         self._slots = anyio.Semaphore(self.settings.serving_streams)
+        self._streams = Streams(self.settings.streams_per_source)
         self._manifests: dict[str, tuple[bytes, dict[str, Entry]]] = {}
+
+    async def _admit(self, request: web.Request) -> str | web.Response:
+        """The asking node, or the 401 to answer. A request naming a node with no live offer
+        here waits (``hello_wait_s``, :data:`_WAITING_MAX` requests at once) for one: a node
+        that just started asks while its first offer travels. Still unknown, the 401 says
+        ``unknown-node``, which the asker cures by announcing again."""
+        value = request.headers.get("Authorization")
+        try:
+            client = contract.parse_authorization(value or "")[0]
+        except InvalidToken:
+            return _refused(unknown_node=False)
+        if not self.directory.knows(client) and self.directory.waiting < _WAITING_MAX:
+            await self.directory.wait_for(client, self.settings.hello_wait_s)
+        if not self.directory.knows(client):
+            log.debug("peer request refused: node %s offers no peer key", client)
+            return _refused(unknown_node=True)
+        return self._check(request) or _refused(unknown_node=False)
 
     def _check(self, request: web.Request) -> str | None:
         """The asking node, or None (the reason is logged at debug)."""
@@ -239,8 +265,9 @@ class PeerServer:
         return kept
 
     async def tree(self, request: web.Request) -> web.StreamResponse:
-        if self._check(request) is None:
-            return _text(401, "a signed request of a peer model agent is required")
+        client = await self._admit(request)
+        if isinstance(client, web.Response):
+            return client
         hex_ = request.match_info["hex"]
         kept = await anyio.to_thread.run_sync(self._load, hex_) if contract.is_hex(hex_) else None
         if kept is None:
@@ -248,8 +275,9 @@ class PeerServer:
         return web.Response(body=kept[0], content_type="text/plain", charset="utf-8")
 
     async def file(self, request: web.Request) -> web.StreamResponse:
-        if self._check(request) is None:
-            return _text(401, "a signed request of a peer model agent is required")
+        client = await self._admit(request)
+        if isinstance(client, web.Response):
+            return client
         hex_, path = request.match_info["hex"], request.match_info["path"]
         kept = await anyio.to_thread.run_sync(self._load, hex_) if contract.is_hex(hex_) else None
         entry = None if kept is None else kept[1].get(path)
@@ -259,16 +287,29 @@ class PeerServer:
             span = parse_range(request.headers.get("Range"), entry.size)
         except ValueError:
             return _text(416, f"the range is past the end of {entry.size} bytes")
-        taken = False
-        with anyio.move_on_after(self.settings.queue_s):  # the wait is bounded, not the sending
-            await self._slots.acquire()
-            taken = True
-        if not taken:
-            return _text(503, "every serving stream is busy")
-        try:
+        async with self._stream(client) as taken:
+            if taken is not None:
+                return _text(503, taken)
             return await self._send(request, self.cache.tree(hex_), entry, span)
+
+    @asynccontextmanager
+    async def _stream(self, client: str) -> AsyncIterator[str | None]:
+        """One of ``client``'s ``streams_per_source`` and one of the ``serving_streams``, held
+        while inside; None, or which of them was not had within ``queue_s`` (the wait is
+        bounded, not the sending)."""
+        mine = theirs = False
+        with anyio.move_on_after(self.settings.queue_s):
+            await self._streams.acquire(client)
+            mine = True
+            await self._slots.acquire()
+            theirs = True
+        try:
+            yield None if theirs else _BUSY if mine else f"node {client} has every stream it may"
         finally:
-            self._slots.release()
+            if theirs:
+                self._slots.release()
+            if mine:
+                self._streams.release(client)
 
     async def _send(
         self,
@@ -294,6 +335,45 @@ class PeerServer:
 
 def _text(status: int, reason: str) -> web.Response:
     return web.Response(status=status, text=reason + "\n")
+
+
+def _refused(*, unknown_node: bool) -> web.Response:
+    """401, saying (``WWW-Authenticate``) whether the asker is only not known yet."""
+    reason = (
+        "no live peer offer of the asking node (announce, then ask again)"
+        if unknown_node
+        else "a signed request of a peer model agent is required"
+    )
+    response = _text(401, reason)
+    response.headers["WWW-Authenticate"] = contract.challenge(unknown_node=unknown_node)
+    return response
+
+
+class Streams:
+    """At most ``per_source`` streams at once per asking node (a count per node, dropped at
+    zero, so nodes that stopped asking cost nothing); a node over it waits its turn."""
+
+    def __init__(self, per_source: int) -> None:
+        self.per_source = per_source
+        self._held: dict[str, int] = {}
+        self._freed = anyio.Event()
+
+    async def acquire(self, node: str) -> None:
+        while self._held.get(node, 0) >= self.per_source:
+            await self._freed.wait()
+        self._held[node] = self._held.get(node, 0) + 1
+
+    def release(self, node: str) -> None:
+        left = self._held[node] - 1
+        if left:
+            self._held[node] = left
+        else:
+            del self._held[node]
+        self._freed.set()
+        self._freed = anyio.Event()
+
+    def held(self, node: str) -> int:
+        return self._held.get(node, 0)
 
 
 @asynccontextmanager

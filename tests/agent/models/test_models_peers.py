@@ -26,14 +26,16 @@ from models_harness import (
     unpublish,
 )
 
-from agent.models import peering, running
+from agent.models import peerclient, peering, running
 from agent.models.peering import PeerSettings
 from agent.models.policy import MemoryPolicy
 from agent.models.settings import ModelManagerSettings
 from bus import callout, codec, connection, events, jwt, kv, peers, state, testing
 from bus.identity import Identity
 from bus.records import ArtifactRecord, HuggingFaceSource, StoreSpecRecord
+from hub import http
 from hub import testing as hub_testing
+from hub.errors import AccessDenied
 from kit import serving
 from proto.csi import v1 as csi
 
@@ -160,6 +162,7 @@ async def listener(c: Cluster, node: str = "node-c") -> AsyncIterator[dict[str, 
 
     settings = c.bus.settings_as(TOKENS[f"tok-{node}"], f"tok-{node}")
     async with connection.connect(settings, retry=False) as conn, conn.subscribe(peers.ALL, keep):
+        await conn.flush()  # the server has the subscription: no offer sent from now is missed
         yield offers
 
 
@@ -175,11 +178,11 @@ async def test_a_second_node_pulls_from_its_peer_without_touching_the_hub(
     tmp_path: Path,
 ) -> None:
     async with cluster(tmp_path) as c, agents(c, "node-a", "node-b"):
-        await c.publish("node-a")
+        async with listener(c) as offers:  # before the publish: its offer is not missed
+            await c.publish("node-a")
+            await offered(offers, "node-a", manifest_of(FILES).digest[7:])
         hub_files = len(c.file_requests())
         assert hub_files >= len(FILES) - 1  # node-a fetched every (non-empty) file from the Hub
-        async with listener(c) as offers:
-            await offered(offers, "node-a", manifest_of(FILES).digest[7:])
         await c.publish("node-b")
         assert len(c.file_requests()) == hub_files  # not one file request more
         tree = c.settings("node-b").cache_root / "published" / manifest_of(FILES).digest[7:]
@@ -200,15 +203,17 @@ async def test_a_lying_peer_costs_a_retry_and_the_tree_is_verified(
 ) -> None:
     hex_ = manifest_of(FILES).digest[7:]
     async with cluster(tmp_path) as c, agents(c, "node-a", "node-b"):
-        await c.publish("node-a")
+        # the listener subscribes before node-a publishes: node-a announces its new digest
+        # once (the next announcement is a period away), and a late listener misses it
+        async with listener(c) as offers:
+            await c.publish("node-a")
+            await offered(offers, "node-a", hex_)
         # node-a's published copy of the big file gets one byte flipped (root writes a 0444 file)
         big = c.settings("node-a").cache_root / "published" / hex_ / "tree" / BIG
         with big.open("r+b") as f:
             f.seek(FILES[BIG].__len__() // 2)
             f.write(bytes([FILES[BIG][len(FILES[BIG]) // 2] ^ 0xFF]))
         before = c.file_requests()
-        async with listener(c) as offers:
-            await offered(offers, "node-a", hex_)
         await c.publish("node-b")
         again = c.file_requests()[len(before) :]
         # only the file the peer lied about came from the Hub, every other byte from the peer
@@ -257,8 +262,8 @@ async def test_a_node_whose_store_spec_turns_peer_sync_off_pulls_from_the_hub(
         off = StoreSpecRecord(node="node-b", spec={"download": {"peerSync": False}})
         await bucket.put_record(kv.nms_key("node-b"), off)
         async with agents(c, "node-a", "node-b"):
-            await c.publish("node-a")
             async with listener(c) as offers:
+                await c.publish("node-a")
                 await offered(offers, "node-a", hex_)
             before = len(c.file_requests())
             await c.publish("node-b")
@@ -398,10 +403,10 @@ async def test_an_artifact_pinned_to_its_expected_digest_is_filled_from_peers_on
         # node-b asks while no peer holds it: a failure that says so, and no Hub request
         await testing.eventually(refused, timeout_s=30)
         assert c.hub.seen == []
-        await c.publish("node-a")  # node-a fetches it from the Hub for its own artifact
-        hub_requests = len(c.hub.seen)
         async with listener(c) as offers:
+            await c.publish("node-a")  # node-a fetches it from the Hub for its own artifact
             await offered(offers, "node-a", hex_)
+        hub_requests = len(c.hub.seen)
         published = settings_b.cache_root / "published" / hex_ / "marker"
 
         async def filled() -> bool:
@@ -412,3 +417,52 @@ async def test_an_artifact_pinned_to_its_expected_digest_is_filled_from_peers_on
         assert len(c.hub.seen) == hub_requests  # every byte from node-a
         tree = published.parent / "tree"
         assert all((tree / p).read_bytes() == d for p, d in FILES.items())
+
+
+async def test_a_peer_that_missed_the_askers_offer_admits_it_once_it_announces_again(
+    tmp_path: Path,
+) -> None:
+    """node-b's one offer went out before node-a subscribed, and node-b does not announce
+    again on its own (its tick is an hour): node-a refuses it as an ``unknown-node``, and
+    node-b's client answers that by announcing at once and asking again."""
+    hex_ = manifest_of(FILES).digest[7:]
+    key_b = jwt.NKey.generate("user")
+    directory_b = peering.Directory("node-b")
+    offer_b = peers.PeerOffer(node="node-b", url="http://127.0.0.1:1", key=key_b.public_key)
+
+    async def own() -> peers.PeerOffer:
+        return offer_b
+
+    async with (
+        cluster(tmp_path) as c,
+        connection.connect(c.bus.settings_as(TOKENS["tok-node-b"], "tok-node-b")) as conn_b,
+        anyio.create_task_group() as tg,
+    ):
+        async with listener(c) as offers:
+            tg.start_soon(
+                lambda: peering.follow(conn_b, directory_b, own, every_s=3600, tick_s=3600)
+            )
+
+            async def out() -> bool:  # node-b's offer went out before node-a exists
+                return "node-b" in offers
+
+            await testing.eventually(out)
+        async with agents(c, "node-a"):
+            await c.publish("node-a")
+
+            async def held() -> bool:
+                return bool(directory_b.holders(hex_))
+
+            await testing.eventually(held, timeout_s=30)
+            offer_a = directory_b.holders(hex_)[0]
+            transport = http.Client(connect_s=10, stall_s=30, max_connections=4)
+            try:  # without the retry, node-a refuses node-b: it never heard node-b's offer
+                bare = peerclient.PeerClient(transport, node="node-b", key=key_b)
+                with pytest.raises(AccessDenied, match="HTTP 401"):
+                    await bare.manifest(offer_a, hex_)
+            finally:
+                await transport.aclose()
+            async with peerclient.pull(directory_b, node="node-b", key=key_b) as pull:
+                manifest = await pull.manifest(offer_a, hex_)
+                assert manifest.digest == "sha256:" + hex_
+        tg.cancel_scope.cancel()

@@ -21,7 +21,7 @@ from models_harness import TUNING
 from agent.models import downloading, layout, materializing, peerclient, peering, peerserver
 from agent.models.errors import Materializing
 from agent.models.metrics import ModelMetrics
-from bus import embedded, jwt, peers
+from bus import embedded, jwt, peers, testing
 from hub import client as hub_client
 from hub import resolving
 from hub import testing as hub_testing
@@ -51,19 +51,27 @@ def publish(root: Path, files: dict[str, bytes]) -> str:
     return hex_
 
 
+def offer_of(node: str, key: jwt.NKey = KEY) -> tuple[str, bytes]:
+    offer = peers.PeerOffer(node=node, url="http://127.0.0.1:1", key=key.public_key)
+    return peers.subject(node), peers.encode_offer(offer)
+
+
 @asynccontextmanager
-async def server(root: Path, **settings: float) -> AsyncIterator[str]:
-    directory = peering.Directory("srv")
-    offer = peers.PeerOffer(node="cli", url="http://127.0.0.1:1", key=KEY.public_key)
-    directory.on_message(peers.subject("cli"), peers.encode_offer(offer))
+async def server(
+    root: Path, directory: peering.Directory | None = None, **settings: float
+) -> AsyncIterator[str]:
+    """``srv``'s peer server, over ``directory`` (default: one that knows ``cli``)."""
+    if directory is None:
+        directory = peering.Directory("srv")
+        directory.on_message(*offer_of("cli"))
     s = peering.PeerSettings(port=0, bind_address="127.0.0.1", address="127.0.0.1", **settings)  # type: ignore[arg-type]
     served = peerserver.PeerServer("srv", layout.Cache.open(root), directory, s)
     async with peerserver.serve(served) as endpoint:
         yield endpoint.url
 
 
-def signed(path: str) -> dict[str, str]:
-    return {"Authorization": peers.authorization(KEY, "srv", "cli", int(time.time()), path)}
+def signed(path: str, client: str = "cli", key: jwt.NKey = KEY) -> dict[str, str]:
+    return {"Authorization": peers.authorization(key, "srv", client, int(time.time()), path)}
 
 
 async def test_a_slow_reader_gets_the_whole_file_and_a_busy_server_says_503(tmp_path: Path) -> None:
@@ -220,3 +228,89 @@ def test_an_offer_of_a_huge_cache_stays_one_valid_message() -> None:
     assert len(payload) < 1024 * 1024  # NATS's default max_payload
     assert peers.decode_offer(peers.subject("me"), payload) == offer
     assert peering.Peering("me", peering.PeerSettings(port=0)).offer(hexes) is None  # no URL yet
+
+
+async def test_one_asking_node_gets_at_most_streams_per_source_and_others_still_get_theirs(
+    tmp_path: Path,
+) -> None:
+    hex_ = publish(tmp_path, {"big.bin": BIG})
+    path = f"/peer/v1/trees/{hex_}/files/big.bin"
+    directory = peering.Directory("srv")
+    other = jwt.NKey.generate("user")
+    directory.on_message(*offer_of("cli"))
+    directory.on_message(*offer_of("cli2", other))
+    async with (
+        server(tmp_path, directory, serving_streams=8, streams_per_source=1, queue_s=0.2) as url,
+        aiohttp.ClientSession() as s,
+    ):
+        async with s.get(url + path, headers=signed(path)) as slow:
+            assert slow.status == 200
+            first = await slow.content.read(1024 * 1024)
+            # cli holds its one stream: its next request is refused, though 7 streams are free
+            async with s.get(url + path, headers=signed(path)) as busy:
+                assert busy.status == 503
+                assert (await busy.text()).strip() == "node cli has every stream it may"
+            # cli2's share is its own
+            async with s.get(url + path, headers=signed(path, "cli2", other)) as theirs:
+                assert theirs.status == 200 and await theirs.read() == BIG
+            rest = await slow.content.read()
+        assert first + rest == BIG
+        async with s.get(url + path, headers=signed(path)) as again:  # cli's stream came back
+            assert again.status == 200 and await again.read() == BIG
+
+
+async def test_streams_per_source_queue_a_node_over_its_share_until_one_is_released() -> None:
+    streams = peerserver.Streams(2)
+    await streams.acquire("a")
+    await streams.acquire("a")
+    got: list[str] = []
+
+    async def third(node: str) -> None:
+        await streams.acquire(node)
+        got.append(node)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(third, "a")
+        tg.start_soon(third, "b")
+        await anyio.wait_all_tasks_blocked()
+        assert got == ["b"] and streams.held("a") == 2  # a waits; b has a share of its own
+        streams.release("a")
+        await anyio.wait_all_tasks_blocked()
+        assert got == ["b", "a"] and streams.held("a") == 2
+    for node in ("a", "a", "b"):
+        streams.release(node)
+    assert streams.held("a") == streams.held("b") == 0
+
+
+async def test_a_request_whose_offer_is_on_its_way_waits_for_it_and_a_stranger_is_told_unknown(
+    tmp_path: Path,
+) -> None:
+    hex_ = publish(tmp_path, {"a.txt": b"a"})
+    path = f"/peer/v1/trees/{hex_}"
+    late = jwt.NKey.generate("user")
+    directory = peering.Directory("srv")
+    async with server(tmp_path, directory, hello_wait_s=30) as url, aiohttp.ClientSession() as s:
+        answers: list[int] = []
+
+        async def ask() -> None:
+            async with s.get(url + path, headers=signed(path, "late", late)) as r:
+                answers.append(r.status)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(ask)
+
+            async def held() -> bool:  # the request waits at the server for the offer
+                return directory.waiting == 1
+
+            await testing.eventually(held)
+            assert answers == []
+            directory.on_message(*offer_of("late", late))  # its offer arrives
+        assert answers == [200]
+    async with server(tmp_path, directory, hello_wait_s=0.1) as url, aiohttp.ClientSession() as s:
+        async with s.get(url + path, headers=signed(path, "stranger", late)) as r:
+            assert r.status == 401
+            assert r.headers["WWW-Authenticate"] == 'GPUStack-Peer error="unknown-node"'
+            assert peers.is_unknown_node(r.headers["WWW-Authenticate"])
+        async with s.get(url + path, headers=signed(path, "late", KEY)) as r:  # a wrong key
+            assert r.status == 401 and r.headers["WWW-Authenticate"] == "GPUStack-Peer"
+            assert not peers.is_unknown_node(r.headers["WWW-Authenticate"])
