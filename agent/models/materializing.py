@@ -28,7 +28,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
 import anyio
 import anyio.to_thread
@@ -38,7 +38,6 @@ from anyio.abc import TaskGroup, TaskStatus
 from agent.models import backoff, diskio, downloading, layout, publishing
 from agent.models.backoff import Failure
 from agent.models.errors import BackingOff, Materializing, NoSpace
-from agent.models.peerclient import PeerPull
 from agent.models.tuning import Tuning
 from hub import client as hub_client
 from hub import kinds, resolving
@@ -50,6 +49,9 @@ from hub.errors import (
     SourceUnavailable,
 )
 from hub.manifest import Manifest
+
+if TYPE_CHECKING:  # the pull one-shot never loads the peer client (NaCl, JSON)
+    from agent.models.peerclient import PeerPull
 
 __all__ = ["Job", "JobMetrics", "Materializer", "Pod", "Source", "fraction"]
 

@@ -84,7 +84,8 @@ def test_json_schema_describes_the_agents_records() -> None:
     them, quotas included, with their camelCase wire names and only the required required."""
     defs = codec.json_schema()["$defs"]
     artifact = defs["ArtifactRecord"]
-    assert set(artifact["required"]) == {"namespace", "name", "uid", "source"}
+    assert set(artifact["required"]) == {"namespace", "name", "uid"}  # a hub source of either kind
+    assert {"source", "modelScope"} <= set(artifact["properties"])
     assert {"sizeBytes", "quotas", "manifestDigest"} <= set(artifact["properties"])
     quota = defs["BindingQuota"]
     assert set(quota["required"]) == {"name", "stores"}
