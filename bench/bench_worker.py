@@ -475,6 +475,13 @@ def phase(
         "all_count": int(total(m1, f"{ALL_LATENCY}_count") - total(m0, f"{ALL_LATENCY}_count")),
         "latencies": int(total(m1, f"{LATENCY}_count") - total(m0, f"{LATENCY}_count")),
         "writes": int(wrote),
+        "writes_per_node": round(wrote / n, 2),
+        # Every GET the worker sent (gets, lists and watch starts; API sink only).
+        "reads": int(
+            total(m1, "gpustack_worker_api_requests_total", verb="get")
+            - total(m0, "gpustack_worker_api_requests_total", verb="get")
+        ),
+        "seconds": round(elapsed, 1),
         # Refused on receipt, "overflow" included: the worker fell so far behind that its
         # buffer filled. Any is a failed run.
         "dropped": int(
@@ -601,6 +608,7 @@ def ingest_bench(args: argparse.Namespace) -> dict[str, Any]:
     from controlplane.metrics import WorkerMetrics
     from controlplane.reconciling.ledger import Ledger
     from controlplane.reconciling.processing import Processor
+    from controlplane.reconciling.queueing import AsyncKeyQueue
     from controlplane.sinks import KvSink
 
     metrics = WorkerMetrics()
@@ -611,7 +619,7 @@ def ingest_bench(args: argparse.Namespace) -> dict[str, Any]:
     ledger = Ledger(max_nodes=args.n + 1)
     processor = Processor(
         ledger=ledger, reconciler=None, sink=KvSink(None), metrics=metrics,  # type: ignore[arg-type]
-        max_keys=args.n + 1,
+        queue=AsyncKeyQueue(args.n + 1),
     )  # fmt: skip
     latest = LatestSamples(max_nodes=args.n + 1)
     names = node_names(args.n)

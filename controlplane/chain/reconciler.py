@@ -54,7 +54,7 @@ from controlplane.k8s.client import KubeClient
 from controlplane.k8s.informing import Informer
 from controlplane.metrics import WorkerMetrics
 from controlplane.reconciling import applying
-from controlplane.reconciling.ledger import Ledger
+from controlplane.reconciling.ledger import Ledger, NodeState
 from controlplane.reconciling.planning import Patch
 from controlplane.resources import NODES, Ref
 from controlplane.sinks import KubeSink
@@ -78,6 +78,7 @@ class ChainReconciler:
         metrics: WorkerMetrics | None = None,
         clock: Callable[[], float] = time.monotonic,
         wallclock: Callable[[], datetime] = events.now,
+        labels_due: Callable[[str], bool] | None = None,
     ) -> None:
         self._api = api
         self._sink = KubeSink(api)
@@ -101,6 +102,9 @@ class ChainReconciler:
         """A write this pass changes the next plan (a check turned Active): plan again."""
         self._seen: dict[str, tuple[tuple[Any, ...], NodeFacts | None]] = {}
         """Per node: the signature last reconciled and the facts it gave."""
+        self._labels_due = labels_due
+        """A node reconcile that patches this Node is queued or running
+        (:class:`~controlplane.reconciling.processing.LabelsDue`): it carries our labels too."""
 
     @property
     def settings(self) -> ChainSettings:
@@ -128,6 +132,13 @@ class ChainReconciler:
     def entrance(self, local_queue: str) -> str | None:
         """The accelerator group of a LocalQueue of the last plan (the Workload webhook)."""
         return self._last.plan.entrances.get(local_queue) if self._last is not None else None
+
+    def label_patch(
+        self, body: Mapping[str, Any], state: NodeState | None
+    ) -> dict[str, str | None]:
+        """The chain's labels that differ on ``body`` (the node reconciler sends them with its
+        own patch: :class:`~controlplane.reconciling.nodes.NodeLabeller`)."""
+        return nodelabels.label_patch(body, state, self._settings).patch
 
     def node_changed(self, kind: str, name: str, body: dict[str, Any]) -> None:
         """The informer's listener: the Node was added, changed or deleted."""
@@ -266,6 +277,14 @@ class ChainReconciler:
         state = self._ledger.get(name)
         decided = nodelabels.label_patch(body, state, self._settings)
         facts = decided.facts
+        if decided.patch and self._labels_due is not None and self._labels_due(name):
+            # The node reconciler writes these labels with its own in a moment: look again next
+            # pass (its answer is in the informer then), planning meanwhile with these facts.
+            self._dirty.add(name)
+            deferred = ((), facts)
+            changed = self._seen.get(name) != deferred
+            self._seen[name] = deferred
+            return changed
         if decided.patch:
             ref = Ref(resource=NODES, name=name)
             patch = Patch(ref=ref, body={"metadata": {"labels": decided.patch}}, precondition=False)

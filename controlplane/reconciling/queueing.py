@@ -42,6 +42,10 @@ class KeyQueue(Generic[K]):
     def __len__(self) -> int:
         return len(self._pending) + len(self._in_flight)
 
+    def holds(self, key: K) -> bool:
+        """``key`` is pending or in flight: a worker will (or does) handle it."""
+        return key in self._pending or key in self._in_flight
+
     def add(self, key: K) -> bool:
         """Queue ``key``; False when it is new and the queue is full (nothing queued)."""
         if key in self._in_flight:
