@@ -135,6 +135,14 @@ class NodeReconciler:
         self._complete = False
         self._reread.clear()
 
+    def has_objects(self, node: str) -> bool:
+        """The node's Devices or NodeModelStore exists as far as this reconciler knows (listed
+        or written): its next reconcile is an update of a write or two, not a creation."""
+        return any(
+            self._observed.get(Ref(resource=r, name=node)) is not None
+            for r in (DEVICES, NODEMODELSTORES)
+        )
+
     async def prime(self) -> None:
         """Cache every owned object with one list each; absent objects then need no get."""
         self.forget_cache()

@@ -187,7 +187,9 @@ class Processor:
             heard.allocations.note(event)
 
     def _enqueue(self, node: str) -> None:
-        if not self.queue.add(node):
+        """Queue ``node``; a node whose objects exist (an update) in the queue's first lane, so
+        a cold round's creations do not starve the events of running nodes."""
+        if not self.queue.add(node, first=self.reconciler.has_objects(node)):
             self._overflow.add(node)
             self._metrics.rejected.labels(kind="node", reason="queue_full").inc()
         self._metrics.queue_depth.set(self.queue.state.depth)

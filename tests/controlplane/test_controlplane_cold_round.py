@@ -10,11 +10,13 @@ patch for its capacity keys; nothing the worker wrote and no Node its informer h
 from __future__ import annotations
 
 from pathlib import Path
+from typing import cast
 
 import anyio
 import msgspec
 import pytest
 from controlplane_fakeapi import FakeApi, fake_api, node
+from prometheus_client import CollectorRegistry
 from test_controlplane_worker import T0, publish, worker_settings
 
 from bus import events
@@ -23,6 +25,12 @@ from bus.testing import eventually, nats_server, settings_for
 from controlplane import running
 from controlplane.chain import naming
 from controlplane.chain.settings import ChainSettings
+from controlplane.metrics import WorkerMetrics
+from controlplane.reconciling.ledger import Ledger
+from controlplane.reconciling.nodes import NodeReconciler
+from controlplane.reconciling.processing import Processor
+from controlplane.resources import DEVICES, Observed, Resource
+from controlplane.sinks import Sink
 
 pytestmark = pytest.mark.anyio
 HERE = Path(__file__).parent
@@ -96,6 +104,28 @@ async def test_a_new_nodes_objects_cost_the_fewest_writes_and_no_read(tmp_path: 
 
 def _chain_passes(w: running.Worker) -> float:
     return w.metrics.count("gpustack_worker_reconcile_seconds_count", kind="chain")
+
+
+class _Listed:
+    """Lists one Devices object, ``old``'s: all :meth:`NodeReconciler.prime` asks of a sink."""
+
+    has_nodes = False
+    creates_with_status = True
+
+    async def list(self, resource: Resource) -> list[Observed]:
+        body = {"metadata": {"name": "old", "resourceVersion": "1"}}
+        return [Observed.of(body)] if resource == DEVICES else []
+
+
+async def test_an_update_is_taken_before_the_creations_queued_ahead_of_it() -> None:
+    ledger, metrics = Ledger(max_nodes=10), WorkerMetrics(CollectorRegistry())
+    sink = cast(Sink, _Listed())
+    reconciler = NodeReconciler(ledger=ledger, sink=sink, metrics=metrics)
+    await reconciler.prime()
+    p = Processor(ledger=ledger, reconciler=reconciler, sink=sink, metrics=metrics)
+    for n in ("new1", "new2", "old"):  # a cold round's creations, then an existing node's event
+        p.ingest(events.DevicesEvent(node=n, ts=T0, groups=H200))
+    assert [p.queue.state.take() for _ in range(3)] == ["old", "new1", "new2"]
 
 
 async def _true(value: bool) -> bool:
