@@ -23,6 +23,9 @@ listed again, after an API error. Its own label patches' answers go into the inf
   ``retry_cap_s``, logged at each try; InstanceTypes and labels go on. Any API error drops the
   cache (the next tick lists again and looks at every node) and never stops the loop;
 - no plan from an empty cache: passes wait for the informer's first list;
+- a node whose own reconcile is queued or running (``labels_due``) is not patched: that
+  reconcile's one Node patch carries the chain's labels (:meth:`ChainReconciler.label_patch`),
+  and the node stays dirty until the chain has looked at it with nothing left to write;
 - a node is looked at again when its Node or its ledger state changed, and every node at least
   every ``period_s``; a pass whose nodes' signatures all compare equal plans nothing.
 
