@@ -445,15 +445,16 @@ def proc_usage(pid: int) -> tuple[float, int]:
 
 
 QUIET_S = 4.0
-"""No event reconciled and no request on a node's objects for this long (more than the chain's
+"""No event reconciled and no write to a node's objects for this long (more than the chain's
 3 s between passes): the worker is done, the scheduling chain's label patches included."""
 
 
 async def drained(
     port: int, all_port: int, api_url: str | None, timeout_s: float = 600.0
 ) -> tuple[Metrics, float]:
-    """Wait until the queue is empty and neither the latency count nor the fake API's requests
-    on node objects moved for :data:`QUIET_S`; the last scrape, and when the last of them
+    """Wait until the queue is empty and neither the latency count nor the fake API's writes to
+    node objects moved for :data:`QUIET_S` (reads do not count: a resync's gets of every Node
+    in the old code would never leave it quiet); the last scrape, and when the last of them
     moved (monotonic)."""
     last: tuple[float, int] = (-1.0, -1)
     moved = time.monotonic()
@@ -461,7 +462,8 @@ async def drained(
     while time.monotonic() < deadline:
         await anyio.sleep(0.5)
         m = scrape(port, all_port)
-        now = (total(m, f"{LATENCY}_count"), sum(api_node_requests(api_url).values()))
+        wrote = api_node_requests(api_url)
+        now = (total(m, f"{LATENCY}_count"), sum(v for k, v in wrote.items() if k[:4] != "GET "))
         if now != last:
             last, moved = now, time.monotonic()
         quiet = time.monotonic() - moved >= QUIET_S
