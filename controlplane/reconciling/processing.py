@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
+import anyio.lowlevel
 
 from bus import events
 from controlplane import errors
@@ -232,6 +233,9 @@ class Processor:
                 self._metrics.event_to_object_seconds.observe(max(0.0, self._wallclock() - since))
             self.queue.done(node)
             self._metrics.queue_depth.set(self.queue.state.depth)
+            # A reconcile that needs no request never suspends: without this, a resync of
+            # thousands of unchanged nodes would hold the event loop (and the ingest) throughout.
+            await anyio.lowlevel.checkpoint()
 
     async def resync(self) -> None:
         """Queue every node of the ledger, the overflowed ones, and the gone or orphaned ones.

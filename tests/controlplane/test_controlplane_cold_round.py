@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import cast
 
 import anyio
+import anyio.lowlevel
 import msgspec
 import pytest
 from controlplane_fakeapi import FakeApi, fake_api, node
@@ -126,6 +127,26 @@ async def test_an_update_is_taken_before_the_creations_queued_ahead_of_it() -> N
     for n in ("new1", "new2", "old"):  # a cold round's creations, then an existing node's event
         p.ingest(events.DevicesEvent(node=n, ts=T0, groups=H200))
     assert [p.queue.state.take() for _ in range(3)] == ["old", "new1", "new2"]
+
+
+async def test_reconciles_that_need_no_request_hand_the_loop_back_between_them() -> None:
+    ledger, metrics = Ledger(max_nodes=10), WorkerMetrics(CollectorRegistry())
+    sink = cast(Sink, _Listed())
+    p = Processor(
+        ledger=ledger,
+        reconciler=NodeReconciler(ledger=ledger, sink=sink, metrics=metrics),
+        sink=sink,
+        metrics=metrics,
+    )
+    for i in range(100):  # a resync's nodes, nothing to write for any (no ledger state)
+        p.queue.add(f"n{i}")
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(p.work, 1)
+        while p.queue.state.depth == 100:  # prime's list: the worker has not started yet
+            await anyio.lowlevel.checkpoint()
+        depth = p.queue.state.depth
+        tg.cancel_scope.cancel()
+    assert depth > 90  # the loop came back after a reconcile, not after all of them
 
 
 async def _true(value: bool) -> bool:
