@@ -272,9 +272,39 @@ def fakeapi_child(args: argparse.Namespace) -> None:
     for name in node_names(args.nodes):
         fake.put_object("api/v1/nodes", node(name))
     app = web.Application()
+
+    async def node_requests(_request: web.Request) -> web.Response:
+        return web.json_response(node_request_kinds(fake.paths))
+
+    app.router.add_get("/_bench/node-requests", node_requests)
     app.router.add_route("*", "/{tail:.*}", fake.handle)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     web.run_app(app, host="127.0.0.1", port=args.port, access_log=None, print=None)
+
+
+NODE_KINDS = ("nodes", "devices", "nodemodelstores")
+
+
+def node_request_kinds(paths: dict[tuple[str, str], int]) -> dict[str, int]:
+    """The fake API's requests on a node's objects by kind: ``PATCH devices/status``, ``POST
+    devices``, ``GET nodes`` (a named get; lists and watches of the collection are not
+    counted)."""
+    out: dict[str, int] = {}
+    for (method, path), count in paths.items():
+        parts = path.strip("/").split("/")
+        rest = parts[2:] if parts[0] == "api" else parts[3:]
+        if not rest or rest[0] not in NODE_KINDS or (method == "GET" and len(rest) == 1):
+            continue
+        kind = f"{method} {rest[0]}" + ("/status" if rest[-1] == "status" else "")
+        out[kind] = out.get(kind, 0) + count
+    return out
+
+
+def api_node_requests(api_url: str | None) -> dict[str, int]:
+    if api_url is None:
+        return {}
+    with urllib.request.urlopen(f"{api_url}/_bench/node-requests", timeout=10) as r:
+        return dict(json.loads(r.read()))
 
 
 Template = tuple[bytes, bytes]
@@ -415,17 +445,31 @@ def proc_usage(pid: int) -> tuple[float, int]:
     return cpu, rss
 
 
-async def drained(port: int, all_port: int, timeout_s: float = 600.0) -> Metrics:
-    """Wait until the queue is empty and the latency count stopped moving; the last scrape."""
-    last = -1.0
-    deadline = time.monotonic() + timeout_s
+QUIET_S = 4.0
+"""No event reconciled and no write to a node's objects for this long (more than the chain's
+3 s between passes): the worker is done, the scheduling chain's label patches included."""
+
+
+async def drained(
+    port: int, all_port: int, api_url: str | None, timeout_s: float = 600.0
+) -> tuple[Metrics, float]:
+    """Wait until the queue is empty and neither the latency count nor the fake API's writes to
+    node objects moved for :data:`QUIET_S` (reads do not count: a resync's gets of every Node
+    in the old code would never leave it quiet); the last scrape, and when the last of them
+    moved (monotonic)."""
+    last: tuple[float, int] = (-1.0, -1)
+    moved = time.monotonic()
+    deadline = moved + timeout_s
     while time.monotonic() < deadline:
         await anyio.sleep(0.5)
         m = scrape(port, all_port)
-        count = total(m, f"{LATENCY}_count")
-        if total(m, "gpustack_worker_queue_depth") == 0 and count == last and count > 0:
-            return m
-        last = count
+        wrote = api_node_requests(api_url)
+        now = (total(m, f"{LATENCY}_count"), sum(v for k, v in wrote.items() if k[:4] != "GET "))
+        if now != last:
+            last, moved = now, time.monotonic()
+        quiet = time.monotonic() - moved >= QUIET_S
+        if total(m, "gpustack_worker_queue_depth") == 0 and now[0] > 0 and quiet:
+            return m, moved
     raise TimeoutError("the worker did not drain")
 
 
@@ -476,6 +520,13 @@ def phase(
         "all_count": int(total(m1, f"{ALL_LATENCY}_count") - total(m0, f"{ALL_LATENCY}_count")),
         "latencies": int(total(m1, f"{LATENCY}_count") - total(m0, f"{LATENCY}_count")),
         "writes": int(wrote),
+        "writes_per_node": round(wrote / n, 2),
+        # Every GET the worker sent (gets, lists and watch starts; API sink only).
+        "reads": int(
+            total(m1, "gpustack_worker_api_requests_total", verb="get")
+            - total(m0, "gpustack_worker_api_requests_total", verb="get")
+        ),
+        "seconds": round(elapsed, 1),
         # Refused on receipt, "overflow" included: the worker fell so far behind that its
         # buffer filled. Any is a failed run.
         "dropped": int(
@@ -492,13 +543,15 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
             children: list[subprocess.Popen[bytes]] = []
             try:
                 worker_cmd = [sys.executable, __file__, "--role", "worker", "--url", server.url]
+                api_url = None
                 if args.sink == "api":
                     api_port = free_port()
                     children.append(subprocess.Popen([  # noqa: ASYNC220 (a bench)
                         sys.executable, __file__, "--role", "fakeapi", "--port", str(api_port),
                         "--nodes", str(args.n),
                     ]))  # fmt: skip
-                    worker_cmd += ["--api", f"http://127.0.0.1:{api_port}"]
+                    api_url = f"http://127.0.0.1:{api_port}"
+                    worker_cmd += ["--api", api_url]
                 port, all_port = free_port(), free_port()
                 worker_cmd += ["--port", str(port), "--all-port", str(all_port)]
                 if args.profile:
@@ -515,7 +568,9 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
                     except OSError:
                         await anyio.sleep(0.1)
                 server_pid = server._proc.pid if server._proc else 0  # its CPU is reported
-                return await measure(args, server.url, (port, all_port), (worker.pid, server_pid))
+                return await measure(
+                    args, server.url, (port, all_port), (worker.pid, server_pid), api_url
+                )
             finally:
                 # Before the server stops, so that no child sees its bus go away. The worker
                 # first (it writes its profile), then the fake API.
@@ -529,7 +584,11 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
 
 
 async def measure(
-    args: argparse.Namespace, url: str, ports: tuple[int, int], pids: tuple[int, int]
+    args: argparse.Namespace,
+    url: str,
+    ports: tuple[int, int],
+    pids: tuple[int, int],
+    api_url: str | None,
 ) -> dict[str, Any]:
     """Both phases; ``pids``: the worker's and nats-server's (whose CPU is reported too: with
     the publishers, the bench itself needs more than the worker's core)."""
@@ -537,11 +596,12 @@ async def measure(
     writes = API_WRITES if args.sink == "api" else KV_WRITES
     load0 = os.getloadavg()[0]
     _, rss0 = proc_usage(pid)
-    m0 = scrape(*ports)
+    m0, r0 = scrape(*ports), api_node_requests(api_url)
     t0 = time.monotonic()
     sent0, lag0 = await run_publishers(args, url, first=0, rounds=1)
-    m1 = await drained(*ports)
-    cold_s = time.monotonic() - t0
+    m1, converged = await drained(*ports, api_url)
+    r1 = api_node_requests(api_url)
+    cold_s = converged - t0  # to the last write of the round, the chain's included
     cpu1, _ = proc_usage(pid)
     server1, _ = proc_usage(server_pid)
     t1 = time.monotonic()
@@ -552,7 +612,7 @@ async def measure(
     load_s = time.monotonic() - t1
     cpu_loaded, _ = proc_usage(pid)
     server_loaded, _ = proc_usage(server_pid)
-    m2 = await drained(*ports)
+    m2, _ = await drained(*ports, api_url)
     steady_s = time.monotonic() - t1
     cpu2, rss = proc_usage(pid)
     steady = phase(m2, m1, args.n, steady_s, writes)
@@ -567,6 +627,11 @@ async def measure(
         "offered_per_s": round(sent1 / (rounds * args.period_s), 1),
         "publisher_lag_s": {"cold": lag0, "steady": lag1},
         "cold": phase(m1, m0, args.n, cold_s, writes),
+        # The fake API's count of each kind of request on node objects in the cold round, per
+        # node (lists and watches apart): what a new node costs.
+        "cold_node_requests_per_node": {
+            k: round((v - r0.get(k, 0)) / args.n, 3) for k, v in sorted(r1.items())
+        },
         "steady": steady,
         "steady_s": round(steady_s, 1),
         "load_s": round(load_s, 1),
@@ -599,8 +664,10 @@ def ingest_bench(args: argparse.Namespace) -> dict[str, Any]:
     from bus.metrics import BusMetrics
     from controlplane.extension.registration import LatestSamples
     from controlplane.metrics import WorkerMetrics
+    from controlplane.reconciling.nodes import NodeReconciler
     from controlplane.reconciling.nodestates import Ledger
     from controlplane.reconciling.processing import Processor
+    from controlplane.reconciling.queueing import AsyncKeyQueue
     from controlplane.reconciling.sinks import KvSink
     from controlplane.worker import running
 
@@ -611,8 +678,9 @@ def ingest_bench(args: argparse.Namespace) -> dict[str, Any]:
     )  # fmt: skip
     ledger = Ledger(max_nodes=args.n + 1)
     processor = Processor(
-        ledger=ledger, reconciler=None, sink=KvSink(None), metrics=metrics,  # type: ignore[arg-type]
-        max_keys=args.n + 1,
+        ledger=ledger, sink=KvSink(None), metrics=metrics,  # type: ignore[arg-type]
+        reconciler=NodeReconciler(ledger=ledger, sink=KvSink(None), metrics=metrics),  # type: ignore[arg-type]
+        queue=AsyncKeyQueue(args.n + 1),
     )  # fmt: skip
     latest = LatestSamples(max_nodes=args.n + 1)
     names = node_names(args.n)

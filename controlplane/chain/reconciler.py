@@ -23,6 +23,9 @@ listed again, after an API error. Its own label patches' answers go into the inf
   ``retry_cap_s``, logged at each try; InstanceTypes and labels go on. Any API error drops the
   cache (the next tick lists again and looks at every node) and never stops the loop;
 - no plan from an empty cache: passes wait for the informer's first list;
+- a node whose own reconcile is queued or running (``labels_due``) is not patched: that
+  reconcile's one Node patch carries the chain's labels (:meth:`ChainReconciler.label_patch`),
+  and the node stays dirty until the chain has looked at it with nothing left to write;
 - a node is looked at again when its Node or its ledger state changed, and every node at least
   every ``period_s``; a pass whose nodes' signatures all compare equal plans nothing.
 
@@ -56,7 +59,7 @@ from controlplane.k8s.client import KubeClient
 from controlplane.k8s.informing import Informer
 from controlplane.metrics import WorkerMetrics
 from controlplane.reconciling import applying
-from controlplane.reconciling.nodestates import Ledger
+from controlplane.reconciling.nodestates import Ledger, NodeState
 from controlplane.reconciling.planning import Patch
 from controlplane.reconciling.sinks import KubeSink
 from controlplane.resources import NODES, Ref
@@ -80,6 +83,7 @@ class ChainReconciler:
         metrics: WorkerMetrics | None = None,
         clock: Callable[[], float] = time.monotonic,
         wallclock: Callable[[], datetime] = events.now,
+        labels_due: Callable[[str], bool] | None = None,
     ) -> None:
         self._sink = KubeSink(api)
         self._ledger = ledger
@@ -101,6 +105,9 @@ class ChainReconciler:
         """A write this pass changes the next plan (a check turned Active): plan again."""
         self._seen: dict[str, tuple[tuple[Any, ...], NodeFacts | None]] = {}
         """Per node: the signature last reconciled and the facts it gave."""
+        self._labels_due = labels_due
+        """A node reconcile that patches this Node is queued or running
+        (:class:`~controlplane.reconciling.processing.LabelsDue`): it carries our labels too."""
 
     @property
     def settings(self) -> ChainSettings:
@@ -128,6 +135,13 @@ class ChainReconciler:
     def entrance(self, local_queue: str) -> str | None:
         """The accelerator group of a LocalQueue of the last plan (the Workload webhook)."""
         return self._last.plan.entrances.get(local_queue) if self._last is not None else None
+
+    def label_patch(
+        self, body: Mapping[str, Any], state: NodeState | None
+    ) -> dict[str, str | None]:
+        """The chain's labels that differ on ``body`` (the node reconciler sends them with its
+        own patch: :class:`~controlplane.reconciling.nodes.NodeLabeller`)."""
+        return nodelabels.label_patch(body, state, self._settings).patch
 
     def node_changed(self, kind: str, name: str, body: dict[str, Any]) -> None:
         """The informer's listener: the Node was added, changed or deleted."""
@@ -226,6 +240,14 @@ class ChainReconciler:
         state = self._ledger.get(name)
         decided = nodelabels.label_patch(body, state, self._settings)
         facts = decided.facts
+        if decided.patch and self._labels_due is not None and self._labels_due(name):
+            # The node reconciler writes these labels with its own in a moment: look again next
+            # pass (its answer is in the informer then), planning meanwhile with these facts.
+            self._dirty.add(name)
+            deferred = ((), facts)
+            changed = self._seen.get(name) != deferred
+            self._seen[name] = deferred
+            return changed
         if decided.patch:
             ref = Ref(resource=NODES, name=name)
             patch = Patch(ref=ref, body={"metadata": {"labels": decided.patch}}, precondition=False)

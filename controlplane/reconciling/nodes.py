@@ -14,6 +14,13 @@ A node whose Node object does not exist (Kubernetes sink) is rejected and counte
 objects are deleted, but its ledger state is *parked* (bounded, see
 :class:`~controlplane.reconciling.nodestates.Ledger`), so it is reconciled as soon as the Node
 appears (the Node watch's ``ADDED``), not only at the agent's next change.
+
+Requests per node, the floor the API allows: the Node is read from the worker's Node informer
+(:class:`NodeCache`; a get only for a name it does not hold yet) and what a write returned is
+put back into it, so nothing the worker wrote is read again; a new Devices or NodeModelStore is a
+create and a status patch (the API server drops ``status`` on create of a resource with a status
+subresource); the Node's labels are one patch that carries the scheduling chain's labels too
+(:class:`NodeLabeller`), and its capacity one status patch when it changes.
 """
 
 from __future__ import annotations
@@ -60,10 +67,32 @@ class StoreSpecs(Protocol):
     def respec(self, desired: Desired, observed: Observed | None) -> Desired: ...
 
 
+class NodeCache(Protocol):
+    """The Node informer (:class:`controlplane.k8s.informing.Informer`)."""
+
+    def held(self) -> Mapping[str, dict[str, Any]] | None:
+        """name -> Node as last listed or watched; None before the first list."""
+        ...
+
+    def put(self, body: dict[str, Any]) -> None:
+        """This process wrote the Node and the API answered ``body``."""
+        ...
+
+
+class NodeLabeller(Protocol):
+    """Another owner of Node labels (the scheduling chain): its patch rides with ours."""
+
+    def label_patch(
+        self, body: Mapping[str, Any], state: NodeState | None
+    ) -> dict[str, str | None]:
+        """The owner's labels that differ on ``body`` (``None`` removes a key)."""
+        ...
+
+
 class NodeReconciler:
     """Makes one node's objects match the ledger. Not safe for two calls on one node at once."""
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 - keyword-only wiring, each part optional
         self,
         *,
         ledger: Ledger,
@@ -74,6 +103,8 @@ class NodeReconciler:
         clock: Callable[[], float] = time.monotonic,
         wallclock: Callable[[], datetime] = events.now,
         store_specs: StoreSpecs | None = None,
+        nodes: NodeCache | None = None,
+        labeller: NodeLabeller | None = None,
     ) -> None:
         self._ledger = ledger
         self._sink = sink
@@ -90,6 +121,8 @@ class NodeReconciler:
         self._wallclock = wallclock
         self._store_specs = store_specs
         """The NodeModelStore spec from settings and ModelStores, the user's edits kept."""
+        self._nodes = nodes
+        self._labeller = labeller
 
     def forget_pushed(self) -> None:
         """Forget what was pushed to the agents' bucket (the bus may have lost it)."""
@@ -101,6 +134,14 @@ class NodeReconciler:
         self._pushed.clear()
         self._complete = False
         self._reread.clear()
+
+    def has_objects(self, node: str) -> bool:
+        """The node's Devices or NodeModelStore exists as far as this reconciler knows (listed
+        or written): its next reconcile is an update of a write or two, not a creation."""
+        return any(
+            self._observed.get(Ref(resource=r, name=node)) is not None
+            for r in (DEVICES, NODEMODELSTORES)
+        )
 
     async def prime(self) -> None:
         """Cache every owned object with one list each; absent objects then need no get."""
@@ -118,7 +159,7 @@ class NodeReconciler:
         uid: str | None = None
         node_obs: Observed | None = None
         if self._sink.has_nodes:
-            node_obs = await self._sink.get(Ref(resource=NODES, name=node))
+            node_obs = await self._node(node)
             if node_obs is None:
                 await self.remove(node, reason="unknown_node")
                 return
@@ -219,7 +260,19 @@ class NodeReconciler:
             self._reread.add(actions[0].ref)
             raise errors.ServerError(0, f"{actions[0].ref}: writes took over {WRITE_GRACE_S}s")
 
+    async def _node(self, node: str) -> Observed | None:
+        """The Node from the informer; read only when the informer does not hold it (not
+        listed yet, or created a moment ago), so a cold round costs no read per node."""
+        held = self._nodes.held() if self._nodes is not None else None
+        body = held.get(node) if held is not None else None
+        if body is not None:
+            return Observed.of(body)
+        return await self._sink.get(Ref(resource=NODES, name=node))
+
     async def _converge_node(self, observed: Observed, node: str, groups: Any) -> None:
+        also = None
+        if self._labeller is not None:
+            also = self._labeller.label_patch(observed.body, self._ledger.get(node))
         actions = plan_node(
             Ref(resource=NODES, name=node),
             observed,
@@ -227,6 +280,7 @@ class NodeReconciler:
             capacity=labeling.capacity(groups),
             owns_label=labeling.is_owned_label,
             owns_capacity=labeling.is_owned_capacity,
+            also=also,
         )
         for action in actions:
             await self._execute(action)
@@ -244,8 +298,8 @@ class NodeReconciler:
 
     async def _execute(self, action: Action) -> None:
         """One write through :func:`applying.apply`; the cache follows what the sink returned
-        (a failed write is re-read before the next plan). A Node is not cached: the informer
-        and the next get see it."""
+        (a failed write is re-read before the next plan). A Node is not cached here: the
+        informer holds what the patch returned, so its watch echo is no change."""
         ref = action.ref
         current = self._observed.get(ref)
         try:
@@ -257,6 +311,8 @@ class NodeReconciler:
             raise
         if ref.resource != NODES:
             self._observed[ref] = result
+        elif self._nodes is not None and result is not None:
+            self._nodes.put(result.body)
 
     async def _push_store_spec(self, node: str, store: Desired) -> None:
         if self._agents is None:

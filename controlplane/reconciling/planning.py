@@ -29,7 +29,7 @@ the kubelet updates it all the time and only owned keys are touched.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
 import msgspec
@@ -207,11 +207,18 @@ def plan_node(
     capacity: dict[str, str],
     owns_label: Callable[[str], bool],
     owns_capacity: Callable[[str], bool],
+    also: Mapping[str, str | None] | None = None,
 ) -> list[Action]:
-    """Patches of a Node's owned labels and capacity keys, only where they differ."""
+    """Patches of a Node's owned labels and capacity keys, only where they differ.
+
+    ``also``: another owner's label patch (the scheduling chain's, keys disjoint from ours,
+    already only what differs) sent in the same request, so a Node both owners label at the
+    same moment is one write, not two.
+    """
     actions: list[Action] = []
     current_labels = observed.body.get("metadata", {}).get("labels") or {}
     label_patch = _owned_diff(current_labels, labels, owns_label)
+    label_patch.update(also or {})
     if label_patch:
         body = {"metadata": {"labels": label_patch}}
         actions.append(Patch(ref=ref, body=body, precondition=False))

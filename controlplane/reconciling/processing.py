@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
+import anyio.lowlevel
 
 from bus import events
 from controlplane import errors
@@ -48,6 +49,7 @@ __all__ = [
     "AllocationListener",
     "DigestsListener",
     "KnownNodes",
+    "LabelsDue",
     "Listeners",
     "ModelsListener",
     "Processor",
@@ -98,6 +100,23 @@ class Listeners:
     known_nodes: KnownNodes | None = None
 
 
+class LabelsDue:
+    """Whether a node reconcile that will patch the Node's labels is queued or running: the
+    scheduling chain leaves such a node's labels to it (one patch carries both owners'),
+    instead of writing the Node a moment before it. A node waiting to retry after an error
+    is not queued, so the chain writes its labels itself then."""
+
+    def __init__(self, queue: AsyncKeyQueue[str], ledger: Ledger) -> None:
+        self._queue = queue
+        self._ledger = ledger
+
+    def __call__(self, node: str) -> bool:
+        if not self._queue.state.holds(node):
+            return False
+        state = self._ledger.get(node)
+        return state is not None and state.groups is not None
+
+
 class Processor:
     """Owns the ledger, the queue and the reconciler of the node objects."""
 
@@ -108,16 +127,17 @@ class Processor:
         reconciler: NodeReconciler,
         sink: Sink,
         metrics: WorkerMetrics,
-        max_keys: int = 20_000,
         retry_s: float = 1.0,
         wallclock: Callable[[], float] = time.time,
         listeners: Listeners = Listeners(),
+        queue: AsyncKeyQueue[str] | None = None,
     ) -> None:
         self.ledger = ledger
         self.reconciler = reconciler
         self._sink = sink
         self._metrics = metrics
-        self.queue: AsyncKeyQueue[str] = AsyncKeyQueue(max_keys)
+        self.queue: AsyncKeyQueue[str] = queue if queue is not None else AsyncKeyQueue(20_000)
+        """Shared with :class:`LabelsDue` when one is made (pass the same queue to both)."""
         self._overflow: set[str] = set()
         self._gone: set[str] = set()
         self._since: dict[str, float] = {}
@@ -168,7 +188,9 @@ class Processor:
             heard.allocations.note(event)
 
     def _enqueue(self, node: str) -> None:
-        if not self.queue.add(node):
+        """Queue ``node``; a node whose objects exist (an update) in the queue's first lane, so
+        a cold round's creations do not starve the events of running nodes."""
+        if not self.queue.add(node, first=self.reconciler.has_objects(node)):
             self._overflow.add(node)
             self._metrics.rejected.labels(kind="node", reason="queue_full").inc()
         self._metrics.queue_depth.set(self.queue.state.depth)
@@ -215,6 +237,9 @@ class Processor:
                 self._metrics.event_to_object_seconds.observe(max(0.0, self._wallclock() - since))
             self.queue.done(node)
             self._metrics.queue_depth.set(self.queue.state.depth)
+            # A reconcile that needs no request never suspends: without this, a resync of
+            # thousands of unchanged nodes would hold the event loop (and the ingest) throughout.
+            await anyio.lowlevel.checkpoint()
 
     async def resync(self) -> None:
         """Queue every node of the ledger, the overflowed ones, and the gone or orphaned ones.

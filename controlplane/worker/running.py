@@ -57,7 +57,8 @@ from controlplane.reconciling.nodes import NodeReconciler
 from controlplane.reconciling.nodestates import Ledger
 from controlplane.reconciling.pending import PendingPublisher
 from controlplane.reconciling.podevents import PodEventer
-from controlplane.reconciling.processing import Listeners, Processor
+from controlplane.reconciling.processing import LabelsDue, Listeners, Processor
+from controlplane.reconciling.queueing import AsyncKeyQueue
 from controlplane.reconciling.sinks import KubeSink, KvSink, Sink
 from controlplane.resources import NODES
 from controlplane.schema import crds
@@ -217,9 +218,16 @@ async def _assemble(
     quotas: Latest[str, Quotas] = Latest(())  # the meter's, read by the artifact reconciler
     source, stores = await _settings_source(settings, conn, api, pins)
     ledger = Ledger(max_nodes=settings.max_nodes)
+    nodes = None
+    if api is not None:
+        resync_s = settings.kube.relist_s if settings.kube is not None else 0.0
+        nodes = Informer(api, NODES, resync_s=resync_s)
+    queue: AsyncKeyQueue[str] = AsyncKeyQueue(settings.max_nodes)
+    chain = _chain(api, nodes, ledger, settings, metrics, source, LabelsDue(queue, ledger))
     reconciler = NodeReconciler(
-        ledger=ledger, sink=sink, metrics=metrics, agents=agents, store_specs=stores
-    )
+        ledger=ledger, sink=sink, metrics=metrics, agents=agents, store_specs=stores,
+        nodes=nodes, labeller=chain,
+    )  # fmt: skip
     modelscope = await stack.enter_async_context(
         hubresolver.modelscope_resolver(lambda: source.values.model_artifact_modelscope_endpoint)
     )
@@ -234,14 +242,8 @@ async def _assemble(
     meter = BindingMeter(ledger, quotas=quotas, on_quotas=artifacts.quotas_changed)
     annotator = PodAnnotator(ledger)
     eventer = PodEventer()
-    nodes = None
-    if api is not None:
-        resync_s = settings.kube.relist_s if settings.kube is not None else 0.0
-        nodes = Informer(api, NODES, resync_s=resync_s)
-    chain = _chain(api, nodes, ledger, settings, metrics, source)
     processor = Processor(
-        ledger=ledger, reconciler=reconciler, sink=sink, metrics=metrics,
-        max_keys=settings.max_nodes,
+        ledger=ledger, reconciler=reconciler, sink=sink, metrics=metrics, queue=queue,
         listeners=Listeners(allocations=annotator, models_events=eventer, digests=artifacts,
                             states=chain, known_nodes=nodes),
     )  # fmt: skip
@@ -392,12 +394,16 @@ def _chain(
     settings: WorkerSettings,
     metrics: WorkerMetrics,
     source: SettingsSource,
+    labels_due: LabelsDue,
 ) -> ChainReconciler | None:
     if api is None:
         return None
     assert nodes is not None  # made with the API client
     chain = _chain_settings(settings, source)
-    return ChainReconciler(api=api, ledger=ledger, nodes=nodes, settings=chain, metrics=metrics)
+    return ChainReconciler(
+        api=api, ledger=ledger, nodes=nodes, settings=chain, metrics=metrics,
+        labels_due=labels_due,
+    )  # fmt: skip
 
 
 def _chain_settings(settings: WorkerSettings, source: SettingsSource) -> ChainSettings:

@@ -21,7 +21,8 @@ What it does, like the real API server:
   the API server, and no longer once :meth:`FakeApi.revoke` (its Pod deleted) was called;
 - :meth:`FakeApi.fail_next` injects one error response for a method and path prefix;
 - :meth:`FakeApi.hold` parks matching requests until the test releases them (cancellation tests);
-- per-verb counters of successful writes (``writes``); :attr:`FakeApi.field_managers` records
+- per-verb counters of successful writes (``writes``), every request per method and path
+  (:attr:`FakeApi.paths`: what a client sent); :attr:`FakeApi.field_managers` records
   each server-side apply's ``fieldManager`` per object (ownership itself is not modelled);
 - :attr:`FakeApi.validators` check objects of a collection before they are stored (422), and
   :attr:`FakeApi.absent` serves collections as not installed (404), e.g. Kueue's kinds;
@@ -134,6 +135,8 @@ class FakeApi:
         self.object_writes: Counter[Key] = Counter()
         """Successful updates and patches per object (main resource and subresources)."""
         self.requests: Counter[str] = Counter()
+        self.paths: Counter[tuple[str, str]] = Counter()
+        """Every request (answered or refused) per ``(method, path)``: what a client sent."""
         self.watches = 0
         """Watch streams opened so far."""
         self.grants: set[tuple[str, str]] = set()
@@ -279,6 +282,7 @@ class FakeApi:
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         self.requests[request.method] += 1
+        self.paths[(request.method, request.path)] += 1
         h = next(
             (h for h in self._holds if h.method == request.method
              and request.path.startswith(h.prefix)),

@@ -46,6 +46,22 @@ def test_queue_coalesces_and_serializes() -> None:
     assert q.done("a") is False and q.done("b") is False and len(q) == 0
 
 
+def test_queue_takes_updates_first_but_starves_no_lane() -> None:
+    q: KeyQueue[str] = KeyQueue(max_keys=100)
+    for i in range(3):
+        assert q.add(f"new{i}")  # first creations
+    for i in range(6):
+        assert q.add(f"up{i}", first=True)  # nodes whose objects exist
+    assert q.add("new0", first=True)  # already waiting: stays where it is
+    taken = [q.take() for _ in range(9)]
+    assert taken == ["up0", "up1", "up2", "up3", "new0", "up4", "up5", "new1", "new2"]
+    assert q.take() is None
+    assert q.add("new1", first=True)  # in flight: goes back to the first lane when done
+    assert q.add("new9")
+    assert q.done("new1") is True and q.take() == "new1" and q.take() == "new9"
+    assert q.holds("new9") and q.done("new9") is False and not q.holds("new9")
+
+
 def test_ledger_folds_in_arrival_order_whatever_the_stamps_say() -> None:
     ledger = Ledger(max_nodes=1)
     g = groups()

@@ -38,9 +38,11 @@ class Heard:
 
 
 def processor(listeners: Listeners) -> Processor:
+    ledger, metrics = Ledger(max_nodes=2), WorkerMetrics(CollectorRegistry())
     return Processor(
-        ledger=Ledger(max_nodes=2), reconciler=cast(NodeReconciler, None),
-        sink=cast(Sink, None), metrics=WorkerMetrics(CollectorRegistry()), listeners=listeners,
+        ledger=ledger, reconciler=NodeReconciler(ledger=ledger, sink=cast(Sink, None),
+                                                 metrics=metrics),
+        sink=cast(Sink, None), metrics=metrics, listeners=listeners,
     )  # fmt: skip
 
 
