@@ -34,7 +34,7 @@ from controlplane.resources import DEVICES, Observed, Resource
 from controlplane.worker import running
 
 pytestmark = pytest.mark.anyio
-HERE = Path(__file__).parent
+HERE = Path(__file__).parents[1]  # the shared fixtures of tests/controlplane
 H200 = msgspec.json.decode(
     (HERE / "controlplane_detect_h200x8.json").read_bytes(), type=tuple[DeviceGroup, ...]
 )
