@@ -147,7 +147,10 @@ async def test_a_model_store_overrides_its_nodes_and_reports_overlap(tmp_path: P
         second["metadata"]["labels"]["pool"] = "fast"
         fake.put_object("api/v1/nodes", second)
         await until(lambda: fake.get(MS, "a-pool")["status"]["nodes"] == 2)
-        await until(lambda: fake.lists[MS] >= store_lists + 2)
+        # Two more lists from here: the refresh that wrote a-pool's count (and, after it, b-pool's
+        # overlap naming n2) has finished, since refreshes run one after another.
+        seen = fake.lists[MS]
+        await until(lambda: fake.lists[MS] >= max(seen, store_lists) + 2)
         # Settled: later refreshes plan the same statuses and write nothing.
         writes, settled_lists = fake.object_writes[(MS, None, "b-pool")], fake.lists[MS]
         await until(lambda: fake.lists[MS] >= settled_lists + 2)
