@@ -45,8 +45,6 @@ import anyio
 import anyio.abc
 import msgspec
 
-from agent.deviceplugin.resources import MODES, socket_name
-from agent.devices.manufacturers import MANUFACTURERS
 from agent.models import running as models_running
 from agent.models.policy import MemoryPolicy
 from agent.models.settings import ModelManagerSettings
@@ -113,7 +111,6 @@ def settings_from(options: Options) -> StandaloneSettings:
         files.writable_directory(state_dir)  # /proc/self, a read-only or full disk: exit 2 now
     except files.InputRefused as e:
         raise SettingsError(f"--state-dir: {e}") from e
-    _check_socket_room(state_dir)
     bus = BusSettings()
 
     def https(port: int) -> HttpsSettings:
@@ -160,30 +157,6 @@ def settings_from(options: Options) -> StandaloneSettings:
             bus=bus, bind_address=agent.https.bind_address, port=flags.dashboard_port
         ),
     )
-
-
-_SUN_PATH_MAX: Final = 107
-"""Bytes a unix socket's path may take (``sun_path`` holds 108, its NUL included)."""
-
-
-def _check_socket_room(state_dir: str) -> None:
-    """Refuse a ``--state-dir`` too long for the unix sockets kept under it (the kubelet's and
-    the device plugins' in ``device-plugins/``, the CSI socket in ``csi/``): the kernel refuses
-    a longer socket path, which would fail the start with exit 1 long after the flags.
-
-    :raises SettingsError: naming ``--state-dir``, the longest socket path and the limit.
-    """
-    plugin = max((socket_name(m, mode) for m in MANUFACTURERS for mode in MODES), key=len)
-    paths = [os.path.abspath(os.path.join(state_dir, *rel)) for rel in
-             (("device-plugins", plugin), ("device-plugins", "kubelet.sock"), ("csi", "csi.sock"))]  # fmt: skip
-    longest = max(paths, key=lambda p: len(os.fsencode(p)))
-    size = len(os.fsencode(longest))
-    if size > _SUN_PATH_MAX:
-        raise SettingsError(
-            f"--state-dir: {state_dir!r} is too long for the unix sockets kept under it "
-            f"({longest} would be {size} bytes; a socket path holds at most {_SUN_PATH_MAX}); "
-            "choose a shorter directory"
-        )
 
 
 def _default_state_dir(env: Mapping[str, str]) -> str:
