@@ -25,7 +25,7 @@ fmt:
 
 # The test suite on every core, as the README's test command runs it (`just test -n 0 ...`: serial).
 test *args:
-    {{python}} -m pytest -n auto {{args}}
+    {{python}} -m pytest -n auto --dist worksteal {{args}}
 
 # Benchmarks (install the `bench` extra for every peer); figures go to docs/benchmarks.md by hand.
 bench:

@@ -51,6 +51,14 @@ if sys.platform != "win32":
     LOOPS.append(pytest.param(PRODUCTION_LOOP, id="uvloop"))
 
 
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """``-n auto``: two workers a core. Most tests wait (on nats-server, a child process, a
+    timer, a real HTTP peer) more than they compute, so one worker a core left the cores idle:
+    on 2 cores the suite took 5:02 with two workers and 2:55 with four."""
+    del config
+    return 2 * (os.cpu_count() or 1)
+
+
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     """An async test marked ``every_loop`` runs once per loop; any other once, on uvloop."""
     if "anyio_backend" in metafunc.fixturenames and metafunc.definition.get_closest_marker(

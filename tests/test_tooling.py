@@ -31,7 +31,7 @@ def test_every_bench_is_in_both_recipes_and_has_a_smoke_mode() -> None:
 
 def test_ci_runs_the_checks_then_the_readme_tests_then_the_bench_smoke() -> None:
     readme = (REPO / "README.md").read_text()
-    command = "python3 -m pip install -e '.[dev]' && python3 -m pytest -n auto"
+    command = "python3 -m pip install -e '.[dev]' && python3 -m pytest -n auto --dist worksteal"
     assert command in readme
     lines = [line.strip() for line in (REPO / ".ci" / "run").read_text().splitlines()]
     assert lines.index("just check") < lines.index(command) < lines.index("just bench-smoke")
