@@ -352,3 +352,24 @@ async def test_an_unreachable_hub_pins_the_expected_digest_for_peers_only(tmp_pa
         # Without an expectedDigest there is nothing to pin: it keeps waiting for the Hub.
         waiting = await settled(e.fake, "waiting", "Resolved", "False", "SourceUnavailable")
         assert "resolved" not in waiting["status"]
+        # An anchor names no commit to list again: revalidation, due at every reconcile, skips
+        # it (a check against the unreachable Hub would degrade it).
+        reconciler = e.worker.artifacts
+        reconciler.inputs = dataclasses.replace(reconciler.inputs, revalidate_s=lambda: 0.0)
+        registry = e.worker.metrics.registry
+        labels = {"kind": "modelartifact"}
+
+        def reconciles() -> float:
+            return registry.get_sample_value("gpustack_worker_reconcile_seconds_count", labels) or 0
+
+        before = reconciles()
+        for _ in range(3):
+            reconciler.add(("team", "anchored"))
+
+            async def reconciled(seen: float = reconciles()) -> bool:
+                return reconciles() > seen
+
+            await eventually(reconciled)
+        assert reconciles() >= before + 3
+        assert e.resolver.revalidations == 0
+        assert condition(e.fake.get(ARTIFACTS, "anchored", "team"), "Degraded")["status"] == "False"
