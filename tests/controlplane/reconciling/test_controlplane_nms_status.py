@@ -7,6 +7,7 @@ from typing import Any
 
 import jsonschema
 import pytest
+from test_controlplane_crds import strict
 
 from bus import events
 from controlplane.reconciling import objects, storing
@@ -19,18 +20,6 @@ T0 = datetime(2026, 1, 1, tzinfo=UTC)
 T1 = T0 + timedelta(minutes=5)
 D = ["sha256:" + c * 64 for c in "abcd"]
 REF = Ref(resource=NODEMODELSTORES, name="n1")
-
-
-def strict(schema: Any) -> Any:
-    """The schema as the API server applies it: unknown fields refused (pruning made loud)."""
-    if isinstance(schema, dict):
-        out = {k: strict(v) for k, v in schema.items() if not k.startswith("x-kubernetes")}
-        if schema.get("type") == "object" and "properties" in schema:
-            out["additionalProperties"] = False
-        return out
-    if isinstance(schema, list):
-        return [strict(v) for v in schema]
-    return schema
 
 
 VALIDATOR = jsonschema.Draft7Validator(
