@@ -18,8 +18,9 @@ import msgspec
 import pytest
 from controlplane_fakeapi import FakeApi, fake_api
 from test_controlplane_crds import validator
+from test_controlplane_modelartifacts import condition, record_of, settled
 
-from bus import connection, kv, records
+from bus import records
 from bus.settings import BusSettings
 from bus.testing import eventually, nats_server, settings_for
 from controlplane.clustersettings import catalog as settingscatalog
@@ -92,28 +93,6 @@ def artifact(name: str, source: dict[str, Any], **spec: Any) -> dict[str, Any]:
         "metadata": {"name": name, "namespace": "team"},
         "spec": {"source": source, **spec},
     }
-
-
-def condition(obj: dict[str, Any], kind: str) -> dict[str, Any]:
-    conds = (obj.get("status") or {}).get("conditions") or []
-    return next((c for c in conds if c["type"] == kind), {})
-
-
-async def settled(fake: FakeApi, name: str, kind: str, status: str, reason: str) -> dict[str, Any]:
-    async def check() -> bool:
-        obj = fake.objects.get((ARTIFACTS, "team", name))
-        c = condition(obj, kind) if obj else {}
-        return c.get("status") == status and c.get("reason") == reason
-
-    await eventually(check)
-    return fake.objects[(ARTIFACTS, "team", name)]
-
-
-async def record_of(bus: BusSettings, name: str) -> bytes | None:
-    async with connection.connect(bus, name="reader") as conn:
-        bucket = await kv.open_bucket(conn, kv.AGENTS_BUCKET)
-        got = await bucket.get(kv.artifact_key("team", name))
-        return got[0] if got else None
 
 
 async def test_a_modelscope_artifact_resolves_and_reaches_the_agents(tmp_path: Path) -> None:
