@@ -122,12 +122,14 @@ def settings_from(options: Options) -> ModelManagerSettings:
 def _peers_from(flags: ModelManagerFlags, env: Mapping[str, str]) -> PeerSettings:
     """``--peer-port`` and ``--peer-address`` (else ``$POD_IP``); off with port 0.
 
-    :raises SettingsError: a port without an address peers could reach, or an address that is
-        not an IP address.
+    :raises SettingsError: a port without an address peers could reach, an address that is
+        not an IP address, or ``--peer-address`` without ``--peer-port`` (it would do nothing).
     """
     port = flags.peer_port
     address = flags.peer_address or env.get("POD_IP", "")
     if not port:
+        if flags.peer_address:
+            raise SettingsError("--peer-address needs --peer-port: peer delivery is off without it")
         return PeerSettings()
     if not address:
         raise SettingsError("--peer-port needs --peer-address (or $POD_IP): where peers reach it")

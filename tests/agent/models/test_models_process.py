@@ -261,3 +261,16 @@ def test_settings_from_flags() -> None:
     assert built(KUBERNETES_NODE_NAME="from-env").node_name == "from-env"
     assert built("--node-name=flag", KUBERNETES_NODE_NAME="from-env").node_name == "flag"
     assert built("--nats-url=nats://bus:4222").bus is not None
+    # Peer delivery: off without --peer-port; the address from the flag, else $POD_IP.
+    assert built().peers.port is None
+    peers = built("--peer-port=32445", POD_IP="10.0.0.7").peers
+    assert (peers.port, peers.address) == (32445, "10.0.0.7")
+    assert built(
+        "--peer-port=32445", "--peer-address=10.0.0.8", POD_IP="10.0.0.7"
+    ).peers.address == ("10.0.0.8")
+    with pytest.raises(SettingsError, match="needs --peer-address"):
+        built("--peer-port=32445")
+    with pytest.raises(SettingsError, match="not an IP address"):
+        built("--peer-port=32445", "--peer-address=node-a")
+    with pytest.raises(SettingsError, match="--peer-address needs --peer-port"):
+        built("--peer-address=10.0.0.8")  # would be ignored: peer delivery is off
