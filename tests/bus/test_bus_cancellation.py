@@ -34,21 +34,11 @@ from bus.errors import PublisherClosed
 from bus.metrics import BusMetrics
 from bus.settings import BusSettings
 from gpustack_operator import buswatching
+from kit import testing as testing_fds
 
 pytestmark = [pytest.mark.anyio, pytest.mark.every_loop]  # I/O of its own
 
 DELAYS = [0.0, 0.002, 0.01, 0.05]
-
-
-def _sockets() -> int:
-    fds = Path("/proc/self/fd")
-    count = 0
-    for fd in fds.iterdir():
-        try:
-            count += os.readlink(fd).startswith("socket:")
-        except OSError:
-            pass  # closed while listing
-    return count
 
 
 def _server_children() -> list[int]:
@@ -73,19 +63,19 @@ class Baseline:
     def __init__(self) -> None:
         gc.collect()
         self.tasks = asyncio.all_tasks()
-        self.sockets = _sockets()
+        self.sockets = testing_fds.socket_fds()
 
     async def check(self) -> None:
         """Nothing new is left (bounded wait: closing clients finish their tasks in a few ticks)."""
 
         async def clean() -> bool:
             gc.collect()  # an unclosed transport would warn here (warnings are errors)
-            return not self.leftover_tasks() and _sockets() <= self.sockets
+            return not self.leftover_tasks() and testing_fds.socket_fds() <= self.sockets
 
         try:
             await testing.eventually(clean, timeout_s=5, interval_s=0.01)
         except TimeoutError:
-            pytest.fail(f"left behind: {self.leftover_tasks()}, sockets {_sockets()}")
+            pytest.fail(f"left behind: {self.leftover_tasks()}, sockets {testing_fds.socket_fds()}")
 
     def leftover_tasks(self) -> set[asyncio.Task[object]]:
         current = asyncio.current_task()
