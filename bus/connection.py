@@ -175,13 +175,20 @@ class Connection:
             await self._js.publish(subject, payload, timeout=self._settings.request_timeout_s)
 
     async def flush(self) -> None:
-        """Wait until the server has seen everything published so far.
+        """Wait until the server has seen everything published or subscribed so far.
+
+        Two round trips, not one: nats-py writes a flush's PING straight to the socket while
+        the commands before it (a SUB, a PUB) still wait for its flusher task, so the first
+        PONG can answer before the server read them. That first round trip lets the flusher
+        write them; the second PING follows them on the wire, and the server answers in order.
 
         :raises NotConnected: while reconnecting or after close.
         :raises PublishFailed: when the server does not answer within ``request_timeout_s``.
         """
+        timeout = max(1, round(self._settings.request_timeout_s))
         with mapped(PublishFailed, "flush"):
-            await self._nc.flush(timeout=max(1, round(self._settings.request_timeout_s)))
+            await self._nc.flush(timeout=timeout)
+            await self._nc.flush(timeout=timeout)
 
     async def request(self, subject: str, payload: bytes, *, timeout_s: float) -> bytes:
         """Publish ``payload`` as a request and return the first reply's payload.
