@@ -21,10 +21,17 @@ first detection pass. What it offers and what it injects are two parts it wires 
   files, driver steps through the registered :data:`~agent.deviceplugin.injecting.DriverControl`;
   a step with no control refuses the grant).
 
+Both were once methods of :class:`Node` itself: ``servicers``, ``_refresh``, ``_reindex``,
+``_view``, ``_resolve`` and ``partitioned_cards`` are now :class:`Offers`' (``refresh``,
+``view``, ``resolve``); ``cdi_catalog``, ``use_cdi``, ``_respond``, ``_mirror``, ``_prepare``
+and ``_perform`` are :class:`Injector`'s (``inject``, ``perform``), and ``DriverControl`` lives
+in :mod:`injecting`.
+
 Invariants: a grant is charged only after its injection was built and its host side prepared,
 so a refused request changes nothing in the ledger; the ledger is written here only (the two
 sides read it); which pending container a grant serves is :class:`Claims`' table, reserved and
-released only here; a released allocation's work directory is removed with it.
+released here (and by :mod:`instances` around an instance's creation); a released allocation's
+work directory is removed with it.
 """
 
 from __future__ import annotations
