@@ -13,9 +13,12 @@ creates the one a partitioned Allocate gets, after waiting for its claim), :mod:
 :mod:`podresources` asks kubelet who holds which device, and :mod:`running` wires them into one
 async context manager, :func:`running.device_plugins`. :mod:`kvpending` follows the node's pending
 sliced and partitioned containers from the bus; :mod:`pending` picks the one an Allocate serves.
-:mod:`node` keeps the node's state on the event loop; which pending container each grant serves
-is :mod:`claims` (``reserve``/``release``, and the change-woken wait of a partitioned Allocate),
-and the host side of an injection (work directories and their files) is :mod:`workdirs`.
+:mod:`node` keeps the node's ledger and its transactions on the event loop, wiring two parts:
+:mod:`offers` (the cards, each resource's servicer and view, re-keying only changed token lists)
+and :mod:`injecting` (what a grant injects, the CDI catalog, and its host side before Allocate
+answers: driver steps, and through :mod:`workdirs` its work directories and their files). Which
+pending container each grant serves is :mod:`claims` (``reserve``/``release``, and the
+change-woken wait of a partitioned Allocate).
 Also: :mod:`settings` (built at the edge), :mod:`limits` (bounds on a kubelet request),
 :mod:`errors` (named for the gRPC status kubelet sees), :mod:`cdi` (NVIDIA's device channel),
 :mod:`mirroring` (a visibility sidecar sees what its Pod's owner holds), :mod:`inotify` (waking on

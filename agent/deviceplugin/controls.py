@@ -1,16 +1,16 @@
 """The driver controls ``dm serve`` registers: the driver steps some vendors' grants need.
 
 A :class:`injection.DriverStep` names a change to a card's driver state that must hold before a
-container starts (:mod:`agent.deviceplugin.vendors`). :class:`node.Node` performs each step
-through the control registered for its kind and refuses the grant when none is, so a control
-exists here only where the vendor documents a call that makes the change:
+container starts (:mod:`agent.deviceplugin.vendors`). :class:`injecting.Injector` performs each
+step through the control registered for its kind and refuses the grant when none is, so a
+control exists here only where the vendor documents a call that makes the change:
 
 - ``ascend-container-share``: DCMI's ``dcmi_set_device_share_enable``, through the Ascend
   backend's own reader (so a ``--simulate`` run changes the simulated chip it detects);
 - ``cambricon-smlu`` and ``metax-sgpu`` have no control: see ``docs/injection.md`` for why.
 
-A control is synchronous (:data:`node.DriverControl`): Node calls it on the loop thread between
-an Allocate's decision and its charge, and that section must not interleave with another
+A control is synchronous (:data:`injecting.DriverControl`): the node calls it on the loop thread
+between an Allocate's decision and its charge, and that section must not interleave with another
 Allocate. The DCMI calls it makes are two ioctls on a local device node, short enough for that.
 A control maps every library error to :class:`errors.ActuationFailed`, so the grant fails with
 ``Internal`` and nothing is charged.
@@ -23,8 +23,8 @@ import logging
 from collections.abc import Callable, Sequence
 
 from agent.deviceplugin import errors
+from agent.deviceplugin.injecting import DriverControl
 from agent.deviceplugin.injection import DriverStep
-from agent.deviceplugin.node import DriverControl
 from agent.deviceplugin.vendors.ascend import CONTAINER_SHARE
 from agent.devices import ascend, detection, vendor
 from agent.devices.libs import clib

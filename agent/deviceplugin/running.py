@@ -18,7 +18,8 @@ import anyio.to_thread
 from agent.deviceplugin import cdi, podresources
 from agent.deviceplugin.claims import KubeletKey
 from agent.deviceplugin.holdings import Ledger
-from agent.deviceplugin.node import DriverControl, Links, Node
+from agent.deviceplugin.injecting import DriverControl
+from agent.deviceplugin.node import Links, Node
 from agent.deviceplugin.partitioning import MigControl, Partitions
 from agent.deviceplugin.registration import Registrar
 from agent.deviceplugin.server import Key, ResourceServicer
@@ -96,11 +97,11 @@ class Plugins:
         return self._registrar.connected()
 
     def servicers(self) -> dict[Key, ResourceServicer]:
-        return dict(self._node.servicers)
+        return dict(self._node.offers.servicers)
 
     def cdi_catalog(self) -> cdi.Catalog:
         """The CDI device names the node answers with, as last read."""
-        return self._node.cdi_catalog
+        return self._node.injector.cdi_catalog
 
 
 @asynccontextmanager
@@ -153,7 +154,7 @@ async def device_plugins(
         controls=controls,
         links=links,
     )
-    registrar = Registrar(settings, lambda: node.servicers, ready=lambda: node.updated)
+    registrar = Registrar(settings, lambda: node.offers.servicers, ready=lambda: node.updated)
     plugins = Plugins(node, registrar)
     async with anyio.create_task_group() as tg:
         tg.start_soon(registrar.run, name="deviceplugin-registration")
@@ -195,7 +196,7 @@ async def _refresh_cdi(settings: DevicePluginSettings, node: Node) -> None:
     """Read the CDI specs again every period: they may be generated after the agent started."""
     while True:
         await anyio.sleep(settings.cdi_refresh_s)
-        node.use_cdi(await _read_cdi(settings))
+        node.injector.use_cdi(await _read_cdi(settings))
 
 
 async def _reclaim(settings: DevicePluginSettings, node: Node, partitions: Partitions) -> None:
@@ -207,7 +208,7 @@ async def _reclaim(settings: DevicePluginSettings, node: Node, partitions: Parti
             continue
         try:
             await partitions.reclaim(
-                node.partitioned_cards(), node.held_partitions(), anyio.current_time()
+                node.offers.partitioned_cards(), node.held_partitions(), anyio.current_time()
             )
         except Exception:  # one bad pass must not end reclaim for the process's life
             log.exception("MIG reclaim pass failed")

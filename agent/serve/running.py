@@ -44,7 +44,7 @@ from prometheus_client import CollectorRegistry
 
 from agent.deviceplugin import kvpending, partitioning
 from agent.deviceplugin.controls import driver_controls
-from agent.deviceplugin.node import DriverControl
+from agent.deviceplugin.injecting import DriverControl
 from agent.deviceplugin.running import Plugins, device_plugins
 from agent.devices import detection, nvidia, sources
 from agent.errors import StartFailed

@@ -36,7 +36,7 @@ def _node(tmp_path: Path) -> tuple[Node, list[events.Event]]:
 
 def _health(node: Node, mode: Mode, card: str) -> set[str]:
     """The health of ``card``'s tokens in the list ``mode`` sends now (never a stale list)."""
-    servicer = node.servicers[("nvidia", mode)]
+    servicer = node.offers.servicers[("nvidia", mode)]
     assert servicer.listing().wire == encoding.listing(servicer.spec.tokens)
     return {HEALTHY if t.healthy else UNHEALTHY for t in servicer.spec.tokens if t.card == card}
 
@@ -55,14 +55,14 @@ async def test_a_first_holding_blocks_the_card_in_the_other_modes_and_only_those
     node, _ = _node(tmp_path)
     node.update(h200)
     card = h200[0].accelerators[2].id
-    before = {key: (s.spec, s.listing()) for key, s in node.servicers.items()}
+    before = {key: (s.spec, s.listing()) for key, s in node.offers.servicers.items()}
 
     node.allocate(("nvidia", "sliced"), [_token(h200, 2)])
     node.allocate(("nvidia", "sliced"), [_token(h200, 2, 1)])  # same card, same mode
 
-    changed = {k for k, s in node.servicers.items() if s.listing() is not before[k][1]}
+    changed = {k for k, s in node.offers.servicers.items() if s.listing() is not before[k][1]}
     assert changed == {("nvidia", "exclusive"), ("nvidia", "shared")}
-    assert all(node.servicers[k].spec is before[k][0] for k in before if k not in changed)
+    assert all(node.offers.servicers[k].spec is before[k][0] for k in before if k not in changed)
     assert _health(node, "exclusive", card) == {"Unhealthy"}
     assert _health(node, "shared", card) == {"Unhealthy"}
     assert _health(node, "sliced", card) == {"Healthy"}
@@ -71,7 +71,7 @@ async def test_a_first_holding_blocks_the_card_in_the_other_modes_and_only_those
     assert _health(node, "exclusive", other) == _health(node, "shared", other) == {"Healthy"}
 
     node.reconcile([])  # kubelet lists no container: both holdings are released
-    assert {k: s.listing().wire for k, s in node.servicers.items()} == {
+    assert {k: s.listing().wire for k, s in node.offers.servicers.items()} == {
         k: listing.wire for k, (_, listing) in before.items()
     }
 
@@ -88,14 +88,17 @@ async def test_health_changes_after_caching_reach_every_list(
     node.update(h200)
     node.allocate(("nvidia", "sliced"), [_token(h200, 4)])
     card = h200[0].accelerators[4].id
-    cached = {k: s.listing() for k, s in node.servicers.items()}
+    cached = {k: s.listing() for k, s in node.offers.servicers.items()}
 
     node.update(with_health(h200, 4, unhealthy=True))
     assert all(_health(node, m, card) == {"Unhealthy"} for m in MODES if m != "partitioned")
-    assert node.servicers[("nvidia", "partitioned")].listing() is cached[("nvidia", "partitioned")]
+    assert (
+        node.offers.servicers[("nvidia", "partitioned")].listing()
+        is cached[("nvidia", "partitioned")]
+    )
 
     node.update(h200)  # back to a state seen before: cached tokens and bytes come back
-    assert {k: s.listing().wire for k, s in node.servicers.items()} == {
+    assert {k: s.listing().wire for k, s in node.offers.servicers.items()} == {
         k: c.wire for k, c in cached.items()
     }
     assert _health(node, "exclusive", card) == {"Unhealthy"}  # still held in sliced mode

@@ -97,10 +97,10 @@ def test_an_allocate_answers_with_the_annotation_or_refuses_and_charges_nothing(
     settings = DevicePluginSettings.for_tests(str(tmp_path), nvidia_injection="cdi-annotations")
     node = Node(settings, publish=published.append)
     node.update(h200)
-    view = node._view(("nvidia", "exclusive"))
+    view = node.offers.view(("nvidia", "exclusive"))
     by_index = sorted(view.tokens.values(), key=lambda t: view.cards[t.card].index)
     first, second = by_index[0], by_index[1]
-    node.use_cdi(cdi.Catalog(frozenset({f"nvidia.com/gpu={first.card}"})))
+    node.injector.use_cdi(cdi.Catalog(frozenset({f"nvidia.com/gpu={first.card}"})))
     got = node.allocate(("nvidia", "exclusive"), [first.id])
     assert got.annotations == {cdi.ANNOTATION: f"nvidia.com/gpu={first.card}"}
     assert "NVIDIA_VISIBLE_DEVICES" not in got.envs

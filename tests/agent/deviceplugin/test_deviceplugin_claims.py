@@ -126,7 +126,7 @@ async def _node(
 
 
 def _ids(node: Node) -> list[str]:
-    return [node.servicers[KEY].spec.tokens[0].id]
+    return [node.offers.servicers[KEY].spec.tokens[0].id]
 
 
 @pytest.mark.anyio

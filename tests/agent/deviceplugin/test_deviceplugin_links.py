@@ -56,15 +56,15 @@ def test_the_listener_hears_every_allocate_that_went_through_and_no_refused_one(
 ) -> None:
     told = Told([])
     n = node(tmp_path, h200, told, [], nvidia_injection="cdi-annotations")
-    first = min(t.id for t in n.servicers[KEY].spec.tokens)
+    first = min(t.id for t in n.offers.servicers[KEY].spec.tokens)
     with pytest.raises(errors.CannotInject):  # no CDI device known yet: refused
         n.allocate(KEY, [first])
     assert told.allocations == 0
-    card = n._view(KEY).tokens[first].card
-    n.use_cdi(cdi.Catalog(frozenset({f"nvidia.com/gpu={card}"})))
+    card = n.offers.view(KEY).tokens[first].card
+    n.injector.use_cdi(cdi.Catalog(frozenset({f"nvidia.com/gpu={card}"})))
     n.allocate(KEY, [first])
     n.allocate(KEY, [first])  # kubelet's retry: the same answer, heard again
-    assert told.allocations == 2 and n.cdi_catalog.names == {f"nvidia.com/gpu={card}"}
+    assert told.allocations == 2 and n.injector.cdi_catalog.names == {f"nvidia.com/gpu={card}"}
 
 
 @pytest.mark.anyio

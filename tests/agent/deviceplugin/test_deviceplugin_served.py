@@ -56,7 +56,7 @@ def node(
 
 
 def tokens(n: Node) -> tuple[str, list[str]]:
-    view = n._view(KEY)
+    view = n.offers.view(KEY)
     ordered = sorted(view.tokens.values(), key=lambda t: (view.cards[t.card].index, t.index))
     card = ordered[0].card
     return card, [t.id for t in ordered if t.card == card]
@@ -111,7 +111,7 @@ def claim(container: str, resource: str, count: int, *, pod: str = "s") -> Pendi
 
 def by_index(n: Node, mode: str) -> list[str]:
     """One token per card, in card index order."""
-    view = n._view(("nvidia", mode))  # type: ignore[arg-type]
+    view = n.offers.view(("nvidia", mode))  # type: ignore[arg-type]
     first: dict[str, str] = {}
     for t in sorted(view.tokens.values(), key=lambda t: (view.cards[t.card].index, t.index)):
         first.setdefault(t.card, t.id)
@@ -130,7 +130,7 @@ def test_a_sidecar_sees_exactly_its_owners_cards_whatever_tokens_kubelet_picked(
     assert (event.pod_uid, event.container) == ("uid-s", "main")
     seen = by_index(n, "visibility")
     got = n.allocate(("nvidia", "visibility"), seen[0:2])  # tokens of cards #0 and #1
-    view = n._view(("nvidia", "exclusive"))
+    view = n.offers.view(("nvidia", "exclusive"))
     owner = ",".join(view.tokens[t].card for t in whole[3:5])
     assert got.envs == {"NVIDIA_VISIBLE_DEVICES": owner}
     assert n.allocate(("nvidia", "visibility"), seen[0:2]) == got  # a retry: the same answer
@@ -183,7 +183,7 @@ def test_preferred_allocation_defers_a_card_the_pending_container_would_not_fit(
 ) -> None:
     claims = [req("big", 0, memory=80), req("next", 1)]
     n, _ = node(tmp_path, h200, claims)
-    view = n._view(KEY)
+    view = n.offers.view(KEY)
     card0, ids0 = tokens(n)
     n.allocate(KEY, ids0[:1])  # big: 1,280,000 of card 0, 320,000 left
     ids1 = [t.id for t in view.tokens.values() if view.cards[t.card].index == 1]
