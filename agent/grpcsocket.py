@@ -37,7 +37,17 @@ from grpclib.encoding.base import CodecBase
 from grpclib.protocol import H2Protocol
 from grpclib.server import Server
 
-__all__ = ["Bound", "Connections", "Identity", "socket_identity", "unix_server"]
+from kit import files
+from kit.options import SettingsError
+
+__all__ = [
+    "Bound",
+    "Connections",
+    "Identity",
+    "SocketPathTooLong",
+    "socket_identity",
+    "unix_server",
+]
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +56,15 @@ MODE = 0o600
 CLOSE_TIMEOUT_S = 5.0
 """How long leaving :func:`unix_server` may spend closing the server and its connections."""
 _CLOSE_POLL_S = 0.005
+
+
+class SocketPathTooLong(SettingsError):
+    """The socket's path does not fit a unix socket address (:data:`files.SOCKET_PATH_BYTES`).
+
+    A :class:`SettingsError` (exit 2): the path is first whole here, but only a shorter
+    directory setting (``--state-dir``, a socket directory) mends it.
+    """
+
 
 Identity = tuple[int, int]
 """(inode, change time in ns) of a socket file: a new socket at the same path differs."""
@@ -207,7 +226,14 @@ async def unix_server(
 
 
 async def _bind(server: _Server, path: Path, mode: int, ours: list[Identity]) -> None:
-    """Bind ``path``, recording in ``ours`` each identity it has (the mode changes it)."""
+    """Bind ``path``, recording in ``ours`` each identity it has (the mode changes it).
+
+    :raises SocketPathTooLong: before anything is touched.
+    """
+    try:
+        files.socket_path(path)
+    except files.InputRefused as e:
+        raise SocketPathTooLong(str(e)) from e
     if socket_identity(path) is not None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)

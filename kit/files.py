@@ -20,10 +20,12 @@ from typing import Final
 
 __all__ = [
     "INPUT_BYTES",
+    "SOCKET_PATH_BYTES",
     "InputRefused",
     "read_capped",
     "reason",
     "socket_directory",
+    "socket_path",
     "unique_file",
     "writable_directory",
     "writable_file",
@@ -126,12 +128,32 @@ def writable_directory(path: str | os.PathLike[str]) -> None:
         raise InputRefused(reason(e, path)) from e
 
 
+SOCKET_PATH_BYTES: Final = 107
+"""The longest path a unix socket can be bound or reached at: Linux's ``sun_path`` has 108
+bytes and libuv (uvloop) keeps one for the terminating NUL."""
+
+
+def socket_path(path: str | os.PathLike[str]) -> None:
+    """``path`` fits a unix socket's address (checked before a bind, which would only say
+    "AF_UNIX path too long", without the path).
+
+    :raises InputRefused: with the path and its length.
+    """
+    size = len(os.fsencode(path))
+    if size > SOCKET_PATH_BYTES:
+        raise InputRefused(
+            f"{os.fspath(path)}: a unix socket path of {size} bytes; at most {SOCKET_PATH_BYTES} "
+            "fit, so its directory must be shorter"
+        )
+
+
 def socket_directory(path: str | os.PathLike[str]) -> None:
-    """The directory a unix socket ``path`` lives in exists (the socket itself may come later:
-    its server makes it).
+    """A unix socket can be made at ``path``: the path fits (:func:`socket_path`) and its
+    directory exists (the socket itself may come later: its server makes it).
 
     :raises InputRefused: with the reason.
     """
+    socket_path(path)
     parent = Path(path).parent
     try:
         if not stat.S_ISDIR(os.stat(parent).st_mode):

@@ -341,3 +341,35 @@ async def test_abruptly_closed_raw_connections_are_forgotten(tmp_path: Path) -> 
         await _until(lambda: _fds() <= fds)
         assert bound.connections.accepted >= 500
         await _options(path)  # still serving
+
+
+def _path_of(directory: Path, size: int) -> Path:
+    """A socket path of exactly ``size`` bytes under ``directory`` (made here)."""
+    name_size = size - len(os.fsencode(directory)) - 1
+    assert name_size > 0
+    return directory / ("s" * name_size)
+
+
+async def test_the_longest_path_a_unix_socket_takes_is_bound_and_served(
+    short_tmp_path: Path,
+) -> None:
+    path = _path_of(short_tmp_path, 107)
+    async with grpcsocket.unix_server(path, [_Plugin()]):
+        options = await _options(path)  # grpcio (C-core) reaches it at that address
+    assert options.get_preferred_allocation_available
+
+
+async def test_a_path_one_byte_longer_is_refused_naming_it_and_touches_nothing(
+    short_tmp_path: Path,
+) -> None:
+    path = _path_of(short_tmp_path, 108)
+    fds, tasks = await _baseline(short_tmp_path)
+    with pytest.raises(grpcsocket.SocketPathTooLong) as caught:
+        async with grpcsocket.unix_server(path, [_Plugin()]):
+            pytest.fail("bound a path the kernel cannot take whole")
+    assert str(caught.value) == (
+        f"{path}: a unix socket path of 108 bytes; at most 107 fit, so its directory must be "
+        "shorter"
+    )
+    assert not path.exists()
+    assert (_fds() - fds, _tasks()) == (set(), tasks)

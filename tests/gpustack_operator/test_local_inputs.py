@@ -209,3 +209,23 @@ def test_a_socket_in_a_missing_directory_is_refused_at_start(
     flag = args[-1].split("=", 1)[0]
     line = _refused(_run(*args, tmp_path=tmp_path), flag)
     assert "/proc/nonexistent: does not exist" in line
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("worker", "--kubeconfig=none", "--metrics-auth=none", "--secure-port=0",
+         "--nats-url=nats://127.0.0.1:1", "--worker-gateway-unix-path="),
+        ("wg", "--bind-unix-path="),
+    ],
+)  # fmt: skip
+def test_a_socket_path_longer_than_a_unix_address_takes_is_refused_at_start(
+    tmp_path: Path, args: tuple[str, ...]
+) -> None:
+    """Its directory exists, so only the length is wrong: 108 bytes, one more than fit."""
+    directory = tmp_path / "d"
+    directory.mkdir()
+    path = directory / ("s" * (108 - len(os.fsencode(directory)) - 1))
+    flag = args[-1].split("=", 1)[0]
+    line = _refused(_run(*args[:-1], f"{args[-1]}{path}", tmp_path=tmp_path), flag)
+    assert "a unix socket path of 108 bytes; at most 107 fit" in line

@@ -292,3 +292,21 @@ async def _sampled(samples: Callable[[], Awaitable[set[bytes]]], before: set[byt
         return bool(await samples() - before)
     except errors.BusError:
         return False
+
+
+def test_a_state_directory_too_long_for_the_agents_sockets_exits_2_naming_the_path(
+    tmp_path: Path,
+) -> None:
+    """Which sockets the device agent binds depends on what it detects, so the check is at the
+    bind; it still is the directory setting's fault (exit 2, one line, no traceback)."""
+    state = tmp_path / ("d" * 60) / ("e" * 40)
+    cli = os.path.join(os.path.dirname(sys.executable), "gpustack-operator")
+    argv = [cli, "standalone", "--simulate=nvidia-h200x8", f"--state-dir={state}",
+            "--nats-port=0", "--worker-port=0", "--device-manager-port=0",
+            "--model-manager-port=0", "--dashboard-port=0", "--bind-address=127.0.0.1"]  # fmt: skip
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+    errors_ = [line for line in done.stderr.splitlines() if line.startswith("E")]
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr
+    [line] = errors_
+    assert f"standalone: {state}/" in line and "a unix socket path of" in line
