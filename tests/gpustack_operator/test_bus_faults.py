@@ -215,6 +215,7 @@ async def test_livez_fails_once_an_agent_is_off_the_bus_past_the_bound(tmp_path:
             tg.start_soon(models_running.serve, _models(tmp_path, bus, models_port), MemoryPolicy())
             device_port = agent.server.port
             await testing.eventually(_answers(device_port, "/livez", 200))
+            await testing.eventually(_answers(device_port, "/readyz", 200))  # kubelet has all
             await testing.eventually(_answers(models_port, "/livez", 200), timeout_s=20)
 
             await server.stop()

@@ -57,6 +57,16 @@ def _library(running: Running) -> SimulatedNvml:
     return library
 
 
+async def _ready(server: serving.Server) -> None:
+    """Until ``/readyz`` says 200: every plugin registered (kubelet records a Register before
+    the plugin has its reply, so one endpoint kubelet knows is not yet a ready agent)."""
+
+    async def ready() -> bool:
+        return (await _get(server, "/readyz"))[0] == 200
+
+    await eventually(ready)
+
+
 def _check(predicate: Callable[[], bool]) -> Callable[[], Awaitable[bool]]:
     async def check() -> bool:
         return predicate()
@@ -174,7 +184,7 @@ async def _scrape(running: Running) -> None:
     assert "gpustack_bus_outbox_depth" in families
     assert families["gpustack_agent_kubelet_registrations"].samples[0].value >= 1
 
-    assert (await _get(running.server, "/readyz"))[0] == 200
+    await _ready(running.server)
     assert (await _get(running.server, "/livez"))[0] == 200
     status, body = await _get(running.server, "/monitor/snapshot")
     snapshot = json.loads(body)
@@ -193,7 +203,7 @@ async def test_agent_serves_without_the_bus_and_publishes_once_it_is_up(
         running: Running = await tg.start(run, settings)
         await _endpoint(kubelet, "nvidia.com/gpu")
 
-        assert (await _get(running.server, "/readyz"))[0] == 200
+        await _ready(running.server)  # with nothing listening at the bus's address
         assert not running.publisher.attached
         assert running.publisher.pending >= 3  # devices, agent, samples: held, not lost
         async with embedded_server(tmp_path / "nats", port=port), connect(bus) as conn:
@@ -284,11 +294,7 @@ async def test_without_kubelet_the_agent_says_so_and_is_not_ready(
         assert (await _get(running.server, "/readyz"))[0] == 503
         with fake_kubelet(tmp_path / "kubelet.sock") as kubelet:
             await _endpoint(kubelet, "nvidia.com/gpu")
-
-            async def ready() -> bool:
-                return (await _get(running.server, "/readyz"))[0] == 200
-
-            await eventually(ready)
+            await _ready(running.server)
         tg.cancel_scope.cancel()
     warnings = [r for r in caplog.records if "waiting for kubelet" in r.getMessage()]
     assert len(warnings) == 1, "logged once per change, not every pass"
