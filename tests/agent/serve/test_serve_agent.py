@@ -158,6 +158,7 @@ async def _xid_makes_a_card_unhealthy(
 
 
 async def _scrape(running: Running) -> None:
+    await _ready(running.server)  # every registration counted (on its reply)
     uuid = _library(running).cards[0].uuid
     status, text = await _get(running.server, "/metrics")
     families = {f.name: f for f in text_string_to_metric_families(text)}
@@ -184,7 +185,6 @@ async def _scrape(running: Running) -> None:
     assert "gpustack_bus_outbox_depth" in families
     assert families["gpustack_agent_kubelet_registrations"].samples[0].value >= 1
 
-    await _ready(running.server)
     assert (await _get(running.server, "/livez"))[0] == 200
     status, body = await _get(running.server, "/monitor/snapshot")
     snapshot = json.loads(body)
