@@ -10,7 +10,7 @@ import pytest
 from agent.models import collecting, layout, mounting, reporting, volumes
 from agent.models.backoff import backoff_delay
 from agent.models.errors import CacheCorrupt, InvalidVolume
-from agent.models.materializing import human
+from agent.models.jobs import human
 from bus.records import StoreSpec, Watermarks
 
 H = [c * 64 for c in "abcdef"]
