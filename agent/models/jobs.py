@@ -84,7 +84,7 @@ class Source:
     """This source's listing when the caller just made it (``mm pull`` resolved the revision
     a moment ago): the attempt uses it instead of listing again."""
     hub: kinds.Kind = kinds.HUGGING_FACE
-    """Which hub the repository is on (its client is :meth:`.materializing.Materializer.client`)."""
+    """Which hub the repository is on (its client is :meth:`.attempting.Attempts.client`)."""
 
     @property
     def key(self) -> str:
