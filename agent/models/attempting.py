@@ -219,13 +219,22 @@ class Attempts:
         counter = self.metrics.download_bytes.labels(source=via)
 
         def moved(n: int) -> None:
-            job.done = min(job.size, job.done + n)
-            if via == "peer":
-                job.peer_bytes += n
-            else:
-                job.hub_bytes += n
+            job.received(n, via)
             counter.inc(n)
 
+        await self._fetch_files(manifest, origin, attempt, tuning, moved, present)
+
+    async def _fetch_files(
+        self,
+        manifest: Manifest,
+        origin: downloading.Origin,
+        attempt: Path,
+        tuning: Tuning,
+        moved: Callable[[int], None],
+        present: set[str],
+    ) -> None:
+        """Fetch ``manifest``'s files, ``files_per_attempt`` at a time; ``present``: the paths
+        already under the attempt's tree, ``moved``: told each chunk of bytes that arrived."""
         tree = attempt / "tree"
         state = attempt / "state"
         pending = iter(manifest.entries)

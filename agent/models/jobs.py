@@ -129,6 +129,14 @@ class Job:
         NodeModelStore ``status.models[].source``)."""
         return "Peer" if self.peer_bytes * 2 > self.peer_bytes + self.hub_bytes else "Hub"
 
+    def received(self, n: int, via: Literal["hub", "peer"]) -> None:
+        """Count ``n`` more bytes from ``via`` (``done`` never passes ``size``)."""
+        self.done = min(self.size, self.done + n)
+        if via == "peer":
+            self.peer_bytes += n
+        else:
+            self.hub_bytes += n
+
     def join(self, source: Source, now: float, pod: Pod | None = None) -> None:
         """Add ``source`` unless one with its key (repository, commit, credential) is listed.
 
