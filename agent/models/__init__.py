@@ -8,9 +8,11 @@ See docs/models.md for the volume contract, the on-disk layout and the bus repor
   :mod:`.mounting` (bind mounts), :mod:`.policy`, :mod:`.kvpolicy` and :mod:`.policyfile` (who
   may mount what, from the bus, kept on disk);
 - the cache: :mod:`.layout` (the on-disk layout), :mod:`.materializing` (a digest into a
-  published tree, once), :mod:`.downloading`, :mod:`.assembling`, :mod:`.diskio` and
-  :mod:`.publishing` (its steps), :mod:`.backoff`, :mod:`.collecting` (reclaiming space),
-  :mod:`.reporting` (the cache as bus events), :mod:`.tuning` (its constants), :mod:`.errors`;
+  published tree, once: the job table), :mod:`.attempting` (one attempt's steps), :mod:`.jobs`
+  (their records: sources, jobs, progress text), :mod:`.downloading`, :mod:`.assembling`,
+  :mod:`.diskio` and :mod:`.publishing` (an attempt's steps), :mod:`.backoff`, :mod:`.collecting`
+  (reclaiming space), :mod:`.reporting` (the cache as bus events), :mod:`.tuning` (its constants),
+  :mod:`.errors`;
 - peers: :mod:`.peering` (the live offers, this node's own), :mod:`.peerserver` (published
   trees served to signed requests), :mod:`.peerclient` (a peer's files behind the Hub client's
   interface);

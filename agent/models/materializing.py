@@ -11,201 +11,42 @@ token is only ever used for its own repository).
 being unasked. The pods that asked are kept on the job (:attr:`Job.pods`) so the bus can say who
 waits for what.
 
-An attempt: list the files at the pinned commit (the digest must match, else IntegrityMismatch),
-reserve capacity, download all files (:mod:`agent.models.downloading`), then publish
-(:mod:`agent.models.publishing`: every file sealed and durable, the marker, and one atomic rename,
-so a reader sees either no tree or a complete one). A failure is recorded with a backoff (1 min
-doubling to 1 h, in the ledger, so it survives restarts) for the source and credential that got it,
-or for every request when the node itself failed (:mod:`agent.models.backoff`); ``Canceled`` does
-not back off. A listing that is invalid or another digest is permanent for the pinned commit: it is
-answered FAILED_PRECONDITION, not "retry later".
+An attempt (:mod:`agent.models.attempting`) lists the files at the pinned commit, reserves room,
+downloads them and publishes the tree whole; here its outcome is recorded. A failure is recorded
+with a backoff (1 min doubling to 1 h, in the ledger, so it survives restarts) for the source and
+credential that got it, or for every request when the node itself failed
+(:mod:`agent.models.backoff`); ``Canceled`` does not back off. A listing that is invalid or
+another digest is permanent for the pinned commit: it is answered FAILED_PRECONDITION, not "retry
+later".
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING, Literal, Protocol
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import anyio
 import anyio.to_thread
-import msgspec
 from anyio.abc import TaskGroup, TaskStatus
 
-from agent.models import backoff, diskio, downloading, layout, publishing
+from agent.models import backoff, downloading, layout
+from agent.models.attempting import Attempts
 from agent.models.backoff import Failure
 from agent.models.errors import BackingOff, Materializing, NoSpace
+from agent.models.jobs import Job, JobMetrics, Pod, Reserve, Source, fraction
 from agent.models.tuning import Tuning
 from hub import client as hub_client
-from hub import kinds, resolving
-from hub.errors import (
-    AccessDenied,
-    HubError,
-    IntegrityMismatch,
-    InvalidManifest,
-    SourceUnavailable,
-)
-from hub.manifest import Manifest
+from hub.errors import HubError
 
 if TYPE_CHECKING:  # the pull one-shot never loads the peer client (NaCl, JSON)
     from agent.models.peerclient import PeerPull
 
-__all__ = ["Job", "JobMetrics", "Materializer", "Pod", "Source", "fraction"]
+# The records moved to :mod:`.jobs`; they stay importable from here, where callers met them.
+__all__ = ["Job", "JobMetrics", "Materializer", "Pod", "Reserve", "Source", "fraction"]
 
 log = logging.getLogger(__name__)
-
-
-def human(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
-        n /= 1024
-    return f"{n:.2f} TiB"
-
-
-def fraction(done: int, size: int) -> str:
-    """``41 % (3.2 of 7.8 GiB)``: both sizes in the unit of ``size``, the percentage floored
-    (100 % only once every byte arrived)."""
-    if size <= 0:
-        return "100 % (0 B)"
-    scale, unit = 1, "B"
-    for name in ("KiB", "MiB", "GiB", "TiB"):
-        if size < scale * 1024:
-            break
-        scale, unit = scale * 1024, name
-    if unit == "B":
-        return f"{done * 100 // size} % ({done} of {size} B)"
-    return f"{done * 100 // size} % ({done / scale:.1f} of {size / scale:.1f} {unit})"
-
-
-@dataclass(frozen=True)
-class Pod:
-    """A Pod whose volume waits for a digest (from NodePublishVolume's pod info)."""
-
-    namespace: str
-    name: str
-    uid: str = ""
-
-    @property
-    def key(self) -> str:
-        return self.uid or f"{self.namespace}/{self.name}"
-
-
-@dataclass(frozen=True)
-class Source:
-    """Where a volume says the digest's bytes are (from its authorized ModelArtifact)."""
-
-    repository: str
-    commit: str
-    token: str | None = field(repr=False)
-    allow: tuple[str, ...] = ()
-    ignore: tuple[str, ...] = ()
-    listed: Manifest | None = field(default=None, repr=False, compare=False)
-    """This source's listing when the caller just made it (``mm pull`` resolved the revision
-    a moment ago): the attempt uses it instead of listing again."""
-    hub: kinds.Kind = kinds.HUGGING_FACE
-    """Which hub the repository is on (its client is :meth:`Materializer.client`)."""
-
-    @property
-    def key(self) -> str:
-        """What a failure of this source holds back (no token in it: see :mod:`.backoff`).
-        A ModelScope repository's key names the hub, so it never shares a Hugging Face one's."""
-        where = (
-            self.repository if self.hub == kinds.HUGGING_FACE else f"{self.hub}:{self.repository}"
-        )
-        return backoff.source_key(where, self.commit, self.token)
-
-
-@dataclass
-class Job:
-    """A running attempt for one digest; what ``/model/downloads`` and the bus report."""
-
-    hex: str
-    sources: list[Source]
-    started: float
-    asked: float
-    phase: str = "listing the files"
-    size: int = 0
-    done: int = 0
-    scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
-    trying: Source | None = None
-    """The source being listed or downloaded: a Hub failure is its failure."""
-    denied: dict[str, Failure] = field(default_factory=dict)
-    """Source key -> its refusal, for sources that were passed over for the next one."""
-    ended: anyio.Event = field(default_factory=anyio.Event)
-    """Set once the attempt's outcome is recorded and the job left :attr:`Materializer.jobs`."""
-    waiters: int = 0
-    """Callers inside :meth:`Materializer.wait` right now (a job with waiters is asked for)."""
-    pods: dict[str, tuple[Pod, float]] = field(default_factory=dict)
-    """Pod key -> (the Pod, when it last asked): who waits for this digest."""
-    peer_bytes: int = 0
-    """Bytes of this attempt received from peer model agents..."""
-    hub_bytes: int = 0
-    """...and from the Hub."""
-
-    @property
-    def source(self) -> Literal["Hub", "Peer"]:
-        """``Peer`` when more than half of the bytes received came from peers (reference:
-        NodeModelStore ``status.models[].source``)."""
-        return "Peer" if self.peer_bytes * 2 > self.peer_bytes + self.hub_bytes else "Hub"
-
-    def join(self, source: Source, now: float, pod: Pod | None = None) -> None:
-        """Add ``source`` unless one with its key (repository, commit, credential) is listed.
-
-        Sources are tried in order when one is refused, so a request with another credential
-        joins rather than waits for someone else's refusal.
-        """
-        self.asked = now
-        if pod is not None:
-            self.pods[pod.key] = (pod, now)
-        if all(s.key != source.key for s in self.sources):
-            self.sources.append(source)
-
-    def waiting(self, now: float, horizon_s: float) -> list[Pod]:
-        """The Pods that asked within ``horizon_s`` (older ones are forgotten: a deleted Pod's
-        kubelet stops asking), by namespace and name."""
-        for key, (_, at) in list(self.pods.items()):
-            if now - at > horizon_s:
-                del self.pods[key]
-        return sorted((p for p, _ in self.pods.values()), key=lambda p: (p.namespace, p.name))
-
-    def progress(self) -> str:
-        """What a person reads in ``kubectl describe pod``: still downloading, not failing."""
-        head = f"model sha256:{self.hex[:12]} still downloading"
-        if self.phase == "downloading":
-            return f"{head}: {fraction(self.done, self.size)}"
-        return f"{head}: {self.phase}"
-
-
-class _Count(Protocol):
-    def inc(self, amount: float = 1) -> None: ...
-
-
-class _Labelled(Protocol):
-    def labels(self, *, result: str = ..., source: str = ...) -> _Count: ...
-
-
-class _Observe(Protocol):
-    def observe(self, amount: float) -> None: ...
-
-
-class JobMetrics(Protocol):
-    """What the jobs count (:class:`agent.models.metrics.ModelMetrics` in the plugin; the
-    ``pull`` one-shot, which serves no metrics, passes a null one and skips prometheus)."""
-
-    @property
-    def download_bytes(self) -> _Labelled: ...
-    @property
-    def materializations(self) -> _Labelled: ...
-    @property
-    def publish_duration(self) -> _Observe: ...
-
-
-Reserve = Callable[[str, int], Awaitable[None]]
-"""Make room for ``(hex, bytes)`` more, or raise :class:`NoSpace` (the collector's reserve)."""
 
 
 class Materializer:
@@ -229,16 +70,14 @@ class Materializer:
         modelscope: hub_client.HubClient | None = None,
     ) -> None:
         self.cache = cache
-        self.hub = hub
-        self.peers = peers
-        """Peer model agents tried before the Hub (None: peer delivery is off)."""
-        self.modelscope = modelscope
-        """The ModelScope client (None: ModelScope sources fail as SourceUnavailable)."""
-        self.limits = limits
         self.tuning = tuning
         self.metrics = metrics
         self.changed = changed
         self._clock = clock
+        self.attempts = Attempts(
+            cache, hub, limits, tuning, metrics, clock, peers=peers, modelscope=modelscope
+        )
+        """Each job's attempt: its download, verification and publication steps."""
         self.jobs: dict[str, Job] = {}
         self._unsaved: dict[str, layout.DigestRecord] = {}
         """Outcomes the ledger refused (a broken disk): still answered, never forgotten."""
@@ -315,7 +154,7 @@ class Materializer:
         )
         try:
             with job.scope:
-                await self._attempt(job, reserve)
+                await self.attempts.run(job, reserve)
                 failure = None
         except (backoff.Permanent, HubError, NoSpace, OSError) as e:
             failure = backoff.failure_of(job.trying.key if job.trying else backoff.ANY, e)
@@ -397,178 +236,3 @@ class Materializer:
             first_s=self.tuning.backoff_first_s,
             max_s=self.tuning.backoff_max_s,
         )
-
-    async def _attempt(self, job: Job, reserve: Reserve) -> None:
-        record = await anyio.to_thread.run_sync(
-            self.cache.update_digest,
-            job.hex,
-            lambda r: msgspec.structs.replace(r, last_attempt=r.last_attempt + 1),
-        )
-        number = record.last_attempt
-        attempt = await anyio.to_thread.run_sync(self.cache.new_attempt, job.hex, number)
-        manifest = await self._from_peers(job, attempt, reserve)
-        if manifest is None:
-            manifest = await self._from_sources(job, attempt, reserve)
-        job.phase = "publishing"
-        await publishing.seal_files(attempt / "tree")
-        await anyio.to_thread.run_sync(
-            publishing.publish, self.cache, job.hex, number, attempt, manifest, job.source
-        )
-        self.metrics.publish_duration.observe(self._clock() - job.started)
-
-    async def _from_sources(self, job: Job, attempt: Path, reserve: Reserve) -> Manifest:
-        """Every file from the volumes' Hub sources, in order: a refusal moves to the next.
-
-        After peers gave bytes, a file that fails its hash costs one more try of the same
-        source: a lying peer's bytes of a file it did not finish are only found out at that
-        file's end (the mismatch deleted them, so the retry fetches them from the Hub).
-        """
-        tried = 0
-        while tried < len(job.sources):  # sources that join meanwhile are tried too
-            job.trying = source = job.sources[tried]
-            if not source.commit:
-                tried += 1
-                if tried >= len(job.sources):
-                    raise SourceUnavailable(
-                        f"sha256:{job.hex[:12]}: no peer holds it and the artifact pins no "
-                        "commit to fetch it from the Hub (digestSource: Expected)"
-                    )
-                continue
-            try:
-                try:
-                    return await self._download(job, source, attempt, reserve)
-                except IntegrityMismatch:
-                    if not job.peer_bytes:
-                        raise
-                    log.warning("sha256:%s: a peer's bytes failed; fetching again", job.hex[:12])
-                    return await self._download(job, source, attempt, reserve)
-            except AccessDenied as e:
-                tried += 1
-                if tried >= len(job.sources):
-                    raise
-                job.denied[source.key] = Failure(e.reason, str(e))
-        raise SourceUnavailable(f"sha256:{job.hex[:12]}: no source")  # pragma: no cover
-
-    async def _from_peers(self, job: Job, attempt: Path, reserve: Reserve) -> Manifest | None:
-        """Every file from peer model agents that hold the digest, one peer at a time; None
-        when none could give them all (the Hub sources follow, keeping what was verified).
-
-        The peer's manifest must hash to the digest before any file is asked for, and every
-        file is verified as the Hub's are: a peer that lies or fails costs only the next try.
-        """
-        if self.peers is None:
-            return None
-        tuning = msgspec.structs.replace(self.tuning, retries=1)
-        for offer in self.peers.holders(job.hex):
-            job.phase = f"listing the files on peer {offer.node}"
-            try:
-                manifest = await self.peers.manifest(offer, job.hex)
-                origin = downloading.Origin(self.peers.files(offer, job.hex), "", "", None)
-                await self._fetch_all(job, manifest, origin, attempt, reserve, tuning, "peer")
-            except HubError as e:
-                log.warning(
-                    "sha256:%s: peer %s failed (%s: %s); trying the next source",
-                    job.hex[:12], offer.node, e.reason, e,
-                )  # fmt: skip
-                continue
-            return manifest
-        return None
-
-    def client(self, source: Source) -> hub_client.HubClient:
-        """The client of ``source``'s hub. :raises SourceUnavailable: no ModelScope client."""
-        if source.hub == kinds.HUGGING_FACE:
-            return self.hub
-        if self.modelscope is None:
-            raise SourceUnavailable("this node has no ModelScope client")
-        return self.modelscope
-
-    async def _list(self, job: Job, source: Source) -> Manifest:
-        """The manifest of ``source``'s pinned commit, which must be ``job``'s digest.
-
-        :raises Permanent: the listing is invalid or another digest; a commit's files never
-            change, so neither will that.
-        """
-        job.phase = "listing the files"
-        try:
-            manifest = source.listed or await resolving.listing(
-                self.client(source),
-                source.repository,
-                source.commit,
-                token=source.token,
-                allow=source.allow,
-                ignore=source.ignore,
-            )
-        except (InvalidManifest, IntegrityMismatch) as e:
-            raise backoff.Permanent(e) from e
-        if manifest.digest != "sha256:" + job.hex:
-            raise backoff.Permanent(
-                IntegrityMismatch(
-                    f"{source.repository}@{source.commit[:12]} lists {manifest.digest}, "
-                    f"not sha256:{job.hex}"
-                )
-            )
-        return manifest
-
-    async def _download(
-        self, job: Job, source: Source, attempt: Path, reserve: Reserve
-    ) -> Manifest:
-        """Fetch every file of ``source``'s listing into ``attempt``."""
-        manifest = await self._list(job, source)
-        origin = downloading.Origin(
-            self.client(source), source.repository, source.commit, source.token
-        )
-        await self._fetch_all(job, manifest, origin, attempt, reserve, self.tuning, "hub")
-        return manifest
-
-    async def _fetch_all(
-        self,
-        job: Job,
-        manifest: Manifest,
-        origin: downloading.Origin,
-        attempt: Path,
-        reserve: Reserve,
-        tuning: Tuning,
-        via: Literal["hub", "peer"],
-    ) -> None:
-        """Fetch every file of ``manifest`` from ``origin`` into ``attempt`` (what is there
-        and verified stays)."""
-        on_disk = await anyio.to_thread.run_sync(self.cache.partial_bytes, job.hex)
-        if job.size != manifest.size:
-            job.size, job.done = manifest.size, 0
-        await reserve(job.hex, max(0, manifest.size - on_disk))
-        job.phase = "downloading"
-        present = set(await anyio.to_thread.run_sync(diskio.files_under, attempt / "tree"))
-        counter = self.metrics.download_bytes.labels(source=via)
-
-        def moved(n: int) -> None:
-            job.done = min(job.size, job.done + n)
-            if via == "peer":
-                job.peer_bytes += n
-            else:
-                job.hub_bytes += n
-            counter.inc(n)
-
-        tree = attempt / "tree"
-        state = attempt / "state"
-        pending = iter(manifest.entries)
-
-        async def fetcher() -> None:
-            # Each takes the next file when its last one is done: ``files_per_attempt`` files
-            # in flight, in manifest order, without a task and a limiter pass per file.
-            for entry in pending:
-                dest = tree / entry.path
-                await downloading.fetch(
-                    origin,
-                    entry,
-                    dest,
-                    state / layout.state_name(entry.path),
-                    limits=self.limits,
-                    tuning=tuning,
-                    progress=moved,
-                    present=str(dest) in present,
-                )
-
-        with downloading.first_error():
-            async with anyio.create_task_group() as tg:
-                for _ in range(min(tuning.files_per_attempt, len(manifest.entries))):
-                    tg.start_soon(fetcher)

@@ -31,7 +31,7 @@ import anyio
 import anyio.to_thread
 import msgspec
 
-from agent.models import downloading, layout, materializing
+from agent.models import downloading, jobs, layout, materializing
 from agent.models.errors import CacheCorrupt, CacheUnusable, Materializing, NoSpace
 from agent.models.manifest_cli import snapshot_flags
 from agent.models.tuning import Tuning
@@ -183,7 +183,7 @@ async def pull(settings: PullSettings, tty: TextIO | None = None) -> tuple[Manif
         )
         hex_ = manifest.digest.removeprefix("sha256:")
         if not await anyio.to_thread.run_sync(cache.is_published, hex_):
-            source = materializing.Source(
+            source = jobs.Source(
                 settings.repository, manifest.commit or "", settings.token,
                 settings.allow, settings.ignore, listed=manifest,
             )  # fmt: skip
@@ -195,7 +195,7 @@ async def _materialize(
     cache: layout.Cache,
     hub: hub_client.HubClient,
     hex_: str,
-    source: materializing.Source,
+    source: jobs.Source,
     tuning: Tuning,
     tty: TextIO | None,
 ) -> None:
@@ -222,7 +222,7 @@ async def _attempt(
     cache: layout.Cache,
     hub: hub_client.HubClient,
     hex_: str,
-    source: materializing.Source,
+    source: jobs.Source,
     tuning: Tuning,
     tty: TextIO | None,
     ended: anyio.Event,
@@ -247,7 +247,7 @@ async def _attempt(
         tg.cancel_scope.cancel()
 
 
-def _reserve_free_space(cache: layout.Cache) -> materializing.Reserve:
+def _reserve_free_space(cache: layout.Cache) -> jobs.Reserve:
     async def reserve(_: str, needed: int) -> None:
         st = await anyio.to_thread.run_sync(os.statvfs, cache.root)
         free = st.f_bavail * st.f_frsize
@@ -272,13 +272,13 @@ async def _progress(m: materializing.Materializer, hex_: str, out: TextIO) -> No
         out.flush()
 
 
-def _line(job: materializing.Job, elapsed: float) -> str:
+def _line(job: jobs.Job, elapsed: float) -> str:
     if job.phase != "downloading" or not job.size:
         return f"sha256:{job.hex[:12]}: {job.phase}"
     share = job.done / job.size
     bar = "#" * int(share * 30)
     rate = job.done / max(elapsed, 1e-3)
     return (
-        f"sha256:{job.hex[:12]} [{bar:<30}] {share:4.0%} {materializing.human(job.done)} of "
-        f"{materializing.human(job.size)} {materializing.human(rate)}/s"
+        f"sha256:{job.hex[:12]} [{bar:<30}] {share:4.0%} {jobs.human(job.done)} of "
+        f"{jobs.human(job.size)} {jobs.human(rate)}/s"
     )

@@ -27,7 +27,8 @@ import anyio.to_thread
 import msgspec
 
 from agent.models import layout
-from agent.models.materializing import Job, Materializer, Pod
+from agent.models.jobs import Job, Pod
+from agent.models.materializing import Materializer
 from agent.models.metrics import ModelMetrics
 from agent.models.settings import Tuning
 from bus import events

@@ -46,7 +46,8 @@ from agent.models.errors import (
     MountFailed,
     NotReady,
 )
-from agent.models.materializing import Materializer, Pod, Source
+from agent.models.jobs import Pod, Source
+from agent.models.materializing import Materializer
 from agent.models.metrics import ModelMetrics
 from agent.models.policy import Policy, VolumeAsk, authorize, check_quota
 from agent.models.tuning import Tuning

@@ -20,8 +20,8 @@ from models_harness import (
 
 from agent.models import backoff, mounting
 from agent.models.errors import Materializing
+from agent.models.jobs import Source
 from agent.models.layout import DigestRecord
-from agent.models.materializing import Source
 from bus.records import ArtifactRecord
 
 pytestmark = pytest.mark.anyio

@@ -10,7 +10,7 @@ import pytest
 from agent.models import collecting, layout, mounting, reporting, volumes
 from agent.models.backoff import backoff_delay
 from agent.models.errors import CacheCorrupt, InvalidVolume
-from agent.models.materializing import human
+from agent.models.jobs import Job, Source, human
 from bus.records import StoreSpec, Watermarks
 
 H = [c * 64 for c in "abcdef"]
@@ -65,6 +65,16 @@ def test_backoff_starts_at_a_minute_and_doubles_to_an_hour(failures: int, delay:
 def test_human_sizes() -> None:
     assert human(512) == "512 B"
     assert human(3 * 1024**3) == "3.00 GiB"
+
+
+@pytest.mark.anyio  # a Job holds an event and a cancel scope
+async def test_a_job_counts_bytes_by_origin_within_its_size_and_says_peer_past_half() -> None:
+    job = Job("a" * 64, [Source("org/m", "c" * 40, None)], started=0, asked=0, size=100)
+    job.received(50, "hub")
+    job.received(50, "peer")
+    assert (job.done, job.hub_bytes, job.peer_bytes, job.source) == (100, 50, 50, "Hub")
+    job.received(10, "peer")  # a retried chunk: counted by origin, never past the size
+    assert (job.done, job.peer_bytes, job.source) == (100, 60, "Peer")
 
 
 def test_store_spec_problems() -> None:

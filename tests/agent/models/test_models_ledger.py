@@ -21,7 +21,7 @@ from models_harness import unpublish as unpublish_once
 
 from agent.models import layout, mounting
 from agent.models.errors import BackingOff, Materializing
-from agent.models.materializing import Source
+from agent.models.jobs import Source
 from bus.records import ArtifactRecord
 
 pytestmark = pytest.mark.anyio

@@ -28,7 +28,7 @@ from models_harness import (
 )
 
 from agent.models import mounting, running
-from agent.models.materializing import Pod, fraction
+from agent.models.jobs import Pod, fraction
 from agent.models.tuning import Tuning
 from agent.models.volumes import wait_window
 from bus import testing as bus_testing

@@ -13,7 +13,7 @@ from models_harness import Rig, code_of, publish_request, publish_until_done, se
 
 from agent.models import layout, reporting
 from agent.models.backoff import Failure
-from agent.models.materializing import Pod
+from agent.models.jobs import Pod
 from agent.models.volumes import POD_NAME, POD_UID
 from bus import events
 
