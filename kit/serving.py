@@ -120,14 +120,7 @@ async def https_server(  # noqa: PLR0913 - keyword-only parts of one endpoint, e
     app.router.add_get("/metrics", gate("/metrics", _metrics_handler(registry)))
     app.router.add_get("/readyz", _probe_handler(ready))  # never gated: kubelet sends no token
     app.router.add_get("/livez", _probe_handler(live))
-    for path, route in (routes or {}).items():
-        app.router.add_get(path, gate(path, _route_handler(route)))
-    # POST routes (the admission webhooks) are never gated: the API server calls them over TLS
-    # with no bearer token, and AdmissionReview carries its own authorization.
-    for path, post in (posts or {}).items():
-        app.router.add_post(path, _post_handler(post))
-    for path, handler in (handlers or {}).items():
-        app.router.add_route("*", path, handler)
+    _add_extras(app.router, gate, routes or {}, posts or {}, handlers or {})
     runner = runner_for(app, limits)
     await runner.setup()
     try:
@@ -164,6 +157,24 @@ def _application(
     if settings.cors_allowed_origins is not None:
         chain.insert(0, cors_for(settings.cors_allowed_origins))
     return web.Application(client_max_size=max_body_bytes, middlewares=chain)
+
+
+def _add_extras(
+    router: web.UrlDispatcher,
+    gate: Callable[[str, Handler], Handler],
+    routes: Mapping[str, Route],
+    posts: Mapping[str, PostRoute],
+    handlers: Mapping[str, Handler],
+) -> None:
+    """The caller's GET ``routes`` (gated), ``posts`` and own ``handlers`` (neither gated)."""
+    for path, route in routes.items():
+        router.add_get(path, gate(path, _route_handler(route)))
+    # POST routes (the admission webhooks) are never gated: the API server calls them over TLS
+    # with no bearer token, and AdmissionReview carries its own authorization.
+    for path, post in posts.items():
+        router.add_post(path, _post_handler(post))
+    for path, handler in handlers.items():
+        router.add_route("*", path, handler)
 
 
 @asynccontextmanager
