@@ -63,9 +63,9 @@ from gpustack_operator.dashboard import serving as dashboard_serving
 from gpustack_operator.dashboard.serving import DashboardSettings
 from hub import endpoints
 from kit import files
+from kit.httpsettings import HttpsSettings, https_at
 from kit.options import Flags, Options, SettingsError
 from kit.redaction import redact_urls
-from kit.serving import HttpsSettings, https_at
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,10 @@
 """Small pieces every process shares that are neither the bus nor a process of their own.
 
 - :mod:`kit.serving`: the HTTPS endpoint (``/metrics``, ``/readyz``, ``/livez`` and extras)
-  that ``dm serve``, ``model-manager`` and ``worker`` expose the same way;
+  that ``dm serve``, ``model-manager`` and ``worker`` expose the same way, built of:
+  :mod:`kit.httpsettings` (its settings and flags), :mod:`kit.listening` (how every HTTP server
+  binds, and what one connection may take of it), :mod:`kit.gating` (who may read which route:
+  the bearer-token gate, CORS, the client certificate) and :mod:`kit.tls` (its certificate);
 - :mod:`kit.access`: who may read that endpoint (the authorization seam, its decision cache);
 - :mod:`kit.rendering`: wire shapes rendered as the YAML or JSON documents people pipe;
 - :mod:`kit.tables`: kubectl-style tables and human units for ``-o wide``;

@@ -52,7 +52,7 @@ from bus import peers as contract
 from bus.errors import InvalidToken
 from hub.errors import InvalidManifest
 from hub.manifest import Entry, parse
-from kit import serving
+from kit import listening, serving
 
 __all__ = ["PeerServer", "Streams", "parse_range", "serve"]
 
@@ -387,11 +387,11 @@ async def serve(
     app = web.Application()
     app.router.add_get("/peer/v1/trees/{hex}", server.tree)
     app.router.add_get("/peer/v1/trees/{hex}/files/{path:.+}", server.file)
-    runner = serving.runner_for(app)
+    runner = listening.runner_for(app)
     await runner.setup()
     host, port = server.settings.bind_address, server.settings.port or 0
     try:
-        bound = await serving.serve_tcp(runner, host, port)
+        bound = await listening.serve_tcp(runner, host, port)
     except OSError as e:
         raise serving.ServingFailed(
             f"cannot serve peers on {host}:{port}: {e.strerror or e}"

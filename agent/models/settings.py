@@ -19,8 +19,8 @@ from bus import identity
 from bus import settings as bus_settings
 from bus.settings import BusSettings
 from hub import endpoints, modelscope_env
+from kit.httpsettings import HttpsSettings, ServingFlags, https_from
 from kit.options import Flags, Options, SettingsError
-from kit.serving import HttpsSettings, ServingFlags, https_from
 from kit.version import package_version
 
 __all__ = ["DRIVER", "ModelManagerSettings", "Tuning", "settings_from"]

@@ -19,8 +19,8 @@ from agent.settings import node_name_from
 from bus import identity
 from bus import settings as bus_settings
 from bus.settings import BusSettings
+from kit.httpsettings import HttpsSettings, ServingFlags, https_from
 from kit.options import Flags, Options, SettingsError
-from kit.serving import HttpsSettings, ServingFlags, https_from
 from kit.version import package_version
 
 

@@ -32,7 +32,7 @@ from controlplane import errors
 from controlplane.admission.webhooks import WebhookSettings
 from controlplane.k8s.client import KubeClient
 from controlplane.resources import SECRETS, Ref
-from kit.serving import HttpsSettings
+from kit.httpsettings import HttpsSettings
 
 __all__ = ["CA_SECRET", "authority", "issue", "new_authority", "serving_identity"]
 

@@ -38,7 +38,8 @@ from controlplane.extension.core.server import ApiServer, json_response
 from controlplane.extension.fleetview import GatewayReader, GatewayUnavailable
 from controlplane.extension.served import SettingsProvider, ViewProvider
 from kit.access import bearer_token
-from kit.serving import Handler, peer_certificate
+from kit.gating import peer_certificate
+from kit.listening import Handler
 
 __all__ = ["ExtensionApi", "RequestInfo"]
 

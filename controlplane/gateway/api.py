@@ -29,7 +29,7 @@ from controlplane.gateway import aggregation, kinds
 from controlplane.gateway.hub import Event, Hub
 from controlplane.gateway.kinds import Kind
 from controlplane.gateway.subscriptions import Manager
-from kit.serving import Handler
+from kit.listening import Handler
 
 __all__ = ["READ_PLURALS", "handlers"]
 
@@ -106,7 +106,7 @@ def _workers(manager: Manager) -> Handler:
     async def workers(request: web.Request) -> web.StreamResponse:
         if request.method not in ("POST", "DELETE"):
             return _error(405, "MethodNotAllowed", "POST or DELETE")
-        # read(), not content.read(): the servers' body middleware (kit.serving.runner_for) has
+        # read(), not content.read(): the servers' body middleware (kit.listening.runner_for) has
         # already read the body whole (within its timeout and client_max_size), and the stream
         # it read is empty; read() hands back those bytes
         raw = await request.read()

@@ -27,16 +27,11 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
 
 from kit.access import Authorizer
-from kit.serving import (
-    Handler,
-    HttpsSettings,
-    ServingFailed,
-    gate_for,
-    https_server,
-    runner_for,
-    self_signed_certificate,
-    start_site,
-)
+from kit.gating import gate_for
+from kit.httpsettings import HttpsSettings
+from kit.listening import Handler, ServingFailed, runner_for, start_site
+from kit.serving import https_server
+from kit.tls import self_signed_certificate
 
 __all__ = ["serve", "socket_tls"]
 

@@ -21,8 +21,8 @@ import msgspec
 
 from controlplane.k8s import client
 from kit import files
+from kit.httpsettings import HttpsSettings, ServingFlags, https_from
 from kit.options import Flags, Options, SettingsError
-from kit.serving import HttpsSettings, ServingFlags, https_from
 
 __all__ = ["GatewaySettings", "Upstream", "settings_from"]
 

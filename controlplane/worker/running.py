@@ -202,6 +202,27 @@ async def _assemble(
 ) -> _Parts:
     """Connect, open the buckets and the API, build the reconcilers, start serving HTTPS."""
     metrics = WorkerMetrics(registry)
+    conn, agents = await _connect(stack, settings, metrics)
+    sink, api = await stack.enter_async_context(_sink(settings, conn, metrics))
+    await stack.enter_async_context(_callout(settings, conn, api, verify))
+    if resolver is None:
+        resolver = await stack.enter_async_context(hubresolver.hub_resolver(settings.hub_endpoint))
+    base = await _footing(settings, conn, api, sink, metrics, agents)
+    reconcilers = await _reconcilers(stack, settings, base, resolver)
+    delivery = _delivery(base, reconcilers)
+    sub, worker = await _serve(stack, settings, registry, base, reconcilers, delivery.processor)
+    return _Parts(
+        conn=conn, api=api, sink=sink, agents=agents, ledger=base.ledger,
+        annotator=delivery.annotator, eventer=delivery.eventer, stores=base.stores, sub=sub,
+        worker=worker, nodes=base.nodes, meter=delivery.meter, prefetcher=delivery.prefetcher,
+    )  # fmt: skip
+
+
+async def _connect(
+    stack: AsyncExitStack, settings: WorkerSettings, metrics: WorkerMetrics
+) -> tuple[connection.Connection, kv.Bucket]:
+    """The bus connection, its streams ensured, and the agents' bucket (the API's configuration
+    checked first)."""
     if settings.kube is not None:  # told now, not after the bus's retries (no server: for ever)
         await client.check_configuration(settings.kube)
     conn = await stack.enter_async_context(connection.connect(settings.bus, name="worker"))
@@ -210,10 +231,38 @@ async def _assemble(
         conn, kv.AGENTS_BUCKET, replicas=settings.bus.state_replicas,
         observe=metrics.observe_request,
     )  # fmt: skip
-    sink, api = await stack.enter_async_context(_sink(settings, conn, metrics))
-    await stack.enter_async_context(_callout(settings, conn, api, verify))
-    if resolver is None:
-        resolver = await stack.enter_async_context(hubresolver.hub_resolver(settings.hub_endpoint))
+    return conn, agents
+
+
+@dataclass(frozen=True)
+class _Footing:
+    """What the reconcilers stand on: the bus, the sink and API, the cluster's Settings, the
+    ledger and the Node watch."""
+
+    conn: connection.Connection
+    sink: Sink
+    api: client.KubeClient | None
+    metrics: WorkerMetrics
+    agents: kv.Bucket
+    pins: Latest[str, tuple[str, ...]]
+    """The prefetcher's, read by the stores."""
+    quotas: Latest[str, Quotas]
+    """The meter's, read by the artifact reconciler."""
+    source: SettingsSource
+    stores: ModelStores
+    ledger: Ledger
+    nodes: Informer | None
+
+
+async def _footing(
+    settings: WorkerSettings,
+    conn: connection.Connection,
+    api: client.KubeClient | None,
+    sink: Sink,
+    metrics: WorkerMetrics,
+    agents: kv.Bucket,
+) -> _Footing:
+    """The shared state the reconcilers read: the Settings and stores, the ledger, the Nodes."""
     pins: Latest[str, tuple[str, ...]] = Latest(())  # the prefetcher's, read by the stores
     quotas: Latest[str, Quotas] = Latest(())  # the meter's, read by the artifact reconciler
     source, stores = await _settings_source(settings, conn, api, pins)
@@ -222,11 +271,36 @@ async def _assemble(
     if api is not None:
         resync_s = settings.kube.relist_s if settings.kube is not None else 0.0
         nodes = Informer(api, NODES, resync_s=resync_s)
+    return _Footing(
+        conn=conn, sink=sink, api=api, metrics=metrics, agents=agents, pins=pins, quotas=quotas,
+        source=source, stores=stores, ledger=ledger, nodes=nodes,
+    )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class _Reconcilers:
+    """The reconcilers and the queue of nodes due a reconcile."""
+
+    queue: AsyncKeyQueue[str]
+    chain: ChainReconciler | None
+    nodes: NodeReconciler
+    artifacts: ArtifactReconciler
+
+
+async def _reconcilers(
+    stack: AsyncExitStack, settings: WorkerSettings, base: _Footing, resolver: Resolver
+) -> _Reconcilers:
+    """The chain (with an API), the node reconciler, and the artifact reconciler with both hubs'
+    resolvers (ModelScope's opened here, following the Settings' endpoint)."""
+    ledger, sink, source = base.ledger, base.sink, base.source
+    metrics, agents = base.metrics, base.agents
     queue: AsyncKeyQueue[str] = AsyncKeyQueue(settings.max_nodes)
-    chain = _chain(api, nodes, ledger, settings, metrics, source, LabelsDue(queue, ledger))
+    chain = _chain(
+        base.api, base.nodes, ledger, settings, metrics, source, LabelsDue(queue, ledger)
+    )
     reconciler = NodeReconciler(
-        ledger=ledger, sink=sink, metrics=metrics, agents=agents, store_specs=stores,
-        nodes=nodes, labeller=chain,
+        ledger=ledger, sink=sink, metrics=metrics, agents=agents, store_specs=base.stores,
+        nodes=base.nodes, labeller=chain,
     )  # fmt: skip
     modelscope = await stack.enter_async_context(
         hubresolver.modelscope_resolver(lambda: source.values.model_artifact_modelscope_endpoint)
@@ -236,56 +310,75 @@ async def _assemble(
         metrics=metrics, agents=agents,
         retry_base_s=settings.artifact_retry_base_s, retry_cap_s=settings.artifact_retry_cap_s,
         inputs=Inputs(
-            quotas=quotas.get, revalidate_s=lambda: source.values.model_artifact_revalidate_interval
+            quotas=base.quotas.get,
+            revalidate_s=lambda: source.values.model_artifact_revalidate_interval,
         ),
     )  # fmt: skip
-    meter = BindingMeter(ledger, quotas=quotas, on_quotas=artifacts.quotas_changed)
+    return _Reconcilers(queue=queue, chain=chain, nodes=reconciler, artifacts=artifacts)
+
+
+@dataclass(frozen=True)
+class _Delivery:
+    """The processor, its listeners and the loops that feed it: meter and prefetcher."""
+
+    meter: BindingMeter
+    annotator: PodAnnotator
+    eventer: PodEventer
+    processor: Processor
+    prefetcher: Prefetcher
+
+
+def _delivery(base: _Footing, reconcilers: _Reconcilers) -> _Delivery:
+    """The processor with its listeners, told of Node changes; the meter and the prefetcher."""
+    ledger, source, artifacts = base.ledger, base.source, reconcilers.artifacts
+    meter = BindingMeter(ledger, quotas=base.quotas, on_quotas=artifacts.quotas_changed)
     annotator = PodAnnotator(ledger)
     eventer = PodEventer()
     processor = Processor(
-        ledger=ledger, reconciler=reconciler, sink=sink, metrics=metrics, queue=queue,
+        ledger=ledger, reconciler=reconcilers.nodes, sink=base.sink, metrics=base.metrics,
+        queue=reconcilers.queue,
         listeners=Listeners(allocations=annotator, models_events=eventer, digests=artifacts,
-                            states=chain, known_nodes=nodes),
+                            states=reconcilers.chain, known_nodes=base.nodes),
     )  # fmt: skip
-    if nodes is not None:
-        nodes.listen(processor.node_changed)
+    if base.nodes is not None:
+        base.nodes.listen(processor.node_changed)
     prefetcher = Prefetcher(
-        ledger, pins=pins, image=lambda: source.values.model_prefetch_warmup_image,
+        ledger, pins=base.pins, image=lambda: source.values.model_prefetch_warmup_image,
         on_pins=processor.refresh_node,
     )  # fmt: skip
-    sub = await stack.enter_async_context(
-        subscribing.subscribe(
-            conn,
-            settings=settings.bus,
-            metrics=BusMetrics(registry),
-            include_state=True,
-            memo_kinds=codec.REPEATED_KINDS,
-        )
-    )
-    samples = registration.LatestSamples()
-    group = _group(settings, api, ledger, stores)
-    server = await stack.enter_async_context(
-        endpoint.serve(
-            settings,
-            conn,
-            api,
-            registry,
-            ledger,
-            source=source,
-            chain=chain,
-            samples=samples,
-            group=group,
-        )
-    )
-    worker = Worker(
-        url=server.url, metrics=metrics, processor=processor, artifacts=artifacts,
-        settings=source, chain=chain, samples=samples, group=group,
-    )  # fmt: skip
-    return _Parts(
-        conn=conn, api=api, sink=sink, agents=agents, ledger=ledger, annotator=annotator,
-        eventer=eventer, stores=stores, sub=sub, worker=worker, nodes=nodes, meter=meter,
+    return _Delivery(
+        meter=meter, annotator=annotator, eventer=eventer, processor=processor,
         prefetcher=prefetcher,
     )  # fmt: skip
+
+
+async def _serve(
+    stack: AsyncExitStack,
+    settings: WorkerSettings,
+    registry: CollectorRegistry,
+    base: _Footing,
+    reconcilers: _Reconcilers,
+    processor: Processor,
+) -> tuple[subscribing.Subscription, Worker]:
+    """Subscribe to the bus, serve HTTPS (probes, webhooks, the extension API's group) and
+    make the :class:`Worker` its owner reads."""
+    sub = await stack.enter_async_context(subscribing.subscribe(
+        base.conn, settings=settings.bus, metrics=BusMetrics(registry), include_state=True,
+        memo_kinds=codec.REPEATED_KINDS,
+    ))  # fmt: skip
+    samples = registration.LatestSamples()
+    group = _group(settings, base.api, base.ledger, base.stores)
+    chain = reconcilers.chain
+    server = await stack.enter_async_context(endpoint.serve(
+        settings, base.conn, base.api, registry, base.ledger, source=base.source, chain=chain,
+        samples=samples, group=group,
+    ))  # fmt: skip
+    worker = Worker(
+        url=server.url, metrics=base.metrics, processor=processor,
+        artifacts=reconcilers.artifacts, settings=base.source, chain=chain, samples=samples,
+        group=group,
+    )  # fmt: skip
+    return sub, worker
 
 
 async def _lead(settings: WorkerSettings, parts: _Parts) -> None:

@@ -29,8 +29,8 @@ from controlplane.k8s import client
 from controlplane.worker import leading
 from hub import endpoints
 from kit import files
+from kit.httpsettings import HttpsSettings, ServingFlags, https_from
 from kit.options import Flags, Options, SettingsError
-from kit.serving import HttpsSettings, ServingFlags, https_from
 
 __all__ = ["WorkerSettings", "reconcile_concurrency", "settings_from"]
 

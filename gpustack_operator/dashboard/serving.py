@@ -45,8 +45,9 @@ from bus.metrics import BusMetrics
 from bus.presence import Presence
 from bus.settings import BusSettings, from_options
 from gpustack_operator.dashboard.feed import Feed
+from kit.httpsettings import bind_address
+from kit.listening import ServingFailed, runner_for, serve_tcp
 from kit.options import Flags, Options
-from kit.serving import ServingFailed, bind_address, runner_for, serve_tcp
 
 __all__ = ["DashboardSettings", "Hub", "main", "serve", "settings_from"]
 

@@ -10,7 +10,7 @@ import pytest
 
 from bus import connection, embedded, errors, subjects, testing
 from bus.settings import BusSettings
-from kit import serving
+from kit import tls
 
 pytestmark = [pytest.mark.anyio, pytest.mark.every_loop]  # I/O of its own
 
@@ -54,7 +54,7 @@ async def test_a_password_in_the_url_is_in_no_warning_or_error(
 
 
 async def test_tls_with_a_private_ca(tmp_path: Path) -> None:
-    cert, key = serving.self_signed_certificate("localhost")
+    cert, key = tls.self_signed_certificate("localhost")
     (tmp_path / "server.crt").write_bytes(cert)
     (tmp_path / "server.key").write_bytes(key)
     config = (

@@ -24,7 +24,7 @@ from bus.embedded import ServerProcess
 from bus.errors import NotConnected, StateUnavailable
 from bus.metrics import BusMetrics
 from bus.settings import BusSettings
-from kit import serving
+from kit import tls
 
 pytestmark = [pytest.mark.anyio, pytest.mark.every_loop]  # I/O of its own
 
@@ -165,7 +165,7 @@ async def test_a_client_whose_tls_file_vanished_fails_to_connect_in_one_error(
     trip nats-py's "connect must be called first" assertion (it did: a traceback, not an error).
     """
     ca = tmp_path / "ca.pem"
-    ca.write_bytes(serving.self_signed_certificate("bus")[0])
+    ca.write_bytes(tls.self_signed_certificate("bus")[0])
     settings = BusSettings(url="nats://127.0.0.1:1", tls_ca_file=str(ca), connect_timeout_s=1)
     ca.unlink()  # removed after the process checked its flags
 

@@ -12,14 +12,14 @@ from bus.jwt import NKey
 from bus.settings import DEFAULT_URL, from_options, tls_context
 from gpustack_operator.flags import FlagError
 from gpustack_operator.main import options_for
-from kit import serving
+from kit import tls
 from kit.options import SettingsError
 
 
 @pytest.fixture
 def pki(tmp_path: Path) -> dict[str, str]:
     """A certificate, its key and an NKey seed, as files; and a file that is none of them."""
-    cert, key = serving.self_signed_certificate("bus")
+    cert, key = tls.self_signed_certificate("bus")
     files = {
         "cert": cert,
         "key": key,

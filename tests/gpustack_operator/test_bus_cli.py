@@ -14,7 +14,7 @@ import pytest
 from bus import codec, connection, embedded, events, jwt, publishing, subjects, testing
 from bus.metrics import BusMetrics
 from bus.settings import BusSettings
-from kit import serving
+from kit import tls
 
 CLI = os.path.join(os.path.dirname(sys.executable), "gpustack-operator")
 
@@ -180,7 +180,7 @@ async def test_nats_context_named_or_selected(tmp_path: Path) -> None:
 @pytest.mark.anyio
 async def test_nats_ca_cert_and_key(tmp_path: Path) -> None:
     """A server that verifies client certificates: NATS_CA trusts it, NATS_CERT/KEY prove us."""
-    cert, key = serving.self_signed_certificate("localhost")
+    cert, key = tls.self_signed_certificate("localhost")
     crt, pem = tmp_path / "tls.crt", tmp_path / "tls.key"
     crt.write_bytes(cert)
     pem.write_bytes(key)

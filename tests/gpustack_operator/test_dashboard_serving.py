@@ -195,7 +195,7 @@ async def test_a_taken_port_is_one_clear_error(bus: BusSettings) -> None:
 
 
 async def test_a_start_cancelled_at_any_step_leaves_no_socket_bound() -> None:
-    """The page's server starts through ``kit.serving.start_site`` like every other: cancelled
+    """The page's server starts through ``kit.listening.start_site`` like every other: cancelled
     at any loop turn of its start, it leaves no listening socket behind."""
     settings = serving.DashboardSettings(
         bus=BusSettings.for_tests(f"nats://127.0.0.1:{_free_port()}")

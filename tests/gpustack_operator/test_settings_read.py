@@ -126,7 +126,7 @@ def test_every_flags_struct_field_is_a_flag() -> None:
     field no command has would be a KeyError at its read)."""
     structs = []
     for name, _ in _modules():
-        if name in EDGE or name == "kit.serving":
+        if name in EDGE or name == "kit.httpsettings":
             module = importlib.import_module(name)
             structs += [
                 v for v in vars(module).values()

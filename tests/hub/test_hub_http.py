@@ -2,7 +2,7 @@
 
 Servers are asyncio TCP servers speaking raw HTTP (so malformed, cut and stalled answers can be
 produced) and one aiohttp server (a real peer's chunked encoding). TLS uses a self-signed
-certificate made by :func:`kit.serving.self_signed_certificate`.
+certificate made by :func:`kit.tls.self_signed_certificate`.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from hub import client as hub_client
 from hub import http
 from hub.errors import SourceUnavailable
 from hub.urls import Url
-from kit.serving import self_signed_certificate
+from kit.tls import self_signed_certificate
 
 pytestmark = [pytest.mark.anyio, pytest.mark.every_loop]  # I/O of its own
 

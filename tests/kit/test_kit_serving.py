@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.parser import text_string_to_metric_families
 from test_kit_access import Table
 
-from kit import serving, testing
+from kit import listening, serving, testing, tls
 
 pytestmark = [pytest.mark.anyio, pytest.mark.every_loop]  # I/O of its own
 
@@ -62,7 +62,7 @@ async def test_metrics_probes_and_routes_over_verified_tls() -> None:
 
 
 async def test_certificate_from_cert_dir(tmp_path: Path) -> None:
-    cert, key = serving.self_signed_certificate("node-7")
+    cert, key = tls.self_signed_certificate("node-7")
     (tmp_path / "tls.crt").write_bytes(cert)
     (tmp_path / "tls.key").write_bytes(key)
     settings = serving.HttpsSettings(bind_address="127.0.0.1", cert_dir=str(tmp_path), auth="none")
@@ -199,7 +199,7 @@ async def test_post_routes_get_the_body_and_refuse_one_past_the_bound() -> None:
 async def test_a_start_cancelled_at_any_step_leaves_no_socket_bound(which: str) -> None:
     """asyncio's ``create_server``, cancelled at its last step, drops a server whose listening
     socket stays bound and registered with the loop; the start is shielded
-    (:func:`serving.start_site`), so a cancellation at any loop turn of it leaves nothing."""
+    (:func:`listening.start_site`), so a cancellation at any loop turn of it leaves nothing."""
     registry = CollectorRegistry()
     settings = serving.HttpsSettings(bind_address="127.0.0.1", port=0, auth="none")
 
@@ -228,7 +228,7 @@ def test_two_servers_starting_on_one_port_at_once_leave_one_serving_and_one_clea
         await runner.setup()
         ready.wait()
         try:
-            await serving.serve_tcp(runner, "127.0.0.1", port)
+            await listening.serve_tcp(runner, "127.0.0.1", port)
             outcomes.append("serving")
         except OSError:
             outcomes.append("OSError")

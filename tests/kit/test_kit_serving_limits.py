@@ -13,17 +13,17 @@ import anyio.abc
 import pytest
 from prometheus_client import CollectorRegistry
 
-from kit import serving
+from kit import listening, serving
 
 pytestmark = [pytest.mark.anyio, pytest.mark.every_loop]  # I/O of its own
 
-TIGHT = serving.Limits(header_timeout_s=1.0, body_timeout_s=1.0)
+TIGHT = listening.Limits(header_timeout_s=1.0, body_timeout_s=1.0)
 GENEROUS_S = 30.0
 """Far past every bound, far below the old behaviour (an hour; a minute for a handshake)."""
 
 
 @asynccontextmanager
-async def _server(limits: serving.Limits = TIGHT) -> AsyncIterator[serving.Server]:
+async def _server(limits: listening.Limits = TIGHT) -> AsyncIterator[serving.Server]:
     async def echo(body: bytes) -> serving.Response:
         return serving.Response(body=body)
 

@@ -35,7 +35,7 @@ from controlplane.k8s.client import KubeClient
 from controlplane.k8s.informing import Informer
 from controlplane.reconciling.nodestates import Ledger
 from controlplane.resources import DEVICES, MODELARTIFACTS, NODEMODELSTORES, Ref, Resource
-from kit.serving import Handler
+from kit.listening import Handler
 from kit.tasks import start_forever
 
 __all__ = ["STORED", "WorkerGroup", "build"]

@@ -199,7 +199,8 @@ async def test_the_one_shot_loads_no_service_stack() -> None:
     code = (
         "import sys, agent.models.pull; print(' '.join(sorted(m for m in ('nats', "
         "'prometheus_client', 'aiohttp', 'aiofiles', 'grpclib', 'kubernetes_asyncio', "
-        "'bus.connection', 'kit.serving') if m in sys.modules)))"
+        "'bus.connection', 'kit.serving', 'kit.httpsettings', 'kit.listening', 'kit.gating', "
+        "'kit.tls') if m in sys.modules)))"
     )
     result = await anyio.run_process([sys.executable, "-c", code], check=True)
     assert result.stdout.decode().strip() == ""
@@ -217,7 +218,8 @@ async def test_a_whole_pull_through_the_console_script_imports_no_service_stack(
     rig.artifact("org/model", FILES)
     forbidden = (
         "yaml", "prometheus_client", "kubernetes_asyncio", "aiohttp", "yarl", "grpclib",
-        "nats", "aiofiles", "bus.connection", "kit.serving", "controlplane",
+        "nats", "aiofiles", "bus.connection", "kit.serving", "kit.httpsettings", "kit.listening",
+        "kit.gating", "kit.tls", "controlplane",
         "fractions", "tempfile", "shutil", "json",
     )  # fmt: skip
     code = (
