@@ -14,6 +14,7 @@ from contextlib import asynccontextmanager
 
 import anyio
 import anyio.to_thread
+from anyio.abc import TaskGroup
 
 from agent.deviceplugin import cdi, podresources
 from agent.deviceplugin.claims import KubeletKey
@@ -126,25 +127,8 @@ async def device_plugins(
     vendors' grants need (:class:`injection.DriverStep`), by kind; a grant needing a step no
     control performs is refused.
     """
-    partitions = None
-    if mig is not None:
-        partitions = Partitions(
-            mig,
-            settings.host_work_dir,
-            destroy_attempts=settings.partition_destroy_attempts,
-            destroy_backoff_s=settings.partition_destroy_backoff_s,
-            debounce_s=settings.partition_orphan_debounce_s,
-        )
-        await partitions.load()  # before the first update restores retained allocations
+    partitions = await _partitions(settings, mig)
     allocations = Allocations()
-    socket = settings.pod_resources_socket
-    links = Links(
-        kubelet=PodResources(socket) if socket is not None else None,
-        listener=allocations,
-        cdi_catalog=await _read_cdi(settings)
-        if settings.nvidia_injection != "envvar"
-        else cdi.Catalog(),
-    )
     node = Node(
         settings,
         publish=publish,
@@ -152,22 +136,64 @@ async def device_plugins(
         partitions=partitions,
         pending_containers=pending,
         controls=controls,
-        links=links,
+        links=await _links(settings, allocations),
     )
     registrar = Registrar(settings, lambda: node.offers.servicers, ready=lambda: node.updated)
     plugins = Plugins(node, registrar)
     async with anyio.create_task_group() as tg:
-        tg.start_soon(registrar.run, name="deviceplugin-registration")
-        if socket is not None:
-            tg.start_soon(_resync, settings, node, allocations, name="deviceplugin-podresources")
-        if partitions is not None:
-            tg.start_soon(_reclaim, settings, node, partitions, name="deviceplugin-mig-reclaim")
-        if settings.nvidia_injection != "envvar":
-            tg.start_soon(_refresh_cdi, settings, node, name="deviceplugin-cdi-specs")
+        _start_loops(tg, settings, node, registrar, allocations, partitions)
         try:
             yield plugins
         finally:
             tg.cancel_scope.cancel()
+
+
+async def _partitions(settings: DevicePluginSettings, mig: MigControl | None) -> Partitions | None:
+    """A step of its own: the MIG partitions are loaded before the node exists, so the first
+    update restores retained allocations against them."""
+    if mig is None:
+        return None
+    partitions = Partitions(
+        mig,
+        settings.host_work_dir,
+        destroy_attempts=settings.partition_destroy_attempts,
+        destroy_backoff_s=settings.partition_destroy_backoff_s,
+        debounce_s=settings.partition_orphan_debounce_s,
+    )
+    await partitions.load()  # before the first update restores retained allocations
+    return partitions
+
+
+async def _links(settings: DevicePluginSettings, allocations: Allocations) -> Links:
+    """A step of its own: what the node sees of kubelet and CDI, each present only where the
+    settings ask for it."""
+    socket = settings.pod_resources_socket
+    return Links(
+        kubelet=PodResources(socket) if socket is not None else None,
+        listener=allocations,
+        cdi_catalog=await _read_cdi(settings)
+        if settings.nvidia_injection != "envvar"
+        else cdi.Catalog(),
+    )
+
+
+def _start_loops(
+    tg: TaskGroup,
+    settings: DevicePluginSettings,
+    node: Node,
+    registrar: Registrar,
+    allocations: Allocations,
+    partitions: Partitions | None,
+) -> None:
+    """A step of its own: the background loops the context runs, registration first, each
+    started only when its part exists."""
+    tg.start_soon(registrar.run, name="deviceplugin-registration")
+    if settings.pod_resources_socket is not None:
+        tg.start_soon(_resync, settings, node, allocations, name="deviceplugin-podresources")
+    if partitions is not None:
+        tg.start_soon(_reclaim, settings, node, partitions, name="deviceplugin-mig-reclaim")
+    if settings.nvidia_injection != "envvar":
+        tg.start_soon(_refresh_cdi, settings, node, name="deviceplugin-cdi-specs")
 
 
 async def _resync(settings: DevicePluginSettings, node: Node, allocations: Allocations) -> None:
