@@ -15,6 +15,7 @@ from collections.abc import Sequence
 import msgspec
 
 from agent.preflight.checking import Probe, Result, Vendor
+from agent.preflight.injection import Mount
 from agent.preflight.invocations import (
     MAPS_BEGIN,
     MAPS_END,
@@ -43,20 +44,38 @@ def judge(
     command = render(probe.argv) if probe.argv else ""
     base = {"accelerator": probe.accelerator, "command": command}
     if probe.kind == "visibility":
-        envs = ", ".join(f"{k}={v}" for k, v in sorted(probe.injection.envs.items()))
-        return [
-            Row(
-                **base,
-                capability="sidecar-visibility",
-                mode="visibility",
-                state="ok",
-                depth="simulated",
-                detail=f"a sidecar is injected {envs}; never run",
-            )
-        ]
+        return [_visibility(base, probe)]
     if probe.kind == "pair":
         row = Row(**base, capability="co-tenancy", mode="sliced", state="ok", depth="simulated")
         return [_not_run(row, why, blocked) if results is None else _pair(row, probe, results)]
+    return _sliced(vendor, probe, results, base, why=why, blocked=blocked)
+
+
+def _visibility(base: dict[str, str], probe: Probe) -> Row:
+    """A step of its own: a visibility probe is never run, so its row only names the sidecar's
+    environment."""
+    envs = ", ".join(f"{k}={v}" for k, v in sorted(probe.injection.envs.items()))
+    return Row(
+        **base,
+        capability="sidecar-visibility",
+        mode="visibility",
+        state="ok",
+        depth="simulated",
+        detail=f"a sidecar is injected {envs}; never run",
+    )
+
+
+def _sliced(
+    vendor: Vendor,
+    probe: Probe,
+    results: Sequence[Result] | None,
+    base: dict[str, str],
+    *,
+    why: str,
+    blocked: str,
+) -> list[Row]:
+    """A step of its own: a sliced probe answers two questions, each judged by its own step:
+    is the slicing runtime loaded, and is the memory cap in force."""
     loaded = Row(
         **base, capability="sliced-runtime-loaded", mode="sliced", state="ok", depth="simulated"
     )
@@ -66,34 +85,56 @@ def judge(
     libraries = probe.injection.library_mounts()
     enforcer = vendor.enforcer(probe.injection)
     cap = vendor.cap(probe.injection)
-    out: list[Row] = []
+    return [
+        _runtime_loaded(loaded, enforcer, libraries, results, why=why, blocked=blocked),
+        _quota_in_force(quota, vendor, cap, results, why=why, blocked=blocked),
+    ]
+
+
+def _runtime_loaded(
+    row: Row,
+    enforcer: str,
+    libraries: Sequence[Mount],
+    results: Sequence[Result] | None,
+    *,
+    why: str,
+    blocked: str,
+) -> Row:
+    """A step of its own: the runtime verdict, unavailable without an enforcer whether or not
+    the probe ran."""
     if not enforcer:
-        out.append(
-            _set(
-                loaded,
-                state="unavailable",
-                reason="no-preload-library",
-                detail="the sliced injection carries nothing that enforces a slice",
-            )
+        return _set(
+            row,
+            state="unavailable",
+            reason="no-preload-library",
+            detail="the sliced injection carries nothing that enforces a slice",
         )
-    elif results is None or not libraries:
-        out.append(_not_run(loaded, why, blocked, f"the slice is enforced by {enforcer}"))
-    else:
-        out.append(_loaded(loaded, libraries[0].container_path, results[0]))
+    if results is None or not libraries:
+        return _not_run(row, why, blocked, f"the slice is enforced by {enforcer}")
+    return _loaded(row, libraries[0].container_path, results[0])
+
+
+def _quota_in_force(
+    row: Row,
+    vendor: Vendor,
+    cap: int | None,
+    results: Sequence[Result] | None,
+    *,
+    why: str,
+    blocked: str,
+) -> Row:
+    """A step of its own: the quota verdict, unavailable without a cap whether or not the probe
+    ran."""
     if cap is None:
-        out.append(
-            _set(
-                quota,
-                state="unavailable",
-                reason="no-cap",
-                detail=f"the sliced injection sets no {vendor.cap_source}",
-            )
+        return _set(
+            row,
+            state="unavailable",
+            reason="no-cap",
+            detail=f"the sliced injection sets no {vendor.cap_source}",
         )
-    elif results is None:
-        out.append(_not_run(quota, why, blocked, f"the injection caps memory at {cap} MiB"))
-    else:
-        out.append(_quota(quota, cap, results[0]))
-    return out
+    if results is None:
+        return _not_run(row, why, blocked, f"the injection caps memory at {cap} MiB")
+    return _quota(row, cap, results[0])
 
 
 def _set(row: Row, **changes: str) -> Row:
