@@ -36,6 +36,8 @@ from controlplane.reconciling.nodestates import Ledger
 from controlplane.worker.settings import WorkerSettings
 from kit import serving
 from kit.access import CachedAuthorizer
+from kit.httpsettings import HttpsSettings
+from kit.listening import Handler, Middleware
 
 __all__ = ["serve"]
 
@@ -62,31 +64,12 @@ async def serve(  # noqa: PLR0913 - the parts of one endpoint, each passed by th
     sent to an endpoint that is not up.
     """
     async with AsyncExitStack() as stack:
-        reviewer = None if api is None else KubeReviewer(api)
-        if reviewer is not None:
-            await stack.enter_async_context(serve_reviews(conn, CachedAuthorizer(reviewer)))
-        https, ca_bundle = settings.https, None
-        if api is not None and settings.webhooks.service is not None:
-            ident = await stack.enter_async_context(
-                certificates.serving_identity(api, settings.https, settings.webhooks)
-            )
-            https, ca_bundle = ident.https, ident.ca_bundle
+        reviewer = await _reviews(stack, conn, api)
+        https, ca_bundle = await _identity(stack, settings, api)
         extension, proxy = await _extension(settings, api, ledger, source, samples, group)
-        handlers = extension.handlers()
-        if group is not None:  # worker.gpustack.ai/v1's discovery waits for its caches
-            handlers = group.gate(handlers)
-        middlewares = []
-        if settings.audit.enabled:
-            auditor = await stack.enter_async_context(audit.Auditor(settings.audit).running())
-            middlewares.append(auditor.middleware())
-        posts = {**webhooks.posts(LedgerCatalog(ledger)), **_workload_posts(chain)}
-        if api is not None:  # the API server calls the status guards; they need who we are
-            writers = guards.allowed_writers(
-                await guards.whoami(api), settings.namespace,
-                settings.model_manager_service_account,
-            )  # fmt: skip
-            posts.update(guards.posts(writers))
-            posts.update(modelrules.posts())
+        handlers = _handlers(extension, group)
+        middlewares = await _middlewares(stack, settings)
+        posts = await _posts(settings, api, ledger, chain)
         server = await stack.enter_async_context(
             serving.https_server(
                 https, registry=registry, ready=lambda: conn.is_connected,
@@ -97,15 +80,90 @@ async def serve(  # noqa: PLR0913 - the parts of one endpoint, each passed by th
             )
         )  # fmt: skip
         if api is not None and ca_bundle is not None:
-            await webhooks.ensure(api, settings.webhooks, ca_bundle)
-            if chain is not None and chain.settings.manage_kueue:
-                await workloads.ensure(api, settings.webhooks, ca_bundle)
-            await registration.ensure(api, settings.webhooks, ca_bundle)
-            if group is not None:
-                await worker_registration.ensure(api, settings.webhooks, ca_bundle)
-            await guards.ensure(api, settings.webhooks, ca_bundle)
-            await modelrules.ensure(api, settings.webhooks, ca_bundle)
+            await _apply_configurations(api, settings, ca_bundle, chain, group)
         yield server
+
+
+async def _reviews(
+    stack: AsyncExitStack, conn: connection.Connection, api: client.KubeClient | None
+) -> KubeReviewer | None:
+    """A step of its own: with an API, the access reviews answered on the bus for the agents
+    live as long as the endpoint, and its reviewer also checks the endpoint's own callers."""
+    reviewer = None if api is None else KubeReviewer(api)
+    if reviewer is not None:
+        await stack.enter_async_context(serve_reviews(conn, CachedAuthorizer(reviewer)))
+    return reviewer
+
+
+async def _identity(
+    stack: AsyncExitStack, settings: WorkerSettings, api: client.KubeClient | None
+) -> tuple[HttpsSettings, bytes | None]:
+    """A step of its own: with a cluster and a webhook Service, the endpoint serves a
+    certificate the API server can verify, and its CA bundle is what the configurations name."""
+    https, ca_bundle = settings.https, None
+    if api is not None and settings.webhooks.service is not None:
+        ident = await stack.enter_async_context(
+            certificates.serving_identity(api, settings.https, settings.webhooks)
+        )
+        https, ca_bundle = ident.https, ident.ca_bundle
+    return https, ca_bundle
+
+
+def _handlers(extension: ExtensionApi, group: WorkerGroup | None) -> dict[str, Handler]:
+    """A step of its own: the extension API's handlers, gated while a worker group's caches
+    fill (worker.gpustack.ai/v1's discovery waits for them)."""
+    handlers = extension.handlers()
+    if group is not None:
+        handlers = group.gate(handlers)
+    return handlers
+
+
+async def _middlewares(stack: AsyncExitStack, settings: WorkerSettings) -> list[Middleware]:
+    """A step of its own: the request auditor, running as long as the endpoint, when
+    ``--audit-*`` turns it on."""
+    middlewares = []
+    if settings.audit.enabled:
+        auditor = await stack.enter_async_context(audit.Auditor(settings.audit).running())
+        middlewares.append(auditor.middleware())
+    return middlewares
+
+
+async def _posts(
+    settings: WorkerSettings,
+    api: client.KubeClient | None,
+    ledger: Ledger,
+    chain: ChainReconciler | None,
+) -> dict[str, serving.PostRoute]:
+    """A step of its own: the admission routes; with an API also the status guards, which
+    must first ask the API server who we are."""
+    posts = {**webhooks.posts(LedgerCatalog(ledger)), **_workload_posts(chain)}
+    if api is not None:  # the API server calls the status guards; they need who we are
+        writers = guards.allowed_writers(
+            await guards.whoami(api), settings.namespace,
+            settings.model_manager_service_account,
+        )  # fmt: skip
+        posts.update(guards.posts(writers))
+        posts.update(modelrules.posts())
+    return posts
+
+
+async def _apply_configurations(
+    api: client.KubeClient,
+    settings: WorkerSettings,
+    ca_bundle: bytes,
+    chain: ChainReconciler | None,
+    group: WorkerGroup | None,
+) -> None:
+    """A step of its own: the configurations naming our CA, applied only once the endpoint
+    listens (the API server is never sent to an endpoint that is not up), in this order."""
+    await webhooks.ensure(api, settings.webhooks, ca_bundle)
+    if chain is not None and chain.settings.manage_kueue:
+        await workloads.ensure(api, settings.webhooks, ca_bundle)
+    await registration.ensure(api, settings.webhooks, ca_bundle)
+    if group is not None:
+        await worker_registration.ensure(api, settings.webhooks, ca_bundle)
+    await guards.ensure(api, settings.webhooks, ca_bundle)
+    await modelrules.ensure(api, settings.webhooks, ca_bundle)
 
 
 def _workload_posts(chain: ChainReconciler | None) -> dict[str, serving.PostRoute]:
