@@ -11,6 +11,7 @@ import logging
 import os
 import re
 import socket
+from collections.abc import Mapping
 
 import msgspec
 
@@ -130,32 +131,14 @@ def settings_from(options: Options) -> WorkerSettings:
     """Build the settings from parsed flags (``--kubeconfig=none``: no cluster, bus KV ledger)."""
     env = options.env
     flags = options.read_flags(WorkerFlags)
-    kubeconfig = client.kubeconfig_from(flags.kubeconfig, env)
-    kube = None
-    if kubeconfig != "none":
-        kube = client.KubeSettings(
-            kubeconfig=kubeconfig,
-            qps=flags.kube_conn_qps,
-            burst=flags.kube_conn_burst,
-            timeout_s=flags.kube_conn_timeout,
-            relist_s=flags.informer_cache_resync_period,
-        )
-    try:
-        hub_endpoint = endpoints.endpoint_from(flags.hf_endpoint or None, env)
-    except endpoints.InvalidName as e:
-        raise SettingsError(f"--hf-endpoint: {e}") from e
+    kube = _kube(flags, env)
+    hub_endpoint = _hub_endpoint(flags, env)
     namespace = env.get("KUBERNETES_POD_NAMESPACE", "gpustack-system")
     bus = bus_settings.from_options(options)
     https = _https(options.read_flags(ServingFlags), kube)
     https = msgspec.structs.replace(https, cors_allowed_origins=_cors(flags))
-    service = flags.webhook_service or None
-    if service is not None and not _DNS_LABEL.fullmatch(service):
-        raise SettingsError(f"--webhook-service {service!r} is not a Service name (DNS-1035 label)")
-    webhooks = WebhookSettings(service=service, namespace=namespace, port=https.port)
-    try:
-        seed = settingscatalog.seed(env)
-    except settingscatalog.InvalidSetting as e:
-        raise SettingsError(f"GPUSTACK_* setting seed: {e}") from e
+    webhooks = _webhooks(flags, namespace, https)
+    seed = _seed(env)
     return WorkerSettings(
         disable_auths=_disable_auths(flags, https),
         audit=_audit(flags),
@@ -174,18 +157,63 @@ def settings_from(options: Options) -> WorkerSettings:
         bus_auth=_bus_auth(flags, kube, namespace),
         kube=kube,
         https=https,
-        leader=leading.LeaderSettings(
-            name=flags.kube_leader_election_id,
-            namespace=namespace,
-            lease_s=flags.kube_leader_lease,
-            renew_timeout_s=flags.kube_leader_renew_timeout,
-        )
-        if flags.kube_leader_election
-        else None,
+        leader=_leader(flags, namespace),
         identity=env.get("POD_NAME") or f"{socket.gethostname()}_{os.getpid()}",
         hub_endpoint=hub_endpoint,
         webhooks=webhooks,
         gateway_unix_path=_socket_path("worker-gateway-unix-path", flags.worker_gateway_unix_path),
+    )
+
+
+def _kube(flags: WorkerFlags, env: Mapping[str, str]) -> client.KubeSettings | None:
+    """A step of its own: the cluster connection comes first, since the endpoint's and the bus
+    auth's checks depend on whether there is one (``--kubeconfig=none``: None)."""
+    kubeconfig = client.kubeconfig_from(flags.kubeconfig, env)
+    if kubeconfig == "none":
+        return None
+    return client.KubeSettings(
+        kubeconfig=kubeconfig,
+        qps=flags.kube_conn_qps,
+        burst=flags.kube_conn_burst,
+        timeout_s=flags.kube_conn_timeout,
+        relist_s=flags.informer_cache_resync_period,
+    )
+
+
+def _hub_endpoint(flags: WorkerFlags, env: Mapping[str, str]) -> str:
+    """A step of its own: ``--hf-endpoint`` (else ``$HF_ENDPOINT``), refused as a flag error."""
+    try:
+        return endpoints.endpoint_from(flags.hf_endpoint or None, env)
+    except endpoints.InvalidName as e:
+        raise SettingsError(f"--hf-endpoint: {e}") from e
+
+
+def _webhooks(flags: WorkerFlags, namespace: str, https: HttpsSettings) -> WebhookSettings:
+    """A step of its own: where the API server reaches the webhooks; ``--webhook-service``
+    must be a Service name."""
+    service = flags.webhook_service or None
+    if service is not None and not _DNS_LABEL.fullmatch(service):
+        raise SettingsError(f"--webhook-service {service!r} is not a Service name (DNS-1035 label)")
+    return WebhookSettings(service=service, namespace=namespace, port=https.port)
+
+
+def _seed(env: Mapping[str, str]) -> dict[str, str]:
+    """A step of its own: the ``GPUSTACK_*`` settings' first texts, refused at the edge."""
+    try:
+        return settingscatalog.seed(env)
+    except settingscatalog.InvalidSetting as e:
+        raise SettingsError(f"GPUSTACK_* setting seed: {e}") from e
+
+
+def _leader(flags: WorkerFlags, namespace: str) -> leading.LeaderSettings | None:
+    """A step of its own: the election among replicas, only with ``--kube-leader-election``."""
+    if not flags.kube_leader_election:
+        return None
+    return leading.LeaderSettings(
+        name=flags.kube_leader_election_id,
+        namespace=namespace,
+        lease_s=flags.kube_leader_lease,
+        renew_timeout_s=flags.kube_leader_renew_timeout,
     )
 
 
