@@ -14,7 +14,10 @@
   ``EventList`` batches POSTed.
 
 Events are queued (bounded, :data:`QUEUE`; a full queue drops and counts, never blocks a request)
-and written by one task. Parsing is at the edge: a bad file stops the worker with one line.
+and written by one task. An event is queued before its response goes out, and leaving
+:meth:`Auditor.running`, cancelled included (a stopping worker), first writes what is queued,
+shielded and within :data:`FLUSH_S`: a request the client saw answered is in the log. Parsing is
+at the edge: a bad file stops the worker with one line.
 """
 
 from __future__ import annotations
@@ -56,6 +59,8 @@ log = logging.getLogger(__name__)
 LEVELS: Final = ("None", "Metadata", "Request", "RequestResponse")
 QUEUE: Final = 1024
 BATCH: Final = 100
+FLUSH_S: Final = 5.0
+"""How long leaving :meth:`Auditor.running` may spend writing what is still queued."""
 
 
 @dataclass
@@ -281,26 +286,41 @@ class Auditor:
                 self._send.close()
 
     async def _write(self) -> None:
-        out = await self._open()
+        """Write batches until the queue closes or the task is cancelled, then what is left.
+
+        The file is opened shielded (a local, bounded step): a writer cancelled before it first
+        ran still has somewhere to write what was queued.
+        """
+        out: IO[str] | None = None
         http = None
-        if self._settings.webhook is not None:
-            http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10))
-        try:
-            async with self._receive:
-                async for event in self._receive:
-                    batch = [event]
-                    while len(batch) < BATCH:
-                        try:
-                            batch.append(self._receive.receive_nowait())
-                        except (anyio.WouldBlock, anyio.EndOfStream):
-                            break
-                    await self._emit(out, http, batch)
-        finally:
-            with anyio.CancelScope(shield=True):
-                if http is not None:
-                    await http.close()
-                if out is not None and out is not sys.stdout:
-                    await anyio.to_thread.run_sync(out.close)
+        with self._receive:
+            try:
+                with anyio.move_on_after(FLUSH_S, shield=True):
+                    out = await self._open()
+                if self._settings.webhook is not None:
+                    http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10))
+                try:
+                    async for event in self._receive:
+                        await self._emit(out, http, self._batch([event]))
+                finally:  # cancelled (the worker stops) or closed: write what is queued
+                    with anyio.move_on_after(FLUSH_S, shield=True):
+                        while batch := self._batch([]):
+                            await self._emit(out, http, batch)
+            finally:
+                with anyio.CancelScope(shield=True):
+                    if http is not None:
+                        await http.close()
+                    if out is not None and out is not sys.stdout:
+                        await anyio.to_thread.run_sync(out.close)
+
+    def _batch(self, batch: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """``batch`` topped up from the queue, without waiting, to at most :data:`BATCH`."""
+        while len(batch) < BATCH:
+            try:
+                batch.append(self._receive.receive_nowait())
+            except (anyio.WouldBlock, anyio.EndOfStream):
+                break
+        return batch
 
     async def _open(self) -> IO[str] | None:
         path = self._settings.log_path
