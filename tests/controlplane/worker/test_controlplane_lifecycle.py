@@ -155,11 +155,16 @@ async def test_the_resync_reads_node_presence_from_the_informer(tmp_path: Path) 
         body["metadata"]["name"] = "n3"
         fake.objects[(DEVICES, None, "n3")] = body
 
-        async def resynced_twice_more() -> bool:
-            return fake.lists[DEVICES] >= device_lists + 2
+        async def n3_read() -> bool:  # a resync listed n3's Devices, and asked for its Node
+            return fake.reads[("api/v1/nodes", "n3")] >= 1 and fake.lists[DEVICES] > device_lists
 
-        await eventually(resynced_twice_more, timeout_s=30)
-        assert fake.reads[("api/v1/nodes", "n3")] >= 1
+        await eventually(n3_read, timeout_s=30)
+        done = fake.lists[DEVICES]  # a list is counted when it arrives, processed after
+
+        async def resynced_once_more() -> bool:  # passes run one after another
+            return fake.lists[DEVICES] > done
+
+        await eventually(resynced_once_more, timeout_s=30)
         assert all((DEVICES, None, n) in fake.objects for n in ("n1", "n2", "n3"))
         assert fake.lists["api/v1/nodes"] == node_lists
         tg.cancel_scope.cancel()
