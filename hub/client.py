@@ -36,7 +36,7 @@ from hub.errors import (
 from hub.manifest import Entry
 from hub.urls import Url
 
-__all__ = ["Body", "HubClient", "HubSettings", "client", "file_body"]
+__all__ = ["Body", "HubClient", "HubSettings", "client", "file_body", "range_header"]
 
 USER_AGENT: Final = "gpustack-operator"
 MAX_REDIRECTS: Final = 10
@@ -333,9 +333,7 @@ class HubClient:
         and the caller must restart the file. :raises HubError: on a refusal.
         """
         url = self.file_url(repository, commit, path)
-        ranged = start > 0 or end is not None
-        extra = {"Range": f"bytes={start}-{'' if end is None else end - 1}"} if ranged else None
-        async with self._get(url, token, extra) as response:
+        async with self._get(url, token, range_header(start, end)) as response:
             yield _body_of(response, path)
 
     async def whole(
@@ -366,6 +364,14 @@ class HubClient:
         if got < size:
             raise SourceUnavailable(f"{path}: the response ended at byte {got} of {size}")
         return pieces
+
+
+def range_header(start: int, end: int | None) -> dict[str, str] | None:
+    """The ``Range`` header asking for bytes ``start`` up to ``end`` (exclusive; None: to the
+    file's end); None when that is the whole file (a plain GET)."""
+    if start == 0 and end is None:
+        return None
+    return {"Range": f"bytes={start}-{'' if end is None else end - 1}"}
 
 
 def _body_of(response: http.Response, path: str) -> Body:

@@ -172,8 +172,7 @@ class PeerFiles:
     ) -> AsyncIterator[hub_client.Body]:
         """``path``'s bytes from ``start`` to ``end`` (exclusive), as the Hub's would be."""
         del repository, commit, token
-        ranged = start > 0 or end is not None
-        extra = {"Range": f"bytes={start}-{'' if end is None else end - 1}"} if ranged else None
+        extra = hub_client.range_header(start, end)
         response = await self.client.open(self.offer, self._path(path), extra)
         try:
             if response.status not in (200, 206):

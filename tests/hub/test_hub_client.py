@@ -236,3 +236,15 @@ async def test_whole_fetches_a_small_file_through_the_cdn_and_refuses_a_wrong_si
 
     assert b"".join(pieces) == data == b"".join(again)
     assert any("/blobs/" in s.path for s in server.seen)  # the CDN redirect was followed
+
+
+@pytest.mark.parametrize(
+    ("start", "end", "header"),
+    [(0, None, None), (5, None, "bytes=5-"), (0, 10, "bytes=0-9"), (3, 4, "bytes=3-3")],
+)
+def test_a_range_header_names_the_last_byte_inclusive_and_none_for_a_whole_file(
+    start: int, end: int | None, header: str | None
+) -> None:
+    """One rule for the Hub's GETs and the peers' (:mod:`agent.models.peerclient`)."""
+    got = hub_client.range_header(start, end)
+    assert got == (None if header is None else {"Range": header})
