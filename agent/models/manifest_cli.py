@@ -138,16 +138,13 @@ class SnapshotFlags(Flags, frozen=True, kw_only=True):
     output: str
 
 
-def snapshot_flags(options: Options) -> SnapshotFlags:
-    """The snapshot flags of ``mm manifest`` and ``mm pull``, read once."""
-    return options.read_flags(SnapshotFlags)
+def snapshot_of(options: Options) -> tuple[SnapshotFlags, kinds.Snapshot]:
+    """The snapshot flags of ``mm manifest`` and ``mm pull``, read once, and the snapshot they
+    name (the one positional is the repository: the caller checks there is one).
 
-
-def settings_from(options: Options) -> ManifestSettings:
-    """:raises SettingsError: no single repository id, or an endpoint that is not a URL."""
-    if len(options.positionals) != 1:
-        raise SettingsError("needs exactly one REPOSITORY (owner/name)")
-    flags = snapshot_flags(options)
+    :raises SettingsError: a repository id or endpoint the hub cannot take.
+    """
+    flags = options.read_flags(SnapshotFlags)
     try:
         snapshot = kinds.snapshot_from(
             flags.hub,
@@ -159,6 +156,14 @@ def settings_from(options: Options) -> ManifestSettings:
         )
     except endpoints.InvalidName as e:
         raise SettingsError(str(e)) from e
+    return flags, snapshot
+
+
+def settings_from(options: Options) -> ManifestSettings:
+    """:raises SettingsError: no single repository id, or an endpoint that is not a URL."""
+    if len(options.positionals) != 1:
+        raise SettingsError("needs exactly one REPOSITORY (owner/name)")
+    flags, snapshot = snapshot_of(options)
     return ManifestSettings(
         repository=snapshot.repository,
         revision=snapshot.revision,

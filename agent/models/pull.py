@@ -33,7 +33,7 @@ import msgspec
 
 from agent.models import downloading, jobs, layout, materializing
 from agent.models.errors import CacheCorrupt, CacheUnusable, Materializing, NoSpace
-from agent.models.manifest_cli import snapshot_flags
+from agent.models.manifest_cli import snapshot_of
 from agent.models.tuning import Tuning
 from hub import client as hub_client
 from hub import endpoints, kinds, resolving
@@ -79,18 +79,7 @@ def settings_from(options: Options) -> PullSettings:
     root = options.read_flags(CacheFlags).cache_root
     if not root.startswith("/"):
         raise SettingsError(f"--cache-root must be an absolute path, not {root!r}")
-    flags = snapshot_flags(options)
-    try:
-        snapshot = kinds.snapshot_from(
-            flags.hub,
-            options.positionals[0],
-            flags.revision,
-            hf_endpoint=flags.hf_endpoint or None,
-            modelscope_endpoint=flags.modelscope_endpoint or None,
-            env=options.env,
-        )
-    except endpoints.InvalidName as e:
-        raise SettingsError(str(e)) from e
+    flags, snapshot = snapshot_of(options)
     return PullSettings(
         repository=snapshot.repository,
         revision=snapshot.revision,
