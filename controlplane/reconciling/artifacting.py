@@ -35,7 +35,7 @@ from controlplane import errors
 from controlplane.k8s.client import KubeClient
 from controlplane.metrics import WorkerMetrics
 from controlplane.reconciling import applying, artifacts, revalidating
-from controlplane.reconciling.artifacts import Failure, Spec
+from controlplane.reconciling.artifacts import Failure, HuggingFace, ModelScope, Spec
 from controlplane.reconciling.hubresolver import Resolved, Resolver
 from controlplane.reconciling.nodestates import Ledger
 from controlplane.reconciling.planning import Desired, Patch, plan
@@ -204,7 +204,13 @@ class ArtifactReconciler:
         self._unreachable.pop(key, None)
         return resolved, None
 
-    async def _resolve(self, namespace: str, spec: Spec) -> Resolved:
+    async def _hub_of(
+        self, namespace: str, spec: Spec
+    ) -> tuple[Resolver, HuggingFace | ModelScope, str | None]:
+        """The resolver of the artifact's hub, its source, and its token (from its Secret).
+
+        :raises errors.ResolveFailed: no resolver for that hub, or the token is unreadable.
+        """
         kind, source = spec.source.hub
         resolver = self.resolvers.get(kind)
         if resolver is None:
@@ -213,6 +219,10 @@ class ArtifactReconciler:
             )
         secret = source.secret_ref
         token = await self._token(namespace, secret.name) if secret else None
+        return resolver, source, token
+
+    async def _resolve(self, namespace: str, spec: Spec) -> Resolved:
+        resolver, source, token = await self._hub_of(namespace, spec)
         resolved = await resolver.resolve(
             source.repository,
             source.revision,
@@ -246,14 +256,7 @@ class ArtifactReconciler:
             return None  # an anchor names no commit to list again: its digest is the user's own
         failure = None
         try:
-            kind, source = spec.source.hub
-            resolver = self.resolvers.get(kind)
-            if resolver is None:
-                raise errors.ResolveFailed(
-                    "SourceUnavailable", f"no {kind} resolver is configured", temporary=True
-                )
-            secret = source.secret_ref
-            token = await self._token(key[0], secret.name) if secret else None
+            resolver, source, token = await self._hub_of(key[0], spec)
             await resolver.revalidate(
                 source.repository, str(pinned.get("revision") or ""),
                 str(pinned.get("manifestDigest") or ""), token=token,
