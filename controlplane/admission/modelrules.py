@@ -20,13 +20,13 @@ removable whatever the spec says).
 
 from __future__ import annotations
 
-import base64
 import logging
 from collections.abc import Mapping
 from typing import Any, Final
 
 import msgspec
 
+from controlplane.admission import webhooks
 from controlplane.admission.webhooks import WebhookSettings
 from controlplane.k8s.client import KubeClient
 from controlplane.resources import GROUP, VALIDATING_WEBHOOKS, VERSION, Ref
@@ -179,33 +179,10 @@ def posts() -> dict[str, PostRoute]:
 
 def configuration(settings: WebhookSettings, ca: bytes | None) -> dict[str, Any]:
     """The ValidatingWebhookConfiguration (``caBundle`` only when ``ca``)."""
-    service = {"namespace": settings.namespace, "name": settings.service, "path": PATH,
-               "port": settings.port}  # fmt: skip
-    client: dict[str, Any] = {"service": service}
-    if ca:
-        client["caBundle"] = base64.b64encode(ca).decode()
-    hook = {
-        "name": "models.validation.worker.gpustack.ai",
-        "admissionReviewVersions": ["v1"],
-        "sideEffects": "None",
-        "failurePolicy": "Fail",
-        "matchPolicy": "Equivalent",
-        "timeoutSeconds": settings.timeout_s,
-        "clientConfig": client,
-        "rules": [{"operations": ["CREATE", "UPDATE"], "apiGroups": [GROUP],
-                   "apiVersions": [VERSION], "resources": sorted(KINDS),
-                   "scope": "Namespaced"}],
-    }  # fmt: skip
-    labels = {
-        "app.kubernetes.io/component": "worker",
-        "app.kubernetes.io/part-of": "gpustack-operator",
-    }
-    return {
-        "apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": VALIDATING_WEBHOOKS.kind,
-        "metadata": {"name": NAME, "labels": labels},
-        "webhooks": [hook],
-    }
+    rules = [{"operations": ["CREATE", "UPDATE"], "apiGroups": [GROUP], "apiVersions": [VERSION],
+              "resources": sorted(KINDS), "scope": "Namespaced"}]  # fmt: skip
+    hook = webhooks.hook("models.validation.worker.gpustack.ai", PATH, settings, ca, rules)
+    return webhooks.configuration_of(VALIDATING_WEBHOOKS, NAME, [hook])
 
 
 async def ensure(api: KubeClient, settings: WebhookSettings, ca: bytes) -> None:

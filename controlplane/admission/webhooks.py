@@ -41,8 +41,10 @@ __all__ = [
     "VALIDATE_PATH",
     "VALIDATING_NAME",
     "WebhookSettings",
+    "configuration_of",
     "configurations",
     "ensure",
+    "hook",
     "match_expression",
     "posts",
 ]
@@ -103,7 +105,24 @@ def match_expression() -> str:
     )
 
 
-def _webhook(name: str, path: str, settings: WebhookSettings, ca: bytes | None) -> dict[str, Any]:
+_LABELS: Final = {
+    "app.kubernetes.io/component": "worker",
+    "app.kubernetes.io/part-of": "gpustack-operator",
+}
+
+
+def hook(
+    name: str,
+    path: str,
+    settings: WebhookSettings,
+    ca: bytes | None,
+    rules: list[dict[str, Any]],
+    *,
+    failure_policy: str = "Fail",
+    match_conditions: list[dict[str, str]] | None = None,
+) -> dict[str, Any]:
+    """One webhook of a configuration: the worker's Service at ``path`` (``caBundle`` only when
+    ``ca``), AdmissionReview v1, no side effects, ``matchPolicy: Equivalent``."""
     service = {
         "namespace": settings.namespace, "name": settings.service, "path": path,
         "port": settings.port,
@@ -111,51 +130,47 @@ def _webhook(name: str, path: str, settings: WebhookSettings, ca: bytes | None) 
     client: dict[str, Any] = {"service": service}
     if ca:
         client["caBundle"] = base64.b64encode(ca).decode()
-    return {
+    webhook: dict[str, Any] = {
         "name": name,
         "admissionReviewVersions": ["v1"],
         "sideEffects": "None",
-        "failurePolicy": "Fail",
+        "failurePolicy": failure_policy,
         "matchPolicy": "Equivalent",
         "timeoutSeconds": settings.timeout_s,
         "clientConfig": client,
-        "rules": [
-            {
-                "operations": ["CREATE"],
-                "apiGroups": [""],
-                "apiVersions": ["v1"],
-                "resources": ["pods"],
-                "scope": "Namespaced",
-            }
-        ],
-        "matchConditions": [
-            {"name": "requests-an-accelerator-family", "expression": match_expression()}
-        ],
+        "rules": rules,
     }
+    if match_conditions is not None:
+        webhook["matchConditions"] = match_conditions
+    return webhook
+
+
+def configuration_of(kind: Resource, name: str, webhooks: list[dict[str, Any]]) -> dict[str, Any]:
+    """A Mutating- or ValidatingWebhookConfiguration of the worker's (``kind`` says which)."""
+    return {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": kind.kind,
+        "metadata": {"name": name, "labels": dict(_LABELS)},
+        "webhooks": webhooks,
+    }
+
+
+def _webhook(name: str, path: str, settings: WebhookSettings, ca: bytes | None) -> dict[str, Any]:
+    """A Pod webhook: CREATE of Pods that ask for an accelerator family."""
+    rules = [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"],
+              "resources": ["pods"], "scope": "Namespaced"}]  # fmt: skip
+    matches = [{"name": "requests-an-accelerator-family", "expression": match_expression()}]
+    return hook(name, path, settings, ca, rules, match_conditions=matches)
 
 
 def configurations(settings: WebhookSettings, ca: bytes | None) -> dict[Resource, dict[str, Any]]:
     """The Mutating- and ValidatingWebhookConfiguration (``caBundle`` only when ``ca``)."""
-    labels = {
-        "app.kubernetes.io/component": "worker",
-        "app.kubernetes.io/part-of": "gpustack-operator",
-    }
     mutating = _webhook("pods.mutation.worker.gpustack.ai", MUTATE_PATH, settings, ca)
     mutating["reinvocationPolicy"] = "Never"
     validating = _webhook("pods.validation.worker.gpustack.ai", VALIDATE_PATH, settings, ca)
     return {
-        MUTATING_WEBHOOKS: {
-            "apiVersion": "admissionregistration.k8s.io/v1",
-            "kind": MUTATING_WEBHOOKS.kind,
-            "metadata": {"name": MUTATING_NAME, "labels": labels},
-            "webhooks": [mutating],
-        },
-        VALIDATING_WEBHOOKS: {
-            "apiVersion": "admissionregistration.k8s.io/v1",
-            "kind": VALIDATING_WEBHOOKS.kind,
-            "metadata": {"name": VALIDATING_NAME, "labels": labels},
-            "webhooks": [validating],
-        },
+        MUTATING_WEBHOOKS: configuration_of(MUTATING_WEBHOOKS, MUTATING_NAME, [mutating]),
+        VALIDATING_WEBHOOKS: configuration_of(VALIDATING_WEBHOOKS, VALIDATING_NAME, [validating]),
     }
 
 

@@ -18,7 +18,6 @@ down never blocks a Workload: it is only a placement hint, the admission check i
 
 from __future__ import annotations
 
-import base64
 import copy
 import logging
 from collections.abc import Callable
@@ -26,6 +25,7 @@ from typing import Any, Final
 
 import msgspec
 
+from controlplane.admission import webhooks
 from controlplane.admission.pods import PatchOp, pointer
 from controlplane.admission.requests import Family
 from controlplane.admission.review import API_VERSION, BadReview, Request, Response, check_object
@@ -151,38 +151,18 @@ def posts(entrance: Entrance, enabled: Callable[[], bool] = lambda: True) -> dic
 
 def configuration(settings: WebhookSettings, ca: bytes | None) -> dict[str, Any]:
     """The MutatingWebhookConfiguration: Workloads of our LocalQueues, ``failurePolicy: Ignore``."""
-    client: dict[str, Any] = {
-        "service": {"namespace": settings.namespace, "name": settings.service, "path": PATH,
-                    "port": settings.port},
-    }  # fmt: skip
-    if ca:
-        client["caBundle"] = base64.b64encode(ca).decode()
-    webhook = {
-        "name": "workloads.mutation.worker.gpustack.ai",
-        "admissionReviewVersions": ["v1"],
-        "sideEffects": "None",
-        "failurePolicy": "Ignore",
-        "matchPolicy": "Equivalent",
-        "reinvocationPolicy": "Never",
-        "timeoutSeconds": settings.timeout_s,
-        "clientConfig": client,
-        "rules": [
-            {
-                "operations": ["CREATE", "UPDATE"],
-                "apiGroups": [naming.KUEUE_GROUP],
-                "apiVersions": [naming.KUEUE_VERSION],
-                "resources": ["workloads"],
-                "scope": "Namespaced",
-            }
-        ],
-        "matchConditions": [
-            {
-                "name": "queue-is-ours",
-                "expression": "has(object.spec.queueName) && "
-                f"object.spec.queueName.startsWith('{naming.LOCAL_QUEUE_PREFIX}')",
-            }
-        ],
-    }
+    rules = [{"operations": ["CREATE", "UPDATE"], "apiGroups": [naming.KUEUE_GROUP],
+              "apiVersions": [naming.KUEUE_VERSION], "resources": ["workloads"],
+              "scope": "Namespaced"}]  # fmt: skip
+    ours = (
+        "has(object.spec.queueName) && "
+        f"object.spec.queueName.startsWith('{naming.LOCAL_QUEUE_PREFIX}')"
+    )
+    webhook = webhooks.hook(
+        "workloads.mutation.worker.gpustack.ai", PATH, settings, ca, rules,
+        failure_policy="Ignore", match_conditions=[{"name": "queue-is-ours", "expression": ours}],
+    )  # fmt: skip
+    webhook["reinvocationPolicy"] = "Never"
     return {
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": MUTATING_WEBHOOKS.kind,

@@ -15,7 +15,6 @@ that does not know the worker would lock the worker out. The decision is a pure 
 
 from __future__ import annotations
 
-import base64
 import logging
 from collections.abc import Mapping
 from typing import Any, Final
@@ -23,6 +22,7 @@ from typing import Any, Final
 import msgspec
 
 from controlplane import errors
+from controlplane.admission import webhooks
 from controlplane.admission.webhooks import WebhookSettings
 from controlplane.k8s.client import KubeClient
 from controlplane.resources import GROUP, VALIDATING_WEBHOOKS, VERSION, Ref
@@ -106,41 +106,18 @@ def posts(allowed: Allowed) -> dict[str, PostRoute]:
 
 
 def _hook(resource: str, scope: str, settings: WebhookSettings, ca: bytes | None) -> dict[str, Any]:
-    service = {"namespace": settings.namespace, "name": settings.service, "path": PATH,
-               "port": settings.port}  # fmt: skip
-    client: dict[str, Any] = {"service": service}
-    if ca:
-        client["caBundle"] = base64.b64encode(ca).decode()
-    return {
-        "name": f"{resource}-status.guard.worker.gpustack.ai",
-        "admissionReviewVersions": ["v1"],
-        "sideEffects": "None",
-        "failurePolicy": "Fail",
-        "matchPolicy": "Equivalent",
-        "timeoutSeconds": settings.timeout_s,
-        "clientConfig": client,
-        "rules": [{"operations": ["UPDATE"], "apiGroups": [GROUP], "apiVersions": [VERSION],
-                   "resources": [f"{resource}/status"], "scope": scope}],
-    }  # fmt: skip
+    rules = [{"operations": ["UPDATE"], "apiGroups": [GROUP], "apiVersions": [VERSION],
+              "resources": [f"{resource}/status"], "scope": scope}]  # fmt: skip
+    return webhooks.hook(f"{resource}-status.guard.worker.gpustack.ai", PATH, settings, ca, rules)
 
 
 def configuration(settings: WebhookSettings, ca: bytes | None) -> dict[str, Any]:
     """The ValidatingWebhookConfiguration (``caBundle`` only when ``ca``)."""
-    return {
-        "apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": VALIDATING_WEBHOOKS.kind,
-        "metadata": {
-            "name": NAME,
-            "labels": {
-                "app.kubernetes.io/component": "worker",
-                "app.kubernetes.io/part-of": "gpustack-operator",
-            },
-        },
-        "webhooks": [
-            _hook("nodemodelstores", "Cluster", settings, ca),
-            _hook("modelartifacts", "Namespaced", settings, ca),
-        ],
-    }
+    hooks = [
+        _hook("nodemodelstores", "Cluster", settings, ca),
+        _hook("modelartifacts", "Namespaced", settings, ca),
+    ]
+    return webhooks.configuration_of(VALIDATING_WEBHOOKS, NAME, hooks)
 
 
 async def ensure(api: KubeClient, settings: WebhookSettings, ca: bytes) -> None:
