@@ -26,7 +26,7 @@ from typing import Any, Final
 
 import msgspec
 
-from controlplane.admission import webhooks
+from controlplane.admission import review, webhooks
 from controlplane.admission.webhooks import WebhookSettings
 from controlplane.k8s.client import KubeClient
 from controlplane.resources import GROUP, VALIDATING_WEBHOOKS, VERSION, Ref
@@ -127,43 +127,28 @@ def _prefetch(new: Body, old: Body | None) -> list[str]:
     return errors
 
 
-class _Resource(msgspec.Struct, kw_only=True):
-    resource: str = ""
-
-
-class _Request(msgspec.Struct, kw_only=True, rename="camel"):
-    uid: str
-    resource: _Resource = msgspec.field(default_factory=_Resource)
-    sub_resource: str = ""
-    operation: str = ""
-    object: dict[str, Any] | None = None
-    old_object: dict[str, Any] | None = None
-
-
-class _Review(msgspec.Struct, kw_only=True, rename="camel"):
-    api_version: str
-    request: _Request
+def _object(raw: msgspec.Raw, what: str) -> dict[str, Any] | None:
+    try:
+        value = msgspec.json.decode(raw)
+    except msgspec.DecodeError as e:
+        raise review.BadReview(f"request.{what} is not JSON: {e}") from e
+    if value is not None and not isinstance(value, dict):
+        raise review.BadReview(f"request.{what} is not an object")
+    return value
 
 
 def decide(body: bytes) -> dict[str, Any]:
-    """The AdmissionReview answer. :raises ValueError: the body is no AdmissionReview v1."""
-    try:
-        review = msgspec.json.decode(body, type=_Review)
-    except (msgspec.DecodeError, msgspec.ValidationError) as e:
-        raise ValueError(f"not an AdmissionReview: {e}") from e
-    if review.api_version != "admission.k8s.io/v1":
-        raise ValueError(f"AdmissionReview {review.api_version} is not admission.k8s.io/v1")
-    req = review.request
+    """The AdmissionReview answer. :raises review.BadReview: the body is no AdmissionReview v1."""
+    req = review.request_of(body)
     kind = KINDS.get(req.resource.resource)
     errors: list[str] = []
     if kind and not req.sub_resource and req.operation in ("CREATE", "UPDATE"):
-        old = req.old_object if req.operation == "UPDATE" else None
-        errors = validate(kind, req.object or {}, old)
-    response: dict[str, Any] = {"uid": req.uid, "allowed": not errors}
+        old = _object(req.old_object, "oldObject") if req.operation == "UPDATE" else None
+        errors = validate(kind, _object(req.object, "object") or {}, old)
+    response = review.Response(uid=req.uid, allowed=not errors)
     if errors:
-        message = errors[0] if len(errors) == 1 else f"[{', '.join(errors)}]"
-        response["status"] = {"code": 422, "reason": "Invalid", "message": message}
-    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response}
+        response.status = review.refusal(422, "Invalid", errors)
+    return review.answered(response)
 
 
 def posts() -> dict[str, PostRoute]:

@@ -15,20 +15,31 @@ configurations send none) is otherwise allowed untouched.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Final
+from typing import Any, Final, cast
 
 import msgspec
 
 from controlplane.admission.pods import PatchOp, Pod
 
-__all__ = ["API_VERSION", "BadReview", "Decision", "Request", "answer", "check_object", "decode"]
+__all__ = [
+    "API_VERSION",
+    "BadReview",
+    "Decision",
+    "Request",
+    "answer",
+    "answered",
+    "check_object",
+    "decode",
+    "refusal",
+    "request_of",
+]
 
 API_VERSION: Final = "admission.k8s.io/v1"
 _MAX_MESSAGE: Final = 4096
 """A refusal's message is cut here: the client shows it whole, and a Pod can break many rules."""
 
 
-class BadReview(Exception):
+class BadReview(ValueError):
     """The body is no AdmissionReview this webhook can answer."""
 
 
@@ -42,14 +53,27 @@ class Kind(_Camel, kw_only=True):
     kind: str = ""
 
 
+class Resource(_Camel, kw_only=True):
+    group: str = ""
+    version: str = ""
+    resource: str = ""
+
+
+class User(_Camel, kw_only=True):
+    username: str = ""
+
+
 class Request(_Camel, kw_only=True):
     uid: str
     kind: Kind = msgspec.field(default_factory=Kind)
+    resource: Resource = msgspec.field(default_factory=Resource)
     operation: str = ""
     namespace: str = ""
     name: str = ""
     sub_resource: str = ""
+    user_info: User = msgspec.field(default_factory=User)
     object: msgspec.Raw = msgspec.Raw(b"null")
+    old_object: msgspec.Raw = msgspec.Raw(b"null")
     dry_run: bool = False
 
 
@@ -127,10 +151,12 @@ def check_object(request: Request) -> None:
         )
 
 
-def decode(body: bytes) -> tuple[Request, Pod | None]:
-    """The request and, for a Pod CREATE, the Pod; ``None`` for anything else.
+def request_of(body: bytes) -> Request:
+    """The request of an AdmissionReview ``admission.k8s.io/v1`` about any resource, its
+    object checked against the kind it names (:func:`check_object`); every webhook of the
+    worker reads its reviews through here.
 
-    :raises BadReview: not an AdmissionReview ``admission.k8s.io/v1`` with a request.
+    :raises BadReview: not such a review, or one with no request uid.
     """
     try:
         review = _REVIEW.decode(body)
@@ -144,6 +170,29 @@ def decode(body: bytes) -> tuple[Request, Pod | None]:
     if request is None or not request.uid:
         raise BadReview("the AdmissionReview carries no request with a uid")
     check_object(request)
+    return request
+
+
+def refusal(code: int, reason: str, errors: list[str]) -> Status:
+    """The status of a refused request: one error as is, several as ``[a, b]``, cut at
+    :data:`_MAX_MESSAGE` characters."""
+    message = errors[0] if len(errors) == 1 else f"[{', '.join(errors)}]"
+    if len(message) > _MAX_MESSAGE:
+        message = message[: _MAX_MESSAGE - 1] + "…"
+    return Status(code=code, reason=reason, message=message)
+
+
+def answered(response: Response) -> dict[str, Any]:
+    """The whole AdmissionReview answer carrying ``response``, as JSON-ready data."""
+    return cast(dict[str, Any], msgspec.to_builtins(_Answer(response=response)))
+
+
+def decode(body: bytes) -> tuple[Request, Pod | None]:
+    """The request and, for a Pod CREATE, the Pod; ``None`` for anything else.
+
+    :raises BadReview: see :func:`request_of`; a Pod CREATE whose object is no Pod.
+    """
+    request = request_of(body)
     if (request.kind.group, request.kind.kind, request.operation) != ("", "Pod", "CREATE"):
         return request, None
     if request.sub_resource:
@@ -160,12 +209,7 @@ def answer(body: bytes, decide: Callable[[Pod], Decision]) -> bytes:
     decision = Decision() if pod is None else decide(pod)
     response = Response(uid=request.uid, allowed=not decision.errors)
     if decision.errors:
-        message = (
-            decision.errors[0] if len(decision.errors) == 1 else f"[{', '.join(decision.errors)}]"
-        )
-        if len(message) > _MAX_MESSAGE:
-            message = message[: _MAX_MESSAGE - 1] + "…"
-        response.status = Status(code=422, reason="Invalid", message=message)
+        response.status = refusal(422, "Invalid", decision.errors)
     elif decision.patch:
         response.patch = _ENCODER.encode(decision.patch)
         response.patch_type = "JSONPatch"

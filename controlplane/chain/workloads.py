@@ -28,7 +28,7 @@ import msgspec
 from controlplane.admission import webhooks
 from controlplane.admission.pods import PatchOp, pointer
 from controlplane.admission.requests import Family
-from controlplane.admission.review import API_VERSION, BadReview, Request, Response, check_object
+from controlplane.admission.review import BadReview, Request, Response, answered, request_of
 from controlplane.admission.webhooks import WebhookSettings
 from controlplane.chain import fit, naming
 from controlplane.k8s.client import KubeClient
@@ -46,19 +46,6 @@ CONFIGURATION_NAME: Final = "gpustack-worker-workload-mutation"
 Entrance = Callable[[str], str | None]
 
 
-class _Review(msgspec.Struct, kw_only=True, rename="camel"):
-    api_version: str
-    kind: str
-    request: Request | None = None
-
-
-class _Answer(msgspec.Struct, kw_only=True, rename="camel"):
-    api_version: str = API_VERSION
-    kind: str = "AdmissionReview"
-    response: Response
-
-
-_DECODE: Final = msgspec.json.Decoder(_Review)
 _ENCODE: Final = msgspec.json.Encoder()
 
 
@@ -119,21 +106,13 @@ def _decide(request: Request, entrance: Entrance, enabled: Callable[[], bool]) -
 
 def answer(body: bytes, entrance: Entrance, enabled: Callable[[], bool] = lambda: True) -> bytes:
     """The AdmissionReview answering ``body``. :raises BadReview: not a review."""
-    try:
-        review = _DECODE.decode(body)
-    except msgspec.DecodeError as e:
-        raise BadReview(f"not an AdmissionReview: {e}") from e
-    if review.api_version != API_VERSION or review.kind != "AdmissionReview":
-        raise BadReview(f"expected AdmissionReview {API_VERSION}, got {review.kind}")
-    if review.request is None or not review.request.uid:
-        raise BadReview("the AdmissionReview carries no request with a uid")
-    check_object(review.request)
-    ops = _decide(review.request, entrance, enabled)
-    response = Response(uid=review.request.uid, allowed=True)
+    request = request_of(body)
+    ops = _decide(request, entrance, enabled)
+    response = Response(uid=request.uid, allowed=True)
     if ops:
         response.patch = _ENCODE.encode(ops)
         response.patch_type = "JSONPatch"
-    return _ENCODE.encode(_Answer(response=response))
+    return _ENCODE.encode(answered(response))
 
 
 def posts(entrance: Entrance, enabled: Callable[[], bool] = lambda: True) -> dict[str, PostRoute]:

@@ -22,7 +22,7 @@ from typing import Any, Final
 import msgspec
 
 from controlplane import errors
-from controlplane.admission import webhooks
+from controlplane.admission import review, webhooks
 from controlplane.admission.webhooks import WebhookSettings
 from controlplane.k8s.client import KubeClient
 from controlplane.resources import GROUP, VALIDATING_WEBHOOKS, VERSION, Ref
@@ -50,48 +50,20 @@ def allowed_writers(
     }
 
 
-class _Resource(msgspec.Struct, kw_only=True):
-    group: str = ""
-    version: str = ""
-    resource: str = ""
-
-
-class _User(msgspec.Struct, kw_only=True):
-    username: str = ""
-
-
-class _Request(msgspec.Struct, kw_only=True, rename="camel"):
-    uid: str
-    resource: _Resource = msgspec.field(default_factory=_Resource)
-    sub_resource: str = ""
-    operation: str = ""
-    user_info: _User = msgspec.field(default_factory=_User)
-
-
-class _Review(msgspec.Struct, kw_only=True, rename="camel"):
-    api_version: str
-    request: _Request
-
-
 def decide(body: bytes, allowed: Allowed) -> dict[str, Any]:
-    """The AdmissionReview answer. :raises ValueError: the body is no AdmissionReview v1."""
-    try:
-        review = msgspec.json.decode(body, type=_Review)
-    except msgspec.ValidationError as e:
-        raise ValueError(f"not an AdmissionReview: {e}") from e
-    if review.api_version != "admission.k8s.io/v1":
-        raise ValueError(f"AdmissionReview {review.api_version} is not admission.k8s.io/v1")
-    req = review.request
-    response: dict[str, Any] = {"uid": req.uid, "allowed": True}
+    """The AdmissionReview answer. :raises review.BadReview: the body is no AdmissionReview v1."""
+    req = review.request_of(body)
+    response = review.Response(uid=req.uid, allowed=True)
     writers = allowed.get(req.resource.resource)
     if req.sub_resource == "status" and writers is not None:
         user = req.user_info.username
         if user not in writers:
             who = " or ".join(sorted(writers))
             message = f"only {who} may write a {req.resource.resource} status, not {user}"
-            response = {"uid": req.uid, "allowed": False,
-                        "status": {"code": 403, "reason": "Forbidden", "message": message}}  # fmt: skip
-    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response}
+            response = review.Response(
+                uid=req.uid, allowed=False, status=review.refusal(403, "Forbidden", [message])
+            )
+    return review.answered(response)
 
 
 def posts(allowed: Allowed) -> dict[str, PostRoute]:

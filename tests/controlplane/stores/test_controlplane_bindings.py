@@ -211,3 +211,22 @@ def test_binding_updates_keep_the_stores_and_only_grow() -> None:
 def test_a_review_that_is_no_admission_review_is_refused() -> None:
     with pytest.raises(ValueError, match="not an AdmissionReview"):
         modelrules.decide(b"{}")
+
+
+def test_the_model_rules_read_reviews_as_every_webhook_of_the_worker_does() -> None:
+    """Through the one AdmissionReview reader (``review.request_of``): a review with no uid, an
+    object of another kind than the review names, or an object that is no JSON object is the
+    caller's mistake (400 at the route), not a decision."""
+    body = json.loads(_review("modelstorebindings", binding("b", "s"), None))
+    body["request"]["uid"] = ""
+    with pytest.raises(ValueError, match="no request with a uid"):
+        modelrules.decide(json.dumps(body).encode())
+    body = json.loads(_review("modelstorebindings", binding("b", "s"), None))
+    body["request"]["kind"] = {"group": "worker.gpustack.ai", "version": "v1alpha1",
+                               "kind": "ModelStoreBinding"}  # fmt: skip
+    body["request"]["object"] = {"apiVersion": "v1", "kind": "ConfigMap"}
+    with pytest.raises(ValueError, match="is a ConfigMap, not the ModelStoreBinding"):
+        modelrules.decide(json.dumps(body).encode())
+    body["request"]["object"] = ["not", "an", "object"]
+    with pytest.raises(ValueError, match="request.object is not an object"):
+        modelrules.decide(json.dumps(body).encode())
