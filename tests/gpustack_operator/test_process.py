@@ -9,15 +9,18 @@ sockets removed.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import textwrap
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -345,6 +348,36 @@ def test_worker_as_pid1_stops(tmp_path: Path, nats: str) -> None:
     )
     service.wait_for("worker ready")
     _stops_on_sigterm(service)
+
+
+@pid1
+def test_a_worker_stopped_as_pid1_has_audited_the_request_it_answered_just_before(
+    tmp_path: Path, nats: str
+) -> None:
+    """SIGTERM right after a webhook's answer: the event queued before the answer went out is
+    in the audit log once the process has exited (the writer drains its queue when stopped)."""
+    audit = tmp_path / "audit.log"
+    service = Pid1(
+        ["worker", "--kubeconfig=none", "--metrics-auth=none", f"--nats-url={nats}",
+         "--secure-port=0", "--bind-address=127.0.0.1", f"--audit-log-path={audit}"],
+        tmp_path / "worker.log",
+    )  # fmt: skip
+    service.wait_for("worker ready")
+    url = re.search(r"worker ready \(HTTPS (\S+),", service.log.read_text())
+    assert url is not None, service.log.read_text()
+    review = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+              "request": {"uid": "u-1", "kind": {"group": "", "version": "v1", "kind": "Pod"},
+                          "operation": "DELETE", "object": None}}  # fmt: skip
+    request = urllib.request.Request(
+        url.group(1).rstrip("/") + "/webhooks/v1/pods/validate",
+        data=json.dumps(review).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, context=ssl._create_unverified_context()) as answer:
+        assert json.loads(answer.read())["response"]["uid"] == "u-1"
+    _stops_on_sigterm(service)
+    events = [json.loads(line) for line in audit.read_text().splitlines()]
+    assert [e["requestURI"] for e in events] == ["/webhooks/v1/pods/validate"]
 
 
 @pid1
